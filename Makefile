@@ -1,0 +1,44 @@
+# Two commands matter: `make demo` and `make test`. Both set up .venv/ first if needed.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.bert_of-installed
+
+.PHONY: env demo test bench bench-env clean-env
+
+env: $(STAMP)
+
+# Re-installs only when the dependency pins change; otherwise a no-op.
+$(STAMP): pyproject.toml constraints.txt
+	@set -e; \
+	if [ ! -x $(PY) ]; then \
+	  PYBIN=$$(sh scripts/find_python310.sh); \
+	  echo "creating $(VENV) with $$PYBIN"; \
+	  $$PYBIN -m venv $(VENV); \
+	fi; \
+	$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' || \
+	  { echo "$(VENV) is not Python 3.10: remove it (make clean-env) and re-run" >&2; exit 1; }; \
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel; \
+	echo "installing pinned dependencies (first time: ~2 GB download, a few minutes)"; \
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'; \
+	touch $@
+
+demo: env
+	@bash scripts/demo.sh
+
+test: env
+	@$(PY) -m pytest -q tests
+
+bench: env bench-env
+	@$(PY) bench/tf2of_bench.py
+
+# The benchmark's anchor (HF transformers' TF route) lives in its own Python 3.11
+# environment: torch has no use in bert_of and would not share .venv peacefully.
+bench-env: .venv-anchor/.installed
+.venv-anchor/.installed:
+	python3 -m venv .venv-anchor
+	.venv-anchor/bin/pip install -q torch==2.13.0 transformers==4.57.6 tensorflow-cpu==2.15.1 'numpy<2'
+	touch $@
+
+clean-env:
+	rm -rf $(VENV)

@@ -1,0 +1,29 @@
+"""bert_of: BERT on OneFlow with exact, provenance-aware numerics.
+
+Importing ``bert_of`` is cheap: OneFlow (~1 s, ~400 MB) loads only when a model
+class is first touched, so converters and ``bert-of inspect`` stay light.
+"""
+
+from bert_of.config import BertConfig
+from bert_of.errors import BertOfError, CheckpointError, ConfigError
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BertModel": "bert_of.modeling",
+    "BertForPreTraining": "bert_of.modeling",
+    "BertForQuestionAnswering": "bert_of.modeling",
+    "BertForSequenceClassification": "bert_of.modeling",
+    "BertModelOutput": "bert_of.modeling",
+    "BertGraph": "bert_of.modeling",
+}
+
+__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bert_of' has no attribute {name!r}")

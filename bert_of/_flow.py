@@ -1,0 +1,39 @@
+"""Import OneFlow on machines without CUDA libraries installed system-wide.
+
+OneFlow 0.9's only wheel is a CUDA build whose core links libcublas.so.11 and
+libcudnn*.so.8. The pip packages nvidia-cublas-cu11 / nvidia-cudnn-cu11 ship
+them, but not on the loader path; loading them RTLD_GLOBAL first (in
+dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
+"""
+
+import ctypes
+import os
+import sys
+
+_LIBS = (
+    "nvidia/cublas/lib/libcublasLt.so.11",
+    "nvidia/cublas/lib/libcublas.so.11",
+    "nvidia/cudnn/lib/libcudnn_ops_infer.so.8",
+    "nvidia/cudnn/lib/libcudnn_ops_train.so.8",
+    "nvidia/cudnn/lib/libcudnn_cnn_infer.so.8",
+    "nvidia/cudnn/lib/libcudnn_cnn_train.so.8",
+)
+
+
+def _preload():
+    if "oneflow" in sys.modules:
+        return
+    for base in sys.path:
+        if os.path.isfile(os.path.join(base, _LIBS[0])):
+            for rel in _LIBS:
+                ctypes.CDLL(os.path.join(base, rel), mode=ctypes.RTLD_GLOBAL)
+            return
+    # No pip-installed libs: hope they are on the system loader path.
+
+
+_preload()
+# glog's "CUDA driver version is insufficient" on CPU-only machines is noise.
+os.environ.setdefault("GLOG_minloglevel", "3")
+import oneflow as flow  # noqa: E402
+
+__all__ = ["flow"]

@@ -1,0 +1,209 @@
+"""``bert-of``: one command, subcommands for every job.
+
+    bert-of convert tf2of SRC DST [--verify] [--with-optimizer]
+    bert-of verify A B [--json REPORT]
+    bert-of inspect PATH [--json]
+
+Errors in the user's input print one line and exit 1; nothing half-written is
+left behind (writers go through temp paths and renames).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _err(msg: str) -> int:
+    print(f"bert-of: error: {msg}", file=sys.stderr)
+    return 1
+
+
+# --------------------------------------------------------------------------- convert
+
+
+def cmd_convert(args) -> int:
+    from converters.common import Options, summarize
+    from converters.convert import convert
+
+    opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
+                   skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype)
+    t0 = time.perf_counter()
+    source, notes = convert(args.direction, args.src, args.dst, opts)
+    dt = time.perf_counter() - t0
+    print(summarize(source.report, verbose=args.verbose))
+    for n in notes:
+        print(n)
+    print(f"wrote {args.dst} ({args.direction}, {dt:.2f} s)")
+    if args.verify:
+        from converters.verify import format_report, verify
+
+        report = verify(args.src, args.dst, tol=args.tol, opts=opts, reference_dtype=args.reference_dtype)
+        print(format_report(report))
+        if not report["ok"]:
+            return _err(f"verification failed: max |diff| {report['worst']:.3g} > {args.tol:g}")
+    return 0
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def cmd_verify(args) -> int:
+    from converters.common import Options
+    from converters.verify import format_report, verify
+
+    modes = tuple(m for m in args.modes.split(",") if m)
+    report = verify(args.a, args.b, tol=args.tol, modes=modes, batch_size=args.batch_size,
+                    seq_len=args.seq_len, opts=Options(config=args.config, vocab=args.vocab),
+                    reference_dtype=args.reference_dtype)
+    text = format_report(report)
+    print(text)
+    if args.json:
+        _atomic_write_text(args.json, text + "\n")
+    if not report["ok"]:
+        return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {args.tol:g}")
+    return 0
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+def inspect_path(path: str) -> dict:
+    """Format, config, and every tensor (name, shape, dtype) of a checkpoint."""
+    import numpy as np
+
+    from converters.convert import detect
+
+    fmt = detect(path)
+    info = {"path": path, "format": fmt, "tensors": [], "config": None}
+    if fmt == "tf":
+        from converters import tf1, tf1_bundle
+
+        prefix = tf1_bundle.resolve_prefix(path)
+        entries = tf1_bundle.read_index(prefix)
+        for name, e in entries.items():
+            kind = tf1._classify(name)[0] or "unknown"
+            info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
+        cfg = os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
+        if os.path.isfile(cfg):
+            from bert_of.config import BertConfig
+
+            info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
+        info["path"] = prefix
+    else:
+        from bert_of.checkpoint import OPTIMIZER_NAME, WEIGHTS_NAME, SafetensorsFile
+        from bert_of.config import BertConfig
+
+        info["config"] = BertConfig.from_json_file(os.path.join(path, "config.json")).to_dict()
+        for fname, kind in ((WEIGHTS_NAME, "model"), (OPTIMIZER_NAME, "optimizer")):
+            p = os.path.join(path, fname)
+            if os.path.isfile(p):
+                with SafetensorsFile(p) as f:
+                    for name in f.keys():
+                        info["tensors"].append({"name": name, "shape": list(f.shape(name)),
+                                                "dtype": str(f.dtype(name)), "kind": kind})
+    counts = {}
+    for t in info["tensors"]:
+        counts[t["kind"]] = counts.get(t["kind"], 0) + int(np.prod(t["shape"], dtype=np.int64))
+    info["parameters"] = counts.get("model", 0)
+    info["elements_by_kind"] = counts
+    return info
+
+
+def cmd_inspect(args) -> int:
+    info = inspect_path(args.path)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{info['path']}: format {info['format']}")
+    cfg = info["config"]
+    if cfg:
+        print(f"  config: L={cfg['num_hidden_layers']} H={cfg['hidden_size']} A={cfg['num_attention_heads']} "
+              f"I={cfg['intermediate_size']} V={cfg['vocab_size']} P={cfg['max_position_embeddings']} "
+              f"T={cfg['type_vocab_size']} act={cfg['hidden_act']} ln_eps={cfg['layer_norm_eps']:g} "
+              f"(provenance {cfg['provenance']})")
+    width = max((len(t["name"]) for t in info["tensors"]), default=10)
+    for t in info["tensors"]:
+        print(f"  {t['name']:<{width}}  {t['dtype']:<8} {str(t['shape']):<16} {t['kind']}")
+    by = info["elements_by_kind"]
+    extra = ", ".join(f"{k} {v:,}" for k, v in by.items() if k != "model")
+    print(f"  {len(info['tensors'])} tensors; {info['parameters']:,} model parameters" + (f"; {extra}" if extra else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from converters.verify import DEFAULT_TOL
+
+    p = argparse.ArgumentParser(prog="bert-of", description="BERT checkpoints across TF1, OneFlow and friends, "
+                                "moved without changing a number.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf",
+                       description="Convert a checkpoint between formats through canonical names.")
+    c.add_argument("direction", help="SRC2DST format pair, e.g. tf2of, of2tf")
+    c.add_argument("src", help="source checkpoint (directory or TF prefix)")
+    c.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
+    c.add_argument("--config", help="config file if not beside SRC (bert_config.json for tf)")
+    c.add_argument("--vocab", help="vocab.txt if not beside SRC")
+    c.add_argument("--with-optimizer", action="store_true", help="convert optimizer state and step too")
+    c.add_argument("--skip-unknown", action="store_true", help="drop (and report) non-BERT tensors instead of failing")
+    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="cast floating tensors")
+    c.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    c.add_argument("--verify", action="store_true", help="then check forward equality SRC vs DST")
+    c.add_argument("--tol", type=float, default=DEFAULT_TOL, help="verification tolerance (max |diff|)")
+    c.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
+                   help="precision of the TF reference the tolerance applies to (both are reported)")
+    c.add_argument("-v", "--verbose", action="store_true", help="list every tensor in the report")
+    c.set_defaults(fn=cmd_convert)
+
+    v = sub.add_parser("verify", help="forward equality of two checkpoints (eager + graph vs TF reference)")
+    v.add_argument("a")
+    v.add_argument("b")
+    v.add_argument("--tol", type=float, default=DEFAULT_TOL)
+    v.add_argument("--modes", default="eager,graph", help="bert_of modes to run (eager,graph)")
+    v.add_argument("--batch-size", type=int, default=3)
+    v.add_argument("--seq-len", type=int, default=None)
+    v.add_argument("--config", help="config for A if not beside it")
+    v.add_argument("--vocab", help="vocab for A if not beside it")
+    v.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
+                   help="precision of the TF reference the tolerance applies to (both are reported)")
+    v.add_argument("--json", help="also write the JSON report here")
+    v.set_defaults(fn=cmd_verify)
+
+    i = sub.add_parser("inspect", help="format, tensors, shapes, dtypes, parameter count")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=cmd_inspect)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from bert_of.errors import BertOfError
+
+    try:
+        return args.fn(args)
+    except BertOfError as e:
+        return _err(str(e))
+    except OSError as e:  # unreadable input, unwritable output, disk full
+        where = e.filename or "I/O"
+        return _err(f"{where}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        return _err("interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

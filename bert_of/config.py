@@ -1,0 +1,196 @@
+"""BertConfig: the architecture plus the numerics a checkpoint was trained with.
+
+Google's ``bert_config.json`` says ``"hidden_act": "gelu"`` and means the tanh
+approximation; HuggingFace's ``config.json`` says the same word and means erf.
+bert_of keeps an unambiguous name in its own ``config.json`` (``gelu_tanh`` or
+``gelu_erf``) and translates at the boundary, so a converted model computes
+what its source computed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields
+
+from bert_of.errors import ConfigError
+
+# Activations bert_of computes. Each name means exactly one function.
+ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "tanh", "silu", "linear")
+
+# What each ecosystem's activation label means.
+GOOGLE_ACT = {"gelu": "gelu_tanh", "relu": "relu", "tanh": "tanh", "linear": "linear"}
+HF_ACT = {
+    "gelu": "gelu_erf",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "relu": "relu",
+    "tanh": "tanh",
+    "silu": "silu",
+    "swish": "silu",
+    "linear": "linear",
+}
+
+# Layer-norm epsilon each source computes with (formats.md, "numerics by provenance").
+PROVENANCE_LN_EPS = {"tf1": 1e-12, "lazy": 1e-5, "hf": 1e-12, "bert_of": 1e-12}
+
+_GOOGLE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+)
+# Keys without which no architecture can be built; the rest have Google's defaults.
+_REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu_tanh"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    num_labels: int = 2
+    provenance: str = "bert_of"
+    # Keys of the source config that bert_of does not use, kept for the round trip.
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(
+                f"config: hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}"
+            )
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"config: {name} must be a positive integer, got {v!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"config: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < 1):
+            raise ConfigError(f"config: layer_norm_eps must be in (0, 1), got {self.layer_norm_eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def num_parameters(self, heads: str = "pretraining") -> int:
+        """Parameter count of BertModel (+ pretraining heads), tied decoder counted once."""
+        H, I, V, L = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_hidden_layers
+        emb = (V + self.max_position_embeddings + self.type_vocab_size) * H + 2 * H
+        layer = 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H
+        n = emb + L * layer + H * H + H
+        if heads == "pretraining":
+            n += H * H + H + 2 * H + V + 2 * H + 2
+        return n
+
+    # ------------------------------------------------------------- bert_of json
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        if self.extra:
+            d["extra"] = dict(self.extra)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config") -> "BertConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {', '.join(unknown)}")
+        try:
+            return cls(**d)
+        except TypeError as e:  # wrong types surface here
+            raise ConfigError(f"{where}: {e}") from None
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json_file(cls, path: str) -> "BertConfig":
+        return cls.from_dict(_read_json(path), where=path)
+
+    # ------------------------------------------------------- Google's json
+    @classmethod
+    def from_google_dict(cls, d: dict, where: str = "bert_config.json") -> "BertConfig":
+        """Read Google's bert_config.json: every key kept, "gelu" means tanh."""
+        missing = [k for k in _REQUIRED_KEYS if k not in d]
+        if missing:
+            raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
+        d = dict(d)
+        # bert_of writes its exact activation beside Google's label (see to_google_dict).
+        act_label = d.pop("hidden_act", "gelu")
+        exact = d.pop("bert_of_hidden_act", None)
+        if exact is not None:
+            act = exact
+        elif act_label in GOOGLE_ACT:
+            act = GOOGLE_ACT[act_label]
+        else:
+            raise ConfigError(f"{where}: hidden_act {act_label!r} is not one Google's modeling.py knows")
+        eps = d.pop("layer_norm_eps", PROVENANCE_LN_EPS["tf1"])
+        num_labels = d.pop("num_labels", 2)
+        kw = {k: d.pop(k) for k in _GOOGLE_KEYS if k in d}
+        return cls(hidden_act=act, layer_norm_eps=eps, num_labels=num_labels,
+                   provenance="tf1", extra=d, **kw)
+
+    def to_google_dict(self) -> dict:
+        """Google's bert_config.json. Its code only knows tanh-GELU under "gelu"."""
+        d = {k: getattr(self, k) for k in _GOOGLE_KEYS}
+        d["hidden_act"] = {"gelu_tanh": "gelu", "gelu_erf": "gelu"}.get(self.hidden_act, self.hidden_act)
+        if self.hidden_act != d["hidden_act"] and self.hidden_act != "gelu_tanh":
+            d["bert_of_hidden_act"] = self.hidden_act
+        if self.hidden_act == "silu":
+            d["hidden_act"] = "gelu"  # no silu in Google's code; the exact name travels beside it
+        if self.layer_norm_eps != PROVENANCE_LN_EPS["tf1"]:
+            d["layer_norm_eps"] = self.layer_norm_eps
+        d.update(self.extra)
+        return d
+
+    @classmethod
+    def from_google_json_file(cls, path: str) -> "BertConfig":
+        return cls.from_google_dict(_read_json(path), where=path)
+
+    def google_mismatch(self) -> str | None:
+        """Why Google's own modeling.py would not compute what this config does, or None."""
+        reasons = []
+        if self.hidden_act not in ("gelu_tanh", "relu", "tanh", "linear"):
+            reasons.append(f"activation {self.hidden_act} (Google's code computes gelu_tanh)")
+        if not math.isclose(self.layer_norm_eps, 1e-12, rel_tol=1e-9):
+            reasons.append(f"layer_norm_eps {self.layer_norm_eps:g} (Google's code uses 1e-12)")
+        return "; ".join(reasons) or None
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return d

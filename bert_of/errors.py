@@ -1,0 +1,17 @@
+"""Errors that reach the user as one line.
+
+The CLI prints ``str(err)`` of a :class:`BertOfError` on a single line and exits
+non-zero; anything else is a bug and keeps its traceback.
+"""
+
+
+class BertOfError(Exception):
+    """A problem with the user's input (file, tensor, shape, config)."""
+
+
+class CheckpointError(BertOfError):
+    """A checkpoint that cannot be read, written or mapped as asked."""
+
+
+class ConfigError(BertOfError):
+    """A config that is missing, malformed, or does not fit the tensors."""

@@ -1,0 +1,468 @@
+"""BERT in OneFlow, computing what Google's modeling.py computes.
+
+One class per checkpoint scope; attribute names are the canonical parameter
+names (``bert.encoder.layer.0.attention.self.query.weight`` ...), so a
+state dict reads like the model. Linear weights are [out, in] as in
+``nn.Linear``; converters transpose TF's [in, out] kernels on the way in.
+
+Op order follows the original where it affects rounding: embeddings are summed
+as (word + token_type) + position, scores are ``(q @ k^T) * 1/sqrt(d)`` plus
+``(1 - mask) * -10000``. Everything here is global-tensor safe: no constants are
+created inside ``forward`` and nothing slices a split tensor, so with
+parameters broadcast and a batch split(0) no S->B conversion creeps in.
+
+Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import numpy as np
+
+from bert_of._flow import flow
+from bert_of.config import BertConfig
+
+nn = flow.nn
+
+# --------------------------------------------------------------------------- activations
+
+
+def gelu_tanh(x):
+    """Google's GELU: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))). x: any shape."""
+    cdf = 0.5 * (1.0 + flow.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * flow.pow(x, 3))))
+    return x * cdf
+
+
+def gelu_erf(x):
+    """Exact GELU 0.5x(1 + erf(x/sqrt2)): HF's "gelu" and the lazy OneFlow kernel."""
+    return flow.nn.functional.gelu(x)
+
+
+ACT_FN = {
+    "gelu_tanh": gelu_tanh,
+    "gelu_erf": gelu_erf,
+    "relu": flow.relu,
+    "tanh": flow.tanh,
+    "silu": flow.nn.functional.silu,
+    "linear": lambda x: x,
+}
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass
+class BertModelOutput:
+    """What a forward returns. Fields a model does not compute stay None."""
+
+    sequence_output: Optional[object] = None  # [B, S, H]
+    pooled_output: Optional[object] = None  # [B, H]
+    prediction_logits: Optional[object] = None  # [B, S, V]
+    seq_relationship_logits: Optional[object] = None  # [B, 2]
+    start_logits: Optional[object] = None  # [B, S]
+    end_logits: Optional[object] = None  # [B, S]
+    logits: Optional[object] = None  # [B, num_labels]
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+OUTPUT_NAMES = tuple(f.name for f in fields(BertModelOutput))
+
+
+# --------------------------------------------------------------------------- scopes
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids):
+        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H]."""
+        seq_len = input_ids.shape[1]
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        # Positions 0..S-1 are a slice of the (broadcast) table: no index tensor to place.
+        x = x + self.position_embeddings.weight.narrow(0, 0, seq_len).unsqueeze(0)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.scale = 1.0 / math.sqrt(float(self.head_dim))
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+
+    def _heads(self, x):
+        """[B, S, H] -> [B, N, S, D]."""
+        B, S, _ = x.shape
+        return x.reshape(B, S, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+
+    def forward(self, hidden, mask_adder):
+        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]."""
+        q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
+        scores = flow.matmul(q, k, transpose_b=True) * self.scale + mask_adder  # [B, N, S, S]
+        probs = self.dropout(flow.softmax(scores, dim=-1))
+        ctx = flow.matmul(probs, v)  # [B, N, S, D]
+        B, N, S, D = ctx.shape
+        return ctx.permute(0, 2, 1, 3).reshape(B, S, N * D)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden, mask_adder):
+        return self.output(self.self(hidden, mask_adder), hidden)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT_FN[config.hidden_act]
+
+    def forward(self, hidden):
+        """[B, S, H] -> [B, S, I]."""
+        return self.act(self.dense(hidden))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, intermediate, residual):
+        """intermediate [B, S, I], residual [B, S, H] -> [B, S, H]."""
+        return self.LayerNorm(self.dropout(self.dense(intermediate)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden, mask_adder):
+        attn = self.attention(hidden, mask_adder)
+        return self.output(self.intermediate(attn), attn)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+
+    def forward(self, hidden, mask_adder):
+        for layer in self.layer:
+            hidden = layer(hidden, mask_adder)
+        return hidden
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output):
+        """[B, S, H] -> tanh(dense(first token)) [B, H]."""
+        first = sequence_output.narrow(1, 0, 1).squeeze(1)
+        return flow.tanh(self.dense(first))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _PreTrained(nn.Module):
+    """from_pretrained / save_pretrained over a bert_of checkpoint directory."""
+
+    # Prefix this class's own names carry inside a full (canonical) checkpoint.
+    _ckpt_prefix = ""
+
+    def canonical_state(self) -> dict:
+        """{canonical name: numpy array}; tied decoder weight appears once."""
+        return {self._ckpt_prefix + k: v.numpy() for k, v in _local_state(self).items()}
+
+    def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
+        """Copy {canonical name: array} into the parameters.
+
+        Backbone tensors must all be present with the right shapes. Task heads
+        missing from ``state`` keep their fresh init (as when fine-tuning from a
+        pretraining checkpoint) unless ``strict_heads``. Returns
+        ``{"missing": [...], "unexpected": [...]}``.
+        """
+        from bert_of.errors import CheckpointError
+
+        own = {self._ckpt_prefix + k: p for k, p in self.state_dict().items()}
+        missing = [k for k in own if k not in state]
+        unexpected = sorted(k for k in state if k not in own)
+        bad_missing = [k for k in missing if strict_heads or k.startswith("bert.")]
+        if bad_missing:
+            raise CheckpointError(f"checkpoint lacks {len(bad_missing)} tensor(s) the model needs, first: {bad_missing[0]}")
+        with flow.no_grad():
+            for name, param in own.items():
+                if name not in state:
+                    continue
+                arr = np.asarray(state[name])
+                if tuple(arr.shape) != tuple(param.shape):
+                    raise CheckpointError(
+                        f"tensor {name}: checkpoint shape {list(arr.shape)} != model shape {list(param.shape)}"
+                    )
+                src = flow.tensor(np.ascontiguousarray(arr), dtype=param.dtype)
+                if param.is_global:
+                    src = src.to_global(placement=param.placement, sbp=param.sbp)
+                param.copy_(src)
+        return {"missing": missing, "unexpected": unexpected}
+
+    @classmethod
+    def from_pretrained(cls, path: str, config: Optional[BertConfig] = None, strict_heads: bool = False, **overrides):
+        """Load a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt)."""
+        import sys
+
+        from bert_of.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(path)
+        config = config or ckpt.config
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        model = cls(config)
+        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
+        if info["missing"]:
+            print(f"bert-of: {path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}",
+                  file=sys.stderr)
+        model.loading_info = info
+        model.vocab_file = ckpt.vocab_file
+        model.eval()
+        return model
+
+    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, overwrite: bool = False,
+                        metadata: Optional[dict] = None) -> None:
+        """Write a bert_of checkpoint directory atomically."""
+        from bert_of.checkpoint import write_checkpoint
+
+        state = self.canonical_state()
+        write_checkpoint(path, list(state.items()), self.config,
+                         vocab_file=vocab_file or getattr(self, "vocab_file", None),
+                         overwrite=overwrite, metadata=metadata)
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
+
+        Drawn with NumPy in name order so every rank, mode and run starts from
+        the same numbers.
+        """
+        rng = np.random.default_rng(seed)
+        std = self.config.initializer_range
+        state = {}
+        for name, p in self.state_dict().items():
+            shape = tuple(p.shape)
+            if ".LayerNorm." in "." + name and name.endswith("weight"):
+                state[name] = np.ones(shape, np.float32)
+            elif name.endswith("bias") or ".LayerNorm." in "." + name:
+                state[name] = np.zeros(shape, np.float32)
+            else:
+                w = rng.standard_normal(shape)
+                bad = np.abs(w) > 2.0
+                while bad.any():
+                    w[bad] = rng.standard_normal(int(bad.sum()))
+                    bad = np.abs(w) > 2.0
+                state[name] = (w * std).astype(np.float32)
+        self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
+
+
+def _local_state(module) -> dict:
+    """state_dict with global tensors gathered to local numpy-able tensors."""
+    out = {}
+    for k, v in module.state_dict().items():
+        if v.is_global:
+            v = v.to_global(sbp=flow.sbp.broadcast).to_local()
+        out[k] = v
+    return out
+
+
+def _mask_adder(attention_mask, dtype):
+    """[B, S] 1/0 mask -> [B, 1, 1, S] additive mask: 0 keep, -10000 drop."""
+    return (1.0 - attention_mask.to(dtype).unsqueeze(1).unsqueeze(2)) * -10000.0
+
+
+class BertModel(_PreTrained):
+    """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors."""
+
+    _ckpt_prefix = "bert."
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
+        """input_ids, token_type_ids, attention_mask: int64 [B, S].
+
+        Returns sequence_output [B, S, H] and pooled_output [B, H].
+        """
+        if token_type_ids is None:
+            token_type_ids = flow.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = flow.ones_like(input_ids)
+        hidden = self.embeddings(input_ids, token_type_ids)
+        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype))
+        return BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq))
+
+
+class _WithBert(_PreTrained):
+    _ckpt_prefix = ""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT_FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden):
+        return self.LayerNorm(self.act(self.dense(hidden)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """MLM head; its decoder is the word embedding matrix (tied, not a copy)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.bias = nn.Parameter(flow.zeros(config.vocab_size))
+
+    def forward(self, hidden, word_embeddings):
+        """hidden [B, S, H] (or [M, H]), word_embeddings [V, H] -> logits [..., V]."""
+        h = self.transform(hidden)
+        return flow.matmul(h, word_embeddings, transpose_b=True) + self.bias
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output, pooled_output, word_embeddings):
+        return self.predictions(sequence_output, word_embeddings), self.seq_relationship(pooled_output)
+
+
+class BertForPreTraining(_WithBert):
+    """BertModel + MLM head (tied to word embeddings) + next-sentence head."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.cls = BertPreTrainingHeads(config)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
+        """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits [B,S,V], NSP logits [B,2]."""
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out.prediction_logits, out.seq_relationship_logits = self.cls(
+            out.sequence_output, out.pooled_output, self.bert.embeddings.word_embeddings.weight
+        )
+        return out
+
+
+class BertForQuestionAnswering(_WithBert):
+    """SQuAD span head on the sequence output (Google's ``cls/squad``)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
+        """-> start_logits, end_logits [B, S] (plus sequence/pooled)."""
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.qa_outputs(out.sequence_output)  # [B, S, 2]
+        out.start_logits = logits.narrow(2, 0, 1).squeeze(2)
+        out.end_logits = logits.narrow(2, 1, 1).squeeze(2)
+        return out
+
+
+class BertForSequenceClassification(_WithBert):
+    """Classifier on the pooled output (Google's run_classifier ``output_weights``)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
+        """-> logits [B, num_labels] (plus sequence/pooled)."""
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out.logits = self.classifier(self.dropout(out.pooled_output))
+        return out
+
+
+def model_class_for(names) -> type:
+    """The class whose parameters a checkpoint's canonical names describe."""
+    names = set(names)
+    if any(n.startswith("cls.predictions.") for n in names) and any(n.startswith("cls.seq_relationship.") for n in names):
+        return BertForPreTraining
+    if any(n.startswith("qa_outputs.") for n in names):
+        return BertForQuestionAnswering
+    if any(n.startswith("classifier.") for n in names):
+        return BertForSequenceClassification
+    return BertModel
+
+
+class BertGraph(nn.Graph):
+    """Inference graph over a model: shares its parameters, same outputs.
+
+    ``BertGraph(model)(input_ids, token_type_ids, attention_mask)`` returns a
+    :class:`BertModelOutput` like the eager call.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self._names = None
+
+    def build(self, input_ids, token_type_ids, attention_mask):
+        out = self.model(input_ids, token_type_ids, attention_mask).to_dict()
+        self._names = tuple(out)
+        return tuple(out.values())
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
+        if token_type_ids is None:
+            token_type_ids = flow.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = flow.ones_like(input_ids)
+        values = super().__call__(input_ids, token_type_ids, attention_mask)
+        return BertModelOutput(**dict(zip(self._names, values)))

@@ -1,0 +1,100 @@
+"""What every format module reads into and writes from: a canonical stream.
+
+A format module exposes::
+
+    NAME, TABLE                     # short name ("tf"), its name table
+    detect(path) -> bool            # is this path in my format?
+    read(path, opts) -> Source      # canonical tensors, lazily
+    write(source, dst, opts)        # write a Source in my format, atomically
+
+``Source.tensors`` holds ``(TensorSpec, producer)`` pairs so conversions
+stream one tensor at a time, and ``Source.report`` accounts for every tensor
+of the input: mapped, converted as optimizer state, or dropped, and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from bert_of.checkpoint import TensorSpec
+from bert_of.config import BertConfig
+
+
+@dataclass
+class Options:
+    config: Optional[str] = None  # config path overriding the one beside the source
+    vocab: Optional[str] = None  # vocab path overriding the one beside the source
+    with_optimizer: bool = False
+    skip_unknown: bool = False
+    overwrite: bool = False
+    dtype: Optional[str] = None  # cast floating tensors ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class ReportLine:
+    source: str  # name in the input
+    action: str  # "mapped" | "optimizer" | "dropped"
+    target: str = ""  # canonical (or optimizer) name
+    note: str = ""
+
+
+@dataclass
+class Source:
+    path: str
+    format: str
+    config: BertConfig
+    vocab_file: Optional[str]
+    tensors: list  # [(TensorSpec canonical, producer)]
+    optimizer: list = field(default_factory=list)  # [(TensorSpec "m/<name>", producer)]
+    optimizer_meta: dict = field(default_factory=dict)
+    report: list = field(default_factory=list)  # [ReportLine]
+
+    def names(self):
+        return [s.name for s, _ in self.tensors]
+
+    def load(self) -> dict:
+        """All canonical tensors in memory (for verification)."""
+        return {s.name: p() for s, p in self.tensors}
+
+
+def summarize(report: list, verbose: bool = False) -> str:
+    """Human report: counts that add up to every input tensor; every drop shown.
+
+    Drops sharing a reason are grouped (a training checkpoint has hundreds of
+    optimizer slots); ``verbose`` lists every tensor, mapped ones included.
+    """
+    by = {}
+    for r in report:
+        by.setdefault(r.action, []).append(r)
+    lines = [f"{len(report)} source tensors: " + ", ".join(f"{len(v)} {k}" for k, v in sorted(by.items()))]
+    if verbose:
+        for r in report:
+            arrow = f" -> {r.target}" if r.target else ""
+            note = f"  ({r.note})" if r.note else ""
+            lines.append(f"  {r.action:9s} {r.source}{arrow}{note}")
+        return "\n".join(lines)
+    groups = {}
+    for r in by.get("dropped", []):
+        groups.setdefault(r.note, []).append(r.source)
+    for note, names in groups.items():
+        if len(names) <= 3:
+            lines += [f"  dropped   {n}  ({note})" for n in names]
+        else:
+            lines.append(f"  dropped   {len(names)} tensors, e.g. {names[0]}, {names[-1]}  ({note})")
+    return "\n".join(lines)
+
+
+def cast_spec(spec: TensorSpec, producer: Callable, dtype: Optional[str]):
+    """Apply ``--dtype`` to a floating tensor; integers are left alone."""
+    import numpy as np
+
+    if dtype is None or np.dtype(spec.dtype).kind != "f" and np.dtype(spec.dtype).name != "bfloat16":
+        return spec, producer
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        target = np.dtype(ml_dtypes.bfloat16)
+    else:
+        target = np.dtype(dtype)
+    return TensorSpec(spec.name, target, spec.shape), lambda: producer().astype(target)

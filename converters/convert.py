@@ -1,0 +1,65 @@
+"""Any format to any format, through canonical names.
+
+``convert("tf2of", src, dst)`` = ``FORMATS["of"].write(FORMATS["tf"].read(src))``.
+Adding a format means one module in ``FORMATS``; no pairwise code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+from bert_of.errors import BertOfError, CheckpointError
+from converters.common import Options, Source, summarize
+
+# short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
+FORMATS = {
+    "tf": "converters.tf1",
+    "of": "converters.of",
+}
+DESCRIPTIONS = {
+    "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",
+    "of": "bert_of checkpoint directory (config.json + model.safetensors + vocab.txt)",
+}
+
+
+def module(fmt: str):
+    if fmt not in FORMATS:
+        raise BertOfError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    return importlib.import_module(FORMATS[fmt])
+
+
+def parse_direction(direction: str) -> tuple:
+    m = re.fullmatch(r"([a-z0-9]+)2([a-z0-9]+)", direction)
+    if not m or m.group(1) not in FORMATS or m.group(2) not in FORMATS:
+        known = ", ".join(f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b)
+        raise BertOfError(f"unknown conversion {direction!r} (known: {known})")
+    return m.group(1), m.group(2)
+
+
+def detect(path: str) -> str:
+    """The format of ``path``; a clear error when none fits."""
+    import os
+
+    if not os.path.exists(path) and not any(os.path.exists(path + s) for s in (".index",)):
+        raise CheckpointError(f"{path}: no such file or directory")
+    for fmt in FORMATS:
+        if module(fmt).detect(path):
+            return fmt
+    raise CheckpointError(f"{path}: not a checkpoint in any known format ({', '.join(FORMATS)})")
+
+
+def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Source:
+    return module(fmt or detect(path)).read(path, opts or Options())
+
+
+def convert(direction: str, src: str, dst: str, opts: Options | None = None) -> tuple:
+    """Run one conversion; returns (Source, notes). Nothing is left at dst on error."""
+    opts = opts or Options()
+    a, b = parse_direction(direction)
+    source = module(a).read(src, opts)
+    notes = module(b).write(source, dst, opts) or []
+    return source, notes
+
+
+__all__ = ["FORMATS", "Options", "convert", "detect", "read", "summarize", "parse_direction"]

@@ -1,0 +1,80 @@
+"""The canonical-name hub: declarative name tables and the transforms they use.
+
+Every format module declares ``TABLE``: rows ``(format_name, canonical_name,
+transform)`` where names are templates (``{i}`` = a layer index) and the
+transform turns the format's array into the canonical one:
+
+    ("bert/encoder/layer_{i}/attention/self/query/kernel",
+     "bert.encoder.layer.{i}.attention.self.query.weight", "T")
+
+The same row read right-to-left maps back (each transform has an inverse), so
+N formats need N tables and any-to-any conversion goes through canonical names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+# transform -> (array fn, shape fn, inverse transform)
+TRANSFORMS = {
+    None: (lambda a: a, lambda s: tuple(s), None),
+    "T": (lambda a: np.ascontiguousarray(a.T), lambda s: tuple(reversed(s)), "T"),
+    "squeeze0": (lambda a: a.reshape(a.shape[1:]), lambda s: tuple(s[1:]), "unsqueeze0"),
+    "unsqueeze0": (lambda a: a.reshape((1,) + a.shape), lambda s: (1,) + tuple(s), "squeeze0"),
+}
+
+
+def apply(transform: Optional[str], arr: np.ndarray) -> np.ndarray:
+    return TRANSFORMS[transform][0](arr)
+
+
+def apply_shape(transform: Optional[str], shape) -> tuple:
+    return TRANSFORMS[transform][1](shape)
+
+
+def inverse(transform: Optional[str]) -> Optional[str]:
+    return TRANSFORMS[transform][2]
+
+
+def _template_regex(t: str) -> re.Pattern:
+    return re.compile("^" + re.escape(t).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # format-side template
+    canonical: str  # canonical template
+    transform: Optional[str] = None  # applied format -> canonical
+
+    def __post_init__(self):
+        if self.transform not in TRANSFORMS:
+            raise ValueError(f"unknown transform {self.transform!r}")
+
+
+class Table:
+    """A compiled name table, both directions."""
+
+    def __init__(self, rows):
+        self.rules = [r if isinstance(r, Rule) else Rule(*r) for r in rows]
+        self._fwd = [(_template_regex(r.name), r) for r in self.rules]
+        self._bwd = [(_template_regex(r.canonical), r) for r in self.rules]
+
+    def to_canonical(self, name: str):
+        """format name -> (canonical name, transform) or None."""
+        for rx, r in self._fwd:
+            m = rx.match(name)
+            if m:
+                return r.canonical.format(**m.groupdict()), r.transform
+        return None
+
+    def from_canonical(self, canonical: str):
+        """canonical name -> (format name, transform format->canonical) or None."""
+        for rx, r in self._bwd:
+            m = rx.match(canonical)
+            if m:
+                return r.name.format(**m.groupdict()), r.transform
+        return None

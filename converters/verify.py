@@ -1,0 +1,139 @@
+"""Forward equality between two checkpoints, in any formats.
+
+Each side runs where it is native: a TF1 checkpoint through the independent
+TensorFlow reference (converters.tf_reference, Google's modeling.py in TF),
+anything else through bert_of in eager mode AND inside an nn.Graph. Every run
+sees the same padded two-segment batch; the report gives max |diff| of every
+output against the reference run (the TF one when there is one).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from converters.common import Options
+from converters.convert import detect, read
+
+DEFAULT_TOL = 1e-5
+
+
+def make_batch(config, batch_size: int = 3, seq_len: int | None = None, seed: int = 0) -> dict:
+    """A padded two-segment batch: [CLS] a.. [SEP] b.. [SEP] pad.., int64 [B, S].
+
+    Rows have different lengths; with type_vocab_size > 2 one row also uses
+    the higher token types, so every embedding row is exercised.
+    """
+    rng = np.random.default_rng(seed)
+    S = seq_len or min(16, config.max_position_embeddings)
+    V, T = config.vocab_size, config.type_vocab_size
+    ids = np.zeros((batch_size, S), np.int64)
+    types = np.zeros((batch_size, S), np.int64)
+    mask = np.zeros((batch_size, S), np.int64)
+    for b in range(batch_size):
+        n = max(3, S - 3 * b) if S >= 3 else S  # row b is 3b tokens shorter
+        n = min(n, S)
+        ids[b, :n] = rng.integers(min(5, V - 1), V, n) if V > 5 else rng.integers(0, V, n)
+        ids[b, 0], ids[b, n - 1] = min(1, V - 1), min(2, V - 1)  # "[CLS]" ... "[SEP]"
+        a = max(1, n // 2)
+        types[b, a:n] = 1 if T > 1 else 0
+        if T > 2 and b == batch_size - 1:
+            types[b, :n] = np.arange(n) % T
+        mask[b, :n] = 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+def run_bert_of(source, batch: dict, modes=("eager", "graph")) -> dict:
+    """{mode: {output: np.ndarray}} for bert_of on a Source's tensors."""
+    from bert_of._flow import flow
+    from bert_of.modeling import BertGraph, model_class_for
+
+    tensors = source.load()
+    cls = model_class_for(tensors)
+    model = cls(source.config)
+    model.load_canonical({k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" or
+                          np.asarray(v).dtype.name == "bfloat16" else v for k, v in tensors.items()},
+                         strict_heads=True)
+    model.eval()
+    args = [flow.tensor(batch[k], dtype=flow.int64) for k in ("input_ids", "token_type_ids", "attention_mask")]
+    out = {}
+    with flow.no_grad():
+        if "eager" in modes:
+            out["eager"] = {k: v.numpy() for k, v in model(*args).to_dict().items()}
+        if "graph" in modes:
+            out["graph"] = {k: v.numpy() for k, v in BertGraph(model)(*args).to_dict().items()}
+    return out
+
+
+def _tf_config(path, opts):
+    from bert_of.config import BertConfig
+    from converters import tf1_bundle
+    from converters.tf1 import CONFIG_FILE, _side_file
+
+    prefix = tf1_bundle.resolve_prefix(path)
+    return prefix, BertConfig.from_google_json_file(_side_file(prefix, opts.config, CONFIG_FILE, "config"))
+
+
+def run_side(path: str, fmt: str, batch: dict, modes, opts: Options) -> dict:
+    """{run name: {output: array}} for one checkpoint, run where it is native."""
+    if fmt == "tf":
+        import os
+
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
+        from converters import tf_reference
+
+        prefix, cfg = _tf_config(path, opts)
+        return {f"tf-{dt}": tf_reference.run_reference(prefix, cfg.to_google_dict(), batch, dtype=dt)
+                for dt in ("float64", "float32")}
+    return run_bert_of(read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes)
+
+
+def _diffs(ref: dict, outs: dict) -> dict:
+    d = {}
+    for k in ref:
+        if k in outs:
+            a, b = ref[k].astype(np.float64), outs[k].astype(np.float64)
+            d[k] = float(np.max(np.abs(a - b))) if a.shape == b.shape else float("inf")
+    return d
+
+
+def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
+           seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64") -> dict:
+    """Run both sides on one batch and compare every bert_of run to the reference.
+
+    With a TF1 side, the reference is Google's graph in TensorFlow. It runs in
+    float64 (Google's function without rounding: what remains is bert_of's own
+    fp32 error) and in float32 (what TF computes: two fp32 implementations'
+    rounding added up, ~1e-5 at BERT-base size); both are reported, and
+    ``reference_dtype`` picks the one the tolerance applies to. Without a TF
+    side, A's eager run is the reference.
+    """
+    opts = opts or Options()
+    fa, fb = detect(a), detect(b)
+    cfg_a = _tf_config(a, opts)[1] if fa == "tf" else read(a, fa, opts).config
+    batch = make_batch(cfg_a, batch_size, seq_len)
+    runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts).items()}
+    runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options()).items()})
+    tf_runs = [k for k in runs if ":tf-" in k]
+    ref_key = next((k for k in tf_runs if k.endswith(reference_dtype)), next(iter(runs)))
+    ours = [k for k in runs if k != ref_key and ":tf-" not in k]
+    results = {k: _diffs(runs[ref_key], runs[k]) for k in ours}
+    worst = max((v for r in results.values() for v in r.values()), default=float("inf"))
+    report = {
+        "a": {"path": a, "format": fa}, "b": {"path": b, "format": fb},
+        "reference": ref_key, "tolerance": tol,
+        "batch": {"size": int(batch["input_ids"].shape[0]), "seq_len": int(batch["input_ids"].shape[1]),
+                  "tokens": int(batch["attention_mask"].sum())},
+        "outputs": sorted({k for r in results.values() for k in r}),
+        "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol),
+    }
+    others = [k for k in tf_runs if k != ref_key]
+    for other in others:  # the other TF precision, for information
+        report[f"vs_{other.split(':')[1]}"] = {k: _diffs(runs[other], runs[k]) for k in ours}
+        report[f"{other.split(':')[1]}_vs_reference"] = _diffs(runs[ref_key], runs[other])
+    return report
+
+
+def format_report(report: dict) -> str:
+    return json.dumps(report, indent=2)

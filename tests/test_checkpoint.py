@@ -1,0 +1,99 @@
+"""bert_of checkpoint directories: safetensors compatibility, atomic writes, bad files."""
+
+import os
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from bert_of.checkpoint import (SafetensorsFile, TensorSpec, load_checkpoint, load_safetensors, save_safetensors,
+                                write_checkpoint)
+from bert_of.config import BertConfig
+from bert_of.errors import CheckpointError
+from tests.conftest import write_vocab
+
+CFG = BertConfig(vocab_size=11, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
+
+
+def _tensors():
+    rng = np.random.default_rng(0)
+    import ml_dtypes
+
+    return {
+        "a.weight": rng.standard_normal((3, 5)).astype(np.float32),
+        "b.half": rng.standard_normal(7).astype(np.float16),
+        "c.bf16": rng.standard_normal((2, 2)).astype(ml_dtypes.bfloat16),
+        "d.step": np.array(12345, np.int64),
+        "e.i32": np.arange(6, dtype=np.int32).reshape(2, 3),
+    }
+
+
+def test_our_files_read_by_the_safetensors_library_and_back(tmp_path):
+    t = {k: v for k, v in _tensors().items() if k != "c.bf16"}  # safetensors' numpy API lacks bf16
+    ours = tmp_path / "ours.safetensors"
+    save_safetensors(str(ours), t, metadata={"format": "bert_of"})
+    lib = safetensors.numpy.load_file(str(ours))
+    assert set(lib) == set(t)
+    for k in t:
+        assert lib[k].dtype == t[k].dtype and np.array_equal(lib[k], t[k])
+    theirs = tmp_path / "theirs.safetensors"
+    safetensors.numpy.save_file(t, str(theirs))
+    back = load_safetensors(str(theirs))
+    for k in t:
+        assert back[k].dtype == t[k].dtype and np.array_equal(back[k], t[k])
+
+
+def test_bf16_and_every_dtype_round_trip(tmp_path):
+    t = _tensors()
+    p = tmp_path / "x.safetensors"
+    save_safetensors(str(p), t)
+    with SafetensorsFile(str(p)) as f:
+        assert f.dtype("c.bf16").name == "bfloat16"
+        for k, v in t.items():
+            assert f.get(k).tobytes() == v.tobytes() and f.shape(k) == v.shape
+
+
+def test_checkpoint_dir_is_atomic_on_crash(tmp_path):
+    vocab = write_vocab(tmp_path / "vocab.txt", 11)
+    dst = tmp_path / "ck"
+
+    def boom():
+        raise RuntimeError("disk on fire")
+
+    items = [(TensorSpec("x", np.float32, (2,)), lambda: np.zeros(2, np.float32)),
+             (TensorSpec("y", np.float32, (2,)), boom)]
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        write_checkpoint(str(dst), items, CFG, vocab)
+    assert os.listdir(tmp_path) == ["vocab.txt"]  # no dst, no temp dir left
+
+    write_checkpoint(str(dst), [("x", np.ones(2, np.float32))], CFG, vocab)
+    with pytest.raises(CheckpointError, match="already exists"):
+        write_checkpoint(str(dst), [("x", np.zeros(2, np.float32))], CFG, vocab)
+    # A failed overwrite keeps the old checkpoint whole.
+    with pytest.raises(RuntimeError):
+        write_checkpoint(str(dst), items, CFG, vocab, overwrite=True)
+    assert np.array_equal(load_checkpoint(str(dst)).tensors["x"], np.ones(2, np.float32))
+    write_checkpoint(str(dst), [("x", np.zeros(2, np.float32))], CFG, vocab, overwrite=True)
+    ck = load_checkpoint(str(dst))
+    assert np.array_equal(ck.tensors["x"], np.zeros(2)) and ck.config == CFG
+    assert sorted(os.listdir(tmp_path)) == ["ck", "vocab.txt"]
+
+
+def test_truncated_and_garbage_safetensors(tmp_path):
+    p = tmp_path / "m.safetensors"
+    save_safetensors(str(p), {"w": np.ones((64, 64), np.float32)})
+    data = p.read_bytes()
+    p.write_bytes(data[:-100])
+    with pytest.raises(CheckpointError, match=r"tensor w: data ends at byte 16384 but the file holds"):
+        SafetensorsFile(str(p))
+    p.write_bytes(os.urandom(64))
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        SafetensorsFile(str(p))
+
+
+def test_load_checkpoint_refuses_non_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="not a directory"):
+        load_checkpoint(str(tmp_path / "missing"))
+    (tmp_path / "config.json").write_text(CFG.to_json_string())
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_checkpoint(str(tmp_path))

@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from bert_of.config import BertConfig
+from bert_of.errors import ConfigError
+
+GOOGLE_BASE = {  # bert-base-uncased's bert_config.json, plus keys some releases carry
+    "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 12,
+    "type_vocab_size": 2, "vocab_size": 30522,
+}
+
+
+def test_google_config_every_key_round_trips(tmp_path):
+    src = dict(GOOGLE_BASE, directionality="bidi", pooler_fc_size=768, pooler_num_attention_heads=12)
+    p = tmp_path / "bert_config.json"
+    p.write_text(json.dumps(src))
+    cfg = BertConfig.from_google_json_file(str(p))
+    assert cfg.hidden_act == "gelu_tanh"  # Google's "gelu" is the tanh approximation
+    assert cfg.layer_norm_eps == 1e-12 and cfg.provenance == "tf1"
+    assert cfg.extra == {"directionality": "bidi", "pooler_fc_size": 768, "pooler_num_attention_heads": 12}
+    assert cfg.to_google_dict() == src
+    assert cfg.num_parameters() == 110106428  # bert-base with pretraining heads (tied decoder)
+
+
+def test_exact_activation_travels_beside_googles_label():
+    cfg = BertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=37, vocab_size=99,
+                     num_hidden_layers=2, hidden_act="gelu_erf", layer_norm_eps=1e-5)
+    d = cfg.to_google_dict()
+    assert d["hidden_act"] == "gelu" and d["bert_of_hidden_act"] == "gelu_erf" and d["layer_norm_eps"] == 1e-5
+    back = BertConfig.from_google_dict(d)
+    assert (back.hidden_act, back.layer_norm_eps) == ("gelu_erf", 1e-5)
+    assert "gelu_erf" in cfg.google_mismatch()
+
+
+def test_bert_of_json_round_trip(tmp_path):
+    cfg = BertConfig.from_google_dict(dict(GOOGLE_BASE, hidden_act="relu", type_vocab_size=16))
+    p = tmp_path / "config.json"
+    p.write_text(cfg.to_json_string())
+    assert BertConfig.from_json_file(str(p)) == cfg
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ({"hidden_size": 100}, "not a multiple of num_attention_heads"),
+    ({"hidden_act": "swishy"}, "hidden_act 'swishy'"),
+    ({"vocab_size": 0}, "vocab_size must be a positive integer"),
+])
+def test_bad_google_config_names_the_key(patch, needle):
+    with pytest.raises(ConfigError, match=needle):
+        BertConfig.from_google_dict(dict(GOOGLE_BASE, **patch))
+
+
+def test_missing_and_malformed_config_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        BertConfig.from_google_json_file(str(tmp_path / "nope.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        BertConfig.from_google_json_file(str(bad))
+    no_vocab = tmp_path / "c.json"
+    no_vocab.write_text(json.dumps({k: v for k, v in GOOGLE_BASE.items() if k != "vocab_size"}))
+    with pytest.raises(ConfigError, match="missing key.*vocab_size"):
+        BertConfig.from_google_json_file(str(no_vocab))

@@ -1,0 +1,218 @@
+"""TF1 interop end to end through the real CLI: tf2of --verify, of2tf, round trips, bad input.
+
+Checkpoints are made by the TF reference (Google's variable names and layout,
+saved by TensorFlow's own Saver) with weights of realistic magnitude, so an
+activation or epsilon mismatch would show far above the 1e-5 tolerance.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from converters import tf1_bundle
+from converters import tf_reference as ref
+from tests.conftest import TINY, error_lines, run_cli, write_vocab
+
+CONFIGS = {
+    # odd sizes, 3 layers, 3 token types, Google GELU; a training checkpoint with Adam slots
+    "tiny3": (dict(TINY), ("pretraining",), True),
+    # relu, 4 layers, 5 token types, 3 heads of 16; SQuAD fine-tuned
+    "relu_squad": (dict(TINY, hidden_act="relu", num_hidden_layers=4, hidden_size=48, num_attention_heads=3,
+                        intermediate_size=64, vocab_size=131, type_vocab_size=5, max_position_embeddings=24),
+                   ("squad",), False),
+    # a single layer, type_vocab 1, classifier with 3 labels
+    "cls1": (dict(TINY, num_hidden_layers=1, type_vocab_size=1, num_labels=3), ("classifier",), False),
+}
+
+
+def make_tf_dir(root, name, with_optimizer=None):
+    cfg, heads, opt = CONFIGS[name]
+    d = root / name
+    d.mkdir()
+    ref.make_checkpoint(str(d / "bert_model.ckpt"), cfg, seed=11, heads=heads, realistic=True,
+                        with_optimizer=opt if with_optimizer is None else with_optimizer, global_step=1234)
+    (d / "bert_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "num_labels"}))
+    write_vocab(d / "vocab.txt", cfg["vocab_size"])
+    return d
+
+
+@pytest.fixture(scope="module")
+def tf_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tf")
+    return {name: make_tf_dir(root, name) for name in CONFIGS}
+
+
+def _bundle(path):
+    prefix = tf1_bundle.resolve_prefix(str(path))
+    return {n: tf1_bundle.read_tensor(prefix, e) for n, e in tf1_bundle.read_index(prefix).items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tf2of_verify_within_1e5_eager_and_graph(tf_dirs, tmp_path, name):
+    dst = tmp_path / "of"
+    r = run_cli("convert", "tf2of", tf_dirs[name], dst, "--verify")
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert report["ok"] and report["reference"] == "A:tf-float64"
+    assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"}
+    # against what TF computes in fp32, too (at these sizes both roundings are far below 1e-5)
+    for mode, diffs in report["vs_tf-float32"].items():
+        assert max(diffs.values()) <= 1e-5, (mode, diffs)
+    heads = CONFIGS[name][1]
+    expected = {"sequence_output", "pooled_output"}
+    expected |= {"prediction_logits", "seq_relationship_logits"} if "pretraining" in heads else set()
+    expected |= {"start_logits", "end_logits"} if "squad" in heads else set()
+    expected |= {"logits"} if "classifier" in heads else set()
+    for mode, diffs in report["max_abs_diff"].items():
+        assert set(diffs) == expected, mode
+        assert max(diffs.values()) <= 1e-5, (mode, diffs)
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["hidden_act"] == {"gelu": "gelu_tanh", "relu": "relu"}[CONFIGS[name][0]["hidden_act"]]
+    assert cfg["layer_norm_eps"] == 1e-12 and cfg["provenance"] == "tf1"
+
+
+def test_verify_catches_an_activation_mismatch(tf_dirs, tmp_path):
+    """Realistic weights make erf vs tanh GELU visible: the check has teeth."""
+    dst = tmp_path / "of"
+    run_cli("convert", "tf2of", tf_dirs["tiny3"], dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["hidden_act"] = "gelu_erf"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    r = run_cli("verify", tf_dirs["tiny3"], dst, "--json", tmp_path / "report.json", check=False)
+    assert r.returncode == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert not report["ok"] and report["worst"] > 1e-4
+    assert error_lines(r.stderr)[-1].startswith("bert-of: error: forward outputs differ")
+
+
+def test_round_trip_tf_of_tf_is_bit_exact_with_optimizer(tf_dirs, tmp_path):
+    src = tf_dirs["tiny3"]
+    r = run_cli("convert", "tf2of", src, tmp_path / "of", "--with-optimizer")
+    n_src = len(_bundle(src))
+    assert f"{n_src} source tensors:" in r.stdout and "optimizer" in r.stdout
+    run_cli("convert", "of2tf", tmp_path / "of", tmp_path / "tf", "--with-optimizer")
+    a, b = _bundle(src), _bundle(tmp_path / "tf")
+    assert list(a) == list(b) and "global_step" in b and int(b["global_step"]) == 1234
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes(), k
+    assert json.loads((tmp_path / "tf" / "bert_config.json").read_text()) == \
+        json.loads((src / "bert_config.json").read_text())
+    assert (tmp_path / "tf" / "vocab.txt").read_bytes() == (src / "vocab.txt").read_bytes()
+    # TensorFlow itself restores what we wrote, and computes what the source computed.
+    batch = ref.make_batch(CONFIGS["tiny3"][0], batch_size=2, seed=3)
+    out_src = ref.run_reference(str(src / "bert_model.ckpt"), CONFIGS["tiny3"][0], batch)
+    out_back = ref.run_reference(str(tmp_path / "tf" / "bert_model.ckpt"), CONFIGS["tiny3"][0], batch)
+    for k in out_src:
+        assert np.array_equal(out_src[k], out_back[k]), k
+
+
+def test_optimizer_state_dropped_by_default_and_reported(tf_dirs, tmp_path):
+    r = run_cli("convert", "tf2of", tf_dirs["tiny3"], tmp_path / "of")
+    n = len(_bundle(tf_dirs["tiny3"]))
+    n_model = sum(1 for k in _bundle(tf_dirs["tiny3"]) if not k.endswith(("adam_m", "adam_v")) and k != "global_step")
+    assert f"{n} source tensors: {n - n_model} dropped, {n_model} mapped" in r.stdout
+    assert "--with-optimizer" in r.stdout
+    assert not (tmp_path / "of" / "optimizer.safetensors").exists()
+    # of2tf of a checkpoint with no optimizer state writes exactly the model tensors
+    run_cli("convert", "of2tf", tmp_path / "of", tmp_path / "tf")
+    assert len(_bundle(tmp_path / "tf")) == n_model
+
+
+def test_inspect_counts_parameters(tf_dirs, tmp_path):
+    from bert_of.config import BertConfig
+
+    r = run_cli("inspect", tf_dirs["tiny3"], "--json")
+    info = json.loads(r.stdout)
+    cfg = BertConfig.from_google_dict(CONFIGS["tiny3"][0])
+    assert info["format"] == "tf" and info["parameters"] == cfg.num_parameters()
+    assert {t["kind"] for t in info["tensors"]} == {"model", "optimizer", "step"}
+    run_cli("convert", "tf2of", tf_dirs["tiny3"], tmp_path / "of")
+    info = json.loads(run_cli("inspect", tmp_path / "of", "--json").stdout)
+    assert info["format"] == "of" and info["parameters"] == cfg.num_parameters()
+    text = run_cli("inspect", tmp_path / "of").stdout
+    assert "format of" in text and f"{cfg.num_parameters():,} model parameters" in text
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _truncate(d):
+    p = d / "bert_model.ckpt.data-00000-of-00001"
+    p.write_bytes(p.read_bytes()[:-1000])
+
+
+def _flip(d):
+    p = d / "bert_model.ckpt.data-00000-of-00001"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def _swap_data(d):  # index and data from two different checkpoints
+    other = d.parent / (d.name + "-other")
+    other.mkdir()
+    ref.make_checkpoint(str(other / "bert_model.ckpt"), dict(TINY, num_hidden_layers=1), seed=1)
+    (d / "bert_model.ckpt.data-00000-of-00001").write_bytes(
+        (other / "bert_model.ckpt.data-00000-of-00001").read_bytes())
+
+
+def _bad_config(d):
+    cfg = json.loads((d / "bert_config.json").read_text())
+    cfg["intermediate_size"] = 40
+    (d / "bert_config.json").write_text(json.dumps(cfg))
+
+
+def _fewer_layers(d):
+    cfg = json.loads((d / "bert_config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    (d / "bert_config.json").write_text(json.dumps(cfg))
+
+
+def _no_vocab(d):
+    (d / "vocab.txt").unlink()
+
+
+def _not_bert(d):
+    for p in d.glob("bert_model.ckpt*"):
+        p.unlink()
+    tf1_bundle.write_bundle(str(d / "bert_model.ckpt"), {"dense/kernel": np.zeros((3, 4), np.float32),
+                                                         "dense/bias": np.zeros(4, np.float32)})
+
+
+def _garbage_index(d):
+    (d / "bert_model.ckpt.index").write_bytes(os.urandom(300))
+
+
+BAD = {
+    "truncated shard": (_truncate, "bert_model.ckpt.data-00000-of-00001"),
+    "crc mismatch": (_flip, "CRC"),
+    "index/data mismatch": (_swap_data, "bert_model.ckpt"),
+    "config misfit": (_bad_config, "intermediate/dense/bias has shape [37] but the config implies [40]"),
+    "extra layers": (_fewer_layers, "layer 2 but the config has num_hidden_layers 2"),
+    "missing vocab": (_no_vocab, "vocab file not found"),
+    "not bert": (_not_bert, "not a BERT checkpoint"),
+    "garbage index": (_garbage_index, "bert_model.ckpt.index"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_one_line_nonzero_no_output(tf_dirs, tmp_path, case):
+    breaker, needle = BAD[case]
+    src = _copy(tf_dirs["tiny3"], tmp_path / "src")
+    breaker(src)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run_cli("convert", "tf2of", src, out / "of", check=False)
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert len(lines) == 1 and lines[0].startswith("bert-of: error: "), lines
+    assert needle in lines[0], lines[0]
+    assert os.listdir(out) == []  # no partial output, no temp leftovers

@@ -1,0 +1,1 @@
+"""Model zoo: registry (data), downloader and cache. Arrives with the zoo issue."""
