@@ -10,13 +10,12 @@ A checkpoint is a directory::
 Directories are written under a temporary name beside the target and renamed
 into place, so a crash never leaves a directory that loads. safetensors files
 are written tensor by tensor (peak memory ~ one tensor) and read through a
-memory map with every offset checked.
+positioned reads with every offset checked.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import shutil
 import tempfile
@@ -159,7 +158,6 @@ class SafetensorsFile:
                 raise CheckpointError(
                     f"{path}: tensor {name}: data ends at byte {end} but the file holds {data_len} (truncated?)")
             self.entries[name] = (dtype, shape, start, end)
-        self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
     def keys(self):
         return list(self.entries)
@@ -171,16 +169,23 @@ class SafetensorsFile:
         return self.entries[name][0]
 
     def get(self, name: str) -> np.ndarray:
+        """A fresh, writable array. Read with pread, not mmap: pages of a mapped
+        file count in RSS, and a streaming conversion must hold one tensor only."""
         dtype, shape, start, end = self.entries[name]
-        buf = self._mm[self._base + start:self._base + end]
-        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+        out = np.empty(shape, dtype=dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+        pos, off = 0, self._base + start
+        while pos < end - start:
+            n = os.preadv(self._f.fileno(), [view[pos:]], off + pos)
+            if n <= 0:
+                raise CheckpointError(f"{self.path}: tensor {name}: file ended early")
+            pos += n
+        return out
 
     def load_all(self) -> dict:
         return {k: self.get(k) for k in self.entries}
 
     def close(self):
-        if self._mm is not None:
-            self._mm.close()
         self._f.close()
 
     def __enter__(self):
@@ -327,12 +332,15 @@ def backbone_names(config: BertConfig) -> list:
     return [k for k in expected_shapes(config) if k.startswith("bert.")]
 
 
-def check_against_config(shapes: dict, config: BertConfig, source: Callable[[str], str], where: str) -> None:
+def check_against_config(shapes: dict, config: BertConfig, source: Callable[[str], str], where: str,
+                         source_shape: Optional[Callable] = None) -> None:
     """Every backbone tensor present, every tensor the shape the config implies.
 
-    shapes: canonical name -> shape; source(name) gives the name in the source
-    format for messages.
+    shapes: canonical name -> canonical shape. ``source(name)`` gives the name
+    in the input format and ``source_shape(name, shape)`` the shape as stored
+    there, so messages show what is on disk.
     """
+    on_disk = source_shape or (lambda name, shape: tuple(shape))
     want = expected_shapes(config)
     for name, shape in shapes.items():
         if name not in want:
@@ -344,8 +352,8 @@ def check_against_config(shapes: dict, config: BertConfig, source: Callable[[str
             raise CheckpointError(f"{where}: tensor {source(name)} has no place in a BERT model")
         if tuple(shape) != tuple(want[name]):
             raise CheckpointError(
-                f"{where}: tensor {source(name)} has shape {list(shape)} but the config implies "
-                f"{list(want[name])} (config does not fit the tensors)")
+                f"{where}: tensor {source(name)} has shape {list(on_disk(name, shape))} but the config implies "
+                f"{list(on_disk(name, want[name]))} (config does not fit the tensors)")
     for name in backbone_names(config):
         if name not in shapes:
             raise CheckpointError(f"{where}: tensor {source(name)} is missing")

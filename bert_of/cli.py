@@ -30,7 +30,8 @@ def cmd_convert(args) -> int:
     from converters.convert import convert
 
     opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
-                   skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype)
+                   skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
+                   numerics=args.numerics, no_meta=args.no_meta)
     t0 = time.perf_counter()
     source, notes = convert(args.direction, args.src, args.dst, opts)
     dt = time.perf_counter() - t0
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "moved without changing a number.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf",
+    c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf, hf2of, lazy2of, h52of, ...",
                        description="Convert a checkpoint between formats through canonical names.")
     c.add_argument("direction", help="SRC2DST format pair, e.g. tf2of, of2tf")
     c.add_argument("src", help="source checkpoint (directory or TF prefix)")
@@ -161,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--with-optimizer", action="store_true", help="convert optimizer state and step too")
     c.add_argument("--skip-unknown", action="store_true", help="drop (and report) non-BERT tensors instead of failing")
     c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="cast floating tensors")
+    c.add_argument("--numerics", choices=("tf1", "lazy", "hf"),
+                   help="override the activation/LayerNorm-eps provenance recorded for the source")
+    c.add_argument("--no-meta", action="store_true", help="of2lazy: oldest snapshot layout (no meta files)")
     c.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     c.add_argument("--verify", action="store_true", help="then check forward equality SRC vs DST")
     c.add_argument("--tol", type=float, default=DEFAULT_TOL, help="verification tolerance (max |diff|)")
@@ -187,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("path")
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_inspect)
+
+    # Subcommands owned by other packages (zoo, eval, ...) register themselves.
+    import importlib
+    import importlib.util
+
+    for mod in ("zoo.cli", "eval.cli"):
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod).add_parser(sub)
     return p
 
 

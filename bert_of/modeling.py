@@ -244,11 +244,18 @@ class _PreTrained(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str, config: Optional[BertConfig] = None, strict_heads: bool = False, **overrides):
-        """Load a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt)."""
+        """Load a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt),
+        or a zoo name such as "bert-base" (downloaded and converted on first use)."""
+        import os
         import sys
 
         from bert_of.checkpoint import load_checkpoint
 
+        if not os.path.isdir(path):
+            import zoo
+
+            if hasattr(zoo, "resolve"):
+                path = zoo.resolve(path)
         ckpt = load_checkpoint(path)
         config = config or ckpt.config
         for k, v in overrides.items():

@@ -29,6 +29,8 @@ class Options:
     skip_unknown: bool = False
     overwrite: bool = False
     dtype: Optional[str] = None  # cast floating tensors ("float32", "float16", "bfloat16")
+    numerics: Optional[str] = None  # override provenance numerics: "tf1" | "lazy" | "hf"
+    no_meta: bool = False  # lazy writer: oldest layout (out files only, no meta)
 
 
 @dataclass

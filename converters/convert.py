@@ -16,10 +16,16 @@ from converters.common import Options, Source, summarize
 FORMATS = {
     "tf": "converters.tf1",
     "of": "converters.of",
+    "lazy": "converters.lazy",
+    "hf": "converters.hf",
+    "h5": "converters.h5",
 }
 DESCRIPTIONS = {
     "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",
     "of": "bert_of checkpoint directory (config.json + model.safetensors + vocab.txt)",
+    "lazy": "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])",
+    "hf": "HuggingFace directory (config.json + model.safetensors)",
+    "h5": "HuggingFace Keras weights (tf_model.h5 + config.json)",
 }
 
 
@@ -44,7 +50,13 @@ def detect(path: str) -> str:
     if not os.path.exists(path) and not any(os.path.exists(path + s) for s in (".index",)):
         raise CheckpointError(f"{path}: no such file or directory")
     for fmt in FORMATS:
-        if module(fmt).detect(path):
+        try:
+            mod = module(fmt)
+        except ModuleNotFoundError as e:  # a format not installed in this checkout
+            if e.name == FORMATS[fmt]:
+                continue
+            raise
+        if mod.detect(path):
             return fmt
     raise CheckpointError(f"{path}: not a checkpoint in any known format ({', '.join(FORMATS)})")
 

@@ -2,31 +2,55 @@
 
 from __future__ import annotations
 
-import numpy as np
+import os
 
-from bert_of.checkpoint import TensorSpec, is_checkpoint_dir, load_checkpoint, write_checkpoint
+from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile, TensorSpec,
+                                check_against_config, is_checkpoint_dir, load_checkpoint, write_checkpoint)
+from bert_of.config import BertConfig
 from converters.common import Options, ReportLine, Source, cast_spec
 
 NAME = "of"
 
 
 def detect(path: str) -> bool:
-    return is_checkpoint_dir(path)
+    """A directory with model.safetensors and a bert_of config.json (HF's has no "provenance")."""
+    if not is_checkpoint_dir(path):
+        return False
+    import json
+
+    try:
+        with open(os.path.join(path, CONFIG_NAME)) as f:
+            return "provenance" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def _lazy(path):
+    """(specs with producers, metadata) of a safetensors file, read one tensor per call."""
+    f = SafetensorsFile(path)
+    items = [(TensorSpec(k, f.dtype(k), f.shape(k)), (lambda k=k: f.get(k))) for k in f.keys()]
+    return items, dict(f.metadata)
 
 
 def read(path: str, opts: Options) -> Source:
-    ck = load_checkpoint(path, with_optimizer=True)
-    tensors = [cast_spec(TensorSpec(k, v.dtype, v.shape), (lambda v=v: np.array(v)), opts.dtype)
-               for k, v in ck.tensors.items()]
-    report = [ReportLine(k, "mapped", k) for k in ck.tensors]
-    optim = []
-    for k, v in ck.optimizer.items():
-        if opts.with_optimizer:
-            optim.append((TensorSpec(k, v.dtype, v.shape), (lambda v=v: np.array(v))))
-            report.append(ReportLine(k, "optimizer", k))
-        else:
-            report.append(ReportLine(k, "dropped", note="optimizer state; convert it with --with-optimizer"))
-    return Source(path, NAME, ck.config, ck.vocab_file, tensors, optim, ck.optimizer_meta, report)
+    if not is_checkpoint_dir(path):
+        load_checkpoint(path)  # raises the precise reason
+    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    vocab = opts.vocab or os.path.join(path, VOCAB_NAME)
+    model, _ = _lazy(os.path.join(path, WEIGHTS_NAME))
+    tensors = [cast_spec(s, p, opts.dtype) for s, p in model]
+    report = [ReportLine(s.name, "mapped", s.name) for s, _ in model]
+    optim, meta = [], {}
+    if os.path.isfile(os.path.join(path, OPTIMIZER_NAME)):
+        items, meta = _lazy(os.path.join(path, OPTIMIZER_NAME))
+        for s, p in items:
+            if opts.with_optimizer:
+                optim.append((s, p))
+                report.append(ReportLine(s.name, "optimizer", s.name))
+            else:
+                report.append(ReportLine(s.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
+    check_against_config({s.name: s.shape for s, _ in model}, config, lambda n: n, path)
+    return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report)
 
 
 def write(source: Source, dst: str, opts: Options) -> list:

@@ -152,31 +152,16 @@ def read(path: str, opts: Options) -> Source:
 
 
 def _check(shapes, config, back, table, where):
+    """check_against_config with TF names and TF ([in, out]) shapes in messages."""
     def src(name):
-        if name in back:
-            return back[name]
-        hit = table.from_canonical(name)
-        return hit[0] if hit else name
+        hit = back.get(name) or table.from_canonical(name)
+        return hit if isinstance(hit, str) else (hit[0] if hit else name)
 
     def src_shape(name, shape):
         hit = table.from_canonical(name)
         return apply_shape(inverse(hit[1]), shape) if hit else shape
 
-    # Compare in the source's own layout so messages show the shapes on disk.
-    try:
-        check_against_config(shapes, config, src, where)
-    except CheckpointError as err:
-        msg = str(err)
-        for name, shape in shapes.items():
-            if src(name) in msg and "has shape" in msg:
-                from bert_of.checkpoint import expected_shapes
-
-                want = expected_shapes(config).get(name)
-                if want is not None:
-                    msg = (f"{where}: tensor {src(name)} has shape {list(src_shape(name, shape))} but "
-                           f"the config implies {list(src_shape(name, want))} (config does not fit the tensors)")
-                break
-        raise CheckpointError(msg) from None
+    check_against_config(shapes, config, src, where, src_shape)
 
 
 def write(source: Source, dst: str, opts: Options) -> list:

@@ -170,6 +170,13 @@ def _bad_config(d):
     (d / "bert_config.json").write_text(json.dumps(cfg))
 
 
+def _bad_vocab_size(d):  # config vocab_size disagrees with the embedding table
+    cfg = json.loads((d / "bert_config.json").read_text())
+    cfg["vocab_size"] = 100
+    (d / "bert_config.json").write_text(json.dumps(cfg))
+    (d / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(100)) + "\n")
+
+
 def _fewer_layers(d):
     cfg = json.loads((d / "bert_config.json").read_text())
     cfg["num_hidden_layers"] = 2
@@ -196,6 +203,7 @@ BAD = {
     "crc mismatch": (_flip, "CRC"),
     "index/data mismatch": (_swap_data, "bert_model.ckpt"),
     "config misfit": (_bad_config, "intermediate/dense/bias has shape [37] but the config implies [40]"),
+    "vocab misfit": (_bad_vocab_size, "word_embeddings has shape [99, 32] but the config implies [100, 32]"),
     "extra layers": (_fewer_layers, "layer 2 but the config has num_hidden_layers 2"),
     "missing vocab": (_no_vocab, "vocab file not found"),
     "not bert": (_not_bert, "not a BERT checkpoint"),
@@ -216,3 +224,18 @@ def test_bad_input_one_line_nonzero_no_output(tf_dirs, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("bert-of: error: "), lines
     assert needle in lines[0], lines[0]
     assert os.listdir(out) == []  # no partial output, no temp leftovers
+
+
+def test_shape_errors_show_tf_layout():
+    """Kernels are [in, out] on disk; the message must show them that way, not transposed."""
+    from bert_of.checkpoint import expected_shapes
+    from bert_of.config import BertConfig
+    from bert_of.errors import CheckpointError
+    from converters.tf1 import TABLE, _check
+
+    cfg = BertConfig.from_google_dict(TINY)
+    shapes = expected_shapes(cfg)
+    shapes["bert.encoder.layer.1.intermediate.dense.weight"] = (36, 32)  # canonical [out, in]
+    with pytest.raises(CheckpointError, match=r"layer_1/intermediate/dense/kernel has shape \[32, 36\] "
+                                              r"but the config implies \[32, 37\]"):
+        _check(shapes, cfg, {}, TABLE, "ckpt")
