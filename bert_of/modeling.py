@@ -397,11 +397,19 @@ class BertForPreTraining(_WithBert):
         super().__init__(config)
         self.cls = BertPreTrainingHeads(config)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
-        """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits [B,S,V], NSP logits [B,2]."""
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                masked_lm_positions=None) -> BertModelOutput:
+        """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits, NSP logits [B,2].
+
+        MLM logits are [B, S, V], or [B, P, V] at ``masked_lm_positions`` (int64
+        [B, P]) as in pretraining, where the V-wide head runs on P << S rows.
+        """
         out = self.bert(input_ids, token_type_ids, attention_mask)
+        hidden = out.sequence_output
+        if masked_lm_positions is not None:
+            hidden = flow.batch_gather(hidden, masked_lm_positions)  # [B, P, H], keeps split(0)
         out.prediction_logits, out.seq_relationship_logits = self.cls(
-            out.sequence_output, out.pooled_output, self.bert.embeddings.word_embeddings.weight
+            hidden, out.pooled_output, self.bert.embeddings.word_embeddings.weight
         )
         return out
 

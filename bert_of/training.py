@@ -1,0 +1,302 @@
+"""Pretraining: the loss, optimizers, LR schedule, and eager / nn.Graph train steps.
+
+The same model trains three ways that must agree (see ``bert-of align``):
+eagerly, inside an ``nn.Graph``, and either of them over several ranks with
+global tensors. Choices that make them agree:
+
+- Weight decay skips names containing bias / LayerNorm / layer_norm (Google's
+  optimization.py). Eager uses two parameter groups; the graph uses ONE group
+  whose weight-decay conf lists those names as excludes, because graph mode
+  clips gradients per group and clipping must see one global norm.
+- Eager clips with one ``clip_grad_norm_`` over all parameters, for the same
+  reason.
+- Losses are Google's: MLM = sum(w * nll) / (sum(w) + 1e-5) over the masked
+  positions, NSP = mean nll; with global tensors the denominator is made
+  broadcast (a partial-sum / partial-sum division is not supported).
+
+Shapes: B batch, S sequence, P max predictions per sequence, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from bert_of._flow import flow
+
+BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+              "masked_lm_weights", "next_sentence_labels")
+
+
+@dataclass
+class TrainConfig:
+    mode: str = "graph"  # graph | eager
+    optimizer: str = "adamw"  # adamw | lamb | sgd
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    end_lr: float = 0.0
+    power: float = 1.0
+    weight_decay: float = 0.01
+    no_decay: tuple = ("bias", "LayerNorm", "layer_norm")
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-6
+    bias_correction: bool = False  # Google's AdamWeightDecayOptimizer has none
+    momentum: float = 0.9
+    clip_grad_norm: float | None = 1.0
+    grad_accum_steps: int = 1
+    amp: bool = False
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self):
+        d = asdict(self)
+        d["no_decay"], d["betas"] = list(self.no_decay), list(self.betas)
+        return d
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def pretraining_loss(prediction_logits, seq_relationship_logits, masked_lm_ids, masked_lm_weights,
+                     next_sentence_labels, ddp_world: int = 1) -> dict:
+    """prediction_logits [B, P, V], seq_relationship_logits [B, 2], masked_lm_ids int64 [B, P],
+    masked_lm_weights float [B, P], next_sentence_labels int64 [B] -> dict of scalars.
+
+    ddp_world > 1 (eager DDP, local tensors): the MLM denominator is the weight
+    sum over ALL ranks divided by the rank count, so the mean of the ranks'
+    losses (and gradients) equals the loss over the global batch even when
+    ranks hold different numbers of real predictions.
+    """
+    V = prediction_logits.shape[-1]
+    nll = flow.nn.functional.cross_entropy(prediction_logits.reshape(-1, V), masked_lm_ids.reshape(-1),
+                                           reduction="none")  # [B*P]
+    w = masked_lm_weights.reshape(-1)
+    if ddp_world > 1:
+        total = w.sum().detach().clone()
+        flow.comm.all_reduce(total)
+        denom = (total + 1e-5) / ddp_world
+    else:
+        denom = w.sum() + 1e-5
+    if denom.is_global:
+        denom = denom.to_global(sbp=flow.sbp.broadcast)
+    mlm = (w * nll).sum() / denom
+    nsp = flow.nn.functional.cross_entropy(seq_relationship_logits, next_sentence_labels.reshape(-1))
+    hit = (prediction_logits.argmax(dim=-1).reshape(-1) == masked_lm_ids.reshape(-1)).to(w.dtype)
+    mlm_acc = (w * hit).sum() / denom
+    nsp_acc = (seq_relationship_logits.argmax(dim=-1) == next_sentence_labels.reshape(-1)).to(w.dtype).mean()
+    return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp, "mlm_acc": mlm_acc, "nsp_acc": nsp_acc}
+
+
+LOSS_KEYS = ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")
+
+
+def forward_loss(model, batch: dict, ddp_world: int = 1) -> dict:
+    out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                masked_lm_positions=batch["masked_lm_positions"])
+    return pretraining_loss(out.prediction_logits, out.seq_relationship_logits, batch["masked_lm_ids"],
+                            batch["masked_lm_weights"], batch["next_sentence_labels"], ddp_world)
+
+
+class PretrainingLoss(flow.nn.Module):
+    """model + loss as one module returning a tuple (LOSS_KEYS order): what DDP's hooks can wrap."""
+
+    def __init__(self, model, ddp_world: int = 1):
+        super().__init__()
+        self.model, self.ddp_world = model, ddp_world
+
+    def forward(self, *batch):
+        losses = forward_loss(self.model, dict(zip(BATCH_KEYS, batch)), self.ddp_world)
+        return tuple(losses[k] for k in LOSS_KEYS)
+
+
+# --------------------------------------------------------------------------- optimizer and schedule
+
+
+def _decays(name: str, cfg: TrainConfig) -> bool:
+    return not any(pat in name for pat in cfg.no_decay)
+
+
+def build_optimizer(model, cfg: TrainConfig, for_graph: bool):
+    """The optimizer; for a graph, one group with weight-decay excludes (see module doc)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if for_graph:
+        groups = [{"params": [p for _, p in named], "weight_decay": cfg.weight_decay}]
+        if cfg.clip_grad_norm:
+            groups[0].update(clip_grad_max_norm=float(cfg.clip_grad_norm), clip_grad_norm_type=2.0)
+    else:
+        groups = [{"params": [p for n, p in named if _decays(n, cfg)], "weight_decay": cfg.weight_decay},
+                  {"params": [p for n, p in named if not _decays(n, cfg)], "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw":
+        opt = flow.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                               do_bias_correction=cfg.bias_correction)
+    elif cfg.optimizer == "lamb":
+        opt = flow.optim.LAMB(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, adam_w_mode=True,
+                              do_bias_correction=cfg.bias_correction)
+    elif cfg.optimizer == "sgd":
+        opt = flow.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        from bert_of.errors import ConfigError
+
+        raise ConfigError(f"optimizer {cfg.optimizer!r} is not one of adamw, lamb, sgd")
+    if for_graph and cfg.weight_decay:
+        _graph_weight_decay_excludes(opt, cfg, [p for n, p in named if not _decays(n, cfg)])
+    return opt
+
+
+def _graph_weight_decay_excludes(opt, cfg, no_decay_params):
+    """Make the graph's optimizer conf skip weight decay for the no-decay parameters.
+
+    Adam/LAMB decay is a conf with name patterns to exclude; SGD's is a per-variable L2.
+    """
+    generate = opt._generate_conf_for_graph
+
+    def with_excludes(train_conf, vars_conf):
+        confs = generate(train_conf, vars_conf)
+        if cfg.optimizer == "sgd":
+            for p in no_decay_params:
+                vars_conf[p].l2 = 0.0
+        else:
+            for conf in confs:
+                conf.weight_decay_conf.excludes.pattern.extend(cfg.no_decay)
+        return confs
+
+    opt._generate_conf_for_graph = with_excludes
+
+
+def build_scheduler(opt, cfg: TrainConfig):
+    """Linear warmup from 0, then polynomial decay to end_lr at total_steps (OneFlow's
+    WarmupLR(PolynomialLR)); expressible in both eager and graph."""
+    sched = flow.optim.lr_scheduler.PolynomialLR(opt, decay_batch=cfg.total_steps, end_learning_rate=cfg.end_lr,
+                                                 power=cfg.power)
+    if cfg.warmup_steps > 0:
+        sched = flow.optim.lr_scheduler.WarmupLR(sched, warmup_factor=0.0, warmup_iters=cfg.warmup_steps,
+                                                 warmup_method="linear")
+    return sched
+
+
+# --------------------------------------------------------------------------- train steps
+
+
+class PretrainGraph(flow.nn.Graph):
+    """One optimizer step per call: forward, loss, backward, clip, update, LR step."""
+
+    def __init__(self, model, opt, sched, cfg: TrainConfig):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt, lr_sch=sched)
+        if cfg.grad_accum_steps > 1:
+            self.config.set_gradient_accumulation_steps(cfg.grad_accum_steps)
+        if cfg.amp:
+            self.config.enable_amp(True)
+            self.set_grad_scaler(flow.amp.GradScaler(init_scale=2.0 ** 30, growth_factor=2.0, backoff_factor=0.5,
+                                                     growth_interval=2000))
+
+    def build(self, *batch):
+        losses = forward_loss(self.model, dict(zip(BATCH_KEYS, batch)))
+        losses["loss"].backward()
+        return tuple(losses[k] for k in LOSS_KEYS)
+
+
+class Trainer:
+    """Train ``model`` (a BertForPreTraining) with ``cfg``; eager or graph, local or global.
+
+    ``step(batch)`` takes a dict of numpy arrays for this rank (keys BATCH_KEYS),
+    runs one optimizer step and returns the losses as floats.
+    """
+
+    def __init__(self, model, cfg: TrainConfig, placement=None, ddp: bool = False):
+        """placement: global tensors over these ranks (params broadcast, batch split(0)).
+        ddp: eager data parallel with local tensors; each rank passes its own rows."""
+        self.model, self.cfg, self.placement, self.ddp = model, cfg, placement, ddp
+        model.train()
+        if placement is not None:
+            model.to_global(placement=placement, sbp=flow.sbp.broadcast)
+        if ddp:
+            if cfg.mode == "graph" or placement is not None:
+                from bert_of.errors import ConfigError
+
+                raise ConfigError("ddp is eager data parallelism with local tensors: use mode eager, no placement")
+        # OneFlow 0.9's DDP returns the module itself with gradient all-reduce hooks;
+        # its hooks understand tensors/tuples, so it wraps model + loss.
+        self.loss_module = PretrainingLoss(model, flow.env.get_world_size() if ddp else 1)
+        if ddp:
+            self.loss_module = flow.nn.parallel.DistributedDataParallel(self.loss_module)
+        self.opt = build_optimizer(model, cfg, for_graph=cfg.mode == "graph")
+        self.sched = build_scheduler(self.opt, cfg)
+        self.graph = PretrainGraph(model, self.opt, self.sched, cfg) if cfg.mode == "graph" else None
+        self.global_step = 0
+
+    def _tensor(self, arr):
+        dtype = flow.float32 if arr.dtype.kind == "f" else flow.int64
+        t = flow.tensor(np.ascontiguousarray(arr), dtype=dtype)
+        if self.placement is not None:  # this rank's rows of the global batch
+            t = t.to_global(placement=self.placement, sbp=flow.sbp.split(0))
+        return t
+
+    def step(self, batch: dict) -> dict:
+        lr = self.current_lr()  # the rate this step uses
+        if self.graph is not None:
+            values = self.graph(*[self._tensor(batch[k]) for k in BATCH_KEYS])
+            out = {k: _scalar(v) for k, v in zip(LOSS_KEYS, values)}
+            self.sched.step()  # the graph keeps its own schedule; this copy only reports it
+        else:
+            out = self._eager_step(batch)
+        self.global_step += 1
+        out["lr"] = lr
+        return out
+
+    def _eager_step(self, batch):
+        k = self.cfg.grad_accum_steps
+        n = len(batch["input_ids"])
+        if n % k:
+            from bert_of.errors import ConfigError
+
+            raise ConfigError(f"batch of {n} does not split into {k} accumulation steps")
+        sums = dict.fromkeys(LOSS_KEYS, 0.0)
+        for i in range(k):
+            micro = {key: self._tensor(v[i * n // k:(i + 1) * n // k]) for key, v in batch.items() if key in BATCH_KEYS}
+            losses = dict(zip(LOSS_KEYS, self.loss_module(*[micro[key] for key in BATCH_KEYS])))
+            (losses["loss"] / k).backward()
+            for key in LOSS_KEYS:
+                sums[key] += self._report(losses[key]) / k
+        if self.cfg.clip_grad_norm:
+            clip_by_global_norm([p for p in self.model.parameters() if p.grad is not None],
+                                float(self.cfg.clip_grad_norm))
+        self.opt.step()
+        self.opt.zero_grad()
+        self.sched.step()
+        return sums
+
+    def _report(self, t) -> float:
+        """A loss as a float; under DDP the mean over ranks ((l_1 + ... + l_n) / n), which
+        equals the loss over the global batch when every rank holds as many rows."""
+        if self.ddp and flow.env.get_world_size() > 1:
+            t = t.detach().clone()
+            flow.comm.all_reduce(t)
+            return _scalar(t) / flow.env.get_world_size()
+        return _scalar(t)
+
+    def current_lr(self) -> float:
+        return float(self.opt.param_groups[0]["lr"])
+
+
+def clip_by_global_norm(params, max_norm: float):
+    """grads *= max_norm / max(||g||, max_norm), ||g|| over ALL params: the graph's formula.
+
+    (``flow.nn.utils.clip_grad_norm_`` divides by norm + 1e-6 instead, which
+    drifts from graph mode by ~1e-6 relative per clipped step.)
+    """
+    with flow.no_grad():
+        norm = flow.sqrt(sum((p.grad * p.grad).sum() for p in params))
+        coef = max_norm / flow.maximum(norm, flow.ones_like(norm) * max_norm)
+        for p in params:
+            p.grad.mul_(coef)
+    return norm
+
+
+def _scalar(t) -> float:
+    if t.is_global:
+        t = t.to_global(sbp=flow.sbp.broadcast).to_local()
+    return float(t.numpy().reshape(-1).mean())

@@ -1,0 +1,34 @@
+"""Run under `python -m oneflow.distributed.launch --nproc_per_node N`.
+
+Trains a BertForPreTraining from one initialisation for a few steps, data
+parallel over the ranks in one of three ways, and writes the per-step losses
+(rank 0). Usage: dist_train.py WAY OUT.json   (WAY: global-graph | global-eager | ddp)
+"""
+
+import json
+import sys
+
+import numpy as np
+
+from bert_of._flow import flow
+from bert_of.config import BertConfig
+from bert_of.modeling import BertForPreTraining
+from bert_of.training import TrainConfig, Trainer
+from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch
+
+way, out_path = sys.argv[1:3]
+rank, world = flow.env.get_rank(), flow.env.get_world_size()
+model = BertForPreTraining(BertConfig(**CONFIG))
+model.init_weights(seed=0)
+placement = flow.placement("cpu", ranks=list(range(world))) if way.startswith("global") else None
+trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode="graph" if way == "global-graph" else "eager")),
+                  placement=placement, ddp=way == "ddp")
+losses = []
+for step in range(STEPS):
+    batch = global_batch(step)
+    n = len(batch["input_ids"])
+    mine = {k: v[rank * n // world:(rank + 1) * n // world] for k, v in batch.items()}  # this rank's rows
+    losses.append(trainer.step(mine)["loss"])
+if rank == 0:
+    with open(out_path, "w") as f:
+        json.dump({"way": way, "world": world, "losses": losses}, f)
