@@ -94,18 +94,19 @@ def inspect_path(path: str) -> dict:
 
             info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
         info["path"] = prefix
-    else:
-        from bert_of.checkpoint import OPTIMIZER_NAME, WEIGHTS_NAME, SafetensorsFile
-        from bert_of.config import BertConfig
+    else:  # any other format: what it reads as, through its converter
+        from converters.common import Options
+        from converters.convert import read
 
-        info["config"] = BertConfig.from_json_file(os.path.join(path, "config.json")).to_dict()
-        for fname, kind in ((WEIGHTS_NAME, "model"), (OPTIMIZER_NAME, "optimizer")):
-            p = os.path.join(path, fname)
-            if os.path.isfile(p):
-                with SafetensorsFile(p) as f:
-                    for name in f.keys():
-                        info["tensors"].append({"name": name, "shape": list(f.shape(name)),
-                                                "dtype": str(f.dtype(name)), "kind": kind})
+        source = read(path, fmt, Options(with_optimizer=True, skip_unknown=True))
+        info["config"] = source.config.to_dict()
+        for kind, items in (("model", source.tensors), ("optimizer", source.optimizer)):
+            for spec, _ in items:
+                info["tensors"].append({"name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
+                                        "kind": kind})
+        dropped = [r.source for r in source.report if r.action == "dropped"]
+        if dropped:
+            info["dropped"] = dropped
     counts = {}
     for t in info["tensors"]:
         counts[t["kind"]] = counts.get(t["kind"], 0) + int(np.prod(t["shape"], dtype=np.int64))
@@ -132,6 +133,8 @@ def cmd_inspect(args) -> int:
     by = info["elements_by_kind"]
     extra = ", ".join(f"{k} {v:,}" for k, v in by.items() if k != "model")
     print(f"  {len(info['tensors'])} tensors; {info['parameters']:,} model parameters" + (f"; {extra}" if extra else ""))
+    if info.get("dropped"):
+        print(f"  {len(info['dropped'])} more tensors not part of the model (tied copies, buffers, unknown)")
     return 0
 
 
