@@ -76,6 +76,14 @@ def summarize(report: list, verbose: bool = False) -> str:
             note = f"  ({r.note})" if r.note else ""
             lines.append(f"  {r.action:9s} {r.source}{arrow}{note}")
         return "\n".join(lines)
+    notes = {}
+    layout = {"transposed", "squeezed", "[1,P,H] squeezed"}
+    for r in report:  # notes on kept tensors that say more than a layout change
+        note = "; ".join(p for p in r.note.split("; ") if p and p not in layout)
+        if r.action != "dropped" and note:
+            notes.setdefault(note, []).append(r.source)
+    for note, names in notes.items():
+        lines.append(f"  note      {names[0]}" + (f" (+{len(names) - 1} more)" if len(names) > 1 else "") + f": {note}")
     groups = {}
     for r in by.get("dropped", []):
         groups.setdefault(r.note, []).append(r.source)

@@ -57,7 +57,8 @@ def write(source: Source, dst: str, opts: Options) -> list:
     if source.vocab_file is None:
         from bert_of.errors import CheckpointError
 
-        raise CheckpointError(f"{source.path}: no vocab.txt beside the checkpoint (pass --vocab)")
+        raise CheckpointError(f"{source.path}: no vocab.txt; a bert_of checkpoint needs one "
+                              f"(HuggingFace and Keras directories often lack it: pass --vocab)")
     optimizer = None
     if opts.with_optimizer and source.optimizer:
         optimizer = (list(source.optimizer), source.optimizer_meta)

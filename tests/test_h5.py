@@ -368,7 +368,7 @@ BAD = {
     "untied embeddings": (_untied, "dataset mlm___cls/tf_bert_for_pre_training/bert/embeddings/word_embeddings/"
                                    "weight:0 differs from bert/tf_bert_for_pre_training/bert/embeddings/"),
     "unlisted dataset": (_unlisted, "unknown dataset bert/extra/step:0"),
-    "missing vocab": (None, "no vocab.txt beside the checkpoint (pass --vocab)"),
+    "missing vocab": (None, "a bert_of checkpoint needs one (HuggingFace and Keras directories often lack it: pass --vocab)"),
 }
 
 

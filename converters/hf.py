@@ -1,0 +1,788 @@
+"""HuggingFace BERT directories (transformers) <-> canonical names.
+
+A HuggingFace directory is ``config.json`` (no ``"provenance"`` key: that one
+is bert_of's) plus weights: ``model.safetensors`` (or a sharded
+``model.safetensors.index.json``) or, failing that, ``pytorch_model.bin``
+(or ``pytorch_model.bin.index.json``). ``vocab.txt`` is optional in HF dirs.
+
+Names: HF's are the canonical ones (``bert.encoder.layer.0.attention.self.
+query.weight``, Linear weights [out, in]); a bare ``BertModel`` saves them
+without the ``bert.`` prefix (``embeddings.word_embeddings.weight``). Old
+pytorch-pretrained-bert files say ``LayerNorm.gamma/beta``; both are read.
+
+What transformers 4.57 writes, and so what ``write`` mimics (checked against
+``save_pretrained`` and ``from_pretrained`` with no missing/unexpected keys):
+
+- ``model.safetensors`` with metadata ``{"format": "pt"}`` (transformers
+  refuses a file without it);
+- tied tensors omitted: ``cls.predictions.decoder.weight`` (= word
+  embeddings) and ``cls.predictions.decoder.bias`` (= ``cls.predictions.bias``)
+  are not in safetensors files; ``pytorch_model.bin`` files keep both;
+- no ``position_ids`` / ``token_type_ids`` buffers (non-persistent since 4.31;
+  older files have ``bert.embeddings.position_ids``, an arange);
+- ``BertModel`` with bare names; ``BertForPreTraining``/``...ForSequenceClassification``
+  with the ``bert.`` prefix; ``BertForQuestionAnswering`` and ``BertForMaskedLM``
+  have **no pooler**;
+- ``config.json``: sorted keys, indent 2, ``model_type "bert"``, ``architectures``.
+
+Reading: tied decoder tensors are checked equal to what bert_of ties them to
+(else an error: bert_of cannot hold an untied decoder) and reported dropped;
+buffers are checked (arange / zeros) and reported dropped; a missing pooler
+(QA / MLM checkpoints) is filled with zeros, which the QA and MLM heads never
+read, and written back out as HF's class has it: absent.
+
+``pytorch_model.bin`` is a pickle. It is never unpickled as such: a restricted
+unpickler admits only ``torch._utils._rebuild_tensor_v2``, ``torch.*Storage``
+and ``collections.OrderedDict`` (replaced by NumPy stand-ins, torch is never
+imported), storages are read from the zip members, and any other global is
+refused with its name. Legacy (pre-1.6, non-zip) torch pickles are refused.
+
+Numerics: HF's ``"gelu"`` is exact erf GELU, ``"gelu_new"``/``"gelu_pytorch_tanh"``
+the tanh form (``bert_of.config.HF_ACT``); ``layer_norm_eps`` defaults to 1e-12.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import zipfile
+
+import numpy as np
+
+from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config
+from bert_of.config import HF_ACT, BertConfig
+from bert_of.errors import CheckpointError, ConfigError
+from converters.common import Options, ReportLine, Source, cast_spec
+from converters.mapping import Table
+
+NAME = "hf"
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.txt"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PT_BIN = "pytorch_model.bin"
+PT_BIN_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, PT_BIN, PT_BIN_INDEX)
+ST_METADATA = {"format": "pt"}
+
+# bert_of activation -> the label HF's config.json uses for it.
+HF_ACT_LABEL = {"gelu_erf": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "tanh": "tanh", "silu": "silu",
+                "linear": "linear"}
+# Other HF spellings of the same function are remembered here (in config.extra) for the round trip.
+ACT_SPELLING_KEY = "bert_of_hf_hidden_act"
+
+# HF config keys that are BertConfig fields (HF's BertConfig defaults equal bert_of's, except "gelu").
+_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+           "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+           "initializer_range", "layer_norm_eps")
+
+# --------------------------------------------------------------------------- names
+
+
+def _dense(p):
+    return [(f"{p}.weight", f"{p}.weight"), (f"{p}.bias", f"{p}.bias")]
+
+
+def _ln(p):
+    return [(f"{p}.LayerNorm.weight", f"{p}.LayerNorm.weight"), (f"{p}.LayerNorm.bias", f"{p}.LayerNorm.bias")]
+
+
+def _ln_old(p):  # pytorch-pretrained-bert spelling; read only (rows after the modern ones)
+    return [(f"{p}.LayerNorm.gamma", f"{p}.LayerNorm.weight"), (f"{p}.LayerNorm.beta", f"{p}.LayerNorm.bias")]
+
+
+_L = "bert.encoder.layer.{i}"
+_LN_SCOPES = ("bert.embeddings", f"{_L}.attention.output", f"{_L}.output", "cls.predictions.transform")
+TABLE = Table([
+    ("bert.embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"),
+    ("bert.embeddings.position_embeddings.weight", "bert.embeddings.position_embeddings.weight"),
+    ("bert.embeddings.token_type_embeddings.weight", "bert.embeddings.token_type_embeddings.weight"),
+    *_ln("bert.embeddings"),
+    *_dense(f"{_L}.attention.self.query"),
+    *_dense(f"{_L}.attention.self.key"),
+    *_dense(f"{_L}.attention.self.value"),
+    *_dense(f"{_L}.attention.output.dense"),
+    *_ln(f"{_L}.attention.output"),
+    *_dense(f"{_L}.intermediate.dense"),
+    *_dense(f"{_L}.output.dense"),
+    *_ln(f"{_L}.output"),
+    *_dense("bert.pooler.dense"),
+    *_dense("cls.predictions.transform.dense"),
+    *_ln("cls.predictions.transform"),
+    ("cls.predictions.bias", "cls.predictions.bias"),
+    *_dense("cls.seq_relationship"),
+    *_dense("qa_outputs"),
+    *_dense("classifier"),
+    *[row for scope in _LN_SCOPES for row in _ln_old(scope)],
+])
+
+# Tensors HF files hold that bert_of does not: name -> what they are.
+DECODER_W = "cls.predictions.decoder.weight"  # tied to the word embeddings
+DECODER_B = "cls.predictions.decoder.bias"  # the same Parameter as cls.predictions.bias
+POSITION_IDS = "bert.embeddings.position_ids"  # buffer: arange(max_position_embeddings)[None]
+TOKEN_TYPE_IDS = "bert.embeddings.token_type_ids"  # buffer: zeros
+WORD_EMB = "bert.embeddings.word_embeddings.weight"
+MLM_BIAS = "cls.predictions.bias"
+POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
+_BARE_ROOTS = ("embeddings.", "encoder.", "pooler.")
+
+# HF classes bert_of computes, by the head tensors present (canonical prefixes); pooler or not.
+_ARCH = {
+    "pretraining": ("BertForPreTraining", True),
+    "mlm": ("BertForMaskedLM", False),
+    "nsp": ("BertForNextSentencePrediction", True),
+    "qa": ("BertForQuestionAnswering", False),
+    "classifier": ("BertForSequenceClassification", True),
+    "bare": ("BertModel", True),
+}
+# HF classes built without a pooler (add_pooling_layer=False).
+_NO_POOLER = ("BertForQuestionAnswering", "BertForMaskedLM", "BertForTokenClassification", "BertLMHeadModel")
+# HF classes whose classifier.* is not bert_of's pooled sequence classifier.
+_OTHER_CLASSIFIERS = ("BertForTokenClassification", "BertForMultipleChoice")
+
+
+def _head_kind(names) -> str:
+    names = set(names)
+    mlm = any(n.startswith("cls.predictions.") for n in names)
+    nsp = any(n.startswith("cls.seq_relationship.") for n in names)
+    if mlm and nsp:
+        return "pretraining"
+    if mlm:
+        return "mlm"
+    if nsp:
+        return "nsp"
+    if any(n.startswith("qa_outputs.") for n in names):
+        return "qa"
+    if any(n.startswith("classifier.") for n in names):
+        return "classifier"
+    return "bare"
+
+
+# --------------------------------------------------------------------------- detect
+
+
+def detect(path: str) -> bool:
+    """A directory with HF weights and a config.json without bert_of's "provenance"."""
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, CONFIG_FILE)):
+        return False
+    if not any(os.path.isfile(os.path.join(path, w)) for w in WEIGHT_FILES):
+        return False
+    try:
+        with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(d, dict) and "provenance" not in d
+
+
+# --------------------------------------------------------------------------- config
+
+
+def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
+    """HF config.json -> BertConfig; keys bert_of does not use are kept in ``extra``."""
+    d = dict(d)
+    model_type = d.pop("model_type", "bert")
+    if model_type != "bert":
+        raise ConfigError(f"{where}: model_type {model_type!r} is not BERT")
+    if d.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"{where}: position_embedding_type {d['position_embedding_type']!r}: bert_of computes "
+                          f"absolute position embeddings only")
+    if d.get("is_decoder"):
+        raise ConfigError(f"{where}: is_decoder is true (causal attention); bert_of computes the BERT encoder only")
+    label = d.pop("hidden_act", "gelu")
+    if not isinstance(label, str) or label not in HF_ACT:
+        raise ConfigError(f"{where}: hidden_act {label!r} is not one bert_of computes "
+                          f"(known HF labels: {', '.join(HF_ACT)})")
+    act = HF_ACT[label]
+    remembered = d.pop(ACT_SPELLING_KEY, None)
+    kw = {k: d.pop(k) for k in _FIELDS if k in d}
+    if "layer_norm_eps" not in kw:
+        kw["layer_norm_eps"] = 1e-12
+    num_labels = 2
+    if isinstance(d.get("id2label"), dict) and d["id2label"]:
+        num_labels = len(d["id2label"])
+    if isinstance(d.get("num_labels"), int):
+        num_labels = d["num_labels"]
+    if numerics == "tf1":
+        act, kw["layer_norm_eps"] = "gelu_tanh", 1e-12
+    elif numerics == "lazy":
+        act, kw["layer_norm_eps"] = "gelu_erf", 1e-5
+    spelling = label if label != HF_ACT_LABEL.get(act) else remembered
+    if spelling is not None and HF_ACT.get(spelling) == act and spelling != HF_ACT_LABEL.get(act):
+        d[ACT_SPELLING_KEY] = spelling
+    try:
+        return BertConfig(hidden_act=act, num_labels=num_labels, provenance="hf", extra=d, **kw)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
+
+
+def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> dict:
+    """BertConfig -> HF config.json dict (sorted on write, as transformers writes it)."""
+    d = {k: v for k, v in config.extra.items() if k != ACT_SPELLING_KEY}
+    for k in _FIELDS:
+        d[k] = getattr(config, k)
+    label = HF_ACT_LABEL[config.hidden_act]
+    spelling = config.extra.get(ACT_SPELLING_KEY)
+    if isinstance(spelling, str) and HF_ACT.get(spelling) == config.hidden_act:
+        label = spelling
+    d["hidden_act"] = label
+    d["model_type"] = "bert"
+    d.setdefault("architectures", architectures)
+    if config.num_labels != 2 and "id2label" not in d and "num_labels" not in d:
+        d["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
+        d["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
+    if float_dtype is not None:
+        for key in ("dtype", "torch_dtype"):  # keep what the file says true after a --dtype cast
+            if key in d:
+                d[key] = float_dtype
+    return d
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object ({what})")
+    return d
+
+
+# --------------------------------------------------------------------------- torch zip pickles
+
+
+class _StorageType:
+    """Stand-in for ``torch.FloatStorage`` & co: only a dtype, not callable."""
+
+    def __init__(self, name: str, dtype):
+        self.name, self.dtype = name, dtype
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+
+def _storage_types():
+    types = {"DoubleStorage": "<f8", "FloatStorage": "<f4", "HalfStorage": "<f2", "LongStorage": "<i8",
+             "IntStorage": "<i4", "ShortStorage": "<i2", "CharStorage": "i1", "ByteStorage": "u1",
+             "BoolStorage": "?"}
+    out = {k: _StorageType(k, np.dtype(v)) for k, v in types.items()}
+    try:
+        import ml_dtypes
+
+        out["BFloat16Storage"] = _StorageType("BFloat16Storage", np.dtype(ml_dtypes.bfloat16))
+    except ImportError:  # pragma: no cover - ml_dtypes comes with TF
+        pass
+    return out
+
+
+_STORAGE_TYPES = _storage_types()
+
+
+class _Storage:
+    def __init__(self, key: str, dtype, numel: int):
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+class _TensorRef:
+    """A tensor in a torch zip: a view (offset, shape, strides in elements) of a storage."""
+
+    def __init__(self, storage: _Storage, offset: int, shape: tuple, stride: tuple):
+        self.storage, self.offset, self.shape, self.stride = storage, offset, shape, stride
+
+    @property
+    def dtype(self):
+        return self.storage.dtype
+
+    def same_view(self, other) -> bool:
+        return (self.storage.key, self.offset, self.shape, self.stride) == \
+            (other.storage.key, other.offset, other.shape, other.stride)
+
+
+def _ints(x, n=None) -> bool:
+    return isinstance(x, tuple) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x) and \
+        (n is None or len(x) == n)
+
+
+def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
+                       metadata=None):
+    """Stand-in for ``torch._utils._rebuild_tensor_v2``: records the view, checks its bounds."""
+    if not isinstance(storage, _Storage) or not isinstance(storage_offset, int) or not _ints(size) or \
+            not _ints(stride, len(size)) or not isinstance(requires_grad, bool) or \
+            (backward_hooks is not None and (not isinstance(backward_hooks, dict) or backward_hooks)):
+        raise _BadPickle("malformed tensor record")
+    extent = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    if storage_offset < 0 or storage_offset + extent > storage.numel:
+        raise _BadPickle(f"tensor view [{storage_offset}, +{extent}) outside its storage of {storage.numel} elements")
+    return _TensorRef(storage, storage_offset, tuple(size), tuple(stride))
+
+
+class _BadPickle(Exception):
+    pass
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Admits tensor data only; everything else is refused before it is looked up."""
+
+    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+               ("collections", "OrderedDict"): collections.OrderedDict}
+
+    def __init__(self, file, where):
+        super().__init__(file)
+        self.where = where
+        self.storages = {}
+
+    def find_class(self, module, name):
+        hit = self.ALLOWED.get((module, name))
+        if hit is None and module == "torch":
+            hit = _STORAGE_TYPES.get(name)
+        if hit is None:
+            raise CheckpointError(f"{self.where}: refusing to unpickle global {module}.{name} "
+                                  f"(only tensor data is admitted; nothing was executed)")
+        return hit
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and isinstance(pid[3], str)
+                and isinstance(pid[4], int) and pid[4] >= 0):
+            raise _BadPickle(f"unexpected persistent id {str(pid)[:80]}")
+        _, st, key, _location, numel = pid
+        s = self.storages.get(key)
+        if s is None:
+            s = self.storages[key] = _Storage(key, st.dtype, numel)
+        elif s.dtype != st.dtype or s.numel != numel:
+            raise _BadPickle(f"storage {key} declared twice with different types")
+        return s
+
+
+_LEGACY_HINT = ("re-save it as safetensors in a PyTorch you trust: "
+                "model.save_pretrained(dir, safe_serialization=True)")
+
+
+class TorchZipFile:
+    """Tensors of a ``torch.save`` zip file (``<root>/data.pkl`` + ``<root>/data/<key>``), without torch."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
+        if not zipfile.is_zipfile(path):
+            if magic[:1] == b"\x80":
+                raise CheckpointError(f"{path}: legacy (pre-1.6, non-zip) PyTorch pickle: bert_of does not "
+                                      f"unpickle it; {_LEGACY_HINT}")
+            if magic[:2] == b"PK":
+                raise CheckpointError(f"{path}: broken zip archive (truncated?)")
+            raise CheckpointError(f"{path}: not a PyTorch zip checkpoint; {_LEGACY_HINT}")
+        try:
+            self._zip = zipfile.ZipFile(path)
+            pkls = [n for n in self._zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+            if len(pkls) != 1:
+                raise CheckpointError(f"{path}: not a PyTorch checkpoint (no <archive>/data.pkl)")
+            self._root = pkls[0][:-len("data.pkl")]
+            order = self._member(self._root + "byteorder", optional=True)
+            self._big = order is not None and order.strip() == b"big"
+            raw = self._member(pkls[0])
+        except (zipfile.BadZipFile, EOFError) as e:
+            raise CheckpointError(f"{path}: broken zip archive ({e})") from None
+        import io
+
+        up = _RestrictedUnpickler(io.BytesIO(raw), path)
+        try:
+            obj = up.load()
+        except CheckpointError:
+            raise
+        except _BadPickle as e:
+            raise CheckpointError(f"{path}: not a PyTorch state dict ({e})") from None
+        except Exception as e:  # a malformed pickle: any error is the file's, not ours
+            raise CheckpointError(f"{path}: not a PyTorch state dict pickle ({type(e).__name__}: "
+                                  f"{str(e)[:80]})") from None
+        if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, _TensorRef)
+                                                for k, v in obj.items()):
+            raise CheckpointError(f"{path}: not a state dict (expected a mapping of names to tensors)")
+        self.tensors = dict(obj)
+        for name, t in self.tensors.items():
+            info = self._info(self._root + "data/" + t.storage.key, name)
+            if info.file_size < t.storage.numel * t.dtype.itemsize:
+                raise CheckpointError(f"{path}: tensor {name}: storage {t.storage.key} holds {info.file_size} "
+                                      f"bytes, needs {t.storage.numel * t.dtype.itemsize}")
+
+    def _info(self, member, name=None):
+        try:
+            return self._zip.getinfo(member)
+        except KeyError:
+            what = f"tensor {name}: " if name else ""
+            raise CheckpointError(f"{self.path}: {what}missing archive member {member}") from None
+
+    def _member(self, member, optional=False):
+        try:
+            return self._zip.read(member)
+        except KeyError:
+            if optional:
+                return None
+            raise CheckpointError(f"{self.path}: missing archive member {member}") from None
+
+    def keys(self):
+        return list(self.tensors)
+
+    def shape(self, name):
+        return self.tensors[name].shape
+
+    def dtype(self, name):
+        return self.tensors[name].dtype
+
+    def get(self, name) -> np.ndarray:
+        """A fresh, native-order, C-contiguous copy. Reads only the bytes the view spans; a
+        view over its whole storage (the usual case) reads the member to its end, so
+        zipfile checks its CRC."""
+        t = self.tensors[name]
+        member = self._root + "data/" + t.storage.key
+        item = t.dtype.itemsize
+        extent = 0 if 0 in t.shape else 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride))
+        start, length = t.offset * item, extent * item
+        try:
+            with self._zip.open(self._info(member, name)) as f:
+                if start == 0 and length == t.storage.numel * item:
+                    raw = f.read()[:length]
+                else:
+                    f.seek(start)
+                    raw = f.read(length)
+        except (zipfile.BadZipFile, EOFError, OSError) as e:  # CRC mismatch, truncated member
+            raise CheckpointError(f"{self.path}: tensor {name}: {e}") from None
+        if len(raw) != length:
+            raise CheckpointError(f"{self.path}: tensor {name}: storage ended early")
+        dtype = t.dtype.newbyteorder(">") if self._big and item > 1 else t.dtype
+        flat = np.frombuffer(raw, dtype=dtype)
+        view = np.lib.stride_tricks.as_strided(flat, shape=t.shape, strides=tuple(s * item for s in t.stride))
+        return np.array(view, dtype=t.dtype, order="C")
+
+    def same_view(self, a, b) -> bool:
+        return self.tensors[a].same_view(self.tensors[b])
+
+    def close(self):
+        self._zip.close()
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class _Weights:
+    """name -> (file object) over one file or an index of shards."""
+
+    def __init__(self, path: str):
+        self.files, self.where = {}, {}
+        st, st_idx = os.path.join(path, SAFETENSORS), os.path.join(path, SAFETENSORS_INDEX)
+        pt, pt_idx = os.path.join(path, PT_BIN), os.path.join(path, PT_BIN_INDEX)
+        if os.path.isfile(st):
+            self._add(st, SafetensorsFile)
+        elif os.path.isfile(st_idx):
+            self._index(path, st_idx, SafetensorsFile)
+        elif os.path.isfile(pt):
+            self._add(pt, TorchZipFile)
+        elif os.path.isfile(pt_idx):
+            self._index(path, pt_idx, TorchZipFile)
+        else:
+            hint = " (tf_model.h5 is the h5 format: use h52of)" if os.path.isfile(os.path.join(path, "tf_model.h5")) \
+                else ""
+            raise CheckpointError(f"{path}: no {SAFETENSORS} or {PT_BIN} in this HuggingFace directory{hint}")
+        self.file = next(iter(self.files.values())).path if len(self.files) == 1 else path
+
+    def _add(self, fpath, cls, names=None):
+        f = cls(fpath)
+        self.files[fpath] = f
+        for k in f.keys():
+            if names is not None and names.get(k) != os.path.basename(fpath):
+                continue
+            if k in self.where:
+                raise CheckpointError(f"{fpath}: tensor {k} also in {self.where[k].path}")
+            self.where[k] = f
+
+    def _index(self, path, idx, cls):
+        d = _read_json(idx, "shard index")
+        wm = d.get("weight_map")
+        if not isinstance(wm, dict) or not wm:
+            raise CheckpointError(f"{idx}: no weight_map")
+        for fn in sorted(set(wm.values())):
+            if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
+                raise CheckpointError(f"{idx}: shard name {fn!r} is not a file in this directory")
+            fpath = os.path.join(path, fn)
+            if not os.path.isfile(fpath):
+                raise CheckpointError(f"{fpath}: shard listed in {os.path.basename(idx)} not found")
+            self._add(fpath, cls, wm)
+        missing = [k for k in wm if k not in self.where]
+        if missing:
+            raise CheckpointError(f"{idx}: tensor {missing[0]} is not in its shard {wm[missing[0]]}")
+
+    def names(self):
+        return list(self.where)
+
+    def shape(self, k):
+        return tuple(self.where[k].shape(k))
+
+    def dtype(self, k):
+        return np.dtype(self.where[k].dtype(k))
+
+    def get(self, k):
+        return self.where[k].get(k)
+
+    def same_view(self, a, b):
+        fa, fb = self.where[a], self.where[b]
+        return fa is fb and isinstance(fa, TorchZipFile) and fa.same_view(a, b)
+
+
+# --------------------------------------------------------------------------- read
+
+
+def _side_path(path, override, name, what):
+    p = override or os.path.join(path, name)
+    if not os.path.isfile(p):
+        flag = "--config" if what == "config" else "--vocab"
+        raise CheckpointError(f"{p}: {what} file not found (pass {flag})")
+    return p
+
+
+def read(path: str, opts: Options) -> Source:
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a directory (a HuggingFace checkpoint is a directory with "
+                              f"config.json and model.safetensors)")
+    cfg_path = _side_path(path, opts.config, CONFIG_FILE, "config")
+    raw_cfg = _read_json(cfg_path, "HuggingFace config")
+    if "provenance" in raw_cfg:
+        raise CheckpointError(f"{cfg_path}: this is a bert_of config.json (has \"provenance\"); "
+                              f"read the directory as format of")
+    vocab = None
+    if opts.vocab:
+        vocab = _side_path(path, opts.vocab, VOCAB_FILE, "vocab")
+    elif os.path.isfile(os.path.join(path, VOCAB_FILE)):
+        vocab = os.path.join(path, VOCAB_FILE)
+    config = config_from_hf(raw_cfg, cfg_path, opts.numerics)
+    weights = _Weights(path)
+    names = weights.names()
+    where = weights.file
+
+    bare = bool(names) and not any(n.startswith(("bert.", "cls.")) for n in names)
+
+    def full(n):  # HF name -> canonical-side HF name (prefix restored for bare BertModel files)
+        return "bert." + n if bare and n.startswith(_BARE_ROOTS) else n
+
+    back = {}  # canonical -> HF name, for messages
+    report, model, unknown = [], [], []
+    special = {}
+    for n in names:
+        hit = TABLE.to_canonical(full(n))
+        if hit is not None:
+            if hit[0] in back:
+                raise CheckpointError(f"{where}: tensors {back[hit[0]]} and {n} are both {hit[0]}")
+            back[hit[0]] = n
+            model.append((n, hit[0]))
+        elif full(n) in (DECODER_W, DECODER_B, POSITION_IDS, TOKEN_TYPE_IDS):
+            special[full(n)] = n
+        else:
+            unknown.append(n)
+    if not model:
+        raise CheckpointError(f"{where}: not a BERT checkpoint (no embeddings.word_embeddings or other BERT tensor)")
+    if unknown and not opts.skip_unknown:
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        raise CheckpointError(f"{where}: unknown tensor {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
+
+    canon = {c for _, c in model}
+    kind = _head_kind(canon | ({MLM_BIAS} if DECODER_B in special else set()))
+    arch = config.extra.get("architectures")
+    arch0 = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
+    if arch == [_ARCH[kind][0]]:
+        del config.extra["architectures"]  # recomputed on write
+    if "classifier.weight" in canon:
+        config.num_labels = weights.shape(back["classifier.weight"])[0]
+
+    # tied and buffer tensors: accounted for, checked, dropped
+    checks = {}  # canonical -> [(HF name of its tied twin)]
+    for full_name, n in special.items():
+        if full_name == DECODER_W:
+            if WORD_EMB not in back:
+                raise CheckpointError(f"{where}: tensor {n} without bert.embeddings.word_embeddings.weight")
+            checks.setdefault(WORD_EMB, []).append(n)
+            report.append(ReportLine(n, "dropped", note="tied to the word embeddings, equal (bert_of ties them)"))
+        elif full_name == DECODER_B:
+            if MLM_BIAS in back:
+                checks.setdefault(MLM_BIAS, []).append(n)
+                report.append(ReportLine(n, "dropped", note="tied to cls.predictions.bias, equal"))
+            else:
+                back[MLM_BIAS] = n
+                model.append((n, MLM_BIAS))
+        elif full_name == POSITION_IDS:
+            _check_buffer(weights, n, where, "arange")
+            report.append(ReportLine(n, "dropped", note="buffer: position ids 0..P-1 (bert_of computes them)"))
+        else:
+            _check_buffer(weights, n, where, "zeros")
+            report.append(ReportLine(n, "dropped", note="buffer: zero token type ids"))
+    for n in unknown:
+        report.append(ReportLine(n, "dropped", note="not a BERT tensor (--skip-unknown)"))
+
+    head_note = ""
+    if arch0 in _OTHER_CLASSIFIERS and "classifier.weight" in canon:
+        head_note = f"HF {arch0}: bert_of's classifier head computes sequence classification on the pooled output"
+    shapes = {c: weights.shape(n) for n, c in model}
+    missing_pooler = not any(p in shapes for p in POOLER)
+    if missing_pooler:
+        head_note = head_note or (f"no pooler in the source ({arch0 or _ARCH[kind][0]} has none): "
+                                  f"bert.pooler filled with zeros" + (", which this head does not read"
+                                                                      if kind in ("qa", "mlm") else ""))
+    has_head = any(not c.startswith("bert.") for c in canon)
+    for n, c in model:
+        note = "tied decoder bias = cls.predictions.bias" if n == special.get(DECODER_B) else ""
+        if head_note and (not c.startswith("bert.") if has_head else c == WORD_EMB):
+            note = head_note
+        report.append(ReportLine(n, "mapped", c, note))
+
+    def src(name):
+        if name in back:
+            return back[name]
+        return name[len("bert."):] if bare and name.startswith("bert.") else name
+
+    check_shapes = dict(shapes)
+    if missing_pooler:
+        H = config.hidden_size
+        check_shapes.update({POOLER[0]: (H, H), POOLER[1]: (H,)})
+    check_against_config(check_shapes, config, src, where)
+    tensors = []
+    for n, c in model:
+        spec = TensorSpec(c, weights.dtype(n), shapes[c])
+        tensors.append(cast_spec(spec, _producer(weights, n, checks.get(c, []), where), opts.dtype))
+    if missing_pooler:
+        dt = weights.dtype(back[WORD_EMB])
+        for name, shape in ((POOLER[0], check_shapes[POOLER[0]]), (POOLER[1], check_shapes[POOLER[1]])):
+            spec = TensorSpec(name, dt, shape)
+            tensors.append(cast_spec(spec, (lambda s=shape, d=dt: np.zeros(s, d)), opts.dtype))
+    return Source(path, NAME, config, vocab, tensors, [], {}, report)
+
+
+def _producer(weights, name, twins, where):
+    """Read ``name``; first check every tied twin holds the same bytes (bert_of keeps one copy)."""
+
+    def produce():
+        arr = weights.get(name)
+        for twin in twins:
+            if weights.same_view(name, twin):
+                continue
+            other = weights.get(twin)
+            if other.dtype != arr.dtype or other.shape != arr.shape or other.tobytes() != arr.tobytes():
+                raise CheckpointError(f"{where}: tensor {twin} differs from {name}; bert_of ties them "
+                                      f"(an untied MLM decoder cannot be converted)")
+            del other
+        return arr
+
+    return produce
+
+
+def _check_buffer(weights, name, where, kind):
+    arr = weights.get(name)
+    if arr.dtype.kind not in "iu":
+        raise CheckpointError(f"{where}: buffer {name} has dtype {arr.dtype}, expected integers")
+    flat = arr.reshape(-1)
+    ok = (np.array_equal(flat, np.arange(flat.size)) if kind == "arange" else not flat.any()) and arr.ndim in (1, 2)
+    if not ok:
+        want = "0, 1, 2, ..." if kind == "arange" else "all zeros"
+        raise CheckpointError(f"{where}: buffer {name} is not {want}; bert_of computes it that way")
+
+
+def inspect(path: str) -> dict:
+    """For ``bert-of inspect``: {"config": bert_of config dict, "tensors": [{name, shape, dtype, kind}]}.
+
+    kind: "model" (mapped), "tied"/"buffer" (checked and dropped on conversion), "unknown".
+    """
+    cfg_path = _side_path(path, None, CONFIG_FILE, "config")
+    config = config_from_hf(_read_json(cfg_path, "HuggingFace config"), cfg_path)
+    weights = _Weights(path)
+    names = weights.names()
+    bare = bool(names) and not any(n.startswith(("bert.", "cls.")) for n in names)
+    out = []
+    for n in names:
+        full = "bert." + n if bare and n.startswith(_BARE_ROOTS) else n
+        if TABLE.to_canonical(full):
+            kind = "model"
+        elif full in (DECODER_W, DECODER_B):
+            kind = "tied"
+        elif full in (POSITION_IDS, TOKEN_TYPE_IDS):
+            kind = "buffer"
+        else:
+            kind = "unknown"
+        out.append({"name": n, "shape": list(weights.shape(n)), "dtype": str(weights.dtype(n)), "kind": kind})
+    if "classifier.weight" in names:
+        config.num_labels = weights.shape("classifier.weight")[0]
+    return {"config": config.to_dict(), "tensors": out, "path": weights.file}
+
+
+# --------------------------------------------------------------------------- write
+
+
+def write(source: Source, dst: str, opts: Options) -> list:
+    """Write ``dst/`` as transformers' ``save_pretrained`` does: config.json, model.safetensors (+ vocab.txt).
+
+    Layout: bare BertModel names when the source has no head, else the
+    ``bert.`` prefix with the heads (BertForPreTraining, ...QuestionAnswering,
+    ...SequenceClassification, ...MaskedLM). Tied decoder tensors and buffers are
+    not written (transformers omits them); the pooler is not written for the
+    classes that have none (QA, MLM).
+    """
+    if os.path.exists(dst) and not opts.overwrite:
+        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
+    import shutil
+    import tempfile
+
+    from bert_of.checkpoint import _fsync_dir, _replace_dir, write_safetensors
+
+    notes = []
+    by_name = {s.name: (s, p) for s, p in source.tensors}
+    kind = _head_kind(by_name)
+    cls_name = _ARCH[kind][0]
+    arch = source.config.extra.get("architectures")
+    label = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else cls_name
+    has_pooler = label not in _NO_POOLER
+    families = {f for f, prefix in (("cls", "cls."), ("qa", "qa_outputs."), ("classifier", "classifier."))
+                if any(n.startswith(prefix) for n in by_name)}
+    if len(families) > 1:
+        notes.append(f"note: several task heads; config.json names {label}, transformers will report the "
+                     f"others' tensors as unexpected")
+    items = []
+    for name, (spec, prod) in by_name.items():
+        if name in POOLER and not has_pooler:
+            continue
+        hit = TABLE.from_canonical(name)
+        if hit is None:
+            raise CheckpointError(f"{source.path}: tensor {name} has no HuggingFace name")
+        hf_name = hit[0][len("bert."):] if kind == "bare" and hit[0].startswith("bert.") else hit[0]
+        items.append((TensorSpec(hf_name, spec.dtype, spec.shape), prod))
+    if not has_pooler and any(p in by_name for p in POOLER):
+        if any(np.any(by_name[p][1]()) for p in POOLER if p in by_name):
+            notes.append(f"note: bert.pooler not written: transformers' {label} has no pooler "
+                         f"(its outputs do not use it)")
+    if opts.with_optimizer and source.optimizer:
+        notes.append("note: optimizer state not written: a HuggingFace model directory does not hold it")
+    items.sort(key=lambda it: it[0].name)
+    floats = sorted({np.dtype(s.dtype).name for s, _ in items if np.dtype(s.dtype).kind == "f"
+                     or np.dtype(s.dtype).name == "bfloat16"})
+    cfg = config_to_hf(source.config, [cls_name], floats[0] if len(floats) == 1 else None)
+
+    parent = os.path.dirname(os.path.abspath(dst)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(dst) + ".tmp-", dir=parent)
+    try:
+        producers = {s.name: p for s, p in items}
+        write_safetensors(os.path.join(tmp, SAFETENSORS), [s for s, _ in items],
+                          lambda s: producers[s.name](), ST_METADATA)
+        with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
+            f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if source.vocab_file:
+            shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
+        _fsync_dir(tmp)
+        _replace_dir(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return notes

@@ -1,0 +1,235 @@
+"""``bert-of eval ...`` and ``bert-of results``.
+
+    bert-of eval squad-score DATA.json PREDICTIONS.json [--na-prob-file F] [--na-prob-thresh T]
+    bert-of eval glue-score --task T --data dev.tsv --predictions preds.tsv
+    bert-of results [--format markdown|csv|json] [--task T] [--results FILE]
+
+``bert_of.cli`` mounts these with :func:`add_parser`; ``python -m eval ...`` runs them alone.
+Each evaluation prints its scores on stdout (squad-score: exactly the official script's JSON)
+and appends a record to the results store (``--no-record`` skips it); notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from bert_of.errors import BertOfError
+
+
+def _err(msg: str) -> int:
+    print(f"bert-of: error: {msg}", file=sys.stderr)
+    return 1
+
+
+def _parse_hparams(items) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise BertOfError(f"--hparam {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _checkpoint(args):
+    from eval.results import checkpoint_identity
+
+    if args.checkpoint:
+        return checkpoint_identity(args.checkpoint, name=args.model)
+    if args.model:
+        return {"name": args.model, "path": None, "format": None, "sha256": None}
+    return None
+
+
+def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_path: str, tool: str,
+            **extra) -> None:
+    if args.no_record:
+        return
+    from eval.results import append_result, file_identity, make_record
+
+    rec = make_record(task, metrics, split=split, checkpoint=_checkpoint(args), hparams=_parse_hparams(args.hparam),
+                      data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
+    path = append_result(rec, args.results)
+    print(f"recorded in {path}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_squad_score(args) -> int:
+    from eval.squad_metrics import squad_score
+
+    if args.version is not None and args.version not in ("1.1", "2.0"):
+        raise BertOfError(f"--version {args.version!r}: expected 1.1 or 2.0")
+    score = squad_score(args.data, args.predictions, na_prob_file=args.na_prob_file,
+                        na_prob_thresh=args.na_prob_thresh, version=args.version,
+                        ignore_unknown_ids=args.ignore_unknown_ids, check_spans=not args.skip_span_check)
+    for note in score.notes:
+        print(note, file=sys.stderr)
+    if score.version == "1.1":
+        text = json.dumps(score.result)
+    else:
+        text = json.dumps(score.result, indent=2)
+    if args.out_file:
+        with open(args.out_file, "w") as f:
+            json.dump(score.result, f)
+    else:
+        print(text)
+    settings = {"missing_predictions": len(score.missing)}
+    if score.version == "2.0":
+        settings.update(na_prob_file=os.path.abspath(args.na_prob_file) if args.na_prob_file else None,
+                        na_prob_thresh=args.na_prob_thresh)
+    _record(args, f"squad-v{score.version}", dict(score.result), split=os.path.basename(args.data),
+            data_path=args.data, pred_path=args.predictions, tool="bert-of eval squad-score", settings=settings)
+    return 0
+
+
+def _glue_task_name(task: str, data_path: str) -> str:
+    t = task.lower()
+    if t in ("mnli-m", "mnli-mm"):
+        return t
+    if t.startswith("mnli"):
+        name = os.path.basename(data_path).lower()
+        if "mismatched" in name or t in ("mnli-mismatched",):
+            return "mnli-mm"
+        return "mnli-m"
+    from eval.glue import ALIASES
+
+    return ALIASES.get(t, t)
+
+
+def cmd_glue_score(args) -> int:
+    from eval.errors import EvalDataError
+    from eval.glue import compute_metrics, read_examples, read_predictions, task_spec
+
+    task_spec(args.task)
+    examples = read_examples(args.task, args.data, language=args.language)
+    if any(e.label is None for e in examples):
+        raise EvalDataError(f"{args.data}: has no labels (a test file?); score a train/dev file")
+    preds = read_predictions(args.predictions, args.task, len(examples))
+    metrics = {}
+    for k, v in compute_metrics(args.task, [e.label for e in examples], preds).items():
+        if math.isnan(v):  # e.g. Pearson of constant predictions
+            print(f"note: {k} is undefined for these predictions (constant values); reported as null",
+                  file=sys.stderr)
+            metrics[k] = None
+        else:
+            metrics[k] = 100.0 * v
+    task = _glue_task_name(args.task, args.data)
+    if task == "xnli" and args.language:
+        task = f"xnli-{args.language}"
+    out = {"task": task, "examples": len(examples), **metrics}
+    print(json.dumps(out, indent=2))
+    _record(args, task, metrics, split=os.path.basename(args.data), data_path=args.data,
+            pred_path=args.predictions, tool="bert-of eval glue-score",
+            settings={"language": args.language} if args.language else {})
+    return 0
+
+
+def cmd_results(args) -> int:
+    from eval.results import format_table, load_published, load_results, select
+
+    records = []
+    if not args.published_only:
+        records += load_results(args.results)
+    if not args.measured_only:
+        records += load_published()
+    records = select(records, task=args.task)
+    print(format_table(records, args.format))
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _add_record_options(p) -> None:
+    g = p.add_argument_group("results store")
+    g.add_argument("--results", metavar="FILE",
+                   help="results store (default: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
+    g.add_argument("--no-record", action="store_true", help="do not append this evaluation to the results store")
+    g.add_argument("--checkpoint", metavar="PATH", help="checkpoint that produced the predictions (hashed)")
+    g.add_argument("--model", metavar="NAME", help="model name for the table (default: checkpoint directory name)")
+    g.add_argument("--hparam", action="append", metavar="KEY=VALUE",
+                   help="hyper-parameter to record (repeatable; VALUE parsed as JSON when it is)")
+
+
+def add_parser(subparsers):
+    """Add ``eval`` (squad-score, glue-score) and ``results`` to a ``bert-of`` subparsers object.
+
+    Returns the ``eval`` command's own subparsers so later commands (``eval squad --model``)
+    can join it.
+    """
+    from eval.glue import TASK_CHOICES
+
+    e = subparsers.add_parser("eval", help="score SQuAD / GLUE predictions (official-equivalent metrics)",
+                              description="Score predictions; every evaluation is appended to the results store.")
+    esub = e.add_subparsers(dest="eval_command", required=True, metavar="EVAL_COMMAND")
+
+    s = esub.add_parser("squad-score", help="drop-in for the official SQuAD evaluate-v1.1.py / evaluate-v2.0.py",
+                        description="Score predictions.json like the official SQuAD script of the data file's "
+                                    "version; prints the same JSON object on stdout.")
+    s.add_argument("data", metavar="DATA.json", help="SQuAD v1.1 or v2.0 data file (dev-v1.1.json, dev-v2.0.json)")
+    s.add_argument("predictions", metavar="PREDICTIONS.json", help="question id -> answer text")
+    s.add_argument("--na-prob-file", "-n", metavar="F", help="v2.0: question id -> probability of no answer")
+    s.add_argument("--na-prob-thresh", "-t", type=float, default=1.0, metavar="T",
+                   help='v2.0: predict "" if the no-answer probability exceeds this (default 1.0)')
+    s.add_argument("--out-file", "-o", metavar="F", help="write the JSON here instead of stdout")
+    s.add_argument("--version", help="score as 1.1 or 2.0 regardless of the data file's version field")
+    s.add_argument("--ignore-unknown-ids", action="store_true",
+                   help="ignore prediction ids that are not in the data (default: error)")
+    s.add_argument("--skip-span-check", action="store_true",
+                   help="do not require answers to appear at their answer_start in the context")
+    _add_record_options(s)
+    s.set_defaults(fn=cmd_squad_score)
+
+    g = esub.add_parser("glue-score", help="score GLUE / XNLI predictions against a labeled TSV",
+                        description="Metrics: CoLA Matthews; MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; "
+                                    "accuracy elsewhere (percent). Predictions: one label per line, or a GLUE "
+                                    "submission file (header 'index<TAB>prediction').")
+    g.add_argument("--task", required=True, metavar="T", help=f"one of {', '.join(TASK_CHOICES)}")
+    g.add_argument("--data", required=True, metavar="dev.tsv", help="labeled TSV in the task's official layout")
+    g.add_argument("--predictions", required=True, metavar="preds.tsv")
+    g.add_argument("--language", help="XNLI: score only this language's rows (e.g. zh)")
+    _add_record_options(g)
+    g.set_defaults(fn=cmd_glue_score)
+
+    r = subparsers.add_parser("results", help="the results table (measured and published)",
+                              description="Print the results store with the published reference numbers.")
+    r.add_argument("--results", metavar="FILE", help="results store (default $BERT_OF_HOME/results.jsonl)")
+    r.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown")
+    r.add_argument("--task", help="only this task (e.g. squad-v1.1, mrpc)")
+    which = r.add_mutually_exclusive_group()
+    which.add_argument("--measured-only", action="store_true", help="leave out the published reference rows")
+    which.add_argument("--published-only", action="store_true", help="only the published reference rows")
+    r.set_defaults(fn=cmd_results)
+    return esub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bert-of", description="bert_of evaluation commands")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except BertOfError as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.filename or 'I/O'}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        return _err("interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

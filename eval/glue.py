@@ -1,0 +1,406 @@
+"""GLUE and XNLI: TSV readers in the official layouts, classifier features, numpy metrics.
+
+Readers return :class:`InputExample` (guid, text_a, text_b, label) like google-research/bert's
+``run_classifier.py`` processors (CoLA, MNLI, MRPC, XNLI) and the GLUE distribution's
+layouts for SST-2, QNLI, QQP, RTE, STS-B and WNLI. Labeled (train/dev) and unlabeled (test)
+files are told apart by their header, so one reader serves every split; test examples have
+``label=None``.
+
+Files are read as TSV without quoting (``csv`` with ``QUOTE_NONE``), as run_classifier does
+(``quotechar=None``): GLUE sentences contain bare double quotes.
+
+Metrics (numpy only; sklearn/scipy semantics): accuracy, binary F1, Matthews correlation,
+Pearson, Spearman (average ranks for ties). ``compute_metrics`` returns fractions;
+``glue_score`` returns percentages like the GLUE leaderboard and published tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from eval.errors import EvalDataError, PredictionsError
+
+# --------------------------------------------------------------------------- examples
+
+
+@dataclass
+class InputExample:
+    guid: str
+    text_a: str
+    text_b: str | None = None
+    label: str | float | None = None  # None in test files; float for STS-B
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Column indices of one TSV layout (negative = from the end)."""
+
+    text_a: int
+    text_b: int | None
+    label: int | None  # None: unlabeled (test)
+    guid: int | None  # column used in the guid, None: the data line number
+    min_cols: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    labels: tuple | None  # None: regression (STS-B)
+    metrics: tuple  # metric names compute_metrics reports, first is the headline
+    label_header: str | None  # header column present only in labeled files (None: CoLA, no header)
+    labeled: _Layout
+    test: _Layout
+    positive: str | None = None  # positive class for F1
+    header_first: tuple = ("index",)  # what a header's first column may be (lower case)
+
+
+_NLI3 = ("contradiction", "entailment", "neutral")
+_ENT2 = ("entailment", "not_entailment")
+
+TASKS = {
+    # CoLA train/dev: no header; source, label, original label, sentence. Test: "index, sentence".
+    "cola": TaskSpec("CoLA", ("0", "1"), ("mcc", "accuracy"), None,
+                     _Layout(3, None, 1, None, 4), _Layout(1, None, None, 0, 2)),
+    "sst-2": TaskSpec("SST-2", ("0", "1"), ("accuracy",), "label",
+                      _Layout(0, None, 1, None, 2), _Layout(1, None, None, 0, 2), header_first=("sentence", "index")),
+    # MRPC: Quality, #1 ID, #2 ID, #1 String, #2 String (test: index instead of Quality).
+    "mrpc": TaskSpec("MRPC", ("0", "1"), ("f1", "accuracy"), "quality",
+                     _Layout(3, 4, 0, None, 5), _Layout(3, 4, None, 0, 5), positive="1",
+                     header_first=("quality", "index")),
+    # STS-B: index, genre, filename, year, old_index, source1, source2, sentence1, sentence2, score.
+    "sts-b": TaskSpec("STS-B", None, ("pearson", "spearman"), "score",
+                      _Layout(7, 8, -1, 0, 10), _Layout(7, 8, None, 0, 9)),
+    # QQP: id, qid1, qid2, question1, question2, is_duplicate (test: id, question1, question2).
+    "qqp": TaskSpec("QQP", ("0", "1"), ("accuracy", "f1"), "is_duplicate",
+                    _Layout(3, 4, 5, 0, 6), _Layout(1, 2, None, 0, 3), positive="1",
+                    header_first=("id",)),
+    # MNLI: index, promptID, pairID, genre, 4 parses, sentence1 (8), sentence2 (9), label1.., gold_label.
+    "mnli": TaskSpec("MNLI", _NLI3, ("accuracy",), "gold_label",
+                     _Layout(8, 9, -1, 0, 11), _Layout(8, 9, None, 0, 10)),
+    "qnli": TaskSpec("QNLI", _ENT2, ("accuracy",), "label",
+                     _Layout(1, 2, -1, 0, 4), _Layout(1, 2, None, 0, 3)),
+    "rte": TaskSpec("RTE", _ENT2, ("accuracy",), "label",
+                    _Layout(1, 2, -1, 0, 4), _Layout(1, 2, None, 0, 3)),
+    "wnli": TaskSpec("WNLI", ("0", "1"), ("accuracy",), "label",
+                     _Layout(1, 2, -1, 0, 4), _Layout(1, 2, None, 0, 3)),
+    # XNLI dev/test: language, gold_label, 4 parses, sentence1 (6), sentence2 (7), promptID, ...
+    "xnli": TaskSpec("XNLI", _NLI3, ("accuracy",), "gold_label",
+                     _Layout(6, 7, 1, None, 8), _Layout(6, 7, None, None, 8), header_first=("language", "premise")),
+}
+ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-m": "mnli", "mnli-matched": "mnli",
+           "mnli-mm": "mnli", "mnli-mismatched": "mnli"}
+# Task names for results: MNLI is scored per dev file (matched / mismatched).
+TASK_CHOICES = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "mnli-m", "mnli-mm", "qnli", "rte", "wnli", "xnli")
+
+
+def task_spec(task: str) -> TaskSpec:
+    key = task.lower()
+    key = ALIASES.get(key, key)
+    if key not in TASKS:
+        raise EvalDataError(f"unknown task {task!r} (known: {', '.join(TASK_CHOICES)})")
+    return TASKS[key]
+
+
+def get_labels(task: str):
+    """Label strings in class-id order (run_classifier's get_labels), None for STS-B."""
+    labels = task_spec(task).labels
+    return list(labels) if labels is not None else None
+
+
+def read_tsv(path: str) -> list:
+    """(line number, fields) of every non-empty line; one-line errors for unreadable files."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw.strip():
+        raise EvalDataError(f"{path}: empty file")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise EvalDataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    rows = []
+    reader = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
+    for row in reader:
+        if row and any(c.strip() for c in row):
+            rows.append((reader.line_num, row))
+    return rows
+
+
+def _field(row, i):
+    return row[i] if i >= 0 else row[len(row) + i]
+
+
+def read_examples(task: str, path: str, *, language: str | None = None, set_type: str | None = None,
+                  skip_malformed: bool = False) -> list:
+    """Examples of a GLUE/XNLI TSV file in its official layout (labeled or test).
+
+    ``language`` filters XNLI rows (e.g. "zh"; None keeps all). ``set_type`` prefixes guids
+    (default: the file name without extension). ``skip_malformed`` drops lines with too few
+    columns (QQP's train file has a few) instead of failing on the first one.
+    """
+    spec = task_spec(task)
+    rows = read_tsv(path)
+    set_type = set_type or os.path.splitext(os.path.basename(path))[0]
+    header = [c.strip().lower() for c in rows[0][1]]
+    if spec.label_header is None:  # CoLA: labeled files have no header; the test file does
+        layout = spec.test if header[0] == "index" else spec.labeled
+        if header[0] == "index":
+            rows = rows[1:]
+    elif spec.name == "XNLI" and header[:3] == ["premise", "hypo", "label"]:
+        # XNLI-MT machine-translated MNLI train: premise, hypo, label ("contradictory").
+        layout = _Layout(0, 1, 2, None, 3)
+        rows = rows[1:]
+    else:
+        if header[0] not in spec.header_first:
+            raise EvalDataError(f"{path}: line {rows[0][0]}: not a {spec.name} header (its first column "
+                                f"should be {' or '.join(repr(h) for h in spec.header_first)}, found {header[0]!r})")
+        layout = spec.labeled if spec.label_header in header else spec.test
+        rows = rows[1:]
+    if not rows:
+        raise EvalDataError(f"{path}: no examples (only a header)")
+
+    examples = []
+    for n, (line_no, row) in enumerate(rows):
+        if len(row) < layout.min_cols:
+            if skip_malformed:
+                continue
+            raise EvalDataError(f"{path}: line {line_no}: expected at least {layout.min_cols} tab-separated "
+                                f"columns for {spec.name}, found {len(row)}")
+        if spec.name == "XNLI" and language is not None and layout.text_a == 6 and row[0] != language:
+            continue
+        text_a = _field(row, layout.text_a)
+        text_b = _field(row, layout.text_b) if layout.text_b is not None else None
+        guid = f"{set_type}-{row[layout.guid] if layout.guid is not None else n}"
+        label = None
+        if layout.label is not None:
+            raw = _field(row, layout.label).strip()
+            if spec.labels is None:
+                try:
+                    label = float(raw)
+                except ValueError:
+                    raise EvalDataError(f"{path}: line {line_no}: {spec.name} score {raw!r} is not a number") from None
+            else:
+                if spec.name == "XNLI" and raw == "contradictory":
+                    raw = "contradiction"
+                if raw not in spec.labels:
+                    raise EvalDataError(f"{path}: line {line_no}: label {raw!r} is not a {spec.name} label "
+                                        f"({', '.join(spec.labels)})")
+                label = raw
+        examples.append(InputExample(guid, text_a, text_b, label))
+    if not examples:
+        raise EvalDataError(f"{path}: no examples" + (f" for language {language!r}" if language else ""))
+    return examples
+
+
+# --------------------------------------------------------------------------- features
+
+
+def truncate_seq_pair(tokens_a: list, tokens_b: list, max_length: int) -> None:
+    """Drop tokens from the end of the longer sequence until both fit (in place)."""
+    while len(tokens_a) + len(tokens_b) > max_length:
+        if len(tokens_a) > len(tokens_b):
+            tokens_a.pop()
+        else:
+            tokens_b.pop()
+
+
+def convert_example_to_features(example: InputExample, label_list, max_seq_length: int, tokenizer) -> dict:
+    """run_classifier's convert_single_example: ``[CLS] a [SEP] (b [SEP])``, zero padded.
+
+    Returns input_ids, input_mask, segment_ids (lists of length max_seq_length) and label_id
+    (class index; the float score for STS-B, i.e. ``label_list`` None; 0 for test examples).
+    """
+    tokens_a = list(tokenizer.tokenize(example.text_a))
+    tokens_b = list(tokenizer.tokenize(example.text_b)) if example.text_b else None
+    if tokens_b:
+        truncate_seq_pair(tokens_a, tokens_b, max_seq_length - 3)
+    else:
+        tokens_a = tokens_a[:max_seq_length - 2]
+    tokens = ["[CLS]", *tokens_a, "[SEP]"]
+    segment_ids = [0] * len(tokens)
+    if tokens_b:
+        tokens += [*tokens_b, "[SEP]"]
+        segment_ids += [1] * (len(tokens_b) + 1)
+    input_ids = list(tokenizer.convert_tokens_to_ids(tokens))
+    input_mask = [1] * len(input_ids)
+    pad = max_seq_length - len(input_ids)
+    input_ids += [0] * pad
+    input_mask += [0] * pad
+    segment_ids += [0] * pad
+    if example.label is None:
+        label_id = 0.0 if label_list is None else 0
+    elif label_list is None:
+        label_id = float(example.label)
+    else:
+        label_id = list(label_list).index(example.label)
+    return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids, "label_id": label_id}
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def accuracy(y_true, y_pred) -> float:
+    t, p = np.asarray(y_true), np.asarray(y_pred)
+    return float(np.mean(t == p))
+
+
+def f1_binary(y_true, y_pred, positive=1) -> float:
+    """F1 of the positive class; 0 when there is no true or predicted positive (sklearn's value)."""
+    t, p = np.asarray(y_true) == positive, np.asarray(y_pred) == positive
+    tp = int(np.sum(t & p))
+    fp = int(np.sum(~t & p))
+    fn = int(np.sum(t & ~p))
+    denom = 2 * tp + fp + fn
+    return 2.0 * tp / denom if denom else 0.0
+
+
+def matthews_corrcoef(y_true, y_pred) -> float:
+    """Matthews correlation (multi-class form; for two classes
+    (tp*tn - fp*fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn))); 0 when undefined (constant input)."""
+    t, p = np.asarray(y_true), np.asarray(y_pred)
+    classes, inv = np.unique(np.concatenate([t, p]), return_inverse=True)
+    ti, pi = inv[:len(t)], inv[len(t):]
+    k = len(classes)
+    cm = np.zeros((k, k), dtype=np.float64)
+    np.add.at(cm, (ti, pi), 1)
+    t_sum, p_sum = cm.sum(axis=1), cm.sum(axis=0)
+    correct, n = np.trace(cm), cm.sum()
+    cov_tp = correct * n - np.dot(t_sum, p_sum)
+    cov_pp = n * n - np.dot(p_sum, p_sum)
+    cov_tt = n * n - np.dot(t_sum, t_sum)
+    if cov_pp == 0 or cov_tt == 0:
+        return 0.0
+    return float(cov_tp / math.sqrt(cov_tt * cov_pp))
+
+
+def pearson(x, y) -> float:
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 2:
+        return float("nan")
+    xm, ym = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(np.dot(xm, xm)) * float(np.dot(ym, ym)))
+    return float(np.dot(xm, ym) / denom) if denom else float("nan")
+
+
+def rankdata(a) -> np.ndarray:
+    """1-based ranks, ties get the average of their ranks (scipy's 'average')."""
+    a = np.asarray(a, dtype=np.float64)
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a), dtype=np.float64)
+    sa = a[order]
+    i = 0
+    while i < len(a):
+        j = i
+        while j + 1 < len(a) and sa[j + 1] == sa[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(x, y) -> float:
+    """Pearson correlation of the (tie-averaged) ranks."""
+    return pearson(rankdata(x), rankdata(y))
+
+
+def compute_metrics(task: str, labels, preds) -> dict:
+    """Task metrics as fractions. ``labels``/``preds``: label strings (floats for STS-B)."""
+    spec = task_spec(task)
+    if len(labels) != len(preds):
+        raise PredictionsError(f"{len(preds)} predictions for {len(labels)} examples")
+    if not labels:
+        raise PredictionsError("no examples to score")
+    if spec.labels is None:
+        return {"pearson": pearson(labels, preds), "spearman": spearman(labels, preds)}
+    t, p = np.array(labels, dtype=object), np.array(preds, dtype=object)
+    out = {}
+    for m in spec.metrics:
+        if m == "accuracy":
+            out[m] = accuracy(t, p)
+        elif m == "f1":
+            out[m] = f1_binary(t, p, spec.positive)
+        elif m == "mcc":
+            out[m] = matthews_corrcoef(t, p)
+    return out
+
+
+# --------------------------------------------------------------------------- predictions files
+
+
+def read_predictions(path: str, task: str, n_examples: int) -> list:
+    """Predictions for ``n_examples`` examples, in data order.
+
+    Two formats: one prediction per line (line i = example i), or a GLUE submission file with
+    a header ``index<TAB>prediction`` and lines ``i<TAB>label`` (i = 0-based position of the
+    example in the data file; any order, each once). A prediction is a label string
+    ("entailment", "1") or, for classification, a class id into ``get_labels(task)``; for
+    STS-B a number.
+    """
+    spec = task_spec(task)
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw.strip():
+        raise PredictionsError(f"{path}: empty file")
+    try:
+        lines = raw.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise PredictionsError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    numbered = [(i + 1, ln.strip()) for i, ln in enumerate(lines) if ln.strip()]
+    head = [c.strip().lower() for c in numbered[0][1].split("\t")]
+    values: list = [None] * n_examples
+    if head[:2] == ["index", "prediction"]:
+        for line_no, ln in numbered[1:]:
+            parts = ln.split("\t")
+            if len(parts) != 2:
+                raise PredictionsError(f"{path}: line {line_no}: expected 'index<TAB>prediction'")
+            try:
+                idx = int(parts[0])
+            except ValueError:
+                raise PredictionsError(f"{path}: line {line_no}: index {parts[0]!r} is not an integer") from None
+            if not 0 <= idx < n_examples:
+                raise PredictionsError(f"{path}: line {line_no}: index {idx} is not an example "
+                                       f"(the data has {n_examples}: 0..{n_examples - 1})")
+            if values[idx] is not None:
+                raise PredictionsError(f"{path}: line {line_no}: index {idx} predicted twice")
+            values[idx] = (line_no, parts[1].strip())
+        absent = [i for i, v in enumerate(values) if v is None]
+        if absent:
+            raise PredictionsError(f"{path}: no prediction for index {absent[0]}"
+                                   + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""))
+    else:
+        if len(numbered) != n_examples:
+            raise PredictionsError(f"{path}: {len(numbered)} predictions for {n_examples} examples")
+        values = list(numbered)
+
+    out = []
+    for line_no, v in values:
+        if spec.labels is None:
+            try:
+                x = float(v)
+            except ValueError:
+                raise PredictionsError(f"{path}: line {line_no}: {v!r} is not a number") from None
+            if not math.isfinite(x):
+                raise PredictionsError(f"{path}: line {line_no}: {v!r} is not a finite number")
+            out.append(x)
+        elif v in spec.labels:
+            out.append(v)
+        elif v.isdigit() and int(v) < len(spec.labels):
+            out.append(spec.labels[int(v)])
+        else:
+            raise PredictionsError(f"{path}: line {line_no}: {v!r} is not a {spec.name} label "
+                                   f"({', '.join(spec.labels)})")
+    return out
+
+
+def glue_score(task: str, data_path: str, predictions_path: str, *, language: str | None = None) -> dict:
+    """Score a predictions file against a labeled GLUE/XNLI TSV: metrics in percent."""
+    examples = read_examples(task, data_path, language=language)
+    if any(e.label is None for e in examples):
+        raise EvalDataError(f"{data_path}: has no labels (a test file?); score a train/dev file")
+    preds = read_predictions(predictions_path, task, len(examples))
+    metrics = compute_metrics(task, [e.label for e in examples], preds)
+    return {k: 100.0 * v for k, v in metrics.items()}
