@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for mod in ("zoo.cli", "eval.cli"):
+    for mod in ("zoo.cli", "eval.cli", "bert_of.data.cli"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
     return p
@@ -213,6 +213,8 @@ def main(argv=None) -> int:
         return args.fn(args)
     except BertOfError as e:
         return _err(str(e))
+    except BrokenPipeError:  # `bert-of ... | head`
+        return 0
     except OSError as e:  # unreadable input, unwritable output, disk full
         where = e.filename or "I/O"
         return _err(f"{where}: {e.strerror or e}")

@@ -254,8 +254,7 @@ class _PreTrained(nn.Module):
         if not os.path.isdir(path):
             import zoo
 
-            if hasattr(zoo, "resolve"):
-                path = zoo.resolve(path)
+            path = zoo.resolve(path)
         ckpt = load_checkpoint(path)
         config = config or ckpt.config
         for k, v in overrides.items():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile, TensorSpec,
-                                check_against_config, is_checkpoint_dir, load_checkpoint, write_checkpoint)
+                                check_against_config, expected_shapes, is_checkpoint_dir, load_checkpoint,
+                                write_checkpoint)
 from bert_of.config import BertConfig
 from converters.common import Options, ReportLine, Source, cast_spec
 
@@ -62,7 +63,10 @@ def write(source: Source, dst: str, opts: Options) -> list:
     optimizer = None
     if opts.with_optimizer and source.optimizer:
         optimizer = (list(source.optimizer), source.optimizer_meta)
-    write_checkpoint(dst, [(s, p) for s, p in source.tensors], source.config, source.vocab_file,
+    # Model order (embeddings, layers, pooler, heads) whatever the source's order.
+    order = {name: i for i, name in enumerate(expected_shapes(source.config))}
+    tensors = sorted(source.tensors, key=lambda sp: (order.get(sp[0].name, len(order)), sp[0].name))
+    write_checkpoint(dst, tensors, source.config, source.vocab_file,
                      optimizer=optimizer, overwrite=opts.overwrite,
                      metadata={"format": "bert_of", "converted_from": source.format})
     return []

