@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for mod in ("zoo.cli", "eval.cli", "bert_of.data.cli"):
+    for mod in ("zoo.cli", "eval.cli", "bert_of.data.cli", "bert_of.pretrain", "eval.finetune_cli", "bert_of.align"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
     return p
