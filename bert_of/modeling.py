@@ -304,14 +304,18 @@ class _PreTrained(nn.Module):
         self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
 
 
+def to_local_full(t):
+    """A global tensor as this rank's full local copy (no communication when broadcast)."""
+    if not t.is_global:
+        return t
+    if any(s != flow.sbp.broadcast for s in t.sbp):
+        t = t.to_global(sbp=flow.sbp.broadcast)
+    return t.to_local()
+
+
 def _local_state(module) -> dict:
-    """state_dict with global tensors gathered to local numpy-able tensors."""
-    out = {}
-    for k, v in module.state_dict().items():
-        if v.is_global:
-            v = v.to_global(sbp=flow.sbp.broadcast).to_local()
-        out[k] = v
-    return out
+    """state_dict with global tensors as full local tensors."""
+    return {k: to_local_full(v) for k, v in module.state_dict().items()}
 
 
 def _mask_adder(attention_mask, dtype):

@@ -223,6 +223,13 @@ class Trainer:
         self.loss_module = PretrainingLoss(model, flow.env.get_world_size() if ddp else 1)
         if ddp:
             self.loss_module = flow.nn.parallel.DistributedDataParallel(self.loss_module)
+        # One generator for every dropout (each nn.Dropout otherwise makes its own, unseeded):
+        # runs repeat, and its state is saved with checkpoints for exact resume.
+        self.generator = flow.Generator()
+        self.generator.manual_seed(cfg.seed * 1000 + flow.env.get_rank())
+        for m in model.modules():
+            if isinstance(m, flow.nn.Dropout):
+                m.generator = self.generator
         self.opt = build_optimizer(model, cfg, for_graph=cfg.mode == "graph")
         self.sched = build_scheduler(self.opt, cfg)
         self.graph = PretrainGraph(model, self.opt, self.sched, cfg) if cfg.mode == "graph" else None
@@ -236,6 +243,9 @@ class Trainer:
         return t
 
     def step(self, batch: dict) -> dict:
+        # Dropout masks are a function of (seed, step, rank): a resumed run draws the same ones.
+        # (OneFlow 0.9's CPU Generator.get_state/set_state does not replay dropout masks.)
+        self.generator.manual_seed((self.cfg.seed * 1_000_003 + self.global_step) * 4099 + flow.env.get_rank())
         lr = self.current_lr()  # the rate this step uses
         if self.graph is not None:
             values = self.graph(*[self._tensor(batch[k]) for k in BATCH_KEYS])
