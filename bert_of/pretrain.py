@@ -153,7 +153,8 @@ def save(trainer, run_dir, data, vocab_file, keep: int, rank: int, world: int) -
         state = {"global_step": step, "train_config": trainer.cfg.to_dict(), "world_size": world,
                  "scheduler": _jsonable(trainer.sched.state_dict()),
                  "data": [json.load(open(os.path.join(stage, f"data-rank{r}.json"))) for r in range(world)],
-                 "rng": trainer.generator.get_state().numpy().tolist()}
+                 "rng": trainer.generator.get_state().numpy().tolist(),
+                 "loss_scaler": trainer.scaler.state_dict() if trainer.scaler else None}
         tmp = os.path.join(final, STATE_NAME + ".tmp")
         with open(tmp, "w") as f:
             json.dump(state, f)
@@ -169,6 +170,23 @@ def save(trainer, run_dir, data, vocab_file, keep: int, rank: int, world: int) -
 
 def _jsonable(obj):
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def _load_any(path: str, vocab):
+    """A checkpoint in any format bert_of reads (or a zoo name), as a Checkpoint."""
+    from bert_of.checkpoint import Checkpoint, load_checkpoint
+    from converters.common import Options
+    from converters.convert import detect, read
+
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):
+        import zoo
+
+        return load_checkpoint(zoo.resolve(path))
+    fmt = detect(path)
+    if fmt == "of":
+        return load_checkpoint(path)
+    source = read(path, fmt, Options(vocab=vocab))  # e.g. continue pretraining a Google TF checkpoint
+    return Checkpoint(path, source.config, source.load(), source.vocab_file)
 
 
 def run(args) -> int:
@@ -194,12 +212,7 @@ def run(args) -> int:
         ck = load_checkpoint(resume_from, with_optimizer=True)
         config, vocab_file = ck.config, vocab_file or ck.vocab_file
     elif args.init_checkpoint:
-        init = args.init_checkpoint
-        if not os.path.isdir(init):
-            import zoo
-
-            init = zoo.resolve(init)
-        ck = load_checkpoint(init)
+        ck = _load_any(args.init_checkpoint, args.vocab)
         config, vocab_file = ck.config, vocab_file or ck.vocab_file
     elif args.config:
         with open(args.config) as f:
@@ -261,6 +274,8 @@ def run(args) -> int:
         for group, lr in zip(trainer.opt.param_groups, trainer.sched.get_last_lr()):
             group["lr"] = lr  # eager steps read it; graph mode only reports it
         data.load_state_dict(saved["data"][rank])
+        if trainer.scaler and saved.get("loss_scaler"):
+            trainer.scaler.load_state_dict(saved["loss_scaler"])
         trainer.generator.set_state(flow.tensor(np.array(saved["rng"], np.uint8)))
 
     os.makedirs(args.output, exist_ok=True)
@@ -324,7 +339,8 @@ def _add_arguments(p):
     p.add_argument("--data", required=True, help="OFRecord pretraining data (bert-of data create-pretraining)")
     p.add_argument("--output", required=True, help="run directory (metrics, checkpoints, final)")
     p.add_argument("--config", help="bert_config.json / config.json for a new model")
-    p.add_argument("--init-checkpoint", help="continue pretraining a bert_of checkpoint or zoo name")
+    p.add_argument("--init-checkpoint", help="continue pretraining a checkpoint in any format (tf, lazy, hf, ...) "
+                                             "or a zoo name")
     p.add_argument("--vocab", help="vocab.txt (default: the checkpoint's)")
     p.add_argument("--seq-length", type=int, help="default: from the data's bert_of_data.json")
     p.add_argument("--max-predictions", type=int, help="default: from the data's bert_of_data.json")

@@ -233,6 +233,9 @@ class Trainer:
         self.opt = build_optimizer(model, cfg, for_graph=cfg.mode == "graph")
         self.sched = build_scheduler(self.opt, cfg)
         self.graph = PretrainGraph(model, self.opt, self.sched, cfg) if cfg.mode == "graph" else None
+        # Eager AMP keeps its own dynamic loss scale; the graph uses OneFlow's GradScaler conf.
+        self.scaler = DynamicLossScaler() if cfg.amp and cfg.mode == "eager" else None
+        self.grad_hook = None
         self.global_step = 0
 
     def _tensor(self, arr):
@@ -265,19 +268,39 @@ class Trainer:
 
             raise ConfigError(f"batch of {n} does not split into {k} accumulation steps")
         sums = dict.fromkeys(LOSS_KEYS, 0.0)
+        scale = self.scaler.scale if self.scaler else 1.0
         for i in range(k):
             micro = {key: self._tensor(v[i * n // k:(i + 1) * n // k]) for key, v in batch.items() if key in BATCH_KEYS}
-            losses = dict(zip(LOSS_KEYS, self.loss_module(*[micro[key] for key in BATCH_KEYS])))
-            (losses["loss"] / k).backward()
+            with self._autocast():
+                losses = dict(zip(LOSS_KEYS, self.loss_module(*[micro[key] for key in BATCH_KEYS])))
+            (losses["loss"] * (scale / k)).backward()
             for key in LOSS_KEYS:
                 sums[key] += self._report(losses[key]) / k
-        if self.cfg.clip_grad_norm:
-            clip_by_global_norm([p for p in self.model.parameters() if p.grad is not None],
-                                float(self.cfg.clip_grad_norm))
-        self.opt.step()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.grad_hook is not None:  # tests inject non-finite gradients here
+            self.grad_hook(self, params)
+        if self.scaler is None or self.scaler.unscale_and_check(params):
+            if self.cfg.clip_grad_norm:
+                clip_by_global_norm(params, float(self.cfg.clip_grad_norm))
+            self.opt.step()
+            sums["skipped"] = 0.0
+        else:
+            sums["skipped"] = 1.0  # inf/nan gradients: no update, smaller scale next time
         self.opt.zero_grad()
         self.sched.step()
+        if self.scaler:
+            sums["loss_scale"] = self.scaler.scale
         return sums
+
+    def _autocast(self):
+        """fp16 autocast on CUDA under AMP; a no-op on CPU (no fp16 matmul kernels there)."""
+        import contextlib
+
+        on_cuda = self.placement is not None and self.placement.type == "cuda" or \
+            next(self.model.parameters()).device.type == "cuda"
+        if self.cfg.amp and on_cuda:
+            return flow.autocast(device_type="cuda", dtype=flow.float16)
+        return contextlib.nullcontext()
 
     def _report(self, t) -> float:
         """A loss as a float; under DDP the mean over ranks ((l_1 + ... + l_n) / n), which
@@ -290,6 +313,42 @@ class Trainer:
 
     def current_lr(self) -> float:
         return float(self.opt.param_groups[0]["lr"])
+
+
+class DynamicLossScaler:
+    """Dynamic loss scaling for fp16 training (eager; the graph has OneFlow's own).
+
+    The loss is multiplied by ``scale`` before backward. Then: any inf/nan in the
+    gradients -> skip the update and scale *= backoff; otherwise unscale the
+    gradients, update, and after ``growth_interval`` good steps in a row scale *= growth.
+    """
+
+    def __init__(self, init_scale=2.0 ** 16, growth=2.0, backoff=0.5, growth_interval=2000, min_scale=1.0):
+        self.scale, self.growth, self.backoff = float(init_scale), growth, backoff
+        self.growth_interval, self.min_scale, self.good_steps = growth_interval, min_scale, 0
+
+    def unscale_and_check(self, params) -> bool:
+        """Divide grads by the scale; True if all are finite (then step), else False (skip)."""
+        with flow.no_grad():
+            finite = all(bool(flow.isfinite(p.grad).all().numpy()) for p in params)
+            if not finite:
+                self.scale = max(self.scale * self.backoff, self.min_scale)
+                self.good_steps = 0
+                return False
+            if self.scale != 1.0:
+                for p in params:
+                    p.grad.mul_(1.0 / self.scale)
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= self.growth
+            self.good_steps = 0
+        return True
+
+    def state_dict(self):
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state):
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
 
 
 def clip_by_global_norm(params, max_norm: float):

@@ -108,3 +108,42 @@ def test_two_ranks_global_graph_global_eager_and_ddp_match_one_process(tmp_path)
         assert got["world"] == 2 and len(got["losses"]) == STEPS
         for a, b in zip(single, got["losses"]):
             assert abs(a - b) <= 1e-6 * a, (way, single, got["losses"])
+
+
+def test_eager_loss_scaler_skips_backs_off_and_grows():
+    """AMP's loss-scaler logic on CPU: inject non-finite gradients, watch skip / backoff / growth."""
+    model = BertForPreTraining(BertConfig(**CONFIG))
+    model.init_weights(seed=0)
+    trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode="eager", amp=True, warmup_steps=0)))  # lr > 0 at once
+    trainer.scaler.growth_interval = 2
+    poison = {1, 4}
+
+    def inject(tr, params):
+        if tr.global_step in poison:
+            params[3].grad[0] = float("inf") if tr.global_step == 1 else float("nan")
+
+    trainer.grad_hook = inject
+    scales, skipped = [], []
+    for s in range(6):
+        before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+        out = trainer.step(global_batch(s))
+        scales.append(out["loss_scale"])
+        skipped.append(out["skipped"])
+        changed = any(not np.array_equal(before[n], p.numpy()) for n, p in model.named_parameters())
+        assert changed == (s not in poison), s  # a skipped step leaves every parameter alone
+        assert np.isfinite(out["loss"])
+    s0 = 2.0 ** 16
+    assert skipped == [0, 1, 0, 0, 1, 0]
+    # step 0 good (1/2), step 1 bad: halve; steps 2,3 good: grow at the 2nd; step 4 bad: halve
+    assert scales == [s0, s0 / 2, s0 / 2, s0, s0 / 2, s0 / 2]
+    # Scaling is exact in fp32 math: unscaled grads drive the same update as without AMP
+    ref, _ = _train(steps=1, mode="eager")
+    scaled = Trainer(BertForPreTraining(BertConfig(**CONFIG)), TrainConfig(**dict(TRAIN, mode="eager", amp=True)))
+    scaled.model.init_weights(seed=0)
+    assert abs(scaled.step(global_batch(0))["loss"] - ref[0]["loss"]) < 1e-6
+
+
+def test_graph_amp_runs_on_cpu_and_changes_nothing():
+    fp32, _ = _train(steps=3, mode="graph")
+    amp, _ = _train(steps=3, mode="graph", amp=True)
+    assert [r["loss"] for r in amp] == [r["loss"] for r in fp32]
