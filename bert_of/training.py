@@ -166,14 +166,17 @@ def _graph_weight_decay_excludes(opt, cfg, no_decay_params):
 
 
 def build_scheduler(opt, cfg: TrainConfig):
-    """Linear warmup from 0, then polynomial decay to end_lr at total_steps (OneFlow's
-    WarmupLR(PolynomialLR)); expressible in both eager and graph."""
-    sched = flow.optim.lr_scheduler.PolynomialLR(opt, decay_batch=cfg.total_steps, end_learning_rate=cfg.end_lr,
-                                                 power=cfg.power)
-    if cfg.warmup_steps > 0:
-        sched = flow.optim.lr_scheduler.WarmupLR(sched, warmup_factor=0.0, warmup_iters=cfg.warmup_steps,
-                                                 warmup_method="linear")
-    return sched
+    """google-research/bert's schedule, in eager and graph alike: lr * step / warmup while
+    step < warmup, then polynomial decay over the GLOBAL step, lr * (1 - step / total)^power
+    (to end_lr). OneFlow's WarmupLR would ramp to the decayed rate lr * (1 - warmup / total)
+    instead of to lr; chaining LinearLR and PolynomialLR without interval rescaling does not.
+    """
+    sch = flow.optim.lr_scheduler
+    decay = sch.PolynomialLR(opt, decay_batch=cfg.total_steps, end_learning_rate=cfg.end_lr, power=cfg.power)
+    if cfg.warmup_steps <= 0:
+        return decay
+    ramp = sch.LinearLR(opt, start_factor=0.0, end_factor=1.0, total_iters=cfg.warmup_steps)
+    return sch.SequentialLR(opt, schedulers=[ramp, decay], milestones=[cfg.warmup_steps], interval_rescaling=[False])
 
 
 # --------------------------------------------------------------------------- train steps

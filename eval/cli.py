@@ -2,6 +2,8 @@
 
     bert-of eval squad-score DATA.json PREDICTIONS.json [--na-prob-file F] [--na-prob-thresh T]
     bert-of eval glue-score --task T --data dev.tsv --predictions preds.tsv
+    bert-of eval squad --model NAME_OR_DIR --data dev.json      (predict + score + record)
+    bert-of eval glue --model NAME_OR_DIR --task T --data dev.tsv
     bert-of results [--format markdown|csv|json] [--task T] [--results FILE]
 
 ``bert_of.cli`` mounts these with :func:`add_parser`; ``python -m eval ...`` runs them alone.
@@ -199,6 +201,10 @@ def add_parser(subparsers):
     g.add_argument("--language", help="XNLI: score only this language's rows (e.g. zh)")
     _add_record_options(g)
     g.set_defaults(fn=cmd_glue_score)
+
+    from eval.finetune_cli import add_eval_commands
+
+    add_eval_commands(esub)  # eval squad / eval glue: run a model, then score and record
 
     r = subparsers.add_parser("results", help="the results table (measured and published)",
                               description="Print the results store with the published reference numbers.")

@@ -57,10 +57,11 @@ def cmd_list(args) -> int:
     table = [("NAME", "ALIAS", "PARAMS", "SIZE", "FORMAT", "DOWNLOADED", "SQuAD1.1 EM/F1")]
     for r in rows:
         size = "?" if r["size"] is None else ("" if r["size_exact"] else "~") + human_size(r["size"])
-        sq = r["squad_v11"]
+        sq, ms = r["squad_v11"], r.get("squad_v11_measured")
+        cells = ([f"{sq['exact_match']:.2f}/{sq['f1']:.2f}"] if sq else []) + \
+            ([f"{ms['exact_match']:.2f}/{ms['f1']:.2f}*"] if ms else [])
         table.append((r["name"], r["aliases"][0] if r["aliases"] else "", _params(r["params"]), size,
-                      r["source_format"], ",".join(r["downloaded"]) or "-",
-                      f"{sq['exact_match']:.2f}/{sq['f1']:.2f}" if sq else "-"))
+                      r["source_format"], ",".join(r["downloaded"]) or "-", " ".join(cells) or "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(c.ljust(w) if i not in (2, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
@@ -69,6 +70,9 @@ def cmd_list(args) -> int:
     print("SIZE: on disk when downloaded, else the archive's (~ estimated: 4 bytes per parameter). "
           "FORMAT: as published (tf = Google TF1). SQuAD: first published v1.1 dev result (`zoo info NAME` "
           "lists all, with sources).")
+    if any(r.get("squad_v11_measured") for r in rows):
+        print(f"*: measured here: the latest `bert-of eval squad` result on SQuAD v1.1 of the checkpoint or of a model "
+              f"fine-tuned from it ({z.results_path}; `bert-of results` lists them).")
     return 0
 
 

@@ -648,9 +648,55 @@ class Zoo:
         return self.entry(name)
 
     # ------------------------------------------------------------------ listing
+    @property
+    def results_path(self) -> str:
+        """The results store beside the cache (``bert-of eval`` appends to it)."""
+        return os.path.join(self.cache_dir, "results.jsonl")
+
+    def measured_squad(self) -> dict:
+        """{entry name: latest measured SQuAD v1.1 record} from the results store.
+
+        A record counts for an entry when its checkpoint, or the checkpoint it was fine-tuned
+        from, is one of the entry's folders (cached formats or a local entry's folder); records
+        of an untrained (newly initialised) SQuAD head do not count.
+        """
+        from bert_of.errors import BertOfError
+
+        try:
+            from eval.results import load_results
+
+            records = load_results(self.results_path)
+        except (ImportError, BertOfError) as e:
+            self.log(f"note: results store not read ({e})")
+            return {}
+        if not records:
+            return {}
+        folders = {}
+        for e in self.registry.entries.values():
+            dirs = list(self.cached_formats(e).values()) + ([e["path"]] if "path" in e else [])
+            for d in dirs:
+                folders[os.path.realpath(d)] = e["name"]
+        out = {}
+        for r in records:  # file order is date order: later records win
+            if r.get("task") != "squad-v1.1" or r.get("head_trained") is False:
+                continue
+            m = r.get("metrics") or {}
+            if not isinstance(m.get("exact_match"), (int, float)) or not isinstance(m.get("f1"), (int, float)):
+                continue
+            for ident in (r.get("checkpoint"), r.get("base_checkpoint")):
+                p = (ident or {}).get("path") if isinstance(ident, dict) else None
+                name = folders.get(os.path.realpath(p)) if isinstance(p, str) else None
+                if name:
+                    out[name] = {"exact_match": m["exact_match"], "f1": m["f1"], "date": r.get("date"),
+                                 "checkpoint": (r.get("checkpoint") or {}).get("name"),
+                                 "finetuned_from": (r.get("base_checkpoint") or {}).get("name")}
+                    break
+        return out
+
     def rows(self) -> list:
         """One dict per entry for `zoo list`."""
         out = []
+        measured = self.measured_squad()
         for e in self.registry.entries.values():
             cached = self.cached_formats(e)
             local = "path" in e
@@ -670,6 +716,7 @@ class Zoo:
                 "size": size, "size_exact": exact, "source_format": e["source_format"],
                 "downloaded": (["local"] if local else []) + list(cached),
                 "squad_v11": {"exact_match": sq[0], "f1": sq[1], "source": sq[2]} if sq else None,
+                "squad_v11_measured": measured.get(e["name"]),
                 "registry": e["_registry"],
             })
         return out

@@ -1,0 +1,253 @@
+"""``bert-of finetune squad|glue`` and ``bert-of predict squad|glue`` (and the options that
+``bert-of eval squad|glue`` share with them).
+
+    bert-of finetune squad --model NAME_OR_DIR --train train-v1.1.json --output DIR [--eval-data dev-v1.1.json]
+    bert-of predict squad  --model DIR --data dev-v1.1.json --output DIR
+    bert-of finetune glue  --task mrpc --model NAME_OR_DIR --train train.tsv --output DIR [--eval-data dev.tsv]
+    bert-of predict glue   --model DIR [--task mrpc] --data test.tsv --output preds.tsv
+
+Defaults are google-research/bert's run_squad.py / run_classifier.py hyper-parameters (see
+:mod:`eval.finetune`). Several ranks: ``python -m oneflow.distributed.launch --nproc_per_node N
+-m bert_of.cli finetune squad ...`` (``--batch-size`` is the global batch).
+
+Importing this module is cheap (no OneFlow); the commands import :mod:`eval.finetune`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+FINETUNE_EPILOG = ("defaults are google-research/bert's (AdamW without bias correction, eps 1e-6, weight decay "
+                   "0.01 not on LayerNorm/bias, linear warmup then linear decay to 0, clip 1.0); steps = "
+                   "int(examples / batch * epochs). Multi-rank: python -m oneflow.distributed.launch "
+                   "--nproc_per_node N -m bert_of.cli finetune ... (--batch-size is the global batch).")
+
+
+# --------------------------------------------------------------------------- option groups
+
+
+def add_model_options(p, predict: bool = True) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", required=True, metavar="NAME_OR_DIR",
+                   help="bert_of checkpoint folder (Google TF / HF folders are converted on the fly) or zoo name")
+    g.add_argument("--vocab", metavar="FILE", help="vocab.txt if the checkpoint has none")
+    case = g.add_mutually_exclusive_group()
+    case.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=None,
+                      help="lower-case and strip accents (default for training; prediction follows the model's "
+                           "train_args.json)")
+    case.add_argument("--no-lower-case", dest="do_lower_case", action="store_false",
+                      help="keep case (cased models)")
+    g.add_argument("--mode", choices=("graph", "eager"), default=None, help="nn.Graph (default) or eager")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                   help="default: cuda when OneFlow sees a GPU, else cpu")
+    if predict:
+        g.add_argument("--predict-batch-size", type=int, metavar="N", help="prediction batch (default 32)")
+
+
+def add_train_options(p, defaults: dict) -> None:
+    g = p.add_argument_group("training (defaults: google-research/bert)")
+    g.add_argument("--train", required=True, metavar="FILE", help="training data")
+    g.add_argument("--output", required=True, metavar="DIR",
+                   help="fine-tuned bert_of checkpoint + train_args.json (written atomically)")
+    g.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    g.add_argument("--lr", type=float, metavar="LR", help=f"peak learning rate (default {defaults['lr']:g})")
+    g.add_argument("--batch-size", type=int, metavar="N",
+                   help=f"global train batch (default {defaults['batch_size']})")
+    g.add_argument("--epochs", type=float, metavar="E", help=f"epochs (default {defaults['epochs_help']})")
+    g.add_argument("--max-steps", type=int, metavar="N", help="train exactly N steps instead of epochs")
+    g.add_argument("--warmup-proportion", type=float, metavar="P", help="warmup fraction of the steps (default 0.1)")
+    g.add_argument("--weight-decay", type=float, metavar="W", help="decoupled weight decay (default 0.01)")
+    g.add_argument("--clip-grad-norm", type=float, metavar="C", help="global-norm clip, 0 = off (default 1.0)")
+    g.add_argument("--adam-eps", type=float, metavar="EPS", help="AdamW epsilon (default 1e-6)")
+    g.add_argument("--seed", type=int, help="shuffling, dropout and new-head init (default 42)")
+    g.add_argument("--grad-accum-steps", type=int, metavar="K", help="split each batch into K micro-batches")
+    g.add_argument("--amp", action="store_true", help="mixed precision (graph mode, GPU)")
+    g.add_argument("--log-every", type=int, metavar="N", help="print the loss every N steps (default 50)")
+    g.add_argument("--eval-data", action="append", metavar="FILE",
+                   help="after training, evaluate on this labeled file and record the result (repeatable)")
+
+
+def add_record_options(p) -> None:
+    g = p.add_argument_group("results store")
+    g.add_argument("--results", metavar="FILE",
+                   help="results store (default: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
+    g.add_argument("--no-record", action="store_true", help="do not append the evaluation to the results store")
+    g.add_argument("--name", metavar="NAME", help="model name in the table (default: folder or zoo name)")
+    g.add_argument("--hparam", action="append", metavar="KEY=VALUE",
+                   help="extra hyper-parameter to record (repeatable)")
+
+
+def add_squad_options(p, train: bool) -> None:
+    g = p.add_argument_group("SQuAD features" + ("" if train else " (default: as the model was trained)"))
+    g.add_argument("--max-seq-length", type=int, metavar="N", help="window length in WordPieces (default 384)")
+    g.add_argument("--doc-stride", type=int, metavar="N", help="distance between windows (default 128)")
+    g.add_argument("--max-query-length", type=int, metavar="N", help="question WordPieces kept (default 64)")
+    g.add_argument("--version", choices=("1.1", "2.0"),
+                   help="treat the data as SQuAD 1.1 or 2.0 (default: the file's version / is_impossible)")
+    g = p.add_argument_group("SQuAD predictions")
+    g.add_argument("--n-best-size", type=int, metavar="N", help="n-best list length (default 20)")
+    g.add_argument("--max-answer-length", type=int, metavar="N", help="longest answer in WordPieces (default 30)")
+    g.add_argument("--null-score-diff-threshold", type=float, metavar="T",
+                   help='v2.0: predict "" when null score - best span score > T (default 0.0)')
+
+
+def add_glue_options(p, task_required: bool) -> None:
+    from eval.glue import TASK_CHOICES
+
+    g = p.add_argument_group("GLUE / XNLI")
+    g.add_argument("--task", required=task_required, metavar="T",
+                   help=f"one of {', '.join(TASK_CHOICES)}" + ("" if task_required else
+                                                               " (default: the task the model was fine-tuned for)"))
+    g.add_argument("--language", help="XNLI: only this language's rows (e.g. de)")
+    g.add_argument("--max-seq-length", type=int, metavar="N",
+                   help="default 128 (prediction: as the model was trained)")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _positive(args, *names):
+    from bert_of.errors import ConfigError
+
+    for n in names:
+        v = getattr(args, n, None)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{n.replace('_', '-')} must be at least 1, got {v}")
+
+
+def cmd_finetune_squad(args) -> int:
+    _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
+    from eval.finetune import finetune_squad
+
+    finetune_squad(args)
+    return 0
+
+
+def cmd_finetune_glue(args) -> int:
+    _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
+    from eval.finetune import finetune_glue
+
+    finetune_glue(args)
+    return 0
+
+
+def cmd_predict_squad(args) -> int:
+    _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
+    from eval.finetune import predict_squad
+
+    predict_squad(args)
+    return 0
+
+
+def cmd_predict_glue(args) -> int:
+    _positive(args, "max_seq_length", "predict_batch_size")
+    from eval.finetune import predict_glue
+
+    predict_glue(args)
+    return 0
+
+
+def cmd_eval_squad(args) -> int:
+    _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
+    from eval.finetune import eval_squad
+
+    eval_squad(args)
+    return 0
+
+
+def cmd_eval_glue(args) -> int:
+    _positive(args, "max_seq_length", "predict_batch_size")
+    from eval.finetune import eval_glue
+
+    eval_glue(args)
+    return 0
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def add_eval_commands(esub) -> None:
+    """``eval squad`` and ``eval glue`` on the ``eval`` command's subparsers."""
+    s = esub.add_parser("squad", help="predict a SQuAD file with a model, score it (official) and record it",
+                        description="Run the model over DATA (run_squad.py features and post-processing), write "
+                                    "predictions.json / nbest_predictions.json (/ null_odds.json), score them as "
+                                    "the official evaluate script of the file's version does, print that JSON, "
+                                    "and append the result to the results store.")
+    add_model_options(s)
+    s.add_argument("--data", required=True, metavar="dev.json", help="labeled SQuAD v1.1 / v2.0 file")
+    s.add_argument("--output", metavar="DIR",
+                   help="prediction files here (default: $BERT_OF_HOME/eval/MODEL/squad-DATA-TIME/)")
+    add_squad_options(s, train=False)
+    add_record_options(s)
+    s.set_defaults(fn=cmd_eval_squad)
+
+    g = esub.add_parser("glue", help="predict a labeled GLUE / XNLI file with a model, score it and record it",
+                        description="Classify DATA, write the predictions (GLUE submission format), score them "
+                                    "(CoLA Matthews; MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; accuracy) "
+                                    "and append the result to the results store.")
+    add_model_options(g)
+    add_glue_options(g, task_required=False)
+    g.add_argument("--data", required=True, metavar="dev.tsv", help="labeled TSV in the task's official layout")
+    g.add_argument("--output", metavar="FILE",
+                   help="predictions file (default: $BERT_OF_HOME/eval/MODEL/TASK-DATA-TIME/predictions.tsv)")
+    add_record_options(g)
+    g.set_defaults(fn=cmd_eval_glue)
+
+
+def add_parser(subparsers):
+    """Add the top-level ``finetune`` and ``predict`` commands to ``bert-of``."""
+    f = subparsers.add_parser("finetune", help="fine-tune a checkpoint on SQuAD or GLUE / XNLI",
+                              description="Fine-tune a BERT checkpoint; writes a bert_of checkpoint + "
+                                          "train_args.json.")
+    fsub = f.add_subparsers(dest="finetune_command", required=True, metavar="TASK")
+
+    s = fsub.add_parser("squad", help="SQuAD v1.1 / v2.0 (run_squad.py)", epilog=FINETUNE_EPILOG,
+                        description="Fine-tune a span-prediction head on a SQuAD train file (v2.0 when the file "
+                                    "says so): lr 5e-5, batch 32, 3 epochs (2 for v2.0), warmup 0.1, max_seq 384, "
+                                    "doc_stride 128, max_query 64 unless told otherwise.")
+    add_model_options(s)
+    add_train_options(s, dict(lr=5e-5, batch_size=32, epochs_help="3.0; 2.0 for v2.0"))
+    add_squad_options(s, train=True)
+    add_record_options(s)
+    s.set_defaults(fn=cmd_finetune_squad)
+
+    g = fsub.add_parser("glue", help="GLUE / XNLI classification (run_classifier.py)", epilog=FINETUNE_EPILOG,
+                        description="Fine-tune a classifier on a GLUE / XNLI train file: lr 2e-5, batch 32, "
+                                    "3 epochs, warmup 0.1, max_seq 128 unless told otherwise. STS-B trains a "
+                                    "one-output regression head (MSE).")
+    add_model_options(g)
+    add_glue_options(g, task_required=True)
+    add_train_options(g, dict(lr=2e-5, batch_size=32, epochs_help="3.0"))
+    g.add_argument("--skip-malformed", action="store_true",
+                   help="skip training lines with too few columns (QQP's train file has a few)")
+    add_record_options(g)
+    g.set_defaults(fn=cmd_finetune_glue)
+
+    p = subparsers.add_parser("predict", help="predictions files for SQuAD or GLUE / XNLI",
+                              description="Run a fine-tuned checkpoint over a data file and write predictions.")
+    psub = p.add_subparsers(dest="predict_command", required=True, metavar="TASK")
+
+    s = psub.add_parser("squad", help="predictions.json, nbest_predictions.json (+ null_odds.json for v2.0)",
+                        description="run_squad.py prediction: windows with doc_stride, max-context tokens, n-best "
+                                    "20, max answer length 30, v2.0 null score threshold; official file formats.")
+    add_model_options(s)
+    s.add_argument("--data", required=True, metavar="FILE", help="SQuAD v1.1 / v2.0 json (answers not needed)")
+    s.add_argument("--output", required=True, metavar="DIR", help="folder for the prediction files")
+    add_squad_options(s, train=False)
+    s.set_defaults(fn=cmd_predict_squad)
+
+    g = psub.add_parser("glue", help="GLUE submission file (index<TAB>prediction)",
+                        description="Classify every row of a GLUE / XNLI TSV (train, dev or test layout).")
+    add_model_options(g)
+    add_glue_options(g, task_required=False)
+    g.add_argument("--data", required=True, metavar="FILE", help="TSV in the task's official layout")
+    g.add_argument("--output", required=True, metavar="FILE", help="predictions file")
+    g.set_defaults(fn=cmd_predict_glue)
+    return fsub, psub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bert-of", description="bert_of fine-tuning commands")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parser(sub)
+    return p
