@@ -370,7 +370,9 @@ def _add_arguments(p):
 
 
 def cmd_pretrain(args) -> int:
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    # Under the launcher WORLD_SIZE equals the rank count; a bare WORLD_SIZE=1 (OneFlow sets it
+    # in processes that imported it) must not stop the relaunch.
+    if args.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) != args.nproc:
         if args.batch_size % args.nproc:  # say it once here, not once per rank
             raise ConfigError(f"global batch {args.batch_size} is not divisible by {args.nproc} ranks")
         return _relaunch(args.nproc)

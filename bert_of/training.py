@@ -299,8 +299,10 @@ class Trainer:
         """fp16 autocast on CUDA under AMP; a no-op on CPU (no fp16 matmul kernels there)."""
         import contextlib
 
-        on_cuda = self.placement is not None and self.placement.type == "cuda" or \
-            next(self.model.parameters()).device.type == "cuda"
+        if self.placement is not None:  # global tensors have a placement, not a device
+            on_cuda = self.placement.type == "cuda"
+        else:
+            on_cuda = next(self.model.parameters()).device.type == "cuda"
         if self.cfg.amp and on_cuda:
             return flow.autocast(device_type="cuda", dtype=flow.float16)
         return contextlib.nullcontext()

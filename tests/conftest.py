@@ -30,7 +30,11 @@ def write_vocab(path, n):
 
 def run_cli(*args, check=True, timeout=600):
     """Run the real `bert-of` entry point in a subprocess."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    # OneFlow puts WORLD_SIZE/RANK/... into os.environ of processes that import it: a child
+    # must not inherit them as if it had been launched as a rank.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = ROOT
     r = subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
                        env=env, timeout=timeout, cwd=ROOT)
     if check and r.returncode != 0:
