@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.bert_of-installed
 
-.PHONY: env demo test bench bench-env clean-env
+.PHONY: env demo test bench bench-pretrain bench-env clean-env
 
 env: $(STAMP)
 
@@ -33,6 +33,11 @@ test: env
 
 bench: env bench-env
 	@$(PY) bench/tf2of_bench.py
+
+# Pretraining samples/s vs HF BertForPreTraining (PyTorch), then where the step's time goes.
+bench-pretrain: env bench-env
+	@$(PY) bench/pretrain_bench.py --steps 4 --warmup 2 --runs 2 --extra --out bench/results/pretrain.json
+	@$(PY) bench/pretrain_profile.py --reps 3
 
 # The benchmark's anchor (HF transformers' TF route) lives in its own Python 3.11
 # environment: torch has no use in bert_of and would not share .venv peacefully.

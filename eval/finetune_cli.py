@@ -16,6 +16,7 @@ Importing this module is cheap (no OneFlow); the commands import :mod:`eval.fine
 from __future__ import annotations
 
 import argparse
+import os
 
 FINETUNE_EPILOG = ("defaults are google-research/bert's (AdamW without bias correction, eps 1e-6, weight decay "
                    "0.01 not on LayerNorm/bias, linear warmup then linear decay to 0, clip 1.0); steps = "
@@ -115,7 +116,14 @@ def _positive(args, *names):
             raise ConfigError(f"--{n.replace('_', '-')} must be at least 1, got {v}")
 
 
+def _fast_blas():
+    """Fine-tuning needs speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets its
+    AVX2/FMA kernels (bert_of/_flow.py) unless BERT_OF_BLAS=exact says otherwise."""
+    os.environ.setdefault("BERT_OF_BLAS", "fast")
+
+
 def cmd_finetune_squad(args) -> int:
+    _fast_blas()
     _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
     from eval.finetune import finetune_squad
 
@@ -124,6 +132,7 @@ def cmd_finetune_squad(args) -> int:
 
 
 def cmd_finetune_glue(args) -> int:
+    _fast_blas()
     _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
     from eval.finetune import finetune_glue
 

@@ -157,3 +157,53 @@ def test_two_rank_global_tensors_match_single_process(pretraining_ckpt, tmp_path
             mode, name = key.split("/")
             np.testing.assert_allclose(z[key], ref[name].numpy(), atol=1e-6, err_msg=key)
         assert len(z.files) == 8
+
+
+def test_cpu_layer_norm_and_gelu_equal_the_textbook_forms():
+    """The CPU fast paths (ones-vector LayerNorm, sigmoid-form GELU) compute the same function,
+    values and gradients, as OneFlow's nn.LayerNorm and Google's tanh expression."""
+    import math
+
+    from bert_of._flow import flow
+    from bert_of.modeling import LayerNorm, gelu_tanh
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 24)).astype(np.float32) * 3 + 1
+    w, b = rng.standard_normal(24).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    ours, ref = LayerNorm(24, eps=1e-5), flow.nn.LayerNorm(24, eps=1e-5)
+    for m in (ours, ref):
+        m.weight.data.copy_(flow.tensor(w))
+        m.bias.data.copy_(flow.tensor(b))
+    assert set(ours.state_dict()) == {"weight", "bias"}  # the ones vectors are not checkpoint content
+    xs = [flow.tensor(x, requires_grad=True) for _ in range(2)]
+    ys = [ours(xs[0]), ref(xs[1])]
+    g = flow.tensor(rng.standard_normal(x.shape).astype(np.float32))
+    for y in ys:
+        (y * g).sum().backward()
+    np.testing.assert_allclose(ys[0].numpy(), ys[1].numpy(), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(xs[0].grad.numpy(), xs[1].grad.numpy(), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(ours.weight.grad.numpy(), ref.weight.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+    z = flow.tensor(np.linspace(-12, 12, 2001), dtype=flow.float64)
+    google = 0.5 * z * (1.0 + flow.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * flow.pow(z, 3))))
+    assert float((gelu_tanh(z) - google).abs().max()) < 1e-14
+
+
+def test_fast_blas_is_asked_for_only_when_wanted():
+    import subprocess
+    import sys
+
+    code = ("import os; import bert_of._flow; print(os.environ.get('OPENBLAS_CORETYPE', '-'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "BERT_OF_BLAS")}
+    out = {}
+    for mode in ("fast", "exact", None):
+        e = dict(env, **({"BERT_OF_BLAS": mode} if mode else {}))
+        out[mode] = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                                   check=True).stdout.split()[-1]
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split()
+    assert out["fast"] == ("Haswell" if {"avx2", "fma"} <= set(flags) else "-")
+    assert out["exact"] == "-" and out[None] == "-"
+    e = dict(env, BERT_OF_BLAS="fast", OPENBLAS_CORETYPE="Sandybridge")  # the user's choice wins
+    assert subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          check=True).stdout.split()[-1] == "Sandybridge"
