@@ -154,6 +154,7 @@ def main():
     ap.add_argument("--no-dnnl", action="store_true")
     a = ap.parse_args()
     sys.path.insert(0, BENCH)
+    from pretrain_bench import _cpu_name
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_avg_start": round(os.getloadavg()[0], 2),
            "machine": {"cpus": os.cpu_count(), "cpu": _cpu_name(), "python": platform.python_version()},
            "columns": {}, "onednn": {}}
@@ -174,17 +175,6 @@ def main():
     with open(os.path.join(RESULTS, "pretrain_profile.md"), "w") as f:
         f.write(md)
     print(md)
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

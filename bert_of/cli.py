@@ -205,21 +205,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def dispatch(args) -> int:
+    """Run a parsed subcommand. bert_of's errors, I/O errors and Ctrl-C become one line on stderr
+    and exit status 1; a reader leaving the pipe (`bert-of ... | head`) is not an error."""
     from bert_of.errors import BertOfError
 
     try:
         return args.fn(args)
     except BertOfError as e:
         return _err(str(e))
-    except BrokenPipeError:  # `bert-of ... | head`
+    except BrokenPipeError:
         return 0
     except OSError as e:  # unreadable input, unwritable output, disk full
         where = e.filename or "I/O"
         return _err(f"{where}: {e.strerror or e}")
     except KeyboardInterrupt:
         return _err("interrupted")
+
+
+def main(argv=None) -> int:
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

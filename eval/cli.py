@@ -22,11 +22,6 @@ import sys
 from bert_of.errors import BertOfError
 
 
-def _err(msg: str) -> int:
-    print(f"bert-of: error: {msg}", file=sys.stderr)
-    return 1
-
-
 def _parse_hparams(items) -> dict:
     out = {}
     for item in items or []:
@@ -226,15 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except BertOfError as e:
-        return _err(str(e))
-    except OSError as e:
-        return _err(f"{e.filename or 'I/O'}: {e.strerror or e}")
-    except KeyboardInterrupt:
-        return _err("interrupted")
+    from bert_of.cli import dispatch
+
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
