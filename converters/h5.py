@@ -40,8 +40,9 @@ import re
 import numpy as np
 
 from bert_of.checkpoint import TensorSpec, check_against_config, expected_shapes
-from bert_of.config import HF_ACT, BertConfig
+from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError
+from converters import hf
 from converters.common import Options, ReportLine, Source, cast_spec
 from converters.mapping import Table, apply, apply_shape, inverse
 
@@ -140,15 +141,7 @@ UNSUPPORTED = {
     "tf_bert_for_multiple_choice": "TFBertForMultipleChoice",
 }
 
-# HF config.json keys bert_of reads; everything else is kept in config.extra.
-_HF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-            "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-            "initializer_range")
-_HF_LABEL = {"gelu_erf": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "tanh": "tanh", "silu": "silu",
-             "linear": "linear"}
 _HF_TF_ACTS = ("gelu", "gelu_new", "relu", "tanh", "silu")  # of those, what transformers' TF code computes
-# --numerics: the activation/eps the named code base computes.
-_NUMERICS = {"tf1": ("gelu_tanh", 1e-12), "lazy": ("gelu_erf", 1e-5)}
 
 
 # --------------------------------------------------------------------------- paths, detect
@@ -186,51 +179,15 @@ def detect(path: str) -> bool:
 
 
 def _hf_config(path: str, numerics: str | None = None) -> BertConfig:
-    """Read HF's config.json: "gelu" means erf; unknown keys kept in ``extra``."""
+    """HF's config.json (shared with the safetensors format: "gelu" means erf)."""
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: config file not found (pass --config)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    d = dict(d)
-    if d.get("model_type", "bert") != "bert":
-        raise ConfigError(f"{path}: model_type {d['model_type']!r} is not BERT")
-    if d.get("position_embedding_type", "absolute") != "absolute":
-        raise ConfigError(f"{path}: position_embedding_type {d['position_embedding_type']!r} "
-                          f"(bert_of computes absolute position embeddings only)")
-    label = d.pop("hidden_act", "gelu")
-    if label not in HF_ACT:
-        raise ConfigError(f"{path}: hidden_act {label!r} is not one bert_of computes "
-                          f"(known: {', '.join(HF_ACT)})")
-    act, eps = HF_ACT[label], d.pop("layer_norm_eps", 1e-12)
-    if numerics in _NUMERICS:  # the user says which code computed this checkpoint
-        gelu, eps = _NUMERICS[numerics]
-        act = gelu if act.startswith("gelu") else act
-    num_labels = d.pop("num_labels", None)
-    if num_labels is None:
-        num_labels = len(d["id2label"]) if isinstance(d.get("id2label"), dict) and d["id2label"] else 2
-    kw = {k: d.pop(k) for k in _HF_KEYS if k in d}
-    return BertConfig(hidden_act=act, layer_norm_eps=eps, num_labels=num_labels,
-                      provenance=numerics if numerics in _NUMERICS else "hf", extra=d, **kw)
+    return hf.config_from_hf(hf._read_json(path, "HuggingFace config"), path, numerics)
 
 
 def _hf_config_dict(config: BertConfig, architecture: str) -> dict:
-    """HF's config.json for ``config``: unknown keys back, exact numerics as HF labels."""
-    d = dict(config.extra)
-    d.update({k: getattr(config, k) for k in _HF_KEYS})
-    d["hidden_act"] = _HF_LABEL[config.hidden_act]
-    d["layer_norm_eps"] = config.layer_norm_eps
-    d["architectures"] = [architecture]
-    d.setdefault("model_type", "bert")
-    labels = d.get("id2label")
-    if config.num_labels != (len(labels) if isinstance(labels, dict) and labels else 2):
-        d["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
-        d["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
-    return d
+    """HF's config.json for ``config``, naming the Keras class written."""
+    return dict(hf.config_to_hf(config, [architecture]), architectures=[architecture])
 
 
 # --------------------------------------------------------------------------- reading
@@ -527,7 +484,7 @@ def write(source: Source, dst: str, opts: Options) -> list:
         notes.append(f"note: optimizer state is not representable in HF Keras h5 (weights only): "
                      f"{n} optimizer tensor(s) not written" if n else
                      "note: --with-optimizer: HF Keras h5 holds weights only, and the source has no optimizer state")
-    label = _HF_LABEL[source.config.hidden_act]
+    label = hf.HF_ACT_LABEL[source.config.hidden_act]
     if label not in _HF_TF_ACTS:
         notes.append(f"note: transformers' TF code has no {label!r} activation; config.json says {label!r} anyway")
 
