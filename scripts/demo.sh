@@ -76,4 +76,8 @@ PY
 $BIN/bert-of plot "$OUT/pretrain_run" --out "$OUT/pretrain_run/curves.png"
 $BIN/bert-of zoo list | grep -E "^NAME|demo-mini-bert"
 
+step "7. Alignment: eager vs graph and 1 process vs 2 ranks train the same (30 steps, reports + plots)"
+$BIN/bert-of align eager-graph data-parallel --steps 30 --size tiny --out "$OUT/align" --quiet 2>&1 \
+    | grep -v "^[WIE]2026\|libibverbs\|OMP_NUM\|\*\*\*\*"
+
 printf '\ndemo done: outputs in %s/\n' "$OUT"
