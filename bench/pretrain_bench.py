@@ -74,6 +74,12 @@ EXTRA = {  # --extra
                         ["--mode", "eager", "--way", "ddp"], FAST),
     "pt_gathered_1t": ("pytorch", "HF BertForPreTraining, 1 thread, gathered head",
                        ["--head", "gathered", "--threads", "1"], {}),
+    # What the machine allows 2 ranks: one 8-row process alone vs two independent ones side by side
+    "of_eager_b8_alone": ("oneflow", "bert_of eager, 1 process on one core, batch 8, alone",
+                          ["--mode", "eager", "--global-batch", "8"], dict(FAST, OMP_NUM_THREADS="1")),
+    "of_eager_b8_pair": ("oneflow", "bert_of eager, 1 process on one core, batch 8, beside an identical independent "
+                         "process (no communication)", ["--mode", "eager", "--global-batch", "8", "--pair"],
+                         dict(FAST, OMP_NUM_THREADS="1")),
 }
 
 
@@ -91,6 +97,8 @@ def run_one(name, spec, steps, warmup, tmp):
         env.pop(k, None)
     env.update(extra_env)
     common = ["--steps", str(steps), "--warmup", str(warmup), "--out", out]
+    pair = "--pair" in args
+    args = [a for a in args if a != "--pair"]
     if fw == "pytorch":
         cmd = [PT_PY, os.path.join(BENCH, "hf_pretrain_worker.py")] + args + common
     elif "--way" in args and args[args.index("--way") + 1] != "single":
@@ -100,7 +108,14 @@ def run_one(name, spec, steps, warmup, tmp):
         cmd = [OF_PY, os.path.join(BENCH, "pretrain_worker.py")] + args + common
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
+    twin = None
+    if pair:  # the same run, independent, at the same time
+        twin = subprocess.Popen(cmd[:-1] + [out + ".twin"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if twin is not None:
+        twin.wait()
+        os.remove(out + ".twin")
     if p.returncode != 0 or not os.path.exists(out):
         sys.exit(f"benchmark run {name} failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
     with open(out) as f:
@@ -207,6 +222,9 @@ def main():
         ratios["2r_x16_over_pt_gathered_2t"] = ratio(med["of_graph_2r_x16"], med.get("pt_gathered_2t"))
     if "of_eager_2r_ddp" in med:
         ratios["ddp_over_global_eager_2r"] = ratio(med["of_eager_2r_ddp"], med.get("of_eager_2r"))
+    if "of_eager_b8_pair" in summ and "of_eager_b8_alone" in summ:
+        ratios["pair_over_alone_step_time"] = ratio(summ["of_eager_b8_pair"]["step_median_s"],
+                                                    summ["of_eager_b8_alone"]["step_median_s"])
     if "pt_gathered_1t" in med:
         ratios["pt_2_threads_over_1_thread"] = ratio(med.get("pt_gathered_2t"), med["pt_gathered_1t"])
 
