@@ -38,6 +38,7 @@ bench: env bench-env
 bench-pretrain: env bench-env
 	@$(PY) bench/pretrain_bench.py --steps 4 --warmup 2 --runs 2 --extra --out bench/results/pretrain.json
 	@$(PY) bench/pretrain_profile.py --reps 3
+	@$(PY) bench/pretrain_micro.py --out bench/results/pretrain_micro.json
 
 # The benchmark's anchor (HF transformers' TF route) lives in its own Python 3.11
 # environment: torch has no use in bert_of and would not share .venv peacefully.

@@ -46,7 +46,7 @@ def _has_avx2_fma() -> bool:
 def _choose_blas():
     """BERT_OF_BLAS=fast (set by `bert-of pretrain` / `finetune`): OneFlow 0.9's bundled
     DYNAMIC_ARCH OpenBLAS does not recognise recent Xeons and runs its SSE3 "Prescott"
-    kernels; its Haswell (AVX2+FMA) kernels do the same GEMMs 3.5x faster. FMA rounds
+    kernels; its Haswell (AVX2+FMA) kernels do the same GEMMs 3x faster. FMA rounds
     differently, so exact-by-default work (convert, verify) keeps the detected kernels.
     An OPENBLAS_CORETYPE the user set always wins."""
     if os.environ.get("BERT_OF_BLAS") == "fast" and "OPENBLAS_CORETYPE" not in os.environ and _has_avx2_fma():

@@ -59,8 +59,8 @@ class LayerNorm(nn.Module):
     does the row broadcasts ``x[T,H] - mean[T,1]`` and ``* inv_std[T,1]`` in oneDNN's scalar
     reference binary (~50 ms each at [2048, 256]; 43% of a pretraining step). Here the row
     sums and broadcasts are products with a ones vector (``x @ ones[H,1]``, ``m @ ones[1,H]``;
-    the broadcast is exact), so only shapes oneDNN vectorises remain: forward + backward 17x
-    faster, the same numbers to fp32 rounding.
+    the broadcast is exact), so only shapes oneDNN vectorises remain: forward + backward ~25x
+    faster (bench/results/pretrain_profile.md), the same numbers to fp32 rounding.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-12):

@@ -346,7 +346,7 @@ def _add_arguments(p):
     p.add_argument("--max-predictions", type=int, help="default: from the data's bert_of_data.json")
     p.add_argument("--mode", choices=("graph", "eager"), default="graph")
     p.add_argument("--blas", choices=("fast", "exact"), default="fast",
-                   help="CPU GEMM kernels: fast = OpenBLAS's AVX2/FMA kernels (3.5x; OneFlow's bundled "
+                   help="CPU GEMM kernels: fast = OpenBLAS's AVX2/FMA kernels (3x; OneFlow's bundled "
                         "OpenBLAS misdetects recent Xeons), exact = the detected ones (default: fast)")
     p.add_argument("--optimizer", choices=("adamw", "lamb", "sgd"), default="adamw")
     p.add_argument("--lr", type=float, default=1e-4)
