@@ -53,11 +53,6 @@ def _choose_blas():
         os.environ["OPENBLAS_CORETYPE"] = "Haswell"
 
 
-def set_fast_blas(on: bool = True):
-    """Ask for the fast GEMM kernels; effective only before OneFlow is first imported."""
-    os.environ["BERT_OF_BLAS"] = "fast" if on else "exact"
-
-
 _preload()
 _choose_blas()
 # glog's "CUDA driver version is insufficient" on CPU-only machines is noise.
