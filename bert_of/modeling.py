@@ -95,6 +95,16 @@ ACT_FN = {
 }
 
 
+def truncated_normal(rng, shape, std: float) -> np.ndarray:
+    """float32 N(0, std^2) redrawn beyond 2 std: TF's truncated_normal_initializer, Google's init."""
+    w = rng.standard_normal(shape)
+    bad = np.abs(w) > 2.0
+    while bad.any():
+        w[bad] = rng.standard_normal(int(bad.sum()))
+        bad = np.abs(w) > 2.0
+    return (w * std).astype(np.float32)
+
+
 # --------------------------------------------------------------------------- outputs
 
 
@@ -339,12 +349,7 @@ class _PreTrained(nn.Module):
             elif name.endswith("bias") or ".LayerNorm." in "." + name:
                 state[name] = np.zeros(shape, np.float32)
             else:
-                w = rng.standard_normal(shape)
-                bad = np.abs(w) > 2.0
-                while bad.any():
-                    w[bad] = rng.standard_normal(int(bad.sum()))
-                    bad = np.abs(w) > 2.0
-                state[name] = (w * std).astype(np.float32)
+                state[name] = truncated_normal(rng, shape, std)
         self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
 
 

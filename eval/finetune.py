@@ -162,6 +162,8 @@ def _new_head_init(model, missing: list, seed: int) -> None:
     (2 std, std = initializer_range) weights, zero biases."""
     if not missing:
         return
+    from bert_of.modeling import truncated_normal
+
     rng = np.random.default_rng(seed)
     std = model.config.initializer_range
     own = dict(model.state_dict())
@@ -172,12 +174,7 @@ def _new_head_init(model, missing: list, seed: int) -> None:
             if name.endswith("bias"):
                 value = np.zeros(shape, np.float32)
             else:
-                w = rng.standard_normal(shape)
-                bad = np.abs(w) > 2.0
-                while bad.any():
-                    w[bad] = rng.standard_normal(int(bad.sum()))
-                    bad = np.abs(w) > 2.0
-                value = (w * std).astype(np.float32)
+                value = truncated_normal(rng, shape, std)
             param.copy_(flow.tensor(value, dtype=param.dtype, device=param.device))
 
 
