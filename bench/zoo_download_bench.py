@@ -34,8 +34,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from zoo.download import DownloadOptions, fetch  # noqa: E402
-from zoo.serve import MirrorServer  # noqa: E402
+from bert_of.zoo.download import DownloadOptions, fetch  # noqa: E402
+from bert_of.zoo.serve import MirrorServer  # noqa: E402
 
 
 def make_file(path: str, size: int) -> str:

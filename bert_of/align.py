@@ -913,10 +913,10 @@ def _tf_google_config(ctx):
 def plan_tf_checkpoint(ctx):
     """A Google-layout TF checkpoint (weights + adam_m/adam_v + global_step), converted by
     ``convert tf2of --with-optimizer``; TF and bert_of continue it on the same batches."""
-    from converters.common import Options
-    from converters.convert import convert
-    from converters import tf_reference as ref
-    from converters.tf_reference_train import google_learning_rate, train_reference
+    from bert_of.converters.common import Options
+    from bert_of.converters.convert import convert
+    from bert_of.converters import tf_reference as ref
+    from bert_of.converters.tf_reference_train import google_learning_rate, train_reference
 
     n = min(ctx.steps, TF_STEPS)
     g0, total, warmup, lr = 200, 1000, 100, 1e-4

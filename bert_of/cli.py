@@ -26,8 +26,8 @@ def _err(msg: str) -> int:
 
 
 def cmd_convert(args) -> int:
-    from converters.common import Options, summarize
-    from converters.convert import convert
+    from bert_of.converters.common import Options, summarize
+    from bert_of.converters.convert import convert
 
     opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
                    skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
@@ -40,7 +40,7 @@ def cmd_convert(args) -> int:
         print(n)
     print(f"wrote {args.dst} ({args.direction}, {dt:.2f} s)")
     if args.verify:
-        from converters.verify import format_report, verify
+        from bert_of.converters.verify import format_report, verify
 
         report = verify(args.src, args.dst, tol=args.tol, opts=opts, reference_dtype=args.reference_dtype)
         print(format_report(report))
@@ -53,8 +53,8 @@ def cmd_convert(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from converters.common import Options
-    from converters.verify import format_report, verify
+    from bert_of.converters.common import Options
+    from bert_of.converters.verify import format_report, verify
 
     modes = tuple(m for m in args.modes.split(",") if m)
     report = verify(args.a, args.b, tol=args.tol, modes=modes, batch_size=args.batch_size,
@@ -76,12 +76,12 @@ def inspect_path(path: str) -> dict:
     """Format, config, and every tensor (name, shape, dtype) of a checkpoint."""
     import numpy as np
 
-    from converters.convert import detect
+    from bert_of.converters.convert import detect
 
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
     if fmt == "tf":
-        from converters import tf1, tf1_bundle
+        from bert_of.converters import tf1, tf1_bundle
 
         prefix = tf1_bundle.resolve_prefix(path)
         entries = tf1_bundle.read_index(prefix)
@@ -95,8 +95,8 @@ def inspect_path(path: str) -> dict:
             info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
         info["path"] = prefix
     else:  # any other format: what it reads as, through its converter
-        from converters.common import Options
-        from converters.convert import read
+        from bert_of.converters.common import Options
+        from bert_of.converters.convert import read
 
         source = read(path, fmt, Options(with_optimizer=True, skip_unknown=True))
         info["config"] = source.config.to_dict()
@@ -149,7 +149,7 @@ def _atomic_write_text(path: str, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from converters.verify import DEFAULT_TOL
+    from bert_of.converters.verify import DEFAULT_TOL
 
     p = argparse.ArgumentParser(prog="bert-of", description="BERT checkpoints across TF1, OneFlow and friends, "
                                 "moved without changing a number.")
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for mod in ("zoo.cli", "eval.cli", "bert_of.data.cli", "bert_of.pretrain", "eval.finetune_cli", "bert_of.align"):
+    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretrain", "bert_of.eval.finetune_cli", "bert_of.align"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
     return p

@@ -306,8 +306,7 @@ class _PreTrained(nn.Module):
         from bert_of.checkpoint import load_checkpoint
 
         if not os.path.isdir(path):
-            import zoo
-
+            from bert_of import zoo
             path = zoo.resolve(path)
         ckpt = load_checkpoint(path)
         config = config or ckpt.config

@@ -175,12 +175,11 @@ def _jsonable(obj):
 def _load_any(path: str, vocab):
     """A checkpoint in any format bert_of reads (or a zoo name), as a Checkpoint."""
     from bert_of.checkpoint import Checkpoint, load_checkpoint
-    from converters.common import Options
-    from converters.convert import detect, read
+    from bert_of.converters.common import Options
+    from bert_of.converters.convert import detect, read
 
     if not os.path.exists(path) and not os.path.exists(path + ".index"):
-        import zoo
-
+        from bert_of import zoo
         return load_checkpoint(zoo.resolve(path))
     fmt = detect(path)
     if fmt == "of":
@@ -317,14 +316,13 @@ def run(args) -> int:
                          metadata={"format": "bert_of", "pretrained_steps": str(trainer.global_step)})
         print(f"wrote {final} ({trainer.global_step} steps)")
         if args.zoo_name:
-            import zoo
-
+            from bert_of import zoo
             meta = {"training": {"steps": trainer.global_step, "data": os.path.abspath(args.data),
                                  "train_config": cfg.to_dict(), "world_size": world, "metrics": metrics_path}}
             meta_path = os.path.join(args.output, "zoo_metadata.json")
             with open(meta_path, "w") as f:
                 json.dump(meta, f, indent=2)
-            from zoo.cli import main as zoo_main
+            from bert_of.zoo.cli import main as zoo_main
 
             code = zoo_main(["add", final, "--name", args.zoo_name, "--metadata", meta_path, "--force"])
             if code:

@@ -10,15 +10,15 @@ import importlib
 import re
 
 from bert_of.errors import BertOfError, CheckpointError
-from converters.common import Options, Source, summarize
+from bert_of.converters.common import Options, Source, summarize
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
 FORMATS = {
-    "tf": "converters.tf1",
-    "of": "converters.of",
-    "lazy": "converters.lazy",
-    "hf": "converters.hf",
-    "h5": "converters.h5",
+    "tf": "bert_of.converters.tf1",
+    "of": "bert_of.converters.of",
+    "lazy": "bert_of.converters.lazy",
+    "hf": "bert_of.converters.hf",
+    "h5": "bert_of.converters.h5",
 }
 DESCRIPTIONS = {
     "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",

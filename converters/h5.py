@@ -42,9 +42,9 @@ import numpy as np
 from bert_of.checkpoint import TensorSpec, check_against_config, expected_shapes
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from converters import hf
-from converters.common import Options, ReportLine, Source, cast_spec
-from converters.mapping import Table, apply, apply_shape, inverse
+from bert_of.converters import hf
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "h5"
 WEIGHTS_FILE = "tf_model.h5"

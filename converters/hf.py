@@ -54,8 +54,8 @@ import numpy as np
 from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config
 from bert_of.config import HF_ACT, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from converters.common import Options, ReportLine, Source, cast_spec
-from converters.mapping import Table
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.mapping import Table
 
 NAME = "hf"
 CONFIG_FILE = "config.json"

@@ -76,8 +76,8 @@ import numpy as np
 from bert_of.checkpoint import TensorSpec, expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from converters.common import Options, ReportLine, Source, cast_spec
-from converters.mapping import Table, apply, apply_shape, inverse
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "lazy"
 CONFIG_FILE = "bert_config.json"

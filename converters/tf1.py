@@ -19,9 +19,9 @@ import numpy as np
 from bert_of.checkpoint import TensorSpec, check_against_config
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from converters import tf1_bundle
-from converters.common import Options, ReportLine, Source, cast_spec
-from converters.mapping import Table, apply, apply_shape, inverse
+from bert_of.converters import tf1_bundle
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "tf"
 CONFIG_FILE = "bert_config.json"

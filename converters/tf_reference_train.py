@@ -36,7 +36,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from converters import tf_reference as ref
+from bert_of.converters import tf_reference as ref
 
 tf1 = tf.compat.v1
 

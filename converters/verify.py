@@ -13,8 +13,8 @@ import json
 
 import numpy as np
 
-from converters.common import Options
-from converters.convert import detect, read
+from bert_of.converters.common import Options
+from bert_of.converters.convert import detect, read
 
 DEFAULT_TOL = 1e-5
 
@@ -68,8 +68,8 @@ def run_bert_of(source, batch: dict, modes=("eager", "graph")) -> dict:
 
 def _tf_config(path, opts):
     from bert_of.config import BertConfig
-    from converters import tf1_bundle
-    from converters.tf1 import CONFIG_FILE, _side_file
+    from bert_of.converters import tf1_bundle
+    from bert_of.converters.tf1 import CONFIG_FILE, _side_file
 
     prefix = tf1_bundle.resolve_prefix(path)
     return prefix, BertConfig.from_google_json_file(_side_file(prefix, opts.config, CONFIG_FILE, "config"))
@@ -81,7 +81,7 @@ def run_side(path: str, fmt: str, batch: dict, modes, opts: Options) -> dict:
         import os
 
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
-        from converters import tf_reference
+        from bert_of.converters import tf_reference
 
         prefix, cfg = _tf_config(path, opts)
         return {f"tf-{dt}": tf_reference.run_reference(prefix, cfg.to_google_dict(), batch, dtype=dt)

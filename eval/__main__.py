@@ -1,7 +1,7 @@
-"""``python -m eval ...``: the evaluation commands without the rest of ``bert-of``."""
+"""``python -m bert_of.eval ...``: the evaluation commands without the rest of ``bert-of``."""
 
 import sys
 
-from eval.cli import main
+from bert_of.eval.cli import main
 
 sys.exit(main())

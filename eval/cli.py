@@ -6,7 +6,7 @@
     bert-of eval glue --model NAME_OR_DIR --task T --data dev.tsv
     bert-of results [--format markdown|csv|json] [--task T] [--results FILE]
 
-``bert_of.cli`` mounts these with :func:`add_parser`; ``python -m eval ...`` runs them alone.
+``bert_of.cli`` mounts these with :func:`add_parser`; ``python -m bert_of.eval ...`` runs them alone.
 Each evaluation prints its scores on stdout (squad-score: exactly the official script's JSON)
 and appends a record to the results store (``--no-record`` skips it); notes go to stderr.
 """
@@ -36,7 +36,7 @@ def _parse_hparams(items) -> dict:
 
 
 def _checkpoint(args):
-    from eval.results import checkpoint_identity
+    from bert_of.eval.results import checkpoint_identity
 
     if args.checkpoint:
         return checkpoint_identity(args.checkpoint, name=args.model)
@@ -49,7 +49,7 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
             **extra) -> None:
     if args.no_record:
         return
-    from eval.results import append_result, file_identity, make_record
+    from bert_of.eval.results import append_result, file_identity, make_record
 
     rec = make_record(task, metrics, split=split, checkpoint=_checkpoint(args), hparams=_parse_hparams(args.hparam),
                       data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
@@ -61,7 +61,7 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
 
 
 def cmd_squad_score(args) -> int:
-    from eval.squad_metrics import squad_score
+    from bert_of.eval.squad_metrics import squad_score
 
     if args.version is not None and args.version not in ("1.1", "2.0"):
         raise BertOfError(f"--version {args.version!r}: expected 1.1 or 2.0")
@@ -97,14 +97,14 @@ def _glue_task_name(task: str, data_path: str) -> str:
         if "mismatched" in name or t in ("mnli-mismatched",):
             return "mnli-mm"
         return "mnli-m"
-    from eval.glue import ALIASES
+    from bert_of.eval.glue import ALIASES
 
     return ALIASES.get(t, t)
 
 
 def cmd_glue_score(args) -> int:
-    from eval.errors import EvalDataError
-    from eval.glue import compute_metrics, read_examples, read_predictions, task_spec
+    from bert_of.eval.errors import EvalDataError
+    from bert_of.eval.glue import compute_metrics, read_examples, read_predictions, task_spec
 
     task_spec(args.task)
     examples = read_examples(args.task, args.data, language=args.language)
@@ -131,7 +131,7 @@ def cmd_glue_score(args) -> int:
 
 
 def cmd_results(args) -> int:
-    from eval.results import format_table, load_published, load_results, select
+    from bert_of.eval.results import format_table, load_published, load_results, select
 
     records = []
     if not args.published_only:
@@ -163,7 +163,7 @@ def add_parser(subparsers):
     Returns the ``eval`` command's own subparsers so later commands (``eval squad --model``)
     can join it.
     """
-    from eval.glue import TASK_CHOICES
+    from bert_of.eval.glue import TASK_CHOICES
 
     e = subparsers.add_parser("eval", help="score SQuAD / GLUE predictions (official-equivalent metrics)",
                               description="Score predictions; every evaluation is appended to the results store.")
@@ -197,7 +197,7 @@ def add_parser(subparsers):
     _add_record_options(g)
     g.set_defaults(fn=cmd_glue_score)
 
-    from eval.finetune_cli import add_eval_commands
+    from bert_of.eval.finetune_cli import add_eval_commands
 
     add_eval_commands(esub)  # eval squad / eval glue: run a model, then score and record
 

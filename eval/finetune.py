@@ -3,7 +3,7 @@
     finetune_squad(opts) / predict_squad(opts) / eval_squad(opts)
     finetune_glue(opts)  / predict_glue(opts)  / eval_glue(opts)
 
-``opts`` is an ``argparse.Namespace`` (see :mod:`eval.finetune_cli` for every option); values
+``opts`` is an ``argparse.Namespace`` (see :mod:`bert_of.eval.finetune_cli` for every option); values
 left at None take the task's defaults, which are google-research/bert's:
 
 * SQuAD (``run_squad.py`` flag defaults): lr 5e-5, batch 32, 3 epochs (2 for v2.0), warmup
@@ -39,7 +39,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
-from eval.errors import EvalDataError
+from bert_of.eval.errors import EvalDataError
 
 TRAIN_ARGS = "train_args.json"
 
@@ -135,15 +135,14 @@ def resolve_model(name_or_dir: str) -> tuple:
     elif os.path.exists(name_or_dir) or os.path.exists(name_or_dir + ".index"):
         path, name = os.path.abspath(name_or_dir), os.path.basename(name_or_dir)
     else:
-        import zoo
-
+        from bert_of import zoo
         z = zoo.Zoo()
         entry = z.registry.lookup(name_or_dir)
         if entry is None:
             raise ConfigError(f"--model {name_or_dir}: no such checkpoint folder, and not a zoo name "
                               "(`bert-of zoo list` shows the names)")
         return z.resolve(entry["name"]), entry["name"], None
-    from converters.convert import convert, detect
+    from bert_of.converters.convert import convert, detect
 
     fmt = detect(path)
     if fmt == "of" and is_checkpoint_dir(path):
@@ -536,11 +535,11 @@ def _now() -> str:
 
 
 def _identity(path: str, name: str) -> dict:
-    from eval.results import checkpoint_identity
+    from bert_of.eval.results import checkpoint_identity
 
     ident = checkpoint_identity(path, name=name)
     if ident.get("format") == "bert_of":  # an HF folder also holds a model.safetensors
-        from converters.convert import detect
+        from bert_of.converters.convert import detect
 
         try:
             fmt = detect(path)
@@ -553,7 +552,7 @@ def _identity(path: str, name: str) -> dict:
 
 def _base_args(task: str, h: Hyper, rt: Runtime, model_path: str, model_name: str, ident_path: str | None,
                train_path: str, lower: bool) -> dict:
-    from eval.results import file_identity, hardware_info
+    from bert_of.eval.results import file_identity, hardware_info
 
     import bert_of
 
@@ -604,7 +603,7 @@ def _squad_version(opts, sd) -> bool:
 
 def finetune_squad(opts) -> dict:
     from bert_of.modeling import BertForQuestionAnswering
-    from eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
+    from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
                                  read_squad_examples)
 
     rt = Runtime.create(getattr(opts, "device", None))
@@ -666,7 +665,7 @@ class SquadRun:
 def predict_squad(opts, model=None, rt: Runtime | None = None) -> SquadRun | None:
     """Predictions for a SQuAD file; rank 0 writes them into ``opts.output`` and returns them."""
     from bert_of.modeling import BertForQuestionAnswering
-    from eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
+    from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
                                  postprocess_predictions, read_squad_examples, write_prediction_files)
 
     rt = rt or Runtime.create(getattr(opts, "device", None))
@@ -721,7 +720,7 @@ def predict_squad(opts, model=None, rt: Runtime | None = None) -> SquadRun | Non
 
 
 def default_eval_dir(model_name: str, data_path: str, task: str) -> str:
-    from eval.results import bert_of_home
+    from bert_of.eval.results import bert_of_home
 
     stem = os.path.splitext(os.path.basename(data_path))[0]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -741,7 +740,7 @@ def _record(opts, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred
             model_name: str, train_args: dict, settings: dict, tool: str, new_head: bool) -> None:
     if getattr(opts, "no_record", False) or not rt.is_main:
         return
-    from eval.results import append_result, file_identity, make_record
+    from bert_of.eval.results import append_result, file_identity, make_record
 
     hp = dict((train_args.get("hparams") or {}))
     hp.update({k: v for k, v in settings.items() if k not in hp})
@@ -769,7 +768,7 @@ def _record(opts, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred
 
 def eval_squad(opts, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict + score (official-equivalent) + record; prints the official script's JSON."""
-    from eval.squad_metrics import squad_score
+    from bert_of.eval.squad_metrics import squad_score
 
     rt = rt or Runtime.create(getattr(opts, "device", None))
     if not getattr(opts, "output", None):
@@ -797,7 +796,7 @@ def eval_squad(opts, model=None, rt: Runtime | None = None) -> dict | None:
 
 
 def _glue_arrays(examples, labels, max_seq_length, tok):
-    from eval.glue import convert_example_to_features
+    from bert_of.eval.glue import convert_example_to_features
 
     feats = [convert_example_to_features(e, labels, max_seq_length, tok) for e in examples]
     out = [np.array([f[k] for f in feats], dtype=np.int64) for k in ("input_ids", "segment_ids", "input_mask")]
@@ -813,7 +812,7 @@ def _glue_seq_len(opts, train_args: dict) -> int:
 
 
 def _classifier_labels(task: str):
-    from eval.glue import get_labels
+    from bert_of.eval.glue import get_labels
 
     labels = get_labels(task)
     return labels, (1 if labels is None else len(labels))
@@ -828,7 +827,7 @@ def _check_head(path: str, num_labels: int, task: str, name: str) -> None:
 
 def finetune_glue(opts) -> dict:
     from bert_of.modeling import BertForSequenceClassification
-    from eval.glue import read_examples, task_spec
+    from bert_of.eval.glue import read_examples, task_spec
 
     rt = Runtime.create(getattr(opts, "device", None))
     spec = task_spec(opts.task)
@@ -892,7 +891,7 @@ def predict_glue(opts, model=None, rt: Runtime | None = None) -> GlueRun | None:
     """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
     file (``index<TAB>prediction``) to ``opts.output``."""
     from bert_of.modeling import BertForSequenceClassification
-    from eval.glue import read_examples, task_spec
+    from bert_of.eval.glue import read_examples, task_spec
 
     rt = rt or Runtime.create(getattr(opts, "device", None))
     tmp = None
@@ -954,8 +953,8 @@ def predict_glue(opts, model=None, rt: Runtime | None = None) -> GlueRun | None:
 
 def eval_glue(opts, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict + score (eval.glue metrics, percent) + record; prints the scores as JSON."""
-    from eval.cli import _glue_task_name
-    from eval.glue import compute_metrics
+    from bert_of.eval.cli import _glue_task_name
+    from bert_of.eval.glue import compute_metrics
 
     rt = rt or Runtime.create(getattr(opts, "device", None))
     if not getattr(opts, "output", None):

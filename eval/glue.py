@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eval.errors import EvalDataError, PredictionsError
+from bert_of.eval.errors import EvalDataError, PredictionsError
 
 # --------------------------------------------------------------------------- examples
 

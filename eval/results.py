@@ -25,7 +25,7 @@ import platform
 import shutil
 import subprocess
 
-from eval.errors import ResultsError
+from bert_of.eval.errors import ResultsError
 
 SCHEMA = 1
 PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published.json")

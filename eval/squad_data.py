@@ -31,8 +31,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from eval._basic_tokenizer import BasicTokenizer
-from eval.errors import EvalDataError
+from bert_of.eval._basic_tokenizer import BasicTokenizer
+from bert_of.eval.errors import EvalDataError
 
 # --------------------------------------------------------------------------- reading the JSON
 

@@ -22,8 +22,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from eval.errors import PredictionsError
-from eval.squad_data import SquadData, load_squad, read_json_file
+from bert_of.eval.errors import PredictionsError
+from bert_of.eval.squad_data import SquadData, load_squad, read_json_file
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

@@ -29,7 +29,7 @@ def main():
     p.add_argument("--global-step", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    from converters import tf_reference as ref
+    from bert_of.converters import tf_reference as ref
 
     cfg = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                intermediate_size=a.intermediate, hidden_act="gelu", hidden_dropout_prob=0.1,

@@ -74,7 +74,7 @@ def fixture_texts():
 def build_vocab(path):
     """Specials, every lower-cased word of the fixtures, and single characters (plain and ##) so any
     other word still splits into WordPieces instead of [UNK]."""
-    from eval._basic_tokenizer import BasicTokenizer
+    from bert_of.eval._basic_tokenizer import BasicTokenizer
 
     bt = BasicTokenizer(do_lower_case=True)
     words = sorted({w for t in fixture_texts() for w in bt.tokenize(t)})
@@ -167,7 +167,7 @@ def test_finetuned_checkpoint_and_train_args(squad, env):
 
 
 def test_every_evaluation_is_recorded_and_results_prints_it(squad, env):
-    from eval.results import load_results
+    from bert_of.eval.results import load_results
 
     recs = [r for r in load_results(env.results) if r["task"] == "squad-v1.1"]
     assert len(recs) == 2
@@ -199,7 +199,7 @@ def test_predict_squad_writes_the_official_files(squad, env, tmp_path):
     preds = json.load(open(tmp_path / "predictions.json"))
     qids = [qa["id"] for a in json.load(open(DEV11))["data"] for p in a["paragraphs"] for qa in p["qas"]]
     assert list(preds) == qids and all(isinstance(v, str) and v for v in preds.values())
-    from eval.results import load_results
+    from bert_of.eval.results import load_results
 
     graph_run = [r for r in load_results(env.results) if r["checkpoint"]["name"] == "squad-ft"][0]
     assert preds == json.load(open(graph_run["predictions"]["path"]))
@@ -212,7 +212,7 @@ def test_predict_squad_writes_the_official_files(squad, env, tmp_path):
 
 
 def test_zoo_list_shows_measured_squad_scores(squad, env):
-    from zoo.cli import main as zoo_main
+    from bert_of.zoo.cli import main as zoo_main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -279,7 +279,7 @@ def test_finetune_glue_lifts_accuracy(env, tmp_path):
     assert before <= 75 and after["accuracy"] >= 95
     args = json.load(open(ft / "train_args.json"))
     assert args["task"] == "sst-2" and args["labels"] == ["0", "1"] and args["hparams"]["max_seq_length"] == 32
-    from eval.results import load_results
+    from bert_of.eval.results import load_results
 
     recs = [x for x in load_results(env.results) if x["task"] == "sst-2"]
     assert [x["checkpoint"]["name"] for x in recs] == ["tiny-bert", "sst2"]
@@ -328,7 +328,7 @@ def test_learning_rate_schedule_is_googles():
     """lr * step / warmup during the warmup, then lr * (1 - step / total)."""
     from bert_of._flow import flow
     from bert_of.training import TrainConfig, build_optimizer
-    from eval.finetune import google_schedule
+    from bert_of.eval.finetune import google_schedule
 
     opt = build_optimizer(flow.nn.Linear(2, 2), TrainConfig(lr=2.0), for_graph=False)
     sched = google_schedule(opt, total_steps=40, warmup_steps=4)

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from converters import tf_reference as ref
-from converters.common import Options
-from converters.convert import convert, read
-from converters.verify import verify
+from bert_of.converters import tf_reference as ref
+from bert_of.converters.common import Options
+from bert_of.converters.convert import convert, read
+from bert_of.converters.verify import verify
 from tests.conftest import TINY, write_vocab
 
 FORMATS = ("of", "tf", "lazy", "hf", "h5")

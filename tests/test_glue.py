@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from eval.errors import EvalDataError, PredictionsError
-from eval.glue import (accuracy, compute_metrics, convert_example_to_features, f1_binary, get_labels, glue_score,
+from bert_of.eval.errors import EvalDataError, PredictionsError
+from bert_of.eval.glue import (accuracy, compute_metrics, convert_example_to_features, f1_binary, get_labels, glue_score,
                        matthews_corrcoef, pearson, rankdata, read_examples, read_predictions, spearman,
                        truncate_seq_pair)
 
@@ -24,7 +24,7 @@ def g(name):
 
 def run_eval(*args, env=None):
     e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "eval", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bert_of.eval", *map(str, args)], capture_output=True, text=True,
                            cwd=ROOT, env=e, timeout=60)
 
 

@@ -86,9 +86,9 @@ def of_dirs(root):
 
 
 def _run(path, batch, fmt="of", **opts):
-    from converters.common import Options
-    from converters.convert import read
-    from converters.verify import run_bert_of
+    from bert_of.converters.common import Options
+    from bert_of.converters.convert import read
+    from bert_of.converters.verify import run_bert_of
 
     return run_bert_of(read(str(path), fmt, Options(**opts)), batch)
 
@@ -275,8 +275,8 @@ def _keras_model(path):
 def test_keras_loads_h5_written_from_a_tf1_checkpoint(tmp_path):
     """tf2h5 of a Google checkpoint: Keras' load_weights takes it by topology, the values are
     the checkpoint's, and Keras' own save_weights of that model writes the same file."""
-    from converters import tf1_bundle
-    from converters import tf_reference as ref
+    from bert_of.converters import tf1_bundle
+    from bert_of.converters import tf_reference as ref
 
     d = tmp_path / "tf"
     d.mkdir()
@@ -401,7 +401,7 @@ def test_of2h5_refuses_bfloat16_and_leaves_nothing(of_dirs, tmp_path):
 
 
 def test_detect_directory_and_file(root):
-    from converters.convert import detect
+    from bert_of.converters.convert import detect
 
     assert detect(str(root / "bare")) == "h5"
     assert detect(str(root / "bare" / "tf_model.h5")) == "h5"
@@ -411,7 +411,7 @@ def test_long_name_lists_split_like_keras(tmp_path):
     """Keras splits attributes past HDF5's 64 KB header limit into name0, name1, ...; we read and write that."""
     from keras.src.saving.legacy.hdf5_format import load_attributes_from_hdf5_group
 
-    from converters import h5 as fmt
+    from bert_of.converters import h5 as fmt
 
     names = [f"tf_bert_model/bert/encoder/layer_._{i}/attention/self/query/kernel:0" for i in range(1200)]
     with h5py.File(tmp_path / "a.h5", "w") as f:
@@ -431,8 +431,8 @@ def test_model_scope_read_from_the_file(root, tmp_path):
         g.move("tf_bert_model", "tf_bert_model_1")
         g.attrs["weight_names"] = [w.replace("tf_bert_model/", "tf_bert_model_1/", 1).encode()
                                    for w in g.attrs["weight_names"]]
-    from converters.common import Options
-    from converters.h5 import read
+    from bert_of.converters.common import Options
+    from bert_of.converters.h5 import read
 
     got = read(str(src), Options()).load()
     want = read(str(root / "bare"), Options()).load()

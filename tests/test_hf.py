@@ -173,7 +173,7 @@ def test_numerics_override_changes_the_function(tmp_path, reference):
 
 
 def test_bin_restricted_loader_equals_safetensors(tmp_path):
-    from converters.hf import TorchZipFile
+    from bert_of.converters.hf import TorchZipFile
 
     f = TorchZipFile(os.path.join(TINY_BIN, "pytorch_model.bin"))
     ref = st(TINY_PT)
@@ -263,7 +263,7 @@ def test_torch_zip_views_dtypes_and_strides():
     """torch.save keeps views: strides, storage offsets, shared storages; bf16/fp16/0-d too."""
     import ml_dtypes
 
-    from converters.hf import TorchZipFile
+    from bert_of.converters.hf import TorchZipFile
 
     f = TorchZipFile(os.path.join(DATA, "views.pt"))
     want = {
@@ -284,7 +284,7 @@ def test_torch_zip_views_dtypes_and_strides():
 
 
 def test_inspect_helper():
-    from converters import hf
+    from bert_of.converters import hf
 
     info = hf.inspect(os.path.join(DATA, "tiny_pt_bin"))
     kinds = {t["name"]: t["kind"] for t in info["tensors"]}
@@ -337,7 +337,7 @@ def test_verify_hf_against_converted(tiny_of):
 
 
 def test_detect_is_disjoint(tiny_of):
-    from converters.convert import detect
+    from bert_of.converters.convert import detect
 
     assert detect(TINY_PT) == "hf" and detect(TINY_BIN) == "hf"
     assert detect(str(tiny_of)) == "of"

@@ -482,7 +482,7 @@ def test_fine_tuned_heads(snaps, tmp_path, name):
 
 
 def test_lazy_tf_lazy_through_the_hub(snaps, tmp_path):
-    from converters import tf1_bundle
+    from bert_of.converters import tf1_bundle
 
     src = snaps["adam"]
     run_cli("convert", "lazy2tf", src, tmp_path / "tf", "--with-optimizer")
@@ -534,8 +534,8 @@ def test_flow_load_reads_our_snapshots(snaps, tmp_path):
 
 
 def test_detect(snaps, tmp_path):
-    from converters import lazy
-    from converters.convert import detect
+    from bert_of.converters import lazy
+    from bert_of.converters.convert import detect
 
     for k in ("adam", "nometa", "tfconv", "tfheads", "lamb"):
         assert detect(str(snaps[k])) == "lazy", k

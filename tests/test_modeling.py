@@ -13,7 +13,7 @@ from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, B
                      BertGraph, BertModel, CheckpointError)
 from bert_of._flow import flow
 from bert_of.modeling import gelu_erf, gelu_tanh
-from converters.verify import make_batch
+from bert_of.converters.verify import make_batch
 from tests.conftest import ROOT, TINY, write_vocab
 
 CFG = BertConfig.from_google_dict(TINY)

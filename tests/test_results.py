@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from eval.errors import ResultsError
-from eval.results import (append_result, checkpoint_identity, default_results_path, format_table, load_published,
+from bert_of.eval.errors import ResultsError
+from bert_of.eval.results import (append_result, checkpoint_identity, default_results_path, format_table, load_published,
                           load_results, make_record)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +23,7 @@ HW = {"cpu": "Test CPU", "cpus": 2, "machine": "x86_64", "os": "Linux", "python"
 
 def run_eval(*args, env=None):
     e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "eval", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bert_of.eval", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=e, timeout=60)
 
 

@@ -8,8 +8,8 @@ import unicodedata
 import numpy as np
 import pytest
 
-from eval.errors import EvalDataError
-from eval.squad_data import (DocSpan, check_is_max_context, convert_examples_to_features, features_to_arrays,
+from bert_of.eval.errors import EvalDataError
+from bert_of.eval.squad_data import (DocSpan, check_is_max_context, convert_examples_to_features, features_to_arrays,
                              get_final_text, load_squad, make_doc_spans, postprocess_predictions,
                              read_squad_examples, split_doc_tokens, write_prediction_files)
 
@@ -239,7 +239,7 @@ def test_get_final_text(pred, orig, lower, want):
 
 def test_basic_tokenizer_matches_bert_of_tokenization_if_present():
     tokenization = pytest.importorskip("bert_of.tokenization")
-    from eval._basic_tokenizer import BasicTokenizer
+    from bert_of.eval._basic_tokenizer import BasicTokenizer
 
     texts = ["Steve Smith's (1895-1943).", "José Müller, Café Zürich!", "naïve\u00a0text\twith\u200bodd  spaces",
              "$5 ^caret^ `tick` 北京大学", "İstanbul ÆSIR straße"]

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from eval.errors import EvalDataError, PredictionsError
-from eval.squad_data import load_squad
-from eval.squad_metrics import (exact_match_v1, exact_v2, f1_v1, f1_v2, normalize_answer, score_v1, score_v2,
+from bert_of.eval.errors import EvalDataError, PredictionsError
+from bert_of.eval.squad_data import load_squad
+from bert_of.eval.squad_metrics import (exact_match_v1, exact_v2, f1_v1, f1_v2, normalize_answer, score_v1, score_v2,
                                 squad_score)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +23,7 @@ V20, P20, NA20 = (os.path.join(D, n) for n in ("dev-v2.0-mini.json", "prediction
 
 def run_eval(*args, env=None):
     e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "eval", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bert_of.eval", *map(str, args)], capture_output=True, text=True,
                            cwd=ROOT, env=e, timeout=60)
 
 

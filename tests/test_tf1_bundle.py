@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bert_of.errors import CheckpointError
-from converters import tf1_bundle as tb
-from converters.tf1_bundle import (
+from bert_of.converters import tf1_bundle as tb
+from bert_of.converters.tf1_bundle import (
     TensorEntry,
     iter_tensors,
     read_index,
@@ -311,7 +311,7 @@ def test_failed_write_leaves_nothing_and_keeps_old(tmp_path):
 
 def test_import_is_light():
     code = (
-        "import sys, converters.tf1_bundle;"
+        "import sys, bert_of.converters.tf1_bundle;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('tensorflow','oneflow','ml_dtypes')];"
         "assert not bad, bad"
     )

@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from converters import tf1_bundle
-from converters import tf_reference as ref
+from bert_of.converters import tf1_bundle
+from bert_of.converters import tf_reference as ref
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
 CONFIGS = {
@@ -231,7 +231,7 @@ def test_shape_errors_show_tf_layout():
     from bert_of.checkpoint import expected_shapes
     from bert_of.config import BertConfig
     from bert_of.errors import CheckpointError
-    from converters.tf1 import TABLE, _check
+    from bert_of.converters.tf1 import TABLE, _check
 
     cfg = BertConfig.from_google_dict(TINY)
     shapes = expected_shapes(cfg)

@@ -27,12 +27,12 @@ import pytest
 from tests.conftest import ROOT, TINY
 from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry_entry, sha256, write_registry,
                                        zip_release)
-from zoo import registry as zreg
-from zoo.core import MANIFEST, Zoo
-from zoo.download import DownloadOptions
-from zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError,
+from bert_of.zoo import registry as zreg
+from bert_of.zoo.core import MANIFEST, Zoo
+from bert_of.zoo.download import DownloadOptions
+from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError,
                         UnknownEntryError, UnsafeArchiveError, ZooError)
-from zoo.serve import MirrorServer
+from bert_of.zoo.serve import MirrorServer
 
 GOOGLE = "https://storage.googleapis.com/"
 REAL_PATH = "bert_models/2018_10_18/uncased_L-12_H-768_A-12.zip"
@@ -96,10 +96,10 @@ def zoo_with(home, tmp_path, entries, **kw):
 
 
 def run_zoo(*args, env=None, timeout=120):
-    """The zoo CLI in a subprocess (`python -m zoo ...`, the same commands as `bert-of zoo ...`)."""
+    """The zoo CLI in a subprocess (`python -m bert_of.zoo ...`, the same commands as `bert-of zoo ...`)."""
     e = dict(os.environ, PYTHONPATH=ROOT, no_proxy="127.0.0.1,localhost")
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "zoo", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bert_of.zoo", *map(str, args)], capture_output=True, text=True,
                           env=e, timeout=timeout, cwd=ROOT)
 
 
@@ -230,7 +230,7 @@ def test_download_bert_base_from_a_mirror_of_the_real_layout(home, tmp_path, ser
     assert row.split()[-3:] == ["tf", "of", "80.72/88.41"]
     assert run_zoo("path", "bert-base", env=env).stdout.strip() == path
     assert run_zoo("verify", "bert-base", env=env).stdout.split()[:2] == ["ok", "of"]
-    code = ("import zoo; from bert_of import BertForQuestionAnswering as Q; p = zoo.resolve('bert-base');"
+    code = ("from bert_of import zoo; from bert_of import BertForQuestionAnswering as Q; p = zoo.resolve('bert-base');"
             "m = Q.from_pretrained('bert-base'); print(p); print(m.config.num_hidden_layers)")
     e = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_OFFLINE="1", **env)
     r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -294,7 +294,7 @@ def test_killed_download_resumes_in_the_next_process(home, tmp_path, serve, serv
     server.faults[path_on_server] = {"rate": size / 4, "times": 1}  # the first request trickles in (~4 s)
     reg = write_registry(tmp_path / "reg.json", [registry_entry("tiny", url, release["hashes"])])
     env = {"BERT_OF_HOME": str(home), "BERT_OF_REGISTRY": reg}
-    proc = subprocess.Popen([sys.executable, "-m", "zoo", "download", "tiny", "--format", "tf"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "bert_of.zoo", "download", "tiny", "--format", "tf"], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT, no_proxy="127.0.0.1,localhost", **env),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     part = home / "downloads" / "tiny" / "tiny.zip.part"
@@ -424,7 +424,7 @@ def test_two_concurrent_downloads_of_one_entry(home, tmp_path, serve, server, re
     reg = write_registry(tmp_path / "reg.json", [registry_entry("tiny", url, release["hashes"])])
     env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home), BERT_OF_REGISTRY=reg,
                no_proxy="127.0.0.1,localhost")
-    cmd = [sys.executable, "-m", "zoo", "download", "tiny", "--format", "tf"]
+    cmd = [sys.executable, "-m", "bert_of.zoo", "download", "tiny", "--format", "tf"]
     procs = []
     for _ in range(2):
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -509,7 +509,7 @@ def test_user_registries_merge_by_name_later_wins(home, tmp_path, serve, release
 
 
 def test_zoo_add_registers_a_local_checkpoint(home, tmp_path, release):
-    from converters.convert import convert
+    from bert_of.converters.convert import convert
 
     ckpt = tmp_path / "pretrain-out"
     convert("tf2of", release["files"], str(ckpt))
@@ -589,8 +589,7 @@ def test_endpoint_rule_and_resolve(home):
     assert zreg.effective_url(e, "https://lab.example/x.zip", "http://m/") == "https://lab.example/x.zip"
     assert zreg.effective_url({"endpoint_prefix": "https://lab.example/"}, "https://lab.example/x.zip",
                               "http://m/") == "http://m/x.zip"
-    import zoo
-
+    from bert_of import zoo
     assert zoo.resolve(ROOT) == ROOT  # an existing directory is returned unchanged
     with pytest.raises(UnknownEntryError, match="no such directory, and not a zoo name"):
         zoo.resolve("no/such/dir-or-name")

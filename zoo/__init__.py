@@ -5,7 +5,7 @@
 
 Python::
 
-    import zoo
+    from bert_of import zoo
     path = zoo.resolve("bert-base")     # a bert_of checkpoint folder; downloads on first use
     zoo.resolve("some/dir/")            # an existing directory is returned unchanged
 
@@ -15,9 +15,9 @@ The registry is data (``zoo/registry.json``; schema and merge rules in
 ``os.pathsep``-separated), ``BERT_OF_DOWNLOAD_{TIMEOUT,RETRIES,BACKOFF}``.
 """
 
-from zoo.core import FORMATS, Zoo, default_cache_dir
-from zoo.download import DownloadOptions
-from zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError, RegistryError,
+from bert_of.zoo.core import FORMATS, Zoo, default_cache_dir
+from bert_of.zoo.download import DownloadOptions
+from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError, RegistryError,
                         UnknownEntryError, UnsafeArchiveError, ZooError)
 
 

@@ -1,7 +1,7 @@
-"""``python -m zoo ...`` = ``bert-of zoo ...``."""
+"""``python -m bert_of.zoo ...`` = ``bert-of zoo ...``."""
 
 import sys
 
-from zoo.cli import main
+from bert_of.zoo.cli import main
 
 sys.exit(main(sys.argv[1:]))

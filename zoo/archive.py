@@ -19,7 +19,7 @@ import tarfile
 import zipfile
 import zlib
 
-from zoo.errors import UnsafeArchiveError, ZooError
+from bert_of.zoo.errors import UnsafeArchiveError, ZooError
 
 CHUNK = 1 << 20
 ARCHIVE_KINDS = ("zip", "tar", "tar.gz", "none")

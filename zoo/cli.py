@@ -1,7 +1,7 @@
 """``bert-of zoo ...``: the model zoo's command line.
 
 ``add_parser(subparsers)`` adds ``zoo`` to the ``bert-of`` parser; ``main(argv)``
-runs the same commands standalone (``python -m zoo list``). Every command's
+runs the same commands standalone (``python -m bert_of.zoo list``). Every command's
 function takes the parsed ``args`` and returns an exit code; zoo errors are
 :class:`bert_of.errors.BertOfError`, printed as one ``bert-of: error:`` line.
 """
@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from zoo.core import FORMATS, Zoo
-from zoo.download import DownloadOptions, human_size
+from bert_of.zoo.core import FORMATS, Zoo
+from bert_of.zoo.download import DownloadOptions, human_size
 
 DESCRIPTION = ("Model zoo: Google's released BERT checkpoints (and your own), downloaded resumably, "
                "SHA-256 verified, extracted safely, converted to bert_of with a forward-equality check, cached.")
@@ -162,7 +162,7 @@ def cmd_path(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from zoo.errors import ChecksumError
+    from bert_of.zoo.errors import ChecksumError
 
     z = _zoo(args)
     results = z.verify(args.name, args.format)

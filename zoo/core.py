@@ -28,10 +28,10 @@ import tempfile
 import time
 import urllib.parse
 
-from zoo import archive as _archive
-from zoo import registry as _reg
-from zoo.download import DownloadOptions, fetch, human_size
-from zoo.errors import (ChecksumError, DiskSpaceError, NotCachedError, OfflineError, UnsafeArchiveError, ZooError)
+from bert_of.zoo import archive as _archive
+from bert_of.zoo import registry as _reg
+from bert_of.zoo.download import DownloadOptions, fetch, human_size
+from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, NotCachedError, OfflineError, UnsafeArchiveError, ZooError)
 
 MANIFEST = "zoo_manifest.json"
 FORMATS = ("of", "tf", "lazy", "hf")  # what `zoo download --format` can produce
@@ -472,8 +472,8 @@ class Zoo:
 
     def _convert(self, entry, src_dir, src_fmt, out, fmt, verify):
         from bert_of.errors import BertOfError
-        from converters.common import Options, summarize
-        from converters.convert import convert
+        from bert_of.converters.common import Options, summarize
+        from bert_of.converters.convert import convert
 
         name = entry["name"]
         t0 = time.perf_counter()
@@ -487,7 +487,7 @@ class Zoo:
         if not verify:
             self.log(f"{name}: forward verification skipped (--no-verify)")
             return conversion, None
-        from converters.verify import verify as forward_verify
+        from bert_of.converters.verify import verify as forward_verify
 
         self.log(f"{name}: verifying forward equality {src_fmt} vs {fmt} (TF reference vs bert_of eager + graph)")
         t1 = time.perf_counter()
@@ -581,7 +581,7 @@ class Zoo:
     def add(self, directory: str, name: str, aliases=(), metadata: str | None = None,
             description: str | None = None, force: bool = False) -> dict:
         """Register a local checkpoint folder (referenced in place, content-hashed) in registry.local.json."""
-        from converters.convert import detect
+        from bert_of.converters.convert import detect
 
         directory = os.path.abspath(os.path.expanduser(directory))
         if not os.path.isdir(directory):
@@ -663,7 +663,7 @@ class Zoo:
         from bert_of.errors import BertOfError
 
         try:
-            from eval.results import load_results
+            from bert_of.eval.results import load_results
 
             records = load_results(self.results_path)
         except (ImportError, BertOfError) as e:
@@ -776,7 +776,7 @@ def _describe_checkpoint(directory: str, fmt: str):
 
             cfg = BertConfig.from_google_json_file(os.path.join(directory, "bert_config.json"))
             return config_summary(cfg), cfg.num_parameters("pretraining")
-        from converters.convert import read
+        from bert_of.converters.convert import read
 
         src = read(directory, fmt)
         return config_summary(src.config), sum(int(_numel(s.shape)) for s, _ in src.tensors)

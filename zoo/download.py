@@ -47,7 +47,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from zoo.errors import ChecksumError, DiskSpaceError, DownloadError
+from bert_of.zoo.errors import ChecksumError, DiskSpaceError, DownloadError
 
 USER_AGENT = "bert_of-zoo/0.1"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}

@@ -21,7 +21,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from zoo.errors import RegistryError, UnknownEntryError
+from bert_of.zoo.errors import RegistryError, UnknownEntryError
 
 SCHEMA_VERSION = 1
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registry.json")

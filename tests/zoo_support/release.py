@@ -26,7 +26,7 @@ def sha256(path) -> str:
 
 def make_release_dir(root, config: dict, seed: int = 3) -> str:
     """A folder with Google's five files for ``config`` (a Google bert_config dict)."""
-    from converters import tf_reference
+    from bert_of.converters import tf_reference
     from tests.conftest import write_vocab
 
     os.makedirs(root, exist_ok=True)
