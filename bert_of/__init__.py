@@ -6,8 +6,7 @@ class is first touched, so converters and ``bert-of inspect`` stay light.
 
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
-
-__version__ = "0.1.0"
+from bert_of.version import __version__
 
 _LAZY = {
     "BertModel": "bert_of.modeling",

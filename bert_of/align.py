@@ -47,6 +47,7 @@ import traceback
 import numpy as np
 
 from bert_of.errors import BertOfError
+from bert_of.fs import atomic_open, atomic_write
 
 # --------------------------------------------------------------------------- constants
 
@@ -95,17 +96,8 @@ def _log(msg: str, quiet: bool = False) -> None:
 # --------------------------------------------------------------------------- files
 
 
-def _atomic_write_bytes(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _atomic_json(path: str, obj) -> None:
-    _atomic_write_bytes(path, (json.dumps(obj, indent=1, default=_json_default) + "\n").encode())
+    atomic_write(path, (json.dumps(obj, indent=1, default=_json_default) + "\n").encode())
 
 
 def _json_default(o):
@@ -657,10 +649,9 @@ def plot_report(report: dict, path: str) -> None:
     ax2.legend(fontsize=6, loc="best")
     ax2.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    fig.savefig(tmp, dpi=110, format="png")
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def plot_skipped(report: dict, path: str) -> None:
@@ -672,10 +663,9 @@ def plot_skipped(report: dict, path: str) -> None:
     fig = plt.figure(figsize=(7, 2))
     fig.text(0.5, 0.5, f"{report['number']}. {report['title']}\n{report['status'].upper()}: {report['reason']}",
              ha="center", va="center", fontsize=9, wrap=True)
-    tmp = f"{path}.tmp-{os.getpid()}.png"
-    fig.savefig(tmp, dpi=100, format="png")
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- experiments
@@ -1174,7 +1164,7 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
     summary["passed"] = all(e["status"] in ("pass", "skipped") for e in summary["experiments"].values())
     summary["platform"] = _platform()
     _atomic_json(os.path.join(out, "summary.json"), summary)
-    _atomic_write_bytes(os.path.join(out, "README.md"), summary_markdown(summary).encode())
+    atomic_write(os.path.join(out, "README.md"), summary_markdown(summary).encode())
     return summary
 
 

@@ -7,8 +7,8 @@ A checkpoint is a directory::
     model.safetensors       canonical names, nothing pickled
     optimizer.safetensors   optional: m/<name>, v/<name>, step + semantics in metadata
 
-Directories are written under a temporary name beside the target and renamed
-into place, so a crash never leaves a directory that loads. safetensors files
+Directories are written in a staging folder beside the target and swapped into
+place (bert_of.fs), so a crash never leaves a directory that loads. safetensors files
 are written tensor by tensor (peak memory ~ one tensor) and read through a
 positioned reads with every offset checked.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
+from bert_of.fs import publishing
 
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
@@ -241,33 +241,29 @@ def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
 def write_checkpoint(path: str, tensors, config: BertConfig, vocab_file: Optional[str] = None,
                      optimizer: Optional[tuple] = None, overwrite: bool = False,
                      metadata: Optional[dict] = None) -> None:
-    """Write a checkpoint directory atomically.
+    """Write a checkpoint directory atomically (see :func:`bert_of.fs.publishing`).
 
     tensors: list of (name, array) or of (TensorSpec, producer) pairs; the latter
     streams (one tensor in memory at a time). optimizer: the same, plus its
     metadata, as ``(items, meta)``.
     """
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.exists(path) and not overwrite:
-        raise CheckpointError(f"{path}: already exists (use --overwrite to replace it)")
     if vocab_file is not None and not os.path.isfile(vocab_file):
         raise CheckpointError(f"{vocab_file}: vocab file not found")
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".tmp-", dir=parent)
-    try:
-        with open(os.path.join(tmp, CONFIG_NAME), "w") as f:
-            f.write(config.to_json_string())
-        if vocab_file is not None:
-            shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_NAME))
-        _write_items(os.path.join(tmp, WEIGHTS_NAME), tensors, metadata)
-        if optimizer is not None:
-            items, meta = optimizer
-            _write_items(os.path.join(tmp, OPTIMIZER_NAME), items, meta)
-        _fsync_dir(tmp)
-        _replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with publishing(path, overwrite=overwrite) as tmp:
+        write_checkpoint_files(tmp, tensors, config, vocab_file, optimizer, metadata)
+
+
+def write_checkpoint_files(d: str, tensors, config: BertConfig, vocab_file: Optional[str] = None,
+                           optimizer: Optional[tuple] = None, metadata: Optional[dict] = None) -> None:
+    """The files of a checkpoint into an existing (staging) directory ``d``."""
+    with open(os.path.join(d, CONFIG_NAME), "w") as f:
+        f.write(config.to_json_string())
+    if vocab_file is not None:
+        shutil.copyfile(vocab_file, os.path.join(d, VOCAB_NAME))
+    _write_items(os.path.join(d, WEIGHTS_NAME), tensors, metadata)
+    if optimizer is not None:
+        items, meta = optimizer
+        _write_items(os.path.join(d, OPTIMIZER_NAME), items, meta)
 
 
 def _write_items(path, items, metadata):
@@ -278,27 +274,6 @@ def _write_items(path, items, metadata):
         write_safetensors(path, specs, lambda s: producers[s.name](), metadata)
     else:
         save_safetensors(path, dict(items), metadata)
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_dir(tmp: str, path: str) -> None:
-    """Move a finished temp dir to ``path``; an old one is set aside, then removed."""
-    old = None
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(prefix="." + os.path.basename(path) + ".old-", dir=os.path.dirname(tmp))
-        os.rmdir(old)
-        os.rename(path, old)
-    os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-    if old:
-        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.remove(old)
 
 
 def expected_shapes(config: BertConfig) -> dict:

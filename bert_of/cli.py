@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+from bert_of.fs import atomic_write
+
 
 def _err(msg: str) -> int:
     print(f"bert-of: error: {msg}", file=sys.stderr)
@@ -63,7 +65,7 @@ def cmd_verify(args) -> int:
     text = format_report(report)
     print(text)
     if args.json:
-        _atomic_write_text(args.json, text + "\n")
+        atomic_write(args.json, text + "\n")
     if not report["ok"]:
         return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {args.tol:g}")
     return 0
@@ -139,13 +141,6 @@ def cmd_inspect(args) -> int:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field, fields
 
 from bert_of.errors import ConfigError
+from bert_of.fs import read_json
 
 # Activations bert_of computes. Each name means exactly one function.
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "tanh", "silu", "linear")
@@ -184,13 +184,4 @@ class BertConfig:
 
 
 def _read_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return d
+    return read_json(path, "config file", ConfigError)

@@ -15,3 +15,8 @@ class CheckpointError(BertOfError):
 
 class ConfigError(BertOfError):
     """A config that is missing, malformed, or does not fit the tensors."""
+
+
+class OutputError(CheckpointError):
+    """A destination that cannot be written as asked: it exists, another process is writing it,
+    it is not a directory, or the disk is full."""

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from bert_of.errors import BertOfError, ConfigError
+from bert_of.fs import atomic_open, atomic_write
 
 CKPT_DIR = "checkpoints"
 STATE_NAME = "trainer_state.json"
@@ -155,10 +156,7 @@ def save(trainer, run_dir, data, vocab_file, keep: int, rank: int, world: int) -
                  "data": [json.load(open(os.path.join(stage, f"data-rank{r}.json"))) for r in range(world)],
                  "rng": trainer.generator.get_state().numpy().tolist(),
                  "loss_scaler": trainer.scaler.state_dict() if trainer.scaler else None}
-        tmp = os.path.join(final, STATE_NAME + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, os.path.join(final, STATE_NAME))  # the checkpoint counts once this exists
+        atomic_write(os.path.join(final, STATE_NAME), json.dumps(state))  # the checkpoint counts once this exists
         shutil.rmtree(stage, ignore_errors=True)
         ckpts = sorted(n for n in os.listdir(os.path.dirname(final)) if n.startswith("step-") and "." not in n)
         for old in ckpts[:-keep] if keep > 0 else []:
@@ -416,9 +414,8 @@ def cmd_plot(args) -> int:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = args.out + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, args.out)
+    with atomic_open(args.out, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
     print(f"wrote {args.out}")
     return 0
 

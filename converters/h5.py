@@ -42,6 +42,7 @@ import numpy as np
 from bert_of.checkpoint import TensorSpec, check_against_config, expected_shapes
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError
+from bert_of.fs import publishing
 from bert_of.converters import hf
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
@@ -450,11 +451,9 @@ def write(source: Source, dst: str, opts: Options) -> list:
     if os.path.exists(dst) and not opts.overwrite:
         raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
     import shutil
-    import tempfile
 
     import h5py
 
-    from bert_of.checkpoint import _replace_dir
 
     notes = []
     by_name = {s.name: (s, p) for s, p in source.tensors}
@@ -488,10 +487,7 @@ def write(source: Source, dst: str, opts: Options) -> list:
     if label not in _HF_TF_ACTS:
         notes.append(f"note: transformers' TF code has no {label!r} activation; config.json says {label!r} anyway")
 
-    parent = os.path.dirname(os.path.abspath(dst)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(dst) + ".tmp-", dir=parent)
-    try:
+    with publishing(dst, overwrite=opts.overwrite) as tmp:
         weights = os.path.join(tmp, WEIGHTS_FILE)
         with h5py.File(weights, "w") as f:
             _set_list_attr(f, "layer_names", layout.groups)
@@ -532,8 +528,4 @@ def write(source: Source, dst: str, opts: Options) -> list:
             fh.write(json.dumps(_hf_config_dict(source.config, layout.architecture), indent=2, sort_keys=True) + "\n")
         if source.vocab_file:
             shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
-        _replace_dir(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return notes

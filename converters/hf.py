@@ -54,6 +54,7 @@ import numpy as np
 from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config
 from bert_of.config import HF_ACT, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
+from bert_of.fs import publishing, read_json
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table
 
@@ -243,14 +244,7 @@ def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> d
 
 
 def _read_json(path: str, what: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object ({what})")
-    return d
+    return read_json(path, what, ConfigError)
 
 
 # --------------------------------------------------------------------------- torch zip pickles
@@ -733,9 +727,8 @@ def write(source: Source, dst: str, opts: Options) -> list:
     if os.path.exists(dst) and not opts.overwrite:
         raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
     import shutil
-    import tempfile
 
-    from bert_of.checkpoint import _fsync_dir, _replace_dir, write_safetensors
+    from bert_of.checkpoint import write_safetensors
 
     notes = []
     by_name = {s.name: (s, p) for s, p in source.tensors}
@@ -769,10 +762,7 @@ def write(source: Source, dst: str, opts: Options) -> list:
                      or np.dtype(s.dtype).name == "bfloat16"})
     cfg = config_to_hf(source.config, [cls_name], floats[0] if len(floats) == 1 else None)
 
-    parent = os.path.dirname(os.path.abspath(dst)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(dst) + ".tmp-", dir=parent)
-    try:
+    with publishing(dst, overwrite=opts.overwrite) as tmp:
         producers = {s.name: p for s, p in items}
         write_safetensors(os.path.join(tmp, SAFETENSORS), [s for s, _ in items],
                           lambda s: producers[s.name](), ST_METADATA)
@@ -780,9 +770,4 @@ def write(source: Source, dst: str, opts: Options) -> list:
             f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if source.vocab_file:
             shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
-        _fsync_dir(tmp)
-        _replace_dir(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return notes

@@ -76,6 +76,7 @@ import numpy as np
 from bert_of.checkpoint import TensorSpec, expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
+from bert_of.fs import publishing
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
@@ -662,9 +663,7 @@ def write(source: Source, dst: str, opts: Options) -> list:
         raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
     import json
     import shutil
-    import tempfile
 
-    from bert_of.checkpoint import _fsync_dir, _replace_dir
 
     notes = []
     n = _lazy_numerics_note(source.config)
@@ -708,10 +707,7 @@ def write(source: Source, dst: str, opts: Options) -> list:
             raise CheckpointError(f"{source.path}: two tensors map to the lazy variable {name}")
         seen.add(name)
 
-    parent = os.path.dirname(os.path.abspath(dst)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(os.path.abspath(dst)) + ".tmp-", dir=parent)
-    try:
+    with publishing(dst, overwrite=opts.overwrite) as tmp:
         for name, prod in items:
             arr = np.asarray(prod())
             if opts.no_meta and arr.dtype.kind in "fV" and arr.dtype != np.float32:
@@ -727,11 +723,6 @@ def write(source: Source, dst: str, opts: Options) -> list:
             shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
         with open(os.path.join(tmp, SNAPSHOT_DONE), "w"):
             pass
-        _fsync_dir(tmp)
-        _replace_dir(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return notes
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from bert_of.checkpoint import TensorSpec, check_against_config
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
+from bert_of.fs import publishing
 from bert_of.converters import tf1_bundle
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
@@ -170,9 +171,7 @@ def write(source: Source, dst: str, opts: Options) -> list:
         raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
     import json
     import shutil
-    import tempfile
 
-    from bert_of.checkpoint import _replace_dir
 
     notes = []
     reason = source.config.google_mismatch()
@@ -200,20 +199,13 @@ def write(source: Source, dst: str, opts: Options) -> list:
         if source.optimizer_meta.get("bias_correction", "false") != "false":
             notes.append("note: the optimizer state was kept with bias correction; Google's optimizer has none")
 
-    parent = os.path.dirname(os.path.abspath(dst)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(dst) + ".tmp-", dir=parent)
-    try:
+    with publishing(dst, overwrite=opts.overwrite) as tmp:
         tf1_bundle.write_bundle(os.path.join(tmp, PREFIX_NAME), ((n, p()) for n, p in items))
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(source.config.to_google_dict(), f, indent=2)
             f.write("\n")
         if source.vocab_file:
             shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
-        _replace_dir(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return notes
 
 

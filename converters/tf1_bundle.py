@@ -37,6 +37,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from bert_of.errors import CheckpointError
+from bert_of.fs import atomic_write, fsync_dir
 
 __all__ = [
     "TensorEntry",
@@ -739,36 +740,13 @@ def iter_tensors(
 # writing
 
 
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 def _write_state_file(d: str, name: str) -> None:
-    text = f"model_checkpoint_path: {_quote(name)}\nall_model_checkpoint_paths: {_quote(name)}\n"
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".checkpoint.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(d, "checkpoint"))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(os.path.join(d, "checkpoint"),
+                 f"model_checkpoint_path: {_quote(name)}\nall_model_checkpoint_paths: {_quote(name)}\n")
 
 
 def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
@@ -838,7 +816,7 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
         os.replace(index_tmp, final_index)
         data_renamed = False
         temps.clear()
-        _fsync_dir(d)
+        fsync_dir(d)
     except BaseException:
         for t in temps:
             if os.path.exists(t):

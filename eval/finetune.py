@@ -26,7 +26,6 @@ rank 0 writes files and prints). This module imports OneFlow; the rest of :mod:`
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
@@ -38,7 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_of._flow import flow
+from bert_of.checkpoint import write_checkpoint_files
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.fs import atomic_open, bert_of_home, publishing, utc_now
+from bert_of.version import __version__
 from bert_of.eval.errors import EvalDataError
 
 TRAIN_ARGS = "train_args.json"
@@ -493,34 +495,14 @@ def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Ru
 
 
 def _publish(model, state: dict, output: str, train_args: dict, overwrite: bool) -> None:
-    from bert_of.checkpoint import write_checkpoint
-
-    final = os.path.abspath(output)
-    parent = os.path.dirname(final)
-    os.makedirs(parent, exist_ok=True)
-    stage = os.path.join(parent, f".{os.path.basename(final)}.partial-{os.getpid()}")
-    if os.path.exists(stage):
-        shutil.rmtree(stage)
     meta = {"finetuned_task": train_args.get("task", ""),
             "base_checkpoint": (train_args.get("base_checkpoint") or {}).get("name", "")}
-    try:
-        write_checkpoint(stage, list(state.items()), model.config, vocab_file=getattr(model, "vocab_file", None),
-                         metadata=meta)
+    with publishing(output, overwrite=overwrite) as stage:
+        write_checkpoint_files(stage, list(state.items()), model.config,
+                               vocab_file=getattr(model, "vocab_file", None), metadata=meta)
         with open(os.path.join(stage, TRAIN_ARGS), "w", encoding="utf-8") as f:
             json.dump(train_args, f, indent=2, ensure_ascii=False, allow_nan=False)
             f.write("\n")
-        if os.path.exists(final):
-            if not overwrite:
-                raise CheckpointError(f"{output}: already exists (use --overwrite to replace it)")
-            old = os.path.join(parent, f".{os.path.basename(final)}.old-{os.getpid()}")
-            os.rename(final, old)
-            os.rename(stage, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(stage, final)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def _check_output(output: str, overwrite: bool) -> None:
@@ -528,10 +510,6 @@ def _check_output(output: str, overwrite: bool) -> None:
         raise CheckpointError(f"{output}: already exists (use --overwrite to replace it)")
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"{output}: exists and is not a folder")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _identity(path: str, name: str) -> dict:
@@ -554,8 +532,6 @@ def _base_args(task: str, h: Hyper, rt: Runtime, model_path: str, model_name: st
                train_path: str, lower: bool) -> dict:
     from bert_of.eval.results import file_identity, hardware_info
 
-    import bert_of
-
     return {"task": task, "base_checkpoint": _identity(ident_path or model_path, model_name),
             "train_data": file_identity(train_path), "do_lower_case": lower,
             "hparams": {"lr": h.lr, "batch_size": h.batch_size, "epochs": h.epochs, "max_steps": h.max_steps,
@@ -563,7 +539,7 @@ def _base_args(task: str, h: Hyper, rt: Runtime, model_path: str, model_name: st
                         "clip_grad_norm": h.clip_grad_norm, "adam_eps": h.adam_eps, "bias_correction": False,
                         "seed": h.seed, "mode": h.mode, "amp": h.amp, "grad_accum_steps": h.grad_accum_steps,
                         "ranks": rt.world, "device": rt.device},
-            "date": _now(), "hardware": hardware_info(), "bert_of_version": bert_of.__version__,
+            "date": utc_now(), "hardware": hardware_info(), "bert_of_version": __version__,
             "command": _command_line()}
 
 
@@ -720,10 +696,8 @@ def predict_squad(opts, model=None, rt: Runtime | None = None) -> SquadRun | Non
 
 
 def default_eval_dir(model_name: str, data_path: str, task: str) -> str:
-    from bert_of.eval.results import bert_of_home
-
     stem = os.path.splitext(os.path.basename(data_path))[0]
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = utc_now().replace("-", "").replace(":", "").rstrip("Z").replace("T", "-")
     return os.path.join(bert_of_home(), "eval", f"{model_name}", f"{task}-{stem}-{stamp}")
 
 
@@ -936,13 +910,10 @@ def predict_glue(opts, model=None, rt: Runtime | None = None) -> GlueRun | None:
         if not rt.is_main:
             return None
         out = opts.output
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        tmpf = f"{out}.tmp-{os.getpid()}"
-        with open(tmpf, "w", encoding="utf-8") as f:
+        with atomic_open(out) as f:
             f.write("index\tprediction\n")
             for i, p in enumerate(preds):
                 f.write(f"{i}\t{p!r}\n" if labels is None else f"{i}\t{p}\n")
-        os.replace(tmpf, out)
         note(rt, f"predicted {len(examples)} {spec.name} examples; wrote {out}")
         ident = os.path.abspath(opts.model) if tmp is not None else path
         return GlueRun(examples, preds, out, settings, path, name, ident, train_args, new_head)

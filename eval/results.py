@@ -16,7 +16,6 @@ kind "published": quoted, not measured.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import hashlib
 import io
 import json
@@ -26,18 +25,10 @@ import shutil
 import subprocess
 
 from bert_of.eval.errors import ResultsError
+from bert_of.fs import append_jsonl, bert_of_home, sha256_file, utc_now
 
 SCHEMA = 1
 PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published.json")
-
-
-def bert_of_home() -> str:
-    """The zoo's cache folder: $BERT_OF_HOME, else $XDG_CACHE_HOME/bert_of, else ~/.cache/bert_of."""
-    env = os.environ.get("BERT_OF_HOME")
-    if env:
-        return os.path.abspath(os.path.expanduser(env))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.abspath(base), "bert_of")
 
 
 def default_results_path() -> str:
@@ -45,17 +36,6 @@ def default_results_path() -> str:
 
 
 # --------------------------------------------------------------------------- identity
-
-
-def sha256_file(path: str, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def file_identity(path: str) -> dict:
@@ -138,7 +118,7 @@ def make_record(task: str, metrics: dict, *, split: str = "", checkpoint: dict |
         raise ResultsError(f"{task}: a result needs at least one metric")
     rec = {"schema": SCHEMA, "kind": "measured", "task": task, "split": split, "metrics": dict(metrics),
            "checkpoint": checkpoint, "hparams": dict(hparams or {}), "data": data, "predictions": predictions,
-           "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "date": date or utc_now(),
            "hardware": hardware if hardware is not None else hardware_info(), "tool": tool}
     rec.update(extra)
     return rec
@@ -147,12 +127,7 @@ def make_record(task: str, metrics: dict, *, split: str = "", checkpoint: dict |
 def append_result(record: dict, path: str | None = None) -> str:
     """Append one record as a JSON line (creating the file and its directory). Returns the path."""
     path = path or default_results_path()
-    line = json.dumps(record, sort_keys=False, ensure_ascii=False, allow_nan=False)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    # One write() of a whole line in append mode: concurrent writers do not interleave lines.
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    append_jsonl(path, record)
     return path
 
 

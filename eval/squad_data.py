@@ -33,6 +33,7 @@ import numpy as np
 
 from bert_of.eval._basic_tokenizer import BasicTokenizer
 from bert_of.eval.errors import EvalDataError
+from bert_of.fs import atomic_write, read_json
 
 # --------------------------------------------------------------------------- reading the JSON
 
@@ -64,19 +65,7 @@ class SquadData:
 
 
 def read_json_file(path: str, what: str = "JSON file"):
-    """json.load with one-line errors: empty file, invalid JSON (with line/column)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if not raw.strip():
-        raise EvalDataError(f"{path}: empty file (expected a {what})")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise EvalDataError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise EvalDataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return read_json(path, what, EvalDataError, expect=None)
 
 
 def detect_version(version: str, data: list) -> bool:
@@ -614,22 +603,15 @@ def postprocess_predictions(examples: Sequence[SquadExample], features: Sequence
     return SquadPredictions(predictions, nbest_all, null_odds)
 
 
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_prediction_files(output_dir: str, preds: SquadPredictions) -> dict:
     """Write predictions.json, nbest_predictions.json and (v2.0) null_odds.json as run_squad does
     (``json.dumps(obj, indent=4) + "\\n"``). Returns {kind: path}."""
     os.makedirs(output_dir, exist_ok=True)
     paths = {"predictions": os.path.join(output_dir, "predictions.json"),
              "nbest": os.path.join(output_dir, "nbest_predictions.json")}
-    _atomic_write(paths["predictions"], json.dumps(preds.predictions, indent=4) + "\n")
-    _atomic_write(paths["nbest"], json.dumps(preds.nbest, indent=4) + "\n")
+    atomic_write(paths["predictions"], json.dumps(preds.predictions, indent=4) + "\n")
+    atomic_write(paths["nbest"], json.dumps(preds.nbest, indent=4) + "\n")
     if preds.null_odds is not None:
         paths["null_odds"] = os.path.join(output_dir, "null_odds.json")
-        _atomic_write(paths["null_odds"], json.dumps(preds.null_odds, indent=4) + "\n")
+        atomic_write(paths["null_odds"], json.dumps(preds.null_odds, indent=4) + "\n")
     return paths

@@ -57,7 +57,7 @@ def test_missing_and_malformed_config_files(tmp_path):
         BertConfig.from_google_json_file(str(tmp_path / "nope.json"))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="malformed JSON"):
         BertConfig.from_google_json_file(str(bad))
     no_vocab = tmp_path / "c.json"
     no_vocab.write_text(json.dumps({k: v for k, v in GOOGLE_BASE.items() if k != "vocab_size"}))

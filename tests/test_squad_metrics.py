@@ -211,7 +211,7 @@ def test_version_comes_from_the_data_file(tmp_path):
     ("dev-v1.1-mini.json", "predictions-unknown-id.json", [],
      "prediction id 'zz-not-a-question' is not a question in"),
     ("dev-v1.1-mini.json", "empty.json", [], "empty.json: empty file (expected a predictions JSON object)"),
-    ("dev-v1.1-mini.json", "missing-file.json", [], "missing-file.json: No such file or directory"),
+    ("dev-v1.1-mini.json", "missing-file.json", [], "missing-file.json: predictions JSON object not found"),
     ("dev-v1.1-mini.json", "predictions-v1.1.json", ["--na-prob-file", "na-probs-v2.0.json"],
      "--na-prob-file applies to SQuAD v2.0 data"),
 ])

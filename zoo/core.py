@@ -16,10 +16,8 @@ reader sees either nothing or a complete, verified entry.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +26,8 @@ import tempfile
 import time
 import urllib.parse
 
+from bert_of.fs import bert_of_home, publish_dir, sha256_file, utc_now
+from bert_of.version import __version__
 from bert_of.zoo import archive as _archive
 from bert_of.zoo import registry as _reg
 from bert_of.zoo.download import DownloadOptions, fetch, human_size
@@ -42,29 +42,11 @@ MARKERS = {"tf": ["bert_config.json", "bert_model.ckpt.index"], "of": ["config.j
 DISK_MARGIN = 64 << 20
 
 
-def default_cache_dir() -> str:
-    env = os.environ.get("BERT_OF_HOME")
-    if env:
-        return os.path.abspath(os.path.expanduser(env))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.abspath(base), "bert_of")
+default_cache_dir = bert_of_home
 
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in TRUE
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        buf = bytearray(1 << 20)
-        mv = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(mv[:n])
-    return h.hexdigest()
 
 
 def hash_tree(root: str, skip=(MANIFEST,)) -> dict:
@@ -88,19 +70,6 @@ def dir_size(root: str) -> int:
             with contextlib.suppress(OSError):
                 n += os.path.getsize(os.path.join(d, f))
     return n
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def config_summary(cfg) -> dict:
@@ -310,8 +279,8 @@ class Zoo:
                 conversion, verification = self._convert(entry, src_dir, src_fmt, out, fmt, verify)
                 files = hash_tree(out)
             manifest = {
-                "zoo_manifest": 1, "name": name, "format": fmt, "created": _now(),
-                "bert_of_version": _bert_of_version(), "registry": entry.get("_registry"),
+                "zoo_manifest": 1, "name": name, "format": fmt, "created": utc_now(),
+                "bert_of_version": __version__, "registry": entry.get("_registry"),
                 "source": {k: v for k, v in source.items() if k != "root_files"},
                 "files": files, "conversion": conversion, "verification": verification,
                 "seconds": round(time.perf_counter() - t0, 2),
@@ -321,7 +290,8 @@ class Zoo:
                 f.flush()
                 os.fsync(f.fileno())
             final = self.model_dir(name, fmt)
-            self._publish(out, final)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            publish_dir(out, final, overwrite=True)
             if source.get("kind") == "download" and not keep_archive:
                 shutil.rmtree(self.downloads_dir(name), ignore_errors=True)
             self.log(f"{name} ({fmt}): ready in {final} ({human_size(dir_size(final))}, "
@@ -341,18 +311,6 @@ class Zoo:
             shutil.rmtree(tmp, ignore_errors=True)
             with contextlib.suppress(OSError):  # only if empty: a partial download stays for resuming
                 os.rmdir(self.downloads_dir(name))
-
-    def _publish(self, out: str, final: str) -> None:
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        _fsync_dir(out)
-        old = None
-        if os.path.exists(final):
-            old = f"{final}.old-{os.getpid()}"
-            os.rename(final, old)
-        os.rename(out, final)
-        _fsync_dir(os.path.dirname(final))
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
 
     def _check_disk(self, name: str, remaining: int, total: int, convert: bool) -> None:
         need = remaining + total * (2 if convert else 1) + DISK_MARGIN
@@ -621,7 +579,7 @@ class Zoo:
             "config": cfg_summary,
             "params": params,
             "license": md.get("license", "unspecified"),
-            "provenance": dict({"publisher": "local", "added": _now(), "by": _user()},
+            "provenance": dict({"publisher": "local", "added": utc_now(), "by": _user()},
                                **({"metadata_file": os.path.abspath(metadata)} if metadata else {}),
                                **(md.get("provenance") or {})),
             "training": md.get("training"),
@@ -743,15 +701,6 @@ def _user() -> str:
 
         return getpass.getuser()
     except Exception:  # noqa: BLE001 - no user database in some containers
-        return "?"
-
-
-def _bert_of_version() -> str:
-    try:
-        import bert_of
-
-        return getattr(bert_of, "__version__", "?")
-    except Exception:  # noqa: BLE001
         return "?"
 
 

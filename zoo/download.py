@@ -47,6 +47,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from bert_of.fs import atomic_write
 from bert_of.zoo.errors import ChecksumError, DiskSpaceError, DownloadError
 
 USER_AGENT = "bert_of-zoo/0.1"
@@ -132,13 +133,6 @@ def _read_meta(path):
             return json.load(f)
     except (OSError, ValueError):
         return {}
-
-
-def _write_meta(path, meta):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(meta, f)
-    os.replace(tmp, path)
 
 
 def _remove(*paths):
@@ -399,7 +393,7 @@ class _Http:
             meta = {"url": self.url, "etag": resp.headers.get("ETag"),
                     "last_modified": resp.headers.get("Last-Modified")}
             if meta != self.meta:
-                _write_meta(self.meta_path, meta)
+                atomic_write(self.meta_path, json.dumps(meta))
                 self.meta = meta
             if total is not None and not self.size_checked and self.on_size:
                 self.on_size(total, self.have)

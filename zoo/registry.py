@@ -21,6 +21,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
+from bert_of.fs import atomic_write
 from bert_of.zoo.errors import RegistryError, UnknownEntryError
 
 SCHEMA_VERSION = 1
@@ -207,14 +208,7 @@ def write_file(path: str, entries: list) -> None:
     """Write a registry file atomically (entries without the private '_' keys)."""
     data = {"schema_version": SCHEMA_VERSION,
             "entries": [{k: v for k, v in e.items() if not k.startswith("_")} for e in entries]}
-    tmp = f"{path}.tmp-{os.getpid()}"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
 def effective_url(entry: dict, url: str, endpoint) -> str:

@@ -98,9 +98,9 @@ def cmd_inspect(args) -> int:
 
 def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict:
     """Deal the records of SRC (part order, then record order) round-robin into NUM_PARTS parts."""
-    import shutil
+    from bert_of.fs import publishing
 
-    from .create_pretraining import DataError, PART_FORMAT, _commit_output, _prepare_output
+    from .create_pretraining import DataError, PART_FORMAT, _check_output
     from .ofrecord import OFRecordWriter, iter_raw_records
     from .reader import META_FILE, list_part_files, read_meta
 
@@ -109,32 +109,29 @@ def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict
     paths, _ = list_part_files(src)
     if os.path.abspath(src) == os.path.abspath(dst):
         raise DataError(f"{dst}: destination is the source directory")
-    tmp = _prepare_output(dst, overwrite)
     writers = []
     try:
-        writers = [OFRecordWriter(os.path.join(tmp, PART_FORMAT.format(i))) for i in range(num_parts)]
-        k = 0
-        for p in paths:
-            for rec in iter_raw_records(p):
-                writers[k % num_parts].write(rec)
-                k += 1
-        for w in writers:
-            w.close()
-        meta = read_meta(src)
-        if meta:
-            meta.update(num_parts=num_parts, records_per_part=[w.count for w in writers], part_name_suffix_length=5,
-                        resharded_from=os.path.basename(os.path.abspath(src)))
-            with open(os.path.join(tmp, META_FILE), "w") as f:
-                f.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _commit_output(tmp, dst)
-    except BaseException:
+        with publishing(dst, overwrite=_check_output(dst, overwrite)) as tmp:
+            writers = [OFRecordWriter(os.path.join(tmp, PART_FORMAT.format(i))) for i in range(num_parts)]
+            k = 0
+            for p in paths:
+                for rec in iter_raw_records(p):
+                    writers[k % num_parts].write(rec)
+                    k += 1
+            for w in writers:
+                w.close()
+            meta = read_meta(src)
+            if meta:
+                meta.update(num_parts=num_parts, records_per_part=[w.count for w in writers],
+                            part_name_suffix_length=5, resharded_from=os.path.basename(os.path.abspath(src)))
+                with open(os.path.join(tmp, META_FILE), "w") as f:
+                    f.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    finally:
         for w in writers:
             try:
                 w.close()
             except OSError:
                 pass
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"output": os.path.abspath(dst), "num_records": k, "num_parts": num_parts}
 
 

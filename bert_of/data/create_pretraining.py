@@ -44,13 +44,13 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from bert_of.errors import BertOfError
+from bert_of.fs import publishing, sha256_file
 
 from .ofrecord import OFRecordWriter, encode_record
 
@@ -423,39 +423,15 @@ def _process(job):
 # --------------------------------------------------------------------------- driver
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _prepare_output(output_dir: str, overwrite: bool) -> str:
-    output_dir = os.path.abspath(output_dir)
+def _check_output(output_dir: str, overwrite: bool) -> bool:
+    """The ``overwrite`` to publish with: an existing empty folder may be filled without it."""
     if os.path.exists(output_dir):
         if not os.path.isdir(output_dir):
             raise DataError(f"{output_dir}: exists and is not a directory")
         if os.listdir(output_dir) and not overwrite:
             raise DataError(f"{output_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
-    parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{output_dir}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    return tmp
-
-
-def _commit_output(tmp: str, output_dir: str) -> None:
-    output_dir = os.path.abspath(output_dir)
-    old = None
-    if os.path.exists(output_dir):
-        old = f"{output_dir}.old-{os.getpid()}"
-        os.rename(output_dir, old)
-    os.rename(tmp, output_dir)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
+        return True
+    return overwrite
 
 
 def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: str, *,
@@ -465,8 +441,8 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
                             progress: bool = True) -> dict:
     """Write ``output_dir/part-00000 ...`` (OFRecord) + ``bert_of_data.json``; returns the summary.
 
-    Everything is written to ``output_dir.tmp-PID`` and renamed at the end: on any error
-    the previous ``output_dir`` (if any) is untouched and no partial output remains.
+    Everything is written to a staging folder and swapped in at the end (:mod:`bert_of.fs`): on
+    any error the previous ``output_dir`` (if any) is untouched and no partial output remains.
     """
     opts = options or PretrainingOptions()
     opts.validate()
@@ -486,70 +462,69 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
     sizes = {j[0]: sum(os.path.getsize(p) for p in j[1]) for j in jobs}
 
     t0 = time.perf_counter()
-    tmp = _prepare_output(output_dir, overwrite)
     writers, bar = [], None
     try:
-        writers = [OFRecordWriter(os.path.join(tmp, PART_FORMAT.format(p))) for p in range(num_parts)]
-        totals = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0}
-        per_file = []
-        from tqdm import tqdm
+        with publishing(output_dir, overwrite=_check_output(output_dir, overwrite)) as tmp:
+            writers = [OFRecordWriter(os.path.join(tmp, PART_FORMAT.format(p))) for p in range(num_parts)]
+            totals = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0}
+            per_file = []
+            from tqdm import tqdm
 
-        bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                   disable=not progress, desc="create-pretraining", dynamic_ncols=True)
-        k = 0
-        for index, records, stats in _run_jobs(jobs, vocab_file, opts, n_workers, bar):
-            for rec in records:  # round-robin over the parts, in a fixed global order
-                writers[k % num_parts].write(rec)
-                k += 1
-            for key in totals:
-                totals[key] += stats[key]
-            per_file.append({"files": [os.path.basename(p) for p in jobs[index][1]], **stats})
-            bar.set_postfix(instances=totals["instances"], refresh=False)
-        bar.n = bar.total
-        bar.close()
-        for w in writers:
-            w.close()
-        if totals["instances"] == 0:
-            raise DataError(f"{', '.join(files)}: no text to make instances from (no non-empty lines)")
-        meta = {
-            "format": "bert_of pretraining OFRecord",
-            "version": 1,
-            "num_parts": num_parts,
-            "part_name_prefix": "part-",
-            "part_name_suffix_length": 5,
-            "records_per_part": [w.count for w in writers],
-            "num_records": totals["instances"],
-            "features": {
-                "input_ids": ["int32", [opts.max_seq_length]],
-                "input_mask": ["int32", [opts.max_seq_length]],
-                "segment_ids": ["int32", [opts.max_seq_length]],
-                "masked_lm_positions": ["int32", [opts.max_predictions_per_seq]],
-                "masked_lm_ids": ["int32", [opts.max_predictions_per_seq]],
-                "masked_lm_weights": ["float", [opts.max_predictions_per_seq]],
-                "next_sentence_labels": ["int32", [1]],
-            },
-            "options": asdict(opts),
-            "combine_files": combine_files,
-            "vocab": {"file": os.path.basename(vocab_file), "size": vocab_line_count(vocab_file),
-                      "sha256": _sha256(vocab_file)},
-            "inputs": [{"file": os.path.basename(p), "bytes": os.path.getsize(p), "sha256": _sha256(p)}
-                       for p in files],
-            "stats": {k2: totals[k2] for k2 in ("documents", "sentences", "tokens")},
-        }
-        with open(os.path.join(tmp, DATASET_META), "w") as f:
-            f.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _commit_output(tmp, output_dir)
+            bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                       disable=not progress, desc="create-pretraining", dynamic_ncols=True)
+            k = 0
+            for index, records, stats in _run_jobs(jobs, vocab_file, opts, n_workers, bar):
+                for rec in records:  # round-robin over the parts, in a fixed global order
+                    writers[k % num_parts].write(rec)
+                    k += 1
+                for key in totals:
+                    totals[key] += stats[key]
+                per_file.append({"files": [os.path.basename(p) for p in jobs[index][1]], **stats})
+                bar.set_postfix(instances=totals["instances"], refresh=False)
+            bar.n = bar.total
+            bar.close()
+            for w in writers:
+                w.close()
+            if totals["instances"] == 0:
+                raise DataError(f"{', '.join(files)}: no text to make instances from (no non-empty lines)")
+            meta = {
+                "format": "bert_of pretraining OFRecord",
+                "version": 1,
+                "num_parts": num_parts,
+                "part_name_prefix": "part-",
+                "part_name_suffix_length": 5,
+                "records_per_part": [w.count for w in writers],
+                "num_records": totals["instances"],
+                "features": {
+                    "input_ids": ["int32", [opts.max_seq_length]],
+                    "input_mask": ["int32", [opts.max_seq_length]],
+                    "segment_ids": ["int32", [opts.max_seq_length]],
+                    "masked_lm_positions": ["int32", [opts.max_predictions_per_seq]],
+                    "masked_lm_ids": ["int32", [opts.max_predictions_per_seq]],
+                    "masked_lm_weights": ["float", [opts.max_predictions_per_seq]],
+                    "next_sentence_labels": ["int32", [1]],
+                },
+                "options": asdict(opts),
+                "combine_files": combine_files,
+                "vocab": {"file": os.path.basename(vocab_file), "size": vocab_line_count(vocab_file),
+                          "sha256": sha256_file(vocab_file)},
+                "inputs": [{"file": os.path.basename(p), "bytes": os.path.getsize(p), "sha256": sha256_file(p)}
+                           for p in files],
+                "stats": {k2: totals[k2] for k2 in ("documents", "sentences", "tokens")},
+            }
+            with open(os.path.join(tmp, DATASET_META), "w") as f:
+                f.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     except BaseException:
         if bar is not None:  # clear the bar so the error is the last thing on the terminal
             bar.leave = False
             bar.close()
+        raise
+    finally:
         for w in writers:
             try:
                 w.close()
             except OSError:
                 pass
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     seconds = time.perf_counter() - t0
     return {"output": os.path.abspath(output_dir), "files": len(files), "workers": n_workers,
             "num_parts": num_parts, "seconds": seconds, **totals, "per_job": per_file}

@@ -1,0 +1,437 @@
+"""Files and directories that readers never see half-written. Every write in bert_of goes here.
+
+- ``atomic_write`` / ``atomic_open``: a file appears whole or not at all (temp file beside it,
+  fsync, rename).
+- ``publishing(dst)``: a directory is built in a staging folder beside ``dst`` and swapped in by
+  one rename; replacing an existing one uses ``renameat2(RENAME_EXCHANGE)``, so a reader racing
+  the swap sees the old tree or the new one, never a mix. One writer per destination; a staging
+  folder whose owner process is gone is removed by the next write into the same parent.
+- ``append_jsonl`` / ``read_jsonl``: whole-line appends with fsync; a torn last line (a crash or a
+  full disk mid-append) is cut by the next append, with a warning, never glued to.
+- ``sha256_file``, ``read_json``, ``utc_now``, ``bert_of_home``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+from bert_of.errors import BertOfError, OutputError
+
+log = logging.getLogger("bert_of")
+
+STAGING_MARK = ".bert_of-staging"  # inside every staging folder: who owns it
+_STAGE_TAG = ".tmp-"  # staging folders are named .<dst name>.tmp-<pid>-<random>
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 to the second, e.g. ``2026-12-01T10:00:00Z``."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def bert_of_home() -> str:
+    """Where bert_of keeps its zoo cache and results store: ``$BERT_OF_HOME``, else
+    ``$XDG_CACHE_HOME/bert_of``, else ``~/.cache/bert_of``."""
+    env = os.environ.get("BERT_OF_HOME")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "bert_of")
+
+
+def sha256_file(path: str) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks into one reused buffer."""
+    h = hashlib.sha256()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    try:
+        with open(path, "rb") as f:
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+    except OSError as e:
+        raise BertOfError(f"{path}: cannot read ({e.strerror})") from None
+    return h.hexdigest()
+
+
+def read_json(path: str, what: str = "JSON file", error: type = BertOfError, expect: type | None = dict):
+    """Parse ``path`` as JSON (UTF-8, a BOM allowed); any failure is ``error`` with one line naming
+    the file. ``expect``: the type the top level must have (None: anything)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    if not raw.strip():
+        raise error(f"{path}: empty file (expected a {what})")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply to be a {what}") from None
+    if expect is not None and not isinstance(data, expect):
+        kind = "object" if expect is dict else "array" if expect is list else expect.__name__
+        raise error(f"{path}: expected a JSON {kind} ({what})")
+    return data
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside ``path`` durable (best effort: some filesystems refuse)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _io_error(path: str, e: OSError) -> BertOfError:
+    if e.errno == errno.ENOSPC:
+        return OutputError(f"{path}: no space left on the device")
+    return OutputError(f"{path}: cannot write ({e.strerror or e})")
+
+
+# --------------------------------------------------------------------------- atomic files
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w", encoding: str | None = "utf-8"):
+    """``with atomic_open(p) as f: f.write(...)``: ``p`` is replaced only if the block succeeds."""
+    path = os.path.abspath(path)
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise _io_error(path, e) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    fsync_dir(d)
+
+
+def atomic_write(path: str, data) -> None:
+    """Write ``data`` (str or bytes) to ``path`` atomically."""
+    with atomic_open(path, "wb" if isinstance(data, (bytes, bytearray, memoryview)) else "w") as f:
+        f.write(data)
+
+
+def write_json(path: str, obj, indent: int | None = 2) -> None:
+    """JSON to ``path`` atomically; NaN/inf are refused (they are not JSON)."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+    atomic_write(path, text + "\n")
+
+
+# --------------------------------------------------------------------------- append-safe JSON lines
+
+
+def append_jsonl(path: str, record: dict) -> None:
+    """Append one JSON line with fsync. A torn tail left by a crash is cut first (with a warning),
+    so the new record never glues onto half a line."""
+    line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise _io_error(path, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # writers in several processes take turns
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            keep = _last_newline(fd, size)
+            log.warning("%s: its last line was cut short (a crash or a full disk?); removing the "
+                        "%d-byte fragment before appending", path, size - keep)
+            os.ftruncate(fd, keep)
+            size = keep
+        try:
+            n = os.pwrite(fd, line, size)
+            if n != len(line):
+                raise OSError(errno.ENOSPC, "short write")
+            os.fsync(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # leave no partial line behind
+            raise _io_error(path, e) from None
+    finally:
+        os.close(fd)
+
+
+def _last_newline(fd: int, size: int) -> int:
+    """Offset just after the last newline before ``size`` (0 if none)."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - 65536)
+        chunk = os.pread(fd, pos - start, start)
+        i = chunk.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
+
+
+def read_jsonl(path: str, what: str = "records") -> list:
+    """Every JSON object line of ``path``; bad lines (a torn tail, garbage) are skipped with one
+    warning naming them, so one bad line never hides the others."""
+    if not os.path.isfile(path):
+        return []
+    out, bad = [], []
+    try:
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    rec = json.loads(raw.decode("utf-8"))
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    bad.append(i)
+                    continue
+                if isinstance(rec, dict):
+                    out.append(rec)
+                else:
+                    bad.append(i)
+    except OSError as e:
+        raise BertOfError(f"{path}: cannot read {what} ({e.strerror})") from None
+    if bad:
+        log.warning("%s: skipped %d unreadable line(s) (line %s%s)", path, len(bad), bad[0],
+                    ", ..." if len(bad) > 1 else "")
+    return out
+
+
+# --------------------------------------------------------------------------- locks
+
+
+@contextlib.contextmanager
+def locked(path: str, what: str | None = None, wait: bool = False):
+    """Hold an exclusive lock on ``path`` (a lock file) for the block.
+
+    ``wait=False``: fail at once with one line naming the holder's pid and command.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            raise OutputError(f"{what or path}: another bert_of process is writing it ({holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {_command()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _command() -> str:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            args = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if len(args) > 2 and args[1] == "-m":
+        args = args[2:]
+    elif args:
+        args[0] = os.path.basename(args[0])
+    return " ".join(" ".join(args).split())[:300]
+
+
+# --------------------------------------------------------------------------- staging and publishing
+#
+# A staging folder is ``.<dst name>.tmp-<random>`` beside its destination, holding a marker
+# (owner pid, command, creation time). Its owner keeps an flock on the folder while it lives, so
+# "is its owner alive?" is one non-blocking flock: the kernel drops the lock when the process
+# dies, even by SIGKILL. That gives both rules without lock files left behind:
+# - stale staging folders (flock free) are removed by the next write into the same parent;
+# - two live writers of one destination see each other's folder; the older one wins, the newer
+#   one stops at once naming the holder.
+
+
+class _Stage:
+    def __init__(self, dst: str):
+        parent, name = os.path.dirname(dst), os.path.basename(dst)
+        os.makedirs(parent, exist_ok=True)
+        self.path = tempfile.mkdtemp(prefix=f".{name}{_STAGE_TAG}", dir=parent)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.mark = {"pid": os.getpid(), "command": _command(), "created_ns": time.time_ns()}
+        with open(os.path.join(self.path, STAGING_MARK), "w", encoding="utf-8") as f:
+            json.dump(self.mark, f)
+
+    def close(self, remove: bool) -> None:
+        if remove:
+            shutil.rmtree(self.path, ignore_errors=True)
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock
+            self.fd = None
+
+
+def _staging_owner(path: str):
+    """The marker of a live staging folder, None when its owner is gone (or it is not ours)."""
+    if not os.path.isfile(os.path.join(path, STAGING_MARK)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                with open(os.path.join(path, STAGING_MARK), encoding="utf-8") as f:
+                    return json.load(f)
+            except (OSError, ValueError):
+                return {}
+        shutil.rmtree(path, ignore_errors=True)  # owner gone: stale (we hold its lock meanwhile)
+        log.info("removed %s, left by a bert_of process that died", path)
+        return None
+    finally:
+        os.close(fd)
+
+
+def remove_stale_staging(parent: str) -> None:
+    """Remove every staging folder in ``parent`` whose owner process is gone."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith(".") and _STAGE_TAG in n:
+            _staging_owner(os.path.join(parent, n))
+
+
+def _claim(stage: _Stage, dst: str) -> None:
+    """Clean stale siblings; stop if another live writer of ``dst`` started first."""
+    parent, name = os.path.dirname(dst), os.path.basename(dst)
+    mine = (stage.mark["created_ns"], stage.mark["pid"], stage.path)
+    for n in os.listdir(parent):
+        p = os.path.join(parent, n)
+        if not (n.startswith(".") and _STAGE_TAG in n) or p == stage.path:
+            continue
+        owner = _staging_owner(p)
+        if owner is None or not n.startswith(f".{name}{_STAGE_TAG}"):
+            continue
+        theirs = (owner.get("created_ns", 0), owner.get("pid", 0), p)
+        if theirs < mine:
+            raise OutputError(f"{dst}: another bert_of process is writing it "
+                              f"(pid {owner.get('pid', '?')}: {owner.get('command', '?')})")
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+try:
+    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+except (AttributeError, OSError):  # pragma: no cover - glibc < 2.28 or not Linux
+    _renameat2 = None
+
+
+def _rename2(src: str, dst: str, flags: int) -> bool:
+    """renameat2(src, dst, flags). False when the system or filesystem does not support it."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    e = ctypes.get_errno()
+    if e in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(e, os.strerror(e), dst)
+
+
+def publish_dir(stage: str, dst: str, overwrite: bool = False) -> None:
+    """Move the finished folder ``stage`` to ``dst`` (same filesystem) in one rename.
+
+    New ``dst``: RENAME_NOREPLACE (a destination created meanwhile is an error, never silently
+    replaced). Existing ``dst`` (with ``overwrite``): RENAME_EXCHANGE, then the old tree (now at
+    ``stage``) is removed. Where the filesystem cannot exchange, the old tree is renamed aside
+    first: a short window in which ``dst`` is absent, never one in which it is mixed.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(stage, STAGING_MARK))
+    fsync_dir(stage)
+    parent = os.path.dirname(dst)
+    if os.path.lexists(dst):
+        if not overwrite:
+            raise OutputError(f"{dst}: created by another process meanwhile; not replacing it")
+        if _rename2(stage, dst, _RENAME_EXCHANGE):
+            fsync_dir(parent)
+            shutil.rmtree(stage, ignore_errors=True)  # the old tree
+            return
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.old-", dir=parent)
+        os.rmdir(old)
+        os.rename(dst, old)
+        os.rename(stage, dst)
+        fsync_dir(parent)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        done = _rename2(stage, dst, _RENAME_NOREPLACE)
+    except FileExistsError:
+        raise OutputError(f"{dst}: created by another process meanwhile; not replacing it") from None
+    if not done:
+        os.rename(stage, dst)
+    fsync_dir(parent)
+
+
+@contextlib.contextmanager
+def publishing(dst: str, overwrite: bool = False):
+    """``with publishing(dst) as stage:`` write into ``stage``; on success it becomes ``dst``.
+
+    Refuses at once when ``dst`` exists without ``overwrite``, is not a directory, or another
+    bert_of process is writing it. A symlinked ``dst`` is replaced at its target. On any error
+    (Ctrl-C included) the staging folder is removed and ``dst`` is untouched.
+    """
+    dst = os.path.realpath(dst) if os.path.islink(dst) else os.path.abspath(dst)
+    if os.path.lexists(dst):
+        if not overwrite:
+            raise OutputError(f"{dst}: already exists (use --overwrite to replace it)")
+        if not os.path.isdir(dst):
+            raise OutputError(f"{dst}: exists and is not a directory; not replacing it")
+    try:
+        stage = _Stage(dst)
+    except OSError as e:
+        raise _io_error(dst, e) from None
+    ok = False
+    try:
+        _claim(stage, dst)
+        yield stage.path
+        publish_dir(stage.path, dst, overwrite)
+        ok = True
+    except OSError as e:
+        raise _io_error(getattr(e, "filename", None) or dst, e) from None
+    finally:
+        stage.close(remove=not ok)
