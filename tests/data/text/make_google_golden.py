@@ -22,8 +22,7 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-SAMPLE = os.path.join(os.path.dirname(ROOT), "shared", "data", "sample_text.txt")
+SAMPLE = os.path.join(HERE, "sample_text.txt")  # a copy of google-research/bert's sample_text.txt
 CLASSICS = os.path.join(HERE, "classics.txt")
 VOCAB = os.path.join(HERE, "vocab.txt")
 
