@@ -1,0 +1,144 @@
+"""Entries made by ``bert-of zoo add``: a local checkpoint folder registered in place.
+
+The entry (content hashes of the folder's files, config summary, parameter count, the
+metadata given) goes into ``<cache>/registry.local.json``; the folder itself is never copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from bert_of.fs import utc_now
+from bert_of.zoo import registry as _reg
+from bert_of.zoo.cache import entry_lock, hash_tree
+from bert_of.zoo.errors import ZooError
+
+
+def config_summary(cfg) -> dict:
+    """{L, H, A, I, V, P, T, hidden_act, layer_norm_eps} of a BertConfig."""
+    return {"L": cfg.num_hidden_layers, "H": cfg.hidden_size, "A": cfg.num_attention_heads,
+            "I": cfg.intermediate_size, "V": cfg.vocab_size, "P": cfg.max_position_embeddings,
+            "T": cfg.type_vocab_size, "hidden_act": cfg.hidden_act, "layer_norm_eps": cfg.layer_norm_eps}
+
+
+def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
+        description: str | None = None, force: bool = False) -> dict:
+    """Register a local checkpoint folder (referenced in place, content-hashed) in registry.local.json."""
+    from bert_of.converters.convert import detect
+
+    directory = os.path.abspath(os.path.expanduser(directory))
+    if not os.path.isdir(directory):
+        raise ZooError(f"{directory}: not a directory")
+    if not _reg.NAME_RE.match(name or ""):
+        raise ZooError(f"--name {name!r}: must match {_reg.NAME_RE.pattern}")
+    fmt = detect(directory)
+    md = {}
+    if metadata:
+        try:
+            with open(metadata) as f:
+                md = json.load(f)
+        except OSError as e:
+            raise ZooError(f"{metadata}: cannot read metadata ({e.strerror})") from None
+        except ValueError as e:
+            raise ZooError(f"{metadata}: not valid JSON ({e})") from None
+        if not isinstance(md, dict):
+            raise ZooError(f"{metadata}: metadata must be a JSON object")
+    known = {"description", "aliases", "license", "training", "evaluation", "provenance"}
+    evaluation = []
+    for i, r in enumerate(md.get("evaluation") or []):
+        if not isinstance(r, dict):
+            raise ZooError(f"{metadata}: evaluation[{i}] must be an object")
+        r = dict(r)
+        r.setdefault("source", f"local: {os.path.abspath(metadata)}")
+        evaluation.append(r)
+    files = hash_tree(directory, skip=())
+    cfg_summary, params = _describe_checkpoint(directory, fmt)
+    entry = {
+        "name": name,
+        "aliases": list(aliases or []) + [a for a in md.get("aliases", []) if a not in (aliases or [])],
+        "description": description or md.get("description") or f"local {fmt} checkpoint {directory}",
+        "source_format": fmt,
+        "path": directory,
+        "files_sha256": {k: v["sha256"] for k, v in files.items()},
+        "size_bytes": sum(v["size"] for v in files.values()),
+        "config": cfg_summary,
+        "params": params,
+        "license": md.get("license", "unspecified"),
+        "provenance": dict({"publisher": "local", "added": utc_now(), "by": _user()},
+                           **({"metadata_file": os.path.abspath(metadata)} if metadata else {}),
+                           **(md.get("provenance") or {})),
+        "training": md.get("training"),
+        "evaluation": evaluation,
+    }
+    extra = {k: v for k, v in md.items() if k not in known}
+    if extra:
+        entry["metadata"] = extra
+    entry = _reg.validate_entry(entry, f"zoo add {name}")
+    reg = z.registry
+    for n in [name] + entry["aliases"]:
+        other = reg.lookup(n)
+        if other is not None and not force:
+            raise ZooError(f"{n}: already names the entry {other['name']} (from {other['_registry']}); "
+                           "choose another --name/--alias, or pass --force to replace it")
+    if name in reg.entries and reg.entries[name]["_registry"] != z.local_registry_path:
+        z.log(f"note: {name} now overrides the entry of {reg.entries[name]['_registry']} "
+              "(later registries win, whole entry)")
+    with entry_lock(z.cache_dir, ".registry.local", z.log):
+        entries = _reg.load_file(z.local_registry_path) if os.path.isfile(z.local_registry_path) else []
+        entries = [e for e in entries if e["name"] != name] + [entry]
+        _reg.write_file(z.local_registry_path, entries)
+    z._registry = None
+    return z.entry(name)
+
+
+def _user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user database in some containers
+        return "?"
+
+
+def _describe_checkpoint(directory: str, fmt: str):
+    """(config summary, parameter count) of a local checkpoint, as far as its format tells."""
+    try:
+        if fmt == "of":
+            from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile
+            from bert_of.config import BertConfig
+
+            cfg = BertConfig.from_json_file(os.path.join(directory, CONFIG_NAME))
+            with SafetensorsFile(os.path.join(directory, WEIGHTS_NAME)) as f:
+                params = 0
+                for k in f.keys():
+                    n = 1
+                    for s in f.shape(k):
+                        n *= int(s)
+                    params += n
+            return config_summary(cfg), params
+        if fmt == "tf":
+            from bert_of.config import BertConfig
+
+            cfg = BertConfig.from_google_json_file(os.path.join(directory, "bert_config.json"))
+            return config_summary(cfg), cfg.num_parameters("pretraining")
+        from bert_of.converters.convert import read
+
+        src = read(directory, fmt)
+        return config_summary(src.config), sum(int(_numel(s.shape)) for s, _ in src.tensors)
+    except (OSError, ValueError) as e:
+        raise ZooError(f"{directory}: cannot read its config ({e})") from None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def unregister(z, name: str) -> None:
+    """Drop ``name`` from registry.local.json."""
+    with entry_lock(z.cache_dir, ".registry.local", z.log):
+        entries = [e for e in _reg.load_file(z.local_registry_path) if e["name"] != name]
+        _reg.write_file(z.local_registry_path, entries)
