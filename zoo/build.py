@@ -10,25 +10,25 @@ and published into the cache with a manifest (zoo.cache).
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import os
 import shutil
-import tempfile
 import time
 import urllib.parse
 
-from bert_of.fs import publish_dir, sha256_file, utc_now
+from bert_of.converters.verify import verify as forward_verify
+from bert_of.errors import BertOfError
+from bert_of.fs import publishing, sha256_file, utc_now
 from bert_of.version import __version__
 from bert_of.zoo import archive as _archive
 from bert_of.zoo import registry as _reg
-from bert_of.zoo.cache import (FORMATS, MANIFEST, cached_formats, check_local_hashes, dir_size, downloads_dir,
-                               entry_lock, hash_tree, model_dir, read_manifest, verify_published)
+from bert_of.zoo.cache import (FORMATS, cached_formats, check_local_hashes, convert_record, dir_size, downloads_dir,
+                               entry_lock, lift, model_dir, read_manifest, verify_published, write_manifest)
 from bert_of.zoo.download import fetch, human_size
 from bert_of.zoo.errors import ChecksumError, DiskSpaceError, OfflineError, UnsafeArchiveError, ZooError
 
 MARKERS = {"tf": ["bert_config.json", "bert_model.ckpt.index"], "of": ["config.json"], "hf": ["config.json"],
            "h5": ["config.json"], "lazy": ["bert_config.json", "snapshot_done"]}
+EXTRACT = ".extract"  # inside the staging folder
 # Space needed beyond the download: extraction (~1x) and, when converting, the output (~1x).
 DISK_MARGIN = 64 << 20
 
@@ -93,39 +93,34 @@ def _source_plan(z, entry: dict, fmt: str, force: bool) -> str:
 
 def _build(z, entry, fmt, verify, force, keep_archive) -> str:
     name = entry["name"]
-    tmp_root = os.path.join(z.cache_dir, "tmp")
-    os.makedirs(tmp_root, exist_ok=True)
-    for stale in glob.glob(os.path.join(tmp_root, glob.escape(name) + "+*")):  # crashed earlier runs
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=name + "+", dir=tmp_root)
+    final = model_dir(z.cache_dir, name, fmt)
     t0 = time.perf_counter()
     state = {"unverified": []}  # complete downloads whose integrity the registry does not vouch for
     try:
         if force:
             shutil.rmtree(downloads_dir(z.cache_dir, name), ignore_errors=True)
-        src_dir, src_fmt, source = _obtain_source(z, entry, fmt, tmp, state, force)
-        out = os.path.join(tmp, "out")
-        conversion = verification = None
-        if fmt == src_fmt:
-            os.rename(src_dir, out)
-            files = source.get("root_files") or hash_tree(out)
-        else:
-            conversion, verification = _convert(z, entry, src_dir, src_fmt, out, fmt, verify)
-            files = hash_tree(out)
-        manifest = {
-            "zoo_manifest": 1, "name": name, "format": fmt, "created": utc_now(),
-            "bert_of_version": __version__, "registry": entry.get("_registry"),
-            "source": {k: v for k, v in source.items() if k != "root_files"},
-            "files": files, "conversion": conversion, "verification": verification,
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
-        with open(os.path.join(out, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        final = model_dir(z.cache_dir, name, fmt)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        publish_dir(out, final, overwrite=True)
+        with publishing(final, overwrite=True) as stage:
+            src_dir, src_fmt, source = _obtain_source(z, entry, fmt, stage, state, force)
+            conversion = verification = None
+            files = None
+            if fmt == src_fmt:  # Google's files as extracted
+                lift(src_dir, stage)
+                files = source.get("root_files")
+            else:
+                out = os.path.join(stage, ".out")
+                conversion, verification = _convert(z, entry, src_dir, src_fmt, out, fmt, verify)
+                lift(out, stage)
+            shutil.rmtree(os.path.join(stage, EXTRACT), ignore_errors=True)
+            manifest = {
+                "zoo_manifest": 1, "name": name, "format": fmt, "created": utc_now(),
+                "bert_of_version": __version__, "registry": entry.get("_registry"),
+                "source": {k: v for k, v in source.items() if k != "root_files"},
+                "conversion": conversion, "verification": verification,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+            if files is not None:
+                manifest["files"] = files
+            write_manifest(stage, manifest)
         if source.get("kind") == "download" and not keep_archive:
             shutil.rmtree(downloads_dir(z.cache_dir, name), ignore_errors=True)
         z.log(f"{name} ({fmt}): ready in {final} ({human_size(dir_size(final))}, "
@@ -142,9 +137,9 @@ def _build(z, entry, fmt, verify, force, keep_archive) -> str:
                 os.remove(p)
         raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        with contextlib.suppress(OSError):  # only if empty: a partial download stays for resuming
-            os.rmdir(downloads_dir(z.cache_dir, name))
+        for d in (downloads_dir(z.cache_dir, name), os.path.dirname(final)):
+            with contextlib.suppress(OSError):  # only if empty: a partial download stays for resuming
+                os.rmdir(d)
 
 
 def _check_disk(z, name: str, remaining: int, total: int, convert: bool) -> None:
@@ -158,8 +153,9 @@ def _check_disk(z, name: str, remaining: int, total: int, convert: bool) -> None
             "free some space or set BERT_OF_HOME / --cache-dir elsewhere")
 
 
-def _obtain_source(z, entry, fmt, tmp, state, force=False):
-    """(folder, its format, provenance dict) of the entry's source checkpoint."""
+def _obtain_source(z, entry, fmt, stage, state, force=False):
+    """(folder, its format, provenance dict) of the entry's source checkpoint; an archive is
+    extracted into ``stage``/.extract."""
     name, src_fmt = entry["name"], entry["source_format"]
     plan = _source_plan(z, entry, fmt, force)
     if plan == "local":
@@ -217,7 +213,7 @@ def _obtain_source(z, entry, fmt, tmp, state, force=False):
                          "sha256_verified": bool(f.get("sha256"))})
         state["unverified"].append(dest)
     # unpack
-    ext = os.path.join(tmp, "extract")
+    ext = os.path.join(stage, EXTRACT)
     os.makedirs(ext)
     contents = {}
     if entry["archive"] == "none":
@@ -266,24 +262,15 @@ def _obtain_source(z, entry, fmt, tmp, state, force=False):
 
 
 def _convert(z, entry, src_dir, src_fmt, out, fmt, verify):
-    from bert_of.errors import BertOfError
-    from bert_of.converters.common import Options, summarize
-    from bert_of.converters.convert import convert
-
     name = entry["name"]
-    t0 = time.perf_counter()
     z.log(f"{name}: converting {src_fmt} -> {fmt}")
     try:
-        source, notes = convert(f"{src_fmt}2{fmt}", src_dir, out, Options())
+        conversion = convert_record(src_dir, src_fmt, out, fmt)
     except BertOfError as e:
         raise ZooError(f"{name}: cannot produce --format {fmt}: {e}") from None
-    conversion = {"direction": f"{src_fmt}2{fmt}", "seconds": round(time.perf_counter() - t0, 2),
-                  "report": summarize(source.report), "notes": list(notes or [])}
     if not verify:
         z.log(f"{name}: forward verification skipped (--no-verify)")
         return conversion, None
-    from bert_of.converters.verify import verify as forward_verify
-
     z.log(f"{name}: verifying forward equality {src_fmt} vs {fmt} (TF reference vs bert_of eager + graph)")
     t1 = time.perf_counter()
     try:

@@ -5,22 +5,24 @@ Layout (``BERT_OF_HOME``, default ``$XDG_CACHE_HOME/bert_of`` or ``~/.cache/bert
     models/<name>/<format>/        published entries (a bert_of checkpoint for "of",
                                    Google's files for "tf"), each with zoo_manifest.json
     downloads/<name>/<file>.part   partial downloads (resumed by the next attempt)
-    locks/<name>.lock              one flock per entry: concurrent downloads serialize
-    tmp/<name>+XXXX/               private build folders; published by one rename
+    locks/<name>.lock              one flock per entry: concurrent builds serialize
     registry.local.json            entries made by `bert-of zoo add`
 
-A published folder appears by one ``os.rename`` of a finished folder, so a
-reader sees either nothing or a complete, verified entry.
+An entry is built in a staging folder beside its destination and swapped in by one rename
+(``bert_of.fs.publishing``), so a reader sees either nothing or a complete, verified entry; the
+staging folder of a process that died is removed by the next build.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
+import time
 
-from bert_of.fs import sha256_file
+from bert_of.converters.common import Options, summarize
+from bert_of.converters.convert import convert
+from bert_of.errors import OutputError
+from bert_of.fs import STAGING_MARK, locked, read_json, sha256_file, write_json
 from bert_of.zoo.errors import ZooError
 
 MANIFEST = "zoo_manifest.json"
@@ -70,36 +72,49 @@ def cached_formats(cache_dir: str, entry: dict) -> dict:
 
 
 def read_manifest(path: str) -> dict:
-    try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ZooError(f"{path}: unreadable {MANIFEST} ({e})") from None
+    return read_json(os.path.join(path, MANIFEST), "zoo manifest", error=ZooError)
+
+
+def write_manifest(stage: str, manifest: dict) -> dict:
+    """The manifest of a staged entry, with the SHA-256 and size of its files unless given."""
+    manifest.setdefault("files", hash_tree(stage, skip=(MANIFEST, STAGING_MARK)))
+    write_json(os.path.join(stage, MANIFEST), manifest, indent=1)
+    return manifest
 
 
 @contextlib.contextmanager
 def entry_lock(cache_dir: str, key: str, log):
-    locks = os.path.join(cache_dir, "locks")
-    os.makedirs(locks, exist_ok=True)
-    path = os.path.join(locks, f"{key}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    """Hold ``<cache>/locks/<key>.lock`` for the block; when another process holds it, say so
+    (``log``) and wait for it."""
+    path = os.path.join(cache_dir, "locks", f"{key}.lock")
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.pread(fd, 64, 0).decode().strip() or "?"
-            except OSError:
-                holder = "?"
-            log(f"{key}: another process (pid {holder}) is working on it; waiting for its lock {path}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            stack.enter_context(locked(path, key))
+        except OutputError as e:
+            log(f"{e}; waiting for its lock {path}")
+            stack.enter_context(locked(path, key, wait=True))
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+
+
+def lift(folder: str, into: str) -> None:
+    """Move what ``folder`` holds up into ``into`` (same filesystem), then remove ``folder``.
+
+    Converters and extraction create their output folder themselves; an entry is that folder's
+    content at the top of its staging folder."""
+    for n in os.listdir(folder):
+        dst = os.path.join(into, n)
+        if os.path.lexists(dst):
+            raise ZooError(f"{os.path.join(folder, n)}: collides with {dst} of the entry being built")
+        os.rename(os.path.join(folder, n), dst)
+    os.rmdir(folder)
+
+
+def convert_record(src: str, src_fmt: str, out: str, fmt: str, opts: Options | None = None) -> dict:
+    """Convert ``src`` (in ``src_fmt``) into the new folder ``out``; the conversion's record for a manifest."""
+    t0 = time.perf_counter()
+    source, notes = convert(f"{src_fmt}2{fmt}", src, out, opts or Options())
+    return {"direction": f"{src_fmt}2{fmt}", "seconds": round(time.perf_counter() - t0, 2),
+            "report": summarize(source.report), "notes": list(notes or [])}
 
 
 def verify_published(entry: dict, fmt: str, d: str) -> list:

@@ -13,8 +13,10 @@ import json
 import os
 import sys
 
+from bert_of.errors import BertOfError
 from bert_of.zoo.core import FORMATS, Zoo
 from bert_of.zoo.download import DownloadOptions, human_size
+from bert_of.zoo.errors import ChecksumError
 
 DESCRIPTION = ("Model zoo: Google's released BERT checkpoints (and your own), downloaded resumably, "
                "SHA-256 verified, extracted safely, converted to bert_of with a forward-equality check, cached.")
@@ -162,8 +164,6 @@ def cmd_path(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from bert_of.zoo.errors import ChecksumError
-
     z = _zoo(args)
     results = z.verify(args.name, args.format)
     bad = []
@@ -301,8 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from bert_of.errors import BertOfError
-
     try:
         return args.fn(args)
     except BertOfError as e:

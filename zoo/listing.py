@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from bert_of.errors import BertOfError
+from bert_of.eval.results import load_results
 from bert_of.zoo import registry as _reg
 from bert_of.zoo.build import _urls
 from bert_of.zoo.cache import cached_formats, dir_size, read_manifest
@@ -21,13 +23,9 @@ def measured_squad(z) -> dict:
     from, is one of the entry's folders (cached formats or a local entry's folder); records
     of an untrained (newly initialised) SQuAD head do not count.
     """
-    from bert_of.errors import BertOfError
-
     try:
-        from bert_of.eval.results import load_results
-
         records = load_results(z.results_path)
-    except (ImportError, BertOfError) as e:
+    except BertOfError as e:
         z.log(f"note: results store not read ({e})")
         return {}
     if not records:

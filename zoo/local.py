@@ -6,10 +6,13 @@ metadata given) goes into ``<cache>/registry.local.json``; the folder itself is 
 
 from __future__ import annotations
 
-import json
+import getpass
 import os
 
-from bert_of.fs import utc_now
+from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile
+from bert_of.config import BertConfig
+from bert_of.converters.convert import detect, read
+from bert_of.fs import read_json, utc_now
 from bert_of.zoo import registry as _reg
 from bert_of.zoo.cache import entry_lock, hash_tree
 from bert_of.zoo.errors import ZooError
@@ -25,25 +28,13 @@ def config_summary(cfg) -> dict:
 def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
         description: str | None = None, force: bool = False) -> dict:
     """Register a local checkpoint folder (referenced in place, content-hashed) in registry.local.json."""
-    from bert_of.converters.convert import detect
-
     directory = os.path.abspath(os.path.expanduser(directory))
     if not os.path.isdir(directory):
         raise ZooError(f"{directory}: not a directory")
     if not _reg.NAME_RE.match(name or ""):
         raise ZooError(f"--name {name!r}: must match {_reg.NAME_RE.pattern}")
     fmt = detect(directory)
-    md = {}
-    if metadata:
-        try:
-            with open(metadata) as f:
-                md = json.load(f)
-        except OSError as e:
-            raise ZooError(f"{metadata}: cannot read metadata ({e.strerror})") from None
-        except ValueError as e:
-            raise ZooError(f"{metadata}: not valid JSON ({e})") from None
-        if not isinstance(md, dict):
-            raise ZooError(f"{metadata}: metadata must be a JSON object")
+    md = read_json(metadata, "metadata file", error=ZooError) if metadata else {}
     known = {"description", "aliases", "license", "training", "evaluation", "provenance"}
     evaluation = []
     for i, r in enumerate(md.get("evaluation") or []):
@@ -94,8 +85,6 @@ def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
 
 def _user() -> str:
     try:
-        import getpass
-
         return getpass.getuser()
     except Exception:  # noqa: BLE001 - no user database in some containers
         return "?"
@@ -105,9 +94,6 @@ def _describe_checkpoint(directory: str, fmt: str):
     """(config summary, parameter count) of a local checkpoint, as far as its format tells."""
     try:
         if fmt == "of":
-            from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile
-            from bert_of.config import BertConfig
-
             cfg = BertConfig.from_json_file(os.path.join(directory, CONFIG_NAME))
             with SafetensorsFile(os.path.join(directory, WEIGHTS_NAME)) as f:
                 params = 0
@@ -118,12 +104,8 @@ def _describe_checkpoint(directory: str, fmt: str):
                     params += n
             return config_summary(cfg), params
         if fmt == "tf":
-            from bert_of.config import BertConfig
-
             cfg = BertConfig.from_google_json_file(os.path.join(directory, "bert_config.json"))
             return config_summary(cfg), cfg.num_parameters("pretraining")
-        from bert_of.converters.convert import read
-
         src = read(directory, fmt)
         return config_summary(src.config), sum(int(_numel(s.shape)) for s, _ in src.tensors)
     except (OSError, ValueError) as e:
