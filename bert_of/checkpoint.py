@@ -24,8 +24,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
-from bert_of.fs import publishing
+from bert_of.errors import BertOfError, CheckpointError
+from bert_of.fs import publishing, read_json
 
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
@@ -217,6 +217,34 @@ class Checkpoint:
 def is_checkpoint_dir(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG_NAME)) and \
         os.path.isfile(os.path.join(path, WEIGHTS_NAME))
+
+
+# A function (name or path) -> bert_of checkpoint directory, for what resolve_checkpoint does not
+# handle itself. The package facade (bert_of/__init__.py) registers the zoo's resolver, so the
+# layers below the zoo load zoo names and other formats without importing it.
+_resolver: Optional[Callable[[str], str]] = None
+
+
+def register_resolver(fn: Optional[Callable[[str], str]]) -> None:
+    """Install ``fn(name_or_path) -> checkpoint directory`` (None removes it)."""
+    global _resolver
+    _resolver = fn
+
+
+def resolve_checkpoint(name_or_path) -> str:
+    """A bert_of checkpoint directory for ``name_or_path``: such a directory as it is; anything else
+    (a zoo name, a checkpoint in another format) through the registered resolver."""
+    path = os.fspath(name_or_path)
+    if is_checkpoint_dir(path):
+        try:  # HF directories hold config.json + model.safetensors too; bert_of's config says "provenance"
+            if "provenance" in read_json(os.path.join(path, CONFIG_NAME)):
+                return path
+        except BertOfError:
+            pass
+    if _resolver is None:
+        raise CheckpointError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
+                              "resolve once bert_of registers its resolver: import bert_of)")
+    return _resolver(path)
 
 
 def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:

@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import ROOT, TINY
 from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry_entry, sha256, write_registry,
                                        zip_release)
+from bert_of.errors import CheckpointError
 from bert_of.zoo import registry as zreg
 from bert_of.zoo.core import MANIFEST, Zoo
 from bert_of.zoo.download import DownloadOptions
@@ -457,13 +458,13 @@ def test_offline_mode_with_and_without_a_cached_copy(home, tmp_path, serve, serv
     assert server.gets(path_on_server) == [] and leftovers(home, "tiny") == []
     z = Zoo(cache_dir=str(home), registries=[reg], offline=True)
     with pytest.raises(OfflineError):
-        z.resolve("tiny", fmt="tf")
+        z.resolve("tiny")
     # cache it (online), then offline finds it without touching the network
     path = Zoo(cache_dir=str(home), registries=[reg], download_options=FAST).download("tiny", "tf")
     assert len(server.gets(path_on_server)) == 1
     r = run_zoo("download", "tiny", "--format", "tf", env=env)
     assert r.returncode == 0 and r.stdout.strip() == path
-    assert z.resolve("tiny", fmt="tf") == path and len(server.gets(path_on_server)) == 1
+    assert z.download("tiny", "tf") == path and len(server.gets(path_on_server)) == 1
     # offline, another format is converted from the cached tf folder (no network needed) ...
     flag = {"BERT_OF_HOME": str(home)}
     r = run_zoo("download", "tiny", "--offline", "--no-verify", "--registry", reg, env=flag)
@@ -589,8 +590,9 @@ def test_endpoint_rule_and_resolve(home):
     assert zreg.effective_url({"endpoint_prefix": "https://lab.example/"}, "https://lab.example/x.zip",
                               "http://m/") == "http://m/x.zip"
     from bert_of import zoo
-    assert zoo.resolve(ROOT) == ROOT  # an existing directory is returned unchanged
-    with pytest.raises(UnknownEntryError, match="no such directory, and not a zoo name"):
+    with pytest.raises(CheckpointError, match="not a checkpoint in any known format"):
+        zoo.resolve(ROOT)  # a directory, but no checkpoint (tests/test_resolve.py: the ones that are)
+    with pytest.raises(UnknownEntryError, match="no such file or directory, and not a zoo name"):
         zoo.resolve("no/such/dir-or-name")
 
 

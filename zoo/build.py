@@ -19,8 +19,8 @@ from bert_of.converters.verify import verify as forward_verify
 from bert_of.errors import BertOfError
 from bert_of.fs import publishing, sha256_file, utc_now
 from bert_of.version import __version__
-from bert_of.zoo import archive as _archive
-from bert_of.zoo import registry as _reg
+import bert_of.zoo.archive as _archive
+import bert_of.zoo.registry as _reg
 from bert_of.zoo.cache import (FORMATS, cached_formats, check_local_hashes, convert_record, dir_size, downloads_dir,
                                entry_lock, lift, model_dir, read_manifest, verify_published, write_manifest)
 from bert_of.zoo.download import fetch, human_size

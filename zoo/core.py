@@ -6,6 +6,7 @@ operations of ``bert-of zoo``, each implemented in the module of its concern:
 - zoo.cache     the cache on disk: layout, manifests, locks, re-verification
 - zoo.local     entries made by ``zoo add``
 - zoo.listing   ``zoo list`` / ``zoo info``
+- zoo.resolve   a name or a path (any format) -> a bert_of checkpoint folder
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import sys
 import urllib.parse
 
 from bert_of.fs import bert_of_home
-from bert_of.zoo import build as _build
-from bert_of.zoo import listing as _listing
-from bert_of.zoo import local as _local
-from bert_of.zoo import registry as _reg
+import bert_of.zoo.build as _build
+import bert_of.zoo.listing as _listing
+import bert_of.zoo.local as _local
+import bert_of.zoo.registry as _reg
+import bert_of.zoo.resolve as _resolve
 from bert_of.zoo.cache import (FORMATS, MANIFEST, cached_formats, check_local_hashes, downloads_dir, entry_lock,
                                hash_tree, model_dir, read_manifest, verify_published)
 from bert_of.zoo.download import DownloadOptions
@@ -112,17 +114,13 @@ class Zoo:
                                  + (f" --format {fmt}" if fmt != "of" else "") + "` fetches it")
         return p
 
-    def resolve(self, name_or_path: str, download: bool = True, fmt: str = "of") -> str:
-        if os.path.isdir(name_or_path):
-            return name_or_path
-        entry = self.registry.lookup(name_or_path)
-        if entry is None:
-            raise _reg.UnknownEntryError(
-                f"{name_or_path}: no such directory, and not a zoo name{self.registry._suggest(name_or_path)} "
-                "(`bert-of zoo list` shows the names)")
-        if download:
-            return self.download(entry["name"], fmt)
-        return self.path(entry["name"], fmt)
+    def resolve(self, name_or_path, download: bool = True, vocab: str | None = None) -> str:
+        """A bert_of checkpoint folder for a zoo name, a bert_of folder or a checkpoint in any format."""
+        return _resolve.resolve_details(self, name_or_path, download=download, vocab=vocab).path
+
+    def resolve_details(self, name_or_path, download: bool = True, vocab: str | None = None) -> _resolve.Resolved:
+        """As :meth:`resolve`, with the display name, source format, conversion report and source path."""
+        return _resolve.resolve_details(self, name_or_path, download=download, vocab=vocab)
 
     def download(self, name: str, fmt: str = "of", verify: bool = True, force: bool = False,
                  keep_archive: bool = False) -> str:

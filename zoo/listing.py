@@ -11,7 +11,7 @@ import os
 
 from bert_of.errors import BertOfError
 from bert_of.eval.results import load_results
-from bert_of.zoo import registry as _reg
+import bert_of.zoo.registry as _reg
 from bert_of.zoo.build import _urls
 from bert_of.zoo.cache import cached_formats, dir_size, read_manifest
 

@@ -13,7 +13,7 @@ from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile
 from bert_of.config import BertConfig
 from bert_of.converters.convert import detect, read
 from bert_of.fs import read_json, utc_now
-from bert_of.zoo import registry as _reg
+import bert_of.zoo.registry as _reg
 from bert_of.zoo.cache import entry_lock, hash_tree
 from bert_of.zoo.errors import ZooError
 
