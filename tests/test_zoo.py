@@ -30,7 +30,7 @@ from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry
 from bert_of.errors import CheckpointError
 from bert_of.zoo import registry as zreg
 from bert_of.zoo.core import MANIFEST, Zoo
-from bert_of.zoo.download import DownloadOptions
+from bert_of.zoo.download import DownloadOptions, fetch
 from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError,
                         UnknownEntryError, UnsafeArchiveError, ZooError)
 from bert_of.zoo.serve import MirrorServer
@@ -340,6 +340,51 @@ def test_404_is_one_line_no_retry_nothing_kept(home, tmp_path, server, release):
     assert zoo_lines(r.stderr)[-1] == f"bert-of: error: {url}: not found on the server (HTTP 404 Not Found)"
     assert server.gets("/t/missing/nothing.zip") == [(None, 404)]
     assert leftovers(home, "gone") == []
+
+
+def test_unreachable_hosts_fail_at_once_and_passing_errors_are_retried(home, tmp_path, serve, server, release,
+                                                                      capsys):
+    """No DNS answer, nothing listening, a TLS handshake that fails: one line at once (the default retry
+    budget would wait ~30 s for nothing). A 503 is worth retrying, and is."""
+    hint = "; offline? BERT_OF_OFFLINE=1 uses the cache only, BERT_OF_ENDPOINT=<URL> downloads from a mirror"
+    z, _ = zoo_with(home, tmp_path, [registry_entry("far", "https://bert-of-test.invalid/bert/far.zip",
+                                                    release["hashes"])],
+                    download_options=DownloadOptions(progress=False))  # the defaults: 5 retries, backoff from 1 s
+    t0 = time.perf_counter()
+    with pytest.raises(DownloadError) as ei:
+        z.download("far", "tf")
+    assert time.perf_counter() - t0 < 2
+    assert str(ei.value).startswith("https://bert-of-test.invalid/bert/far.zip: cannot resolve the host "
+                                    "bert-of-test.invalid (") and str(ei.value).endswith(hint)
+    assert leftovers(home, "far") == []
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path_on_server = serve()[len(server.url) - 1:]
+    tls = f"https://127.0.0.1:{server.server_address[1]}{path_on_server}"  # TLS to a plain-HTTP server
+    for url, why in ((f"http://127.0.0.1:{port}/x.zip", f"127.0.0.1:{port} refused the connection"),
+                     (tls, f"TLS handshake with 127.0.0.1:{server.server_address[1]} failed (")):
+        t0 = time.perf_counter()
+        with pytest.raises(DownloadError) as ei:
+            fetch(url, str(tmp_path / "dl" / "x.zip"), opts=DownloadOptions(progress=False))
+        assert time.perf_counter() - t0 < 2 and str(ei.value).startswith(f"{url}: {why}"), str(ei.value)
+        assert str(ei.value).endswith(hint)
+    assert server.gets(path_on_server) == [] and "retrying" not in capsys.readouterr().err
+    # the same through the CLI: one line, exit 1
+    reg = write_registry(tmp_path / "far.json", [registry_entry("far", f"http://127.0.0.1:{port}/far.zip",
+                                                                release["hashes"])])
+    r = run_zoo("download", "far", "--format", "tf", "--registry", reg, env={"BERT_OF_HOME": str(home)})
+    assert r.returncode == 1 and zoo_lines(r.stderr)[-1] == (
+        f"bert-of: error: http://127.0.0.1:{port}/far.zip: 127.0.0.1:{port} refused the connection{hint}")
+    # 503 then 200: retried, with backoff, and it lands
+    server.faults[path_on_server] = {"status": 503, "times": 1}
+    res = fetch(server.url + path_on_server[1:], str(tmp_path / "ok" / "tiny.zip"),
+                opts=DownloadOptions(backoff=0.05, progress=False))
+    assert server.gets(path_on_server) == [(None, 503), (None, 200)] and res.attempts == 2
+    assert "HTTP 503 Service Unavailable; retrying in" in capsys.readouterr().err
+    assert sha256(res.path) == sha256(str(release["zips"] / "tiny.zip"))
 
 
 def test_server_too_slow_times_out(home, tmp_path, serve, server, release):
