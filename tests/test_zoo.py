@@ -597,6 +597,79 @@ def test_zoo_add_registers_a_local_checkpoint(home, tmp_path, release):
     assert os.path.isdir(ckpt) and Zoo(cache_dir=str(home)).registry.lookup("my-pretrain") is None
 
 
+@pytest.fixture(scope="module")
+def local_ckpt(release, tmp_path_factory):
+    from bert_of.converters.convert import convert
+
+    ckpt = tmp_path_factory.mktemp("local") / "ckpt"
+    convert("tf2of", release["files"], str(ckpt))
+    return ckpt
+
+
+def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
+    env = {"BERT_OF_HOME": str(home)}
+    for n in ("first", "second"):
+        assert run_zoo("add", local_ckpt, "--name", n, env=env).returncode == 0
+    local = home / "registry.local.json"
+    whole = local.read_text()
+    cut = whole[:whole.index('"name": "second"') + 30]  # a copy cut short inside the second entry
+
+    def listed(r):
+        assert r.returncode == 0, r.stderr
+        table = r.stdout.split("\n\n")[0].splitlines()[1:]
+        names = [ln.split()[0] for ln in table]
+        ours = [n for n in names if n in ("first", "second", "third")]
+        assert len(names) - len(ours) == 33 and "bert-base-uncased" in names  # the shipped registry, all of it
+        return ours
+
+    local.write_text(cut)
+    r = run_zoo("list", env=env)
+    assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
+        f"{local}: damaged (not a whole registry); using the 1 entry readable before the damage (the next "
+        "`bert-of zoo add` or `remove` rewrites it, keeping a copy)"]
+    assert run_zoo("info", "first", env=env).returncode == 0 and run_zoo("info", "bert-base", env=env).returncode == 0
+    local.write_bytes(b"\x00\xff\xfe garbage \x00")
+    r = run_zoo("list", env=env)
+    assert listed(r) == [] and "using the 0 entries readable" in r.stderr
+    # an entry that breaks the schema is skipped; the others are kept
+    good = json.loads(whole)["entries"]
+    local.write_text(json.dumps({"schema_version": 1, "entries": [good[0], dict(good[1], name="x/../y")]}))
+    r = run_zoo("list", env=env)
+    assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
+        f"{local}: entries[1]: entry name 'x/../y' must match {zreg.NAME_RE.pattern} (it becomes a directory "
+        "name); entry skipped"]
+    # the next `zoo add` keeps a copy of the damaged file and rewrites a whole registry
+    local.write_text(cut)
+    r = run_zoo("add", local_ckpt, "--name", "third", env=env)
+    assert r.returncode == 0, r.stderr
+    copies = [f for f in os.listdir(home) if f.startswith("registry.local.json.damaged-")]
+    assert len(copies) == 1 and (home / copies[0]).read_text() == cut
+    assert [e["name"] for e in json.loads(local.read_text())["entries"]] == ["first", "third"]
+    r = run_zoo("list", env=env)
+    assert listed(r) == ["first", "third"] and zoo_lines(r.stderr) == []
+
+
+def test_concurrent_zoo_adds_all_land(home, local_ckpt):
+    """Four `zoo add`s at once: the registry is rewritten whole under one lock, so every one lands."""
+    from bert_of.fs import locked
+
+    env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home))
+    names = [f"run-{i}" for i in range(4)]
+    logs = [home.parent / f"add-{n}.txt" for n in names]
+    with locked(str(home / "locks" / ".registry.local.lock"), "test", wait=True):  # all four queue up
+        procs = [subprocess.Popen([sys.executable, "-m", "bert_of.zoo", "add", str(local_ckpt), "--name", n],
+                                  stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env, cwd=ROOT)
+                 for n, log in zip(names, logs)]
+        deadline = time.monotonic() + 120
+        while not all(log.exists() and "waiting for its lock" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.1)
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4, [log.read_text() for log in logs]
+    entries = json.loads((home / "registry.local.json").read_text())["entries"]
+    assert sorted(e["name"] for e in entries) == names
+    assert all(e["path"] == str(local_ckpt) for e in entries)
+
+
 # --------------------------------------------------------------------------- smaller rules
 
 

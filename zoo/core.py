@@ -73,7 +73,7 @@ class Zoo:
     @property
     def registry(self) -> _reg.Registry:
         if self._registry is None:
-            self._registry = _reg.merge(self.registry_paths())
+            self._registry = _reg.merge(self.registry_paths(), lenient={self.local_registry_path})
         return self._registry
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 
 from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile
 from bert_of.config import BertConfig
@@ -66,20 +67,20 @@ def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
     if extra:
         entry["metadata"] = extra
     entry = _reg.validate_entry(entry, f"zoo add {name}")
-    reg = z.registry
-    for n in [name] + entry["aliases"]:
-        other = reg.lookup(n)
-        if other is not None and not force:
-            raise ZooError(f"{n}: already names the entry {other['name']} (from {other['_registry']}); "
-                           "choose another --name/--alias, or pass --force to replace it")
-    if name in reg.entries and reg.entries[name]["_registry"] != z.local_registry_path:
-        z.log(f"note: {name} now overrides the entry of {reg.entries[name]['_registry']} "
-              "(later registries win, whole entry)")
-    with entry_lock(z.cache_dir, ".registry.local", z.log):
-        entries = _reg.load_file(z.local_registry_path) if os.path.isfile(z.local_registry_path) else []
-        entries = [e for e in entries if e["name"] != name] + [entry]
-        _reg.write_file(z.local_registry_path, entries)
-    z._registry = None
+
+    def change(entries):
+        reg = z.registry  # read under the lock: a concurrent `zoo add` of the same name is seen
+        for n in [name] + entry["aliases"]:
+            other = reg.lookup(n)
+            if other is not None and not force:
+                raise ZooError(f"{n}: already names the entry {other['name']} (from {other['_registry']}); "
+                               "choose another --name/--alias, or pass --force to replace it")
+        if name in reg.entries and reg.entries[name]["_registry"] != z.local_registry_path:
+            z.log(f"note: {name} now overrides the entry of {reg.entries[name]['_registry']} "
+                  "(later registries win, whole entry)")
+        return [e for e in entries if e["name"] != name] + [entry]
+
+    update_local(z, change)
     return z.entry(name)
 
 
@@ -121,6 +122,22 @@ def _numel(shape) -> int:
 
 def unregister(z, name: str) -> None:
     """Drop ``name`` from registry.local.json."""
+    update_local(z, lambda entries: [e for e in entries if e["name"] != name])
+
+
+def update_local(z, change) -> None:
+    """Rewrite registry.local.json as ``change(entries)``: whole, atomically, under one lock, so
+    concurrent `zoo add`s all land. A damaged file is copied aside first (its readable entries are
+    kept), so nothing of it is lost without a trace."""
+    path = z.local_registry_path
     with entry_lock(z.cache_dir, ".registry.local", z.log):
-        entries = [e for e in _reg.load_file(z.local_registry_path) if e["name"] != name]
-        _reg.write_file(z.local_registry_path, entries)
+        z._registry = None
+        entries, damaged = _reg.load_local(path, warn=False)
+        new = change(entries)
+        if damaged:
+            keep = f"{path}.damaged-{utc_now().replace(':', '')}"
+            shutil.copyfile(path, keep)
+            z.log(f"warning: {path} was damaged: kept a copy as {keep}; rewritten with its {len(entries)} "
+                  "readable entries")
+        _reg.write_file(path, new)
+        z._registry = None
