@@ -649,6 +649,33 @@ def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
     assert listed(r) == ["first", "third"] and zoo_lines(r.stderr) == []
 
 
+def test_zoo_add_refuses_non_finite_tensors(home, local_ckpt, tmp_path):
+    """A diverged run (NaN or inf in a weight) can never be registered, in any format."""
+    import numpy as np
+
+    from bert_of.checkpoint import load_checkpoint, write_checkpoint
+    from bert_of.converters.convert import convert
+
+    ck = load_checkpoint(str(local_ckpt))
+    nan, inf = dict(ck.tensors), dict(ck.tensors)
+    nan["bert.encoder.layer.1.attention.self.key.weight"] = nan["bert.encoder.layer.1.attention.self.key.weight"].copy()
+    nan["bert.encoder.layer.1.attention.self.key.weight"][3, :2] = np.nan
+    inf["cls.predictions.bias"] = inf["cls.predictions.bias"].copy()
+    inf["cls.predictions.bias"][0] = -np.inf
+    write_checkpoint(str(tmp_path / "nan"), list(nan.items()), ck.config, ck.vocab_file)
+    write_checkpoint(str(tmp_path / "inf-of"), list(inf.items()), ck.config, ck.vocab_file)
+    convert("of2tf", str(tmp_path / "inf-of"), str(tmp_path / "inf-tf"))
+    env = {"BERT_OF_HOME": str(home)}
+    for d, tensor, n in (("nan", "bert.encoder.layer.1.attention.self.key.weight", 2),
+                         ("inf-tf", "cls.predictions.bias", 1)):
+        r = run_zoo("add", tmp_path / d, "--name", "diverged", env=env)
+        assert r.returncode == 1 and zoo_lines(r.stderr) == [
+            f"bert-of: error: {tmp_path / d}: tensor {tensor} holds {n} non-finite value(s) (NaN or inf): "
+            "a diverged run? not registering it"]
+    assert not (home / "registry.local.json").exists()
+    assert run_zoo("add", local_ckpt, "--name", "finite", env=env).returncode == 0
+
+
 def test_concurrent_zoo_adds_all_land(home, local_ckpt):
     """Four `zoo add`s at once: the registry is rewritten whole under one lock, so every one lands."""
     from bert_of.fs import locked

@@ -272,7 +272,8 @@ def _fill(p: argparse.ArgumentParser) -> None:
     s = sub.add_parser("add", parents=[common], help="register a local checkpoint folder (e.g. from pretraining)",
                        description="Register DIR (a bert_of checkpoint, or any format bert-of convert reads) under "
                                    "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
-                                   "its files. --metadata FILE: JSON with optional description, aliases, license, "
+                                   "its files. Every tensor is read: one holding NaN or inf (a diverged run) is "
+                                   "refused. --metadata FILE: JSON with optional description, aliases, license, "
                                    "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.")
     s.add_argument("dir")
     s.add_argument("--name", required=True)

@@ -10,8 +10,8 @@ import getpass
 import os
 import shutil
 
-from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile
-from bert_of.config import BertConfig
+import numpy as np
+
 from bert_of.converters.convert import detect, read
 from bert_of.fs import read_json, utc_now
 import bert_of.zoo.registry as _reg
@@ -44,8 +44,8 @@ def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
         r = dict(r)
         r.setdefault("source", f"local: {os.path.abspath(metadata)}")
         evaluation.append(r)
-    files = hash_tree(directory, skip=())
     cfg_summary, params = _describe_checkpoint(directory, fmt)
+    files = hash_tree(directory, skip=())
     entry = {
         "name": name,
         "aliases": list(aliases or []) + [a for a in md.get("aliases", []) if a not in (aliases or [])],
@@ -92,32 +92,22 @@ def _user() -> str:
 
 
 def _describe_checkpoint(directory: str, fmt: str):
-    """(config summary, parameter count) of a local checkpoint, as far as its format tells."""
+    """(config summary, parameter count) of a local checkpoint, read tensor by tensor; a tensor
+    holding NaN or inf (a diverged run) is refused, so it can never be registered."""
     try:
-        if fmt == "of":
-            cfg = BertConfig.from_json_file(os.path.join(directory, CONFIG_NAME))
-            with SafetensorsFile(os.path.join(directory, WEIGHTS_NAME)) as f:
-                params = 0
-                for k in f.keys():
-                    n = 1
-                    for s in f.shape(k):
-                        n *= int(s)
-                    params += n
-            return config_summary(cfg), params
-        if fmt == "tf":
-            cfg = BertConfig.from_google_json_file(os.path.join(directory, "bert_config.json"))
-            return config_summary(cfg), cfg.num_parameters("pretraining")
         src = read(directory, fmt)
-        return config_summary(src.config), sum(int(_numel(s.shape)) for s, _ in src.tensors)
+        params = 0
+        for spec, produce in src.tensors:
+            params += int(np.prod(spec.shape, dtype=np.int64))
+            arr = produce()
+            if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
+                bad = arr.size - int(np.count_nonzero(np.isfinite(arr.astype(np.float32, copy=False))))
+                if bad:
+                    raise ZooError(f"{directory}: tensor {spec.name} holds {bad} non-finite value(s) (NaN or inf): "
+                                   "a diverged run? not registering it")
+        return config_summary(src.config), params
     except (OSError, ValueError) as e:
-        raise ZooError(f"{directory}: cannot read its config ({e})") from None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+        raise ZooError(f"{directory}: cannot read it ({e})") from None
 
 
 def unregister(z, name: str) -> None:
