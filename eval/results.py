@@ -26,7 +26,7 @@ import shutil
 import subprocess
 
 from bert_of.eval.errors import ResultsError
-from bert_of.fs import append_jsonl, bert_of_home, read_jsonl, sha256_file, utc_now
+from bert_of.fs import append_jsonl, bert_of_home, read_json, read_jsonl, sha256_file, utc_now
 
 log = logging.getLogger("bert_of")
 
@@ -157,8 +157,7 @@ def load_results(path: str | None = None) -> list:
 
 
 def load_published() -> list:
-    with open(PUBLISHED_PATH, encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
+    rows = read_json(PUBLISHED_PATH, "published results", error=ResultsError)["rows"]
     return [dict(r, kind="published") for r in rows]
 
 

@@ -5,8 +5,10 @@ Layout (``BERT_OF_HOME``, default ``$XDG_CACHE_HOME/bert_of`` or ``~/.cache/bert
     models/<name>/<format>/        published entries (a bert_of checkpoint for "of",
                                    Google's files for "tf"), each with zoo_manifest.json
     downloads/<name>/<file>.part   partial downloads (resumed by the next attempt)
-    locks/<name>.lock              one flock per entry: concurrent builds serialize
+    converted/<key>/               checkpoints in other formats, converted by zoo.resolve
+    locks/<name>.lock              one flock per entry (or conversion): concurrent builds serialize
     registry.local.json            entries made by `bert-of zoo add`
+    results.jsonl                  the results store (bert_of.eval.results)
 
 An entry is built in a staging folder beside its destination and swapped in by one rename
 (``bert_of.fs.publishing``), so a reader sees either nothing or a complete, verified entry; the

@@ -24,7 +24,7 @@ import bert_of.zoo.local as _local
 import bert_of.zoo.registry as _reg
 import bert_of.zoo.resolve as _resolve
 from bert_of.zoo.cache import (FORMATS, MANIFEST, cached_formats, check_local_hashes, downloads_dir, entry_lock,
-                               hash_tree, model_dir, read_manifest, verify_published)
+                               hash_tree, verify_published)
 from bert_of.zoo.download import DownloadOptions
 from bert_of.zoo.errors import NotCachedError, ZooError
 
@@ -93,9 +93,6 @@ class Zoo:
             print(f"bert-of: {msg}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ cache
-    def model_dir(self, name: str, fmt: str) -> str:
-        return model_dir(self.cache_dir, name, fmt)
-
     def downloads_dir(self, name: str) -> str:
         return downloads_dir(self.cache_dir, name)
 
@@ -176,18 +173,12 @@ class Zoo:
         """Register a local checkpoint folder (referenced in place, content-hashed) in registry.local.json."""
         return _local.add(self, directory, name, aliases, metadata, description, force)
 
-    def measured_squad(self) -> dict:
-        return _listing.measured_squad(self)
-
     def rows(self) -> list:
         """One dict per entry for `zoo list`."""
         return _listing.rows(self)
 
     def info(self, name: str) -> dict:
         return _listing.info(self, name)
-
-    def read_manifest(self, path: str) -> dict:
-        return read_manifest(path)
 
 
 __all__ = ["Zoo", "FORMATS", "MANIFEST", "default_cache_dir", "hash_tree"]

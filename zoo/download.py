@@ -53,7 +53,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from bert_of.fs import atomic_write
+from bert_of.errors import BertOfError
+from bert_of.fs import atomic_write, read_json
 from bert_of.zoo.errors import ChecksumError, DiskSpaceError, DownloadError
 
 USER_AGENT = "bert_of-zoo/0.1"
@@ -134,10 +135,10 @@ def _opener(url: str):
 
 
 def _read_meta(path):
+    """The validators recorded beside a part; {} when missing or unreadable (then no resume is spliced)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return read_json(path, "download state")
+    except BertOfError:
         return {}
 
 
