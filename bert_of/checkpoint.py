@@ -236,11 +236,12 @@ def resolve_checkpoint(name_or_path) -> str:
     (a zoo name, a checkpoint in another format) through the registered resolver."""
     path = os.fspath(name_or_path)
     if is_checkpoint_dir(path):
-        try:  # HF directories hold config.json + model.safetensors too; bert_of's config says "provenance"
-            if "provenance" in read_json(os.path.join(path, CONFIG_NAME)):
-                return path
+        try:
+            config = read_json(os.path.join(path, CONFIG_NAME))
         except BertOfError:
-            pass
+            return path  # load_checkpoint says what is wrong with its config
+        if "provenance" in config:  # HF directories hold config.json + model.safetensors too, without it
+            return path
     if _resolver is None:
         raise CheckpointError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
                               "resolve once bert_of registers its resolver: import bert_of)")

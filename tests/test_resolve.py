@@ -202,7 +202,7 @@ def test_from_pretrained_keywords_are_config_fields_validated(formats, home):
 # --------------------------------------------------------------------------- the hook and the layers
 
 
-def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats):
+def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_path):
     import bert_of
 
     try:
@@ -215,6 +215,15 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats):
         assert resolve_checkpoint(formats["hf"]) == formats["of"] and seen == [formats["hf"]]
     finally:
         register_resolver(bert_of._resolve_with_zoo)
+    # a bert_of folder with a damaged config is not sent elsewhere: loading it names the file
+    from bert_of import BertModel
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    os.link(os.path.join(formats["of"], "model.safetensors"), broken / "model.safetensors")
+    (broken / "config.json").write_text(open(os.path.join(formats["of"], "config.json")).read()[:40])
+    with pytest.raises(ConfigError, match=f"^{broken / 'config.json'}: malformed JSON"):
+        BertModel.from_pretrained(str(broken))
 
 
 MODEL_AND_BASE = ("errors", "version", "fs", "config", "checkpoint", "tokenization", "_flow", "modeling")
