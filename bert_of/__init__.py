@@ -4,9 +4,9 @@ Importing ``bert_of`` is cheap: OneFlow (~1 s, ~400 MB) loads only when a model
 class is first touched, so converters and ``bert-of inspect`` stay light.
 """
 
-from bert_of.checkpoint import register_resolver
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.hooks import register_resolver
 from bert_of.version import __version__
 
 _LAZY = {

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+import bert_of.hooks as _hooks
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
 from bert_of.fs import publishing, read_json
@@ -219,21 +220,10 @@ def is_checkpoint_dir(path: str) -> bool:
         os.path.isfile(os.path.join(path, WEIGHTS_NAME))
 
 
-# A function (name or path) -> bert_of checkpoint directory, for what resolve_checkpoint does not
-# handle itself. The package facade (bert_of/__init__.py) registers the zoo's resolver, so the
-# layers below the zoo load zoo names and other formats without importing it.
-_resolver: Optional[Callable[[str], str]] = None
-
-
-def register_resolver(fn: Optional[Callable[[str], str]]) -> None:
-    """Install ``fn(name_or_path) -> checkpoint directory`` (None removes it)."""
-    global _resolver
-    _resolver = fn
-
-
 def resolve_checkpoint(name_or_path) -> str:
     """A bert_of checkpoint directory for ``name_or_path``: such a directory as it is; anything else
-    (a zoo name, a checkpoint in another format) through the registered resolver."""
+    (a zoo name, a checkpoint in another format) through the resolver an upper layer registered
+    (bert_of.hooks.register_resolver: the package facade registers the zoo's)."""
     path = os.fspath(name_or_path)
     if is_checkpoint_dir(path):
         try:
@@ -242,10 +232,10 @@ def resolve_checkpoint(name_or_path) -> str:
             return path  # load_checkpoint says what is wrong with its config
         if "provenance" in config:  # HF directories hold config.json + model.safetensors too, without it
             return path
-    if _resolver is None:
+    if _hooks.resolver is None:
         raise CheckpointError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
                               "resolve once bert_of registers its resolver: import bert_of)")
-    return _resolver(path)
+    return _hooks.resolver(path)
 
 
 def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:

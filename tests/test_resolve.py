@@ -13,14 +13,14 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
-from bert_of.checkpoint import load_checkpoint, register_resolver, resolve_checkpoint
+from bert_of.checkpoint import load_checkpoint, resolve_checkpoint
 from bert_of.converters import tf_reference as ref
 from bert_of.converters.convert import convert
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import locked
+from bert_of.hooks import register_resolver
 from bert_of.zoo import NotCachedError, OfflineError, UnknownEntryError, Zoo
 from bert_of.zoo.cache import MANIFEST
 from bert_of.zoo.resolve import source_key
@@ -226,7 +226,7 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
         BertModel.from_pretrained(str(broken))
 
 
-MODEL_AND_BASE = ("errors", "version", "fs", "config", "checkpoint", "tokenization", "_flow", "modeling")
+MODEL_AND_BASE = ("errors", "version", "fs", "config", "hooks", "checkpoint", "tokenization", "_flow", "modeling")
 
 
 def test_model_layer_never_imports_zoo_converters_or_eval(formats):
@@ -243,6 +243,11 @@ def test_model_layer_never_imports_zoo_converters_or_eval(formats):
                 if n == "bert_of" or n.startswith("bert_of."):
                     top = n.split(".")[1] if "." in n else None
                     assert top in MODEL_AND_BASE, f"bert_of/{mod}.py imports {n}"
+    # importing bert_of (which registers the zoo's resolver) loads neither the zoo nor NumPy
+    code = "import sys, bert_of; print(sorted(m for m in sys.modules if m.startswith(('numpy', 'bert_of.zoo'))))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
     # at run time: loading a bert_of checkpoint touches neither the zoo nor the converters
     code = ("import sys; from bert_of import BertModel; BertModel.from_pretrained(sys.argv[1]);"
             "print([m for m in sys.modules if m.startswith(('bert_of.zoo', 'bert_of.converters', 'bert_of.eval'))])")
