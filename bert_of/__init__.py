@@ -6,6 +6,7 @@ class is first touched, so converters and ``bert-of inspect`` stay light.
 
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.hooks import register_resolver
 from bert_of.version import __version__
 
 _LAZY = {
@@ -17,7 +18,17 @@ _LAZY = {
     "BertGraph": "bert_of.modeling",
 }
 
-__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", *_LAZY]
+__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "__version__", *_LAZY]
+
+
+def _resolve_with_zoo(name_or_path: str) -> str:
+    """Zoo names and checkpoints in other formats, for ``from_pretrained`` (bert_of.checkpoint.resolve_checkpoint)."""
+    from bert_of.zoo import resolve  # the zoo loads on the first name or foreign format, not with bert_of
+
+    return resolve(name_or_path)
+
+
+register_resolver(_resolve_with_zoo)
 
 
 def __getattr__(name):

@@ -23,9 +23,10 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+import bert_of.hooks as _hooks
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
-from bert_of.fs import publishing
+from bert_of.errors import BertOfError, CheckpointError
+from bert_of.fs import publishing, read_json
 
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
@@ -217,6 +218,24 @@ class Checkpoint:
 def is_checkpoint_dir(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG_NAME)) and \
         os.path.isfile(os.path.join(path, WEIGHTS_NAME))
+
+
+def resolve_checkpoint(name_or_path) -> str:
+    """A bert_of checkpoint directory for ``name_or_path``: such a directory as it is; anything else
+    (a zoo name, a checkpoint in another format) through the resolver an upper layer registered
+    (bert_of.hooks.register_resolver: the package facade registers the zoo's)."""
+    path = os.fspath(name_or_path)
+    if is_checkpoint_dir(path):
+        try:
+            config = read_json(os.path.join(path, CONFIG_NAME))
+        except BertOfError:
+            return path  # load_checkpoint says what is wrong with its config
+        if "provenance" in config:  # HF directories hold config.json + model.safetensors too, without it
+            return path
+    if _hooks.resolver is None:
+        raise CheckpointError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
+                              "resolve once bert_of registers its resolver: import bert_of)")
+    return _hooks.resolver(path)
 
 
 def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:

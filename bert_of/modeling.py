@@ -16,13 +16,16 @@ Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass, fields
+import sys
+from dataclasses import dataclass, fields, replace
 from typing import Optional
 
 import numpy as np
 
 from bert_of._flow import flow
+from bert_of.checkpoint import load_checkpoint, resolve_checkpoint
 from bert_of.config import BertConfig
 
 nn = flow.nn
@@ -255,6 +258,10 @@ class BertPooler(nn.Module):
 # --------------------------------------------------------------------------- loading
 
 
+# What from_pretrained's keyword overrides may set.
+_CONFIG_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
+
+
 class _PreTrained(nn.Module):
     """from_pretrained / save_pretrained over a bert_of checkpoint directory."""
 
@@ -297,21 +304,29 @@ class _PreTrained(nn.Module):
         return {"missing": missing, "unexpected": unexpected}
 
     @classmethod
-    def from_pretrained(cls, path: str, config: Optional[BertConfig] = None, strict_heads: bool = False, **overrides):
-        """Load a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt),
-        or a zoo name such as "bert-base" (downloaded and converted on first use)."""
-        import os
-        import sys
+    def from_pretrained(cls, name_or_path, config: Optional[BertConfig] = None, strict_heads: bool = False,
+                        **overrides):
+        """Load a model the way HF's ``from_pretrained`` does, from
 
-        from bert_of.checkpoint import load_checkpoint
+        - a zoo name or alias ("bert-base": downloaded, verified and converted on first use),
+        - a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt),
+        - a checkpoint in any format bert_of reads (a Google TF folder or prefix, an HF or Keras
+          directory, a lazy OneFlow snapshot: converted once into the cache and reused).
 
-        if not os.path.isdir(path):
-            from bert_of import zoo
-            path = zoo.resolve(path)
+        ``config`` replaces the checkpoint's config. ``overrides`` are BertConfig fields
+        (``num_labels=3``, ``hidden_dropout_prob=0.0``), validated again; any other keyword is a
+        TypeError naming it. Heads missing from the checkpoint are newly initialised (see
+        ``load_canonical``); ``loading_info`` says which.
+        """
+        unknown = sorted(set(overrides) - _CONFIG_FIELDS)
+        if unknown:
+            hints = [f"{k} (did you mean {close[0]}?)" if close else k
+                     for k in unknown for close in [difflib.get_close_matches(k, sorted(_CONFIG_FIELDS), n=1)]]
+            raise TypeError(f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {', '.join(hints)}; "
+                            f"keywords set BertConfig fields: {', '.join(sorted(_CONFIG_FIELDS))}")
+        path = resolve_checkpoint(name_or_path)
         ckpt = load_checkpoint(path)
-        config = config or ckpt.config
-        for k, v in overrides.items():
-            setattr(config, k, v)
+        config = replace(config or ckpt.config, **overrides)  # a new, re-validated config
         model = cls(config)
         info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
         if info["missing"]:

@@ -19,13 +19,16 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import os
 import platform
 import shutil
 import subprocess
 
 from bert_of.eval.errors import ResultsError
-from bert_of.fs import append_jsonl, bert_of_home, sha256_file, utc_now
+from bert_of.fs import append_jsonl, bert_of_home, read_json, read_jsonl, sha256_file, utc_now
+
+log = logging.getLogger("bert_of")
 
 SCHEMA = 1
 PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published.json")
@@ -125,37 +128,36 @@ def make_record(task: str, metrics: dict, *, split: str = "", checkpoint: dict |
 
 
 def append_result(record: dict, path: str | None = None) -> str:
-    """Append one record as a JSON line (creating the file and its directory). Returns the path."""
+    """Append one record as a JSON line (creating the file and its directory). Returns the path.
+
+    Whole-line append with fsync; a torn last line left by a crash or a full disk is cut first,
+    with a warning (bert_of.fs.append_jsonl)."""
     path = path or default_results_path()
     append_jsonl(path, record)
     return path
 
 
 def load_results(path: str | None = None) -> list:
-    """Measured records of a results file ([] when it does not exist yet)."""
+    """Measured records of a results file ([] when it does not exist yet).
+
+    A damaged store degrades, it does not die: unreadable lines (a torn tail, garbage) and lines
+    that are not result records (no "task" and "metrics") are skipped with a one-line warning
+    naming the file, so one bad line never hides the other records."""
     path = path or default_results_path()
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ResultsError(f"{path}: line {n}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("task"), str) or \
-                    not isinstance(rec.get("metrics"), dict):
-                raise ResultsError(f"{path}: line {n}: not a result record (needs \"task\" and \"metrics\")")
-            rec.setdefault("kind", "measured")
-            out.append(rec)
+    out, skipped = [], 0
+    for rec in read_jsonl(path, "results"):
+        if not isinstance(rec.get("task"), str) or not isinstance(rec.get("metrics"), dict):
+            skipped += 1
+            continue
+        rec.setdefault("kind", "measured")
+        out.append(rec)
+    if skipped:
+        log.warning('%s: skipped %d line(s) that are not result records (no "task" and "metrics")', path, skipped)
     return out
 
 
 def load_published() -> list:
-    with open(PUBLISHED_PATH, encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
+    rows = read_json(PUBLISHED_PATH, "published results", error=ResultsError)["rows"]
     return [dict(r, kind="published") for r in rows]
 
 

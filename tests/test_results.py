@@ -85,17 +85,34 @@ def test_published_rows_are_the_reference_numbers():
     assert by[("mnli-mm", "bert-base-cased (HF)")] == {"accuracy": 84.1}
 
 
-def test_malformed_store_is_a_one_line_error(tmp_path):
+def test_damaged_store_degrades_not_dies(tmp_path, caplog):
+    """Garbage, a non-record and a torn tail (a crash or a full disk mid-append) are skipped with a warning
+    naming the file; every good record is still read; the next append cuts the torn tail and lands whole."""
     store = tmp_path / "results.jsonl"
-    store.write_text(json.dumps({"task": "rte", "metrics": {"accuracy": 65.0}}) + "\n{not json\n")
-    with pytest.raises(ResultsError, match=r"results\.jsonl: line 2: malformed JSON"):
-        load_results(str(store))
-    r = run_eval("results", "--results", store)
-    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0
-    assert r.stderr.startswith("bert-of: error: ") and "line 2: malformed JSON" in r.stderr
-    store.write_text(json.dumps({"task": "rte"}) + "\n")
-    with pytest.raises(ResultsError, match="line 1: not a result record"):
-        load_results(str(store))
+    rte, mrpc = ({"task": "rte", "metrics": {"accuracy": 65.0}}, {"task": "mrpc", "metrics": {"f1": 88.0}})
+    torn = json.dumps({"task": "sst-2", "metrics": {"accuracy": 91.0}})[:25]
+    store.write_text(json.dumps(rte) + "\n{not json\n" + json.dumps({"task": "qnli"}) + "\n" + json.dumps(mrpc) + "\n"
+                     + torn)
+    with caplog.at_level("WARNING", logger="bert_of"):
+        recs = load_results(str(store))
+    assert [(r["task"], r["metrics"]) for r in recs] == [("rte", rte["metrics"]), ("mrpc", mrpc["metrics"])]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{store}: skipped 2 unreadable line(s) (line 2, ...)",
+        f'{store}: skipped 1 line(s) that are not result records (no "task" and "metrics")']
+    # the command shows the good records and says what it skipped, one line each, exit 0
+    r = run_eval("results", "--results", store, "--measured-only", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    assert [row[0] for row in csv.reader(io.StringIO(r.stdout))] == ["task", "rte", "mrpc"]
+    assert r.stderr.splitlines() == [l.getMessage() for l in caplog.records]
+    # appending after the torn tail: the fragment is cut (with a warning), the new record is whole
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bert_of"):
+        append_result(make_record("sst-2", {"accuracy": 92.0}, hardware=HW), str(store))
+    assert caplog.records[0].getMessage().startswith(f"{store}: its last line was cut short")
+    raw = store.read_bytes()
+    assert raw.endswith(b"\n") and torn.encode() not in raw
+    assert json.loads(raw.splitlines()[-1])["metrics"] == {"accuracy": 92.0}
+    assert [x["task"] for x in load_results(str(store))] == ["rte", "mrpc", "sst-2"]
 
 
 def test_checkpoint_identity(tmp_path):

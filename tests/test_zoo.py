@@ -27,9 +27,10 @@ import pytest
 from tests.conftest import ROOT, TINY
 from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry_entry, sha256, write_registry,
                                        zip_release)
+from bert_of.errors import CheckpointError
 from bert_of.zoo import registry as zreg
 from bert_of.zoo.core import MANIFEST, Zoo
-from bert_of.zoo.download import DownloadOptions
+from bert_of.zoo.download import DownloadOptions, fetch
 from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError,
                         UnknownEntryError, UnsafeArchiveError, ZooError)
 from bert_of.zoo.serve import MirrorServer
@@ -341,6 +342,51 @@ def test_404_is_one_line_no_retry_nothing_kept(home, tmp_path, server, release):
     assert leftovers(home, "gone") == []
 
 
+def test_unreachable_hosts_fail_at_once_and_passing_errors_are_retried(home, tmp_path, serve, server, release,
+                                                                      capsys):
+    """No DNS answer, nothing listening, a TLS handshake that fails: one line at once (the default retry
+    budget would wait ~30 s for nothing). A 503 is worth retrying, and is."""
+    hint = "; offline? BERT_OF_OFFLINE=1 uses the cache only, BERT_OF_ENDPOINT=<URL> downloads from a mirror"
+    z, _ = zoo_with(home, tmp_path, [registry_entry("far", "https://bert-of-test.invalid/bert/far.zip",
+                                                    release["hashes"])],
+                    download_options=DownloadOptions(progress=False))  # the defaults: 5 retries, backoff from 1 s
+    t0 = time.perf_counter()
+    with pytest.raises(DownloadError) as ei:
+        z.download("far", "tf")
+    assert time.perf_counter() - t0 < 2
+    assert str(ei.value).startswith("https://bert-of-test.invalid/bert/far.zip: cannot resolve the host "
+                                    "bert-of-test.invalid (") and str(ei.value).endswith(hint)
+    assert leftovers(home, "far") == []
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path_on_server = serve()[len(server.url) - 1:]
+    tls = f"https://127.0.0.1:{server.server_address[1]}{path_on_server}"  # TLS to a plain-HTTP server
+    for url, why in ((f"http://127.0.0.1:{port}/x.zip", f"127.0.0.1:{port} refused the connection"),
+                     (tls, f"TLS handshake with 127.0.0.1:{server.server_address[1]} failed (")):
+        t0 = time.perf_counter()
+        with pytest.raises(DownloadError) as ei:
+            fetch(url, str(tmp_path / "dl" / "x.zip"), opts=DownloadOptions(progress=False))
+        assert time.perf_counter() - t0 < 2 and str(ei.value).startswith(f"{url}: {why}"), str(ei.value)
+        assert str(ei.value).endswith(hint)
+    assert server.gets(path_on_server) == [] and "retrying" not in capsys.readouterr().err
+    # the same through the CLI: one line, exit 1
+    reg = write_registry(tmp_path / "far.json", [registry_entry("far", f"http://127.0.0.1:{port}/far.zip",
+                                                                release["hashes"])])
+    r = run_zoo("download", "far", "--format", "tf", "--registry", reg, env={"BERT_OF_HOME": str(home)})
+    assert r.returncode == 1 and zoo_lines(r.stderr)[-1] == (
+        f"bert-of: error: http://127.0.0.1:{port}/far.zip: 127.0.0.1:{port} refused the connection{hint}")
+    # 503 then 200: retried, with backoff, and it lands
+    server.faults[path_on_server] = {"status": 503, "times": 1}
+    res = fetch(server.url + path_on_server[1:], str(tmp_path / "ok" / "tiny.zip"),
+                opts=DownloadOptions(backoff=0.05, progress=False))
+    assert server.gets(path_on_server) == [(None, 503), (None, 200)] and res.attempts == 2
+    assert "HTTP 503 Service Unavailable; retrying in" in capsys.readouterr().err
+    assert sha256(res.path) == sha256(str(release["zips"] / "tiny.zip"))
+
+
 def test_server_too_slow_times_out(home, tmp_path, serve, server, release):
     url = serve("tiny.zip", path="t/slow/slow.zip")
     path_on_server = url[len(server.url) - 1:]
@@ -457,13 +503,13 @@ def test_offline_mode_with_and_without_a_cached_copy(home, tmp_path, serve, serv
     assert server.gets(path_on_server) == [] and leftovers(home, "tiny") == []
     z = Zoo(cache_dir=str(home), registries=[reg], offline=True)
     with pytest.raises(OfflineError):
-        z.resolve("tiny", fmt="tf")
+        z.resolve("tiny")
     # cache it (online), then offline finds it without touching the network
     path = Zoo(cache_dir=str(home), registries=[reg], download_options=FAST).download("tiny", "tf")
     assert len(server.gets(path_on_server)) == 1
     r = run_zoo("download", "tiny", "--format", "tf", env=env)
     assert r.returncode == 0 and r.stdout.strip() == path
-    assert z.resolve("tiny", fmt="tf") == path and len(server.gets(path_on_server)) == 1
+    assert z.download("tiny", "tf") == path and len(server.gets(path_on_server)) == 1
     # offline, another format is converted from the cached tf folder (no network needed) ...
     flag = {"BERT_OF_HOME": str(home)}
     r = run_zoo("download", "tiny", "--offline", "--no-verify", "--registry", reg, env=flag)
@@ -551,6 +597,106 @@ def test_zoo_add_registers_a_local_checkpoint(home, tmp_path, release):
     assert os.path.isdir(ckpt) and Zoo(cache_dir=str(home)).registry.lookup("my-pretrain") is None
 
 
+@pytest.fixture(scope="module")
+def local_ckpt(release, tmp_path_factory):
+    from bert_of.converters.convert import convert
+
+    ckpt = tmp_path_factory.mktemp("local") / "ckpt"
+    convert("tf2of", release["files"], str(ckpt))
+    return ckpt
+
+
+def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
+    env = {"BERT_OF_HOME": str(home)}
+    for n in ("first", "second"):
+        assert run_zoo("add", local_ckpt, "--name", n, env=env).returncode == 0
+    local = home / "registry.local.json"
+    whole = local.read_text()
+    cut = whole[:whole.index('"name": "second"') + 30]  # a copy cut short inside the second entry
+
+    def listed(r):
+        assert r.returncode == 0, r.stderr
+        table = r.stdout.split("\n\n")[0].splitlines()[1:]
+        names = [ln.split()[0] for ln in table]
+        ours = [n for n in names if n in ("first", "second", "third")]
+        assert len(names) - len(ours) == 33 and "bert-base-uncased" in names  # the shipped registry, all of it
+        return ours
+
+    local.write_text(cut)
+    r = run_zoo("list", env=env)
+    assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
+        f"{local}: damaged (not a whole registry); using the 1 entry readable before the damage (the next "
+        "`bert-of zoo add` or `remove` rewrites it, keeping a copy)"]
+    assert run_zoo("info", "first", env=env).returncode == 0 and run_zoo("info", "bert-base", env=env).returncode == 0
+    local.write_bytes(b"\x00\xff\xfe garbage \x00")
+    r = run_zoo("list", env=env)
+    assert listed(r) == [] and "using the 0 entries readable" in r.stderr
+    # an entry that breaks the schema is skipped; the others are kept
+    good = json.loads(whole)["entries"]
+    local.write_text(json.dumps({"schema_version": 1, "entries": [good[0], dict(good[1], name="x/../y")]}))
+    r = run_zoo("list", env=env)
+    assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
+        f"{local}: entries[1]: entry name 'x/../y' must match {zreg.NAME_RE.pattern} (it becomes a directory "
+        "name); entry skipped"]
+    # the next `zoo add` keeps a copy of the damaged file and rewrites a whole registry
+    local.write_text(cut)
+    r = run_zoo("add", local_ckpt, "--name", "third", env=env)
+    assert r.returncode == 0, r.stderr
+    copies = [f for f in os.listdir(home) if f.startswith("registry.local.json.damaged-")]
+    assert len(copies) == 1 and (home / copies[0]).read_text() == cut
+    assert [e["name"] for e in json.loads(local.read_text())["entries"]] == ["first", "third"]
+    r = run_zoo("list", env=env)
+    assert listed(r) == ["first", "third"] and zoo_lines(r.stderr) == []
+
+
+def test_zoo_add_refuses_non_finite_tensors(home, local_ckpt, tmp_path):
+    """A diverged run (NaN or inf in a weight) can never be registered, in any format."""
+    import numpy as np
+
+    from bert_of.checkpoint import load_checkpoint, write_checkpoint
+    from bert_of.converters.convert import convert
+
+    ck = load_checkpoint(str(local_ckpt))
+    nan, inf = dict(ck.tensors), dict(ck.tensors)
+    nan["bert.encoder.layer.1.attention.self.key.weight"] = nan["bert.encoder.layer.1.attention.self.key.weight"].copy()
+    nan["bert.encoder.layer.1.attention.self.key.weight"][3, :2] = np.nan
+    inf["cls.predictions.bias"] = inf["cls.predictions.bias"].copy()
+    inf["cls.predictions.bias"][0] = -np.inf
+    write_checkpoint(str(tmp_path / "nan"), list(nan.items()), ck.config, ck.vocab_file)
+    write_checkpoint(str(tmp_path / "inf-of"), list(inf.items()), ck.config, ck.vocab_file)
+    convert("of2tf", str(tmp_path / "inf-of"), str(tmp_path / "inf-tf"))
+    env = {"BERT_OF_HOME": str(home)}
+    for d, tensor, n in (("nan", "bert.encoder.layer.1.attention.self.key.weight", 2),
+                         ("inf-tf", "cls.predictions.bias", 1)):
+        r = run_zoo("add", tmp_path / d, "--name", "diverged", env=env)
+        assert r.returncode == 1 and zoo_lines(r.stderr) == [
+            f"bert-of: error: {tmp_path / d}: tensor {tensor} holds {n} non-finite value(s) (NaN or inf): "
+            "a diverged run? not registering it"]
+    assert not (home / "registry.local.json").exists()
+    assert run_zoo("add", local_ckpt, "--name", "finite", env=env).returncode == 0
+
+
+def test_concurrent_zoo_adds_all_land(home, local_ckpt):
+    """Four `zoo add`s at once: the registry is rewritten whole under one lock, so every one lands."""
+    from bert_of.fs import locked
+
+    env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home))
+    names = [f"run-{i}" for i in range(4)]
+    logs = [home.parent / f"add-{n}.txt" for n in names]
+    with locked(str(home / "locks" / ".registry.local.lock"), "test", wait=True):  # all four queue up
+        procs = [subprocess.Popen([sys.executable, "-m", "bert_of.zoo", "add", str(local_ckpt), "--name", n],
+                                  stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env, cwd=ROOT)
+                 for n, log in zip(names, logs)]
+        deadline = time.monotonic() + 120
+        while not all(log.exists() and "waiting for its lock" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.1)
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4, [log.read_text() for log in logs]
+    entries = json.loads((home / "registry.local.json").read_text())["entries"]
+    assert sorted(e["name"] for e in entries) == names
+    assert all(e["path"] == str(local_ckpt) for e in entries)
+
+
 # --------------------------------------------------------------------------- smaller rules
 
 
@@ -589,8 +735,9 @@ def test_endpoint_rule_and_resolve(home):
     assert zreg.effective_url({"endpoint_prefix": "https://lab.example/"}, "https://lab.example/x.zip",
                               "http://m/") == "http://m/x.zip"
     from bert_of import zoo
-    assert zoo.resolve(ROOT) == ROOT  # an existing directory is returned unchanged
-    with pytest.raises(UnknownEntryError, match="no such directory, and not a zoo name"):
+    with pytest.raises(CheckpointError, match="not a checkpoint in any known format"):
+        zoo.resolve(ROOT)  # a directory, but no checkpoint (tests/test_resolve.py: the ones that are)
+    with pytest.raises(UnknownEntryError, match="no such file or directory, and not a zoo name"):
         zoo.resolve("no/such/dir-or-name")
 
 

@@ -6,8 +6,10 @@
 Python::
 
     from bert_of import zoo
-    path = zoo.resolve("bert-base")     # a bert_of checkpoint folder; downloads on first use
-    zoo.resolve("some/dir/")            # an existing directory is returned unchanged
+    path = zoo.resolve("bert-base")           # a bert_of checkpoint folder; downloads on first use
+    zoo.resolve("runs/final/")                # a bert_of checkpoint folder is returned as it is
+    zoo.resolve("uncased_L-12_H-768_A-12/")   # any other format: converted once into the cache
+    r = zoo.resolve_details("bert-base")      # (path, name, source_format, conversion, source_path)
 
 The registry is data (``zoo/registry.json``; schema and merge rules in
 ``zoo/README.md``). Environment: ``BERT_OF_HOME`` (cache), ``BERT_OF_OFFLINE=1``,
@@ -18,23 +20,36 @@ The registry is data (``zoo/registry.json``; schema and merge rules in
 from bert_of.zoo.core import FORMATS, Zoo, default_cache_dir
 from bert_of.zoo.download import DownloadOptions
 from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError, RegistryError,
-                        UnknownEntryError, UnsafeArchiveError, ZooError)
+                                UnknownEntryError, UnsafeArchiveError, ZooError)
+from bert_of.zoo.resolve import Resolved
 
 
-def resolve(name_or_path: str, download: bool = True, format: str = "of") -> str:  # noqa: A002 - CLI word
-    """A local checkpoint folder for a zoo name or alias (``bert-base``), or ``name_or_path`` itself.
+def resolve(name_or_path, *, download: bool = True, vocab: str | None = None) -> str:
+    """A bert_of checkpoint folder for ``name_or_path``.
 
-    An existing directory is returned unchanged. A zoo name is looked up in the
-    registries (environment-configured) and its cached folder returned,
-    downloading, verifying and converting it first when needed and
-    ``download`` is true (never in offline mode: then a missing entry is an
-    :class:`OfflineError`). Anything else raises :class:`UnknownEntryError`.
+    - a zoo name or alias: its cached folder, downloaded, verified and converted first when
+      needed and ``download`` is true (never in offline mode: then a missing entry is an
+      :class:`OfflineError`; with ``download=False`` a :class:`NotCachedError`);
+    - a bert_of checkpoint folder: returned as it is;
+    - a checkpoint in another format (tf folder or prefix, hf, h5, lazy): converted once into
+      ``$BERT_OF_HOME/converted/`` and reused while the source is unchanged (``vocab``: for a
+      source without a vocab.txt beside it).
+
+    Anything else raises :class:`UnknownEntryError` (or the format detector's one-line error for
+    a path that holds no checkpoint).
     """
-    import os
+    return Zoo().resolve(name_or_path, download=download, vocab=vocab)
 
-    if os.path.isdir(name_or_path):
-        return name_or_path
-    return Zoo().resolve(name_or_path, download=download, fmt=format)
+
+def resolve_details(name_or_path, *, download: bool = True, vocab: str | None = None) -> Resolved:
+    """As :func:`resolve`: ``Resolved(path, name, source_format, conversion, source_path)``.
+
+    ``name`` is the entry's name or the source folder's; ``conversion`` the report of the
+    conversion that produced ``path`` (None when ``path`` is the checkpoint given);
+    ``source_path`` where the original files are (the path given, a `zoo add` folder, else
+    ``path``).
+    """
+    return Zoo().resolve_details(name_or_path, download=download, vocab=vocab)
 
 
 def is_zoo_name(name: str) -> bool:
@@ -45,6 +60,6 @@ def is_zoo_name(name: str) -> bool:
         return False
 
 
-__all__ = ["resolve", "is_zoo_name", "Zoo", "FORMATS", "DownloadOptions", "default_cache_dir", "ZooError",
-           "RegistryError", "UnknownEntryError", "DownloadError", "ChecksumError", "UnsafeArchiveError",
-           "OfflineError", "NotCachedError", "DiskSpaceError"]
+__all__ = ["resolve", "resolve_details", "Resolved", "is_zoo_name", "Zoo", "FORMATS", "DownloadOptions",
+           "default_cache_dir", "ZooError", "RegistryError", "UnknownEntryError", "DownloadError", "ChecksumError",
+           "UnsafeArchiveError", "OfflineError", "NotCachedError", "DiskSpaceError"]

@@ -13,8 +13,10 @@ import json
 import os
 import sys
 
+from bert_of.errors import BertOfError
 from bert_of.zoo.core import FORMATS, Zoo
 from bert_of.zoo.download import DownloadOptions, human_size
+from bert_of.zoo.errors import ChecksumError
 
 DESCRIPTION = ("Model zoo: Google's released BERT checkpoints (and your own), downloaded resumably, "
                "SHA-256 verified, extracted safely, converted to bert_of with a forward-equality check, cached.")
@@ -162,8 +164,6 @@ def cmd_path(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from bert_of.zoo.errors import ChecksumError
-
     z = _zoo(args)
     results = z.verify(args.name, args.format)
     bad = []
@@ -272,7 +272,8 @@ def _fill(p: argparse.ArgumentParser) -> None:
     s = sub.add_parser("add", parents=[common], help="register a local checkpoint folder (e.g. from pretraining)",
                        description="Register DIR (a bert_of checkpoint, or any format bert-of convert reads) under "
                                    "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
-                                   "its files. --metadata FILE: JSON with optional description, aliases, license, "
+                                   "its files. Every tensor is read: one holding NaN or inf (a diverged run) is "
+                                   "refused. --metadata FILE: JSON with optional description, aliases, license, "
                                    "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.")
     s.add_argument("dir")
     s.add_argument("--name", required=True)
@@ -301,8 +302,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from bert_of.errors import BertOfError
-
     try:
         return args.fn(args)
     except BertOfError as e:

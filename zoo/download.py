@@ -9,8 +9,13 @@ when it is complete and, if a SHA-256 is given, matches it.
   changed on the server restarts instead of being spliced). ``206`` appends;
   ``200`` (no range support, or the file changed) restarts from zero; ``416``
   with a complete part is success.
-- **Retries**: connection errors, timeouts, truncated bodies, HTTP 408/429/5xx
-  are retried with exponential backoff (``backoff * 2**k`` + jitter, capped at
+- **Fail fast**: a host name that does not resolve, a connection refused, a
+  TLS handshake that fails or an unreachable network end the download at
+  once, in one line naming the host and suggesting ``BERT_OF_OFFLINE=1`` (use
+  the cache only) or ``BERT_OF_ENDPOINT`` (a mirror): retrying cannot help,
+  and an offline machine should not wait half a minute to be told.
+- **Retries**: errors that can pass (timeouts, connections reset or dropped
+  mid-body, truncated bodies, HTTP 408/425/429/5xx) are retried with exponential backoff (``backoff * 2**k`` + jitter, capped at
   30 s); ``retries`` consecutive attempts without progress end it (an attempt
   that received >= 64 KiB resets the count: a flaky link that keeps making
   progress is not given up on; at most 100 attempts in all). Other 4xx errors
@@ -38,6 +43,7 @@ import os
 import queue
 import random
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -47,7 +53,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from bert_of.fs import atomic_write
+from bert_of.errors import BertOfError
+from bert_of.fs import atomic_write, read_json
 from bert_of.zoo.errors import ChecksumError, DiskSpaceError, DownloadError
 
 USER_AGENT = "bert_of-zoo/0.1"
@@ -128,10 +135,10 @@ def _opener(url: str):
 
 
 def _read_meta(path):
+    """The validators recorded beside a part; {} when missing or unreadable (then no resume is spliced)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return read_json(path, "download state")
+    except BertOfError:
         return {}
 
 
@@ -296,6 +303,25 @@ def _fetch_file(url, part, hashing, opts, label, on_size):
 # ----------------------------------------------------------------------------- http(s)
 
 
+def _fail_if_unreachable(url: str, reason) -> None:
+    """Raise DownloadError for a connection failure no retry can fix: no DNS answer, nothing
+    listening, a TLS handshake refused, no route to the network."""
+    host = urllib.parse.urlsplit(url).netloc
+    if isinstance(reason, socket.gaierror):
+        why = f"cannot resolve the host {host} ({reason.strerror or reason})"
+    elif isinstance(reason, ConnectionRefusedError):
+        why = f"{host} refused the connection"
+    elif isinstance(reason, ssl.SSLError):
+        why = f"TLS handshake with {host} failed ({reason.reason or reason})"
+    elif isinstance(reason, OSError) and reason.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+        why = f"no route to {host} ({reason.strerror})"
+    else:
+        return
+    raise DownloadError(f"{url}: {why}; offline? BERT_OF_OFFLINE=1 uses the cache only, "
+                        "BERT_OF_ENDPOINT=<URL> downloads from a mirror") from None
+
+
+
 class _Http:
     """One HTTP download: the part file, its hash so far, the server's validators."""
 
@@ -372,8 +398,10 @@ class _Http:
         except urllib.error.URLError as e:
             if isinstance(e.reason, (socket.timeout, TimeoutError)):
                 raise _Transient(f"timed out waiting for the server ({e.reason})") from None
+            _fail_if_unreachable(self.url, e.reason)
             raise _Transient(f"cannot connect: {e.reason}") from None
         except (ConnectionError, http.client.HTTPException, OSError) as e:
+            _fail_if_unreachable(self.url, e)
             raise _Transient(f"connection failed: {e.__class__.__name__}: {e}") from None
         with resp:
             if resp.status == 206:

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from bert_of.fs import atomic_write
+from bert_of.fs import read_json, write_json
 from bert_of.zoo.errors import RegistryError, UnknownEntryError
+
+log = logging.getLogger("bert_of")
 
 SCHEMA_VERSION = 1
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registry.json")
@@ -155,40 +158,103 @@ def validate_entry(e, where: str) -> dict:
 
 
 def load_file(path: str) -> list:
-    """Validated entries of one registry file (in file order)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise RegistryError(f"{path}: registry file not found") from None
-    except OSError as e:
-        raise RegistryError(f"{path}: cannot read registry ({e.strerror})") from None
-    except ValueError as e:
-        raise RegistryError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+    """Validated entries of one registry file (in file order); any fault is a RegistryError."""
+    data = read_json(path, "registry", error=RegistryError)
+    if not isinstance(data.get("entries"), list):
         raise RegistryError(f"{path}: a registry is a JSON object with an 'entries' list (see zoo/README.md)")
     v = data.get("schema_version", SCHEMA_VERSION)
     if v != SCHEMA_VERSION:
         raise RegistryError(f"{path}: schema_version {v!r} is not supported (this bert_of reads {SCHEMA_VERSION})")
     out, seen = [], set()
     for i, e in enumerate(data["entries"]):
-        e = validate_entry(e, f"{path}: entries[{i}]")
+        e = _placed(validate_entry(e, f"{path}: entries[{i}]"), path)
         if e["name"] in seen:
             raise RegistryError(f"{path}: entry {e['name']!r} appears twice")
         seen.add(e["name"])
-        e["_registry"] = os.path.abspath(path)
-        if "path" in e and not os.path.isabs(e["path"]):  # relative to the registry file
-            e["path"] = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), e["path"]))
         out.append(e)
     return out
 
 
-def merge(paths: list) -> Registry:
-    """Read ``paths`` in order; later entries replace earlier ones with the same name (whole entry)."""
+def load_local(path: str, warn: bool = True) -> tuple:
+    """(entries, damaged) of the local registry that ``zoo add`` writes; never fatal.
+
+    It is rewritten whole and atomically, so damage comes from outside (a disk error, an editor, a
+    copy cut short): a file that is not a whole registry gives the entries readable before the
+    damage (``damaged`` True), an entry that breaks the schema is skipped, each with a warning, so
+    the shipped registry and every ``bert-of zoo`` command keep working.
+    """
+    say = log.warning if warn else (lambda *a: None)
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return [], False
+    except OSError as e:
+        say("%s: cannot read it (%s); its entries are left out", path, e.strerror)
+        return [], False
+    damaged = False
+    try:
+        data = json.loads(text)
+        items = data.get("entries") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise ValueError("no 'entries' list")
+    except (ValueError, RecursionError):
+        items, damaged = _salvage(text), True
+        say("%s: damaged (not a whole registry); using the %d entr%s readable before the damage "
+            "(the next `bert-of zoo add` or `remove` rewrites it, keeping a copy)", path, len(items),
+            "y" if len(items) == 1 else "ies")
+    else:
+        if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+            say("%s: schema_version %r is not supported (this bert_of reads %d); its entries are left out", path,
+                data["schema_version"], SCHEMA_VERSION)
+            return [], False
+    out = {}
+    for i, e in enumerate(items):
+        try:
+            e = _placed(validate_entry(e, f"{path}: entries[{i}]"), path)
+        except RegistryError as err:
+            say("%s; entry skipped", err)
+            continue
+        out.pop(e["name"], None)  # the later of two wins, as across registries
+        out[e["name"]] = e
+    return list(out.values()), damaged
+
+
+def _salvage(text: str) -> list:
+    """The entry objects of a damaged registry text, in order, up to the first one that does not parse."""
+    m = re.search(r'"entries"\s*:\s*\[', text)
+    if not m:
+        return []
+    dec, pos, out = json.JSONDecoder(), m.end(), []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            return out
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return out
+        out.append(obj)
+
+
+def _placed(e: dict, path: str) -> dict:
+    """Note the file an entry comes from; a relative local path is relative to that file."""
+    e["_registry"] = os.path.abspath(path)
+    if "path" in e and not os.path.isabs(e["path"]):
+        e["path"] = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), e["path"]))
+    return e
+
+
+def merge(paths: list, lenient=()) -> Registry:
+    """Read ``paths`` in order; later entries replace earlier ones with the same name (whole entry).
+
+    Files in ``lenient`` (the local registry) are read with :func:`load_local`: damage there is a
+    warning, never an error."""
     reg = Registry()
     order = []
     for p in paths:
-        for e in load_file(p):
+        for e in (load_local(p)[0] if p in lenient else load_file(p)):
             if e["name"] in reg.entries:
                 order.remove(e["name"])
             reg.entries[e["name"]] = e
@@ -208,7 +274,10 @@ def write_file(path: str, entries: list) -> None:
     """Write a registry file atomically (entries without the private '_' keys)."""
     data = {"schema_version": SCHEMA_VERSION,
             "entries": [{k: v for k, v in e.items() if not k.startswith("_")} for e in entries]}
-    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    try:
+        write_json(path, data, indent=1)
+    except ValueError as e:  # NaN or inf from a metadata file: not JSON, so never written
+        raise RegistryError(f"{path}: cannot write the registry: {e}") from None
 
 
 def effective_url(entry: dict, url: str, endpoint) -> str:

@@ -1,0 +1,19 @@
+"""What an upper layer installs for the layers below it, so that they never import it.
+
+``resolver``: name or path -> bert_of checkpoint directory, for what
+:func:`bert_of.checkpoint.resolve_checkpoint` does not handle itself (zoo names, checkpoints in
+other formats). The package facade (``bert_of/__init__.py``) installs the zoo's. This module
+imports nothing, so installing costs ``import bert_of`` nothing (no NumPy, no OneFlow).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+resolver: Optional[Callable[[str], str]] = None
+
+
+def register_resolver(fn: Optional[Callable[[str], str]]) -> None:
+    """Install ``fn(name_or_path) -> checkpoint directory`` (None removes it)."""
+    global resolver
+    resolver = fn
