@@ -285,6 +285,7 @@ class _Stage:
         parent, name = os.path.dirname(dst), os.path.basename(dst)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(prefix=f".{name}{_STAGE_TAG}", dir=parent)
+        os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp makes 0700; a published folder gets mkdir's mode
         self.fd = os.open(self.path, os.O_RDONLY)
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.mark = {"pid": os.getpid(), "command": _command(), "created_ns": time.time_ns()}
@@ -297,6 +298,12 @@ class _Stage:
         if self.fd is not None:
             os.close(self.fd)  # releases the flock
             self.fd = None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _staging_owner(path: str):
