@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretrain", "bert_of.eval.finetune_cli", "bert_of.align"):
+    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretrain", "bert_of.eval.finetune_cli", "bert_of.align.cli"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
     return p

@@ -7,10 +7,10 @@
     bert-of predict glue   --model DIR [--task mrpc] --data test.tsv --output preds.tsv
 
 Defaults are google-research/bert's run_squad.py / run_classifier.py hyper-parameters (see
-:mod:`bert_of.eval.finetune`). Several ranks: ``python -m oneflow.distributed.launch --nproc_per_node N
+:mod:`bert_of.eval.tasks`). Several ranks: ``python -m oneflow.distributed.launch --nproc_per_node N
 -m bert_of.cli finetune squad ...`` (``--batch-size`` is the global batch).
 
-Importing this module is cheap (no OneFlow); the commands import :mod:`bert_of.eval.finetune`.
+Importing this module is cheap (no OneFlow); the commands import :mod:`bert_of.eval.tasks.squad` / :mod:`bert_of.eval.tasks.glue`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def _fast_blas():
 def cmd_finetune_squad(args) -> int:
     _fast_blas()
     _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import finetune_squad
+    from bert_of.eval.tasks.squad import finetune_squad
 
     finetune_squad(args)
     return 0
@@ -134,7 +134,7 @@ def cmd_finetune_squad(args) -> int:
 def cmd_finetune_glue(args) -> int:
     _fast_blas()
     _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import finetune_glue
+    from bert_of.eval.tasks.glue import finetune_glue
 
     finetune_glue(args)
     return 0
@@ -142,7 +142,7 @@ def cmd_finetune_glue(args) -> int:
 
 def cmd_predict_squad(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
-    from bert_of.eval.finetune import predict_squad
+    from bert_of.eval.tasks.squad import predict_squad
 
     predict_squad(args)
     return 0
@@ -150,7 +150,7 @@ def cmd_predict_squad(args) -> int:
 
 def cmd_predict_glue(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import predict_glue
+    from bert_of.eval.tasks.glue import predict_glue
 
     predict_glue(args)
     return 0
@@ -158,7 +158,7 @@ def cmd_predict_glue(args) -> int:
 
 def cmd_eval_squad(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
-    from bert_of.eval.finetune import eval_squad
+    from bert_of.eval.tasks.squad import eval_squad
 
     eval_squad(args)
     return 0
@@ -166,7 +166,7 @@ def cmd_eval_squad(args) -> int:
 
 def cmd_eval_glue(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import eval_glue
+    from bert_of.eval.tasks.glue import eval_glue
 
     eval_glue(args)
     return 0

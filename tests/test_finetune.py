@@ -328,7 +328,7 @@ def test_learning_rate_schedule_is_googles():
     """lr * step / warmup during the warmup, then lr * (1 - step / total)."""
     from bert_of._flow import flow
     from bert_of.training import TrainConfig, build_optimizer
-    from bert_of.eval.finetune import google_schedule
+    from bert_of.eval.tasks.common import google_schedule
 
     opt = build_optimizer(flow.nn.Linear(2, 2), TrainConfig(lr=2.0), for_graph=False)
     sched = google_schedule(opt, total_steps=40, warmup_steps=4)

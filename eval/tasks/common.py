@@ -1,35 +1,11 @@
-"""Fine-tuning and prediction for SQuAD (v1.1 / v2.0) and GLUE / XNLI.
-
-    finetune_squad(opts) / predict_squad(opts) / eval_squad(opts)
-    finetune_glue(opts)  / predict_glue(opts)  / eval_glue(opts)
-
-``opts`` is an ``argparse.Namespace`` (see :mod:`bert_of.eval.finetune_cli` for every option); values
-left at None take the task's defaults, which are google-research/bert's:
-
-* SQuAD (``run_squad.py`` flag defaults): lr 5e-5, batch 32, 3 epochs (2 for v2.0), warmup
-  proportion 0.1, max_seq_length 384, doc_stride 128, max_query_length 64; prediction n-best 20,
-  max answer length 30, null score threshold 0.0.
-* GLUE / XNLI (``run_classifier.py``): lr 2e-5, batch 32, 3 epochs, warmup 0.1, max_seq_length 128.
-* Both: Google's AdamWeightDecay (AdamW without bias correction, eps 1e-6, weight decay 0.01 not
-  on LayerNorm / bias), linear warmup from 0 to lr then linear decay to 0 (:func:`google_schedule`),
-  global-norm clipping at 1.0;
-  ``steps = int(train examples / batch * epochs)`` (examples, not windows, as Google counts),
-  the batch being the global batch over all ranks.
-
-Losses: SQuAD = (CE(start) + CE(end)) / 2 over all positions (an answer outside a window, and a
-v2.0 impossible question, point at [CLS]); classification = CE; STS-B = MSE on one output.
-
-Runs eagerly or as an ``nn.Graph`` (default), on one process or several launched with
-``python -m oneflow.distributed.launch`` (parameters broadcast, batch split(0) over the ranks;
-rank 0 writes files and prints). This module imports OneFlow; the rest of :mod:`eval` does not.
-"""
+"""What the SQuAD and GLUE tasks share: runtime, models and tokenizers, the training loop,
+prediction batches, publishing the fine-tuned checkpoint, records."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -39,17 +15,15 @@ import numpy as np
 from bert_of._flow import flow
 from bert_of.checkpoint import write_checkpoint_files
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
-from bert_of.fs import atomic_open, bert_of_home, publishing, utc_now
+from bert_of.fs import bert_of_home, publishing, utc_now
 from bert_of.version import __version__
 from bert_of.eval.errors import EvalDataError
 
 TRAIN_ARGS = "train_args.json"
 
-SQUAD_TRAIN_DEFAULTS = dict(lr=5e-5, batch_size=32, epochs=3.0, epochs_v2=2.0, warmup_proportion=0.1,
-                            max_seq_length=384, doc_stride=128, max_query_length=64)
 SQUAD_PREDICT_DEFAULTS = dict(n_best_size=20, max_answer_length=30, null_score_diff_threshold=0.0,
                               predict_batch_size=32)
-GLUE_TRAIN_DEFAULTS = dict(lr=2e-5, batch_size=32, epochs=3.0, warmup_proportion=0.1, max_seq_length=128)
+
 COMMON_DEFAULTS = dict(weight_decay=0.01, clip_grad_norm=1.0, adam_eps=1e-6, seed=42, mode="graph",
                        grad_accum_steps=1, log_every=50)
 
@@ -244,34 +218,6 @@ def _check_seq_len(model_config, max_seq_length: int, path: str) -> None:
 
 
 # --------------------------------------------------------------------------- training
-
-
-class SquadLoss(flow.nn.Module):
-    """(CE(start) + CE(end)) / 2, as run_squad's compute_loss."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, segment_ids, input_mask, start_positions, end_positions):
-        out = self.model(input_ids, segment_ids, input_mask)
-        ce = flow.nn.functional.cross_entropy
-        return (ce(out.start_logits, start_positions) + ce(out.end_logits, end_positions)) / 2.0
-
-
-class ClassifierLoss(flow.nn.Module):
-    """CE over the labels; MSE for a one-output (regression) head."""
-
-    def __init__(self, model, regression: bool):
-        super().__init__()
-        self.model, self.regression = model, regression
-
-    def forward(self, input_ids, segment_ids, input_mask, labels):
-        logits = self.model(input_ids, segment_ids, input_mask).logits
-        if self.regression:
-            diff = logits.reshape(-1) - labels
-            return (diff * diff).mean()
-        return flow.nn.functional.cross_entropy(logits, labels)
 
 
 class _TrainGraph(flow.nn.Graph):
@@ -480,7 +426,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     return [np.concatenate(r, axis=0) for r in results]
 
 
-# --------------------------------------------------------------------------- saving
+# --------------------------------------------------------------------------- saving and records
 
 
 def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Runtime) -> None:
@@ -553,148 +499,6 @@ def _command_line() -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- SQuAD
-
-
-def _squad_lengths(opts, train_args: dict) -> dict:
-    """max_seq_length / doc_stride / max_query_length: the option, else what training used, else Google's."""
-    saved = train_args.get("hparams", {}) if train_args.get("task", "").startswith("squad") else {}
-    out = {}
-    for k in ("max_seq_length", "doc_stride", "max_query_length"):
-        v = getattr(opts, k, None)
-        out[k] = int(v if v is not None else saved.get(k, SQUAD_TRAIN_DEFAULTS[k]))
-    if out["doc_stride"] < 1 or out["max_query_length"] < 1:
-        raise ConfigError("--doc-stride and --max-query-length must be positive")
-    return out
-
-
-def _squad_version(opts, sd) -> bool:
-    v = getattr(opts, "version", None)
-    if v is None:
-        return sd.is_v2
-    if v not in ("1.1", "2.0"):
-        raise ConfigError(f"--version {v!r}: expected 1.1 or 2.0")
-    return v == "2.0"
-
-
-def finetune_squad(opts) -> dict:
-    from bert_of.modeling import BertForQuestionAnswering
-    from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
-                                 read_squad_examples)
-
-    rt = Runtime.create(getattr(opts, "device", None))
-    _check_output(opts.output, opts.overwrite)
-    sd = load_squad(opts.train)
-    v2 = _squad_version(opts, sd)
-    examples = read_squad_examples(sd, is_training=True, version_2_with_negative=v2,
-                                   warn=lambda m: note(rt, f"warning: {opts.train}: {m}"))
-    if not examples:
-        raise EvalDataError(f"{opts.train}: no usable training questions")
-    h = _hyper(opts, SQUAD_TRAIN_DEFAULTS, SQUAD_TRAIN_DEFAULTS["epochs_v2" if v2 else "epochs"])
-    lengths = _squad_lengths(opts, {})
-    path, name, tmp = resolve_model(opts.model)
-    try:
-        tok = make_tokenizer(path, opts.do_lower_case, getattr(opts, "vocab", None), rt)
-        model, _ = load_model(BertForQuestionAnswering, path, seed=h.seed)
-        _check_seq_len(model.config, lengths["max_seq_length"], path)
-        if getattr(opts, "vocab", None):
-            model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
-        features = convert_examples_to_features(examples, tok, is_training=True, **lengths)
-        arr = features_to_arrays(features, is_training=True)
-        n_features = len(features)
-        del features  # the arrays are all training needs (the real train set makes ~88k windows)
-        rt.place(model)
-        inputs = [arr[k] for k in ("input_ids", "segment_ids", "input_mask", "start_positions", "end_positions")]
-        task = f"squad-v{'2.0' if v2 else '1.1'}"
-        summary = train_loop(SquadLoss(model), model, inputs, len(examples), h, rt,
-                             opts.log_every or COMMON_DEFAULTS["log_every"], f"finetune {task}")
-        args = _base_args(task, h, rt, path, name, None if tmp is None else
-                          os.path.abspath(opts.model), opts.train, tok.do_lower_case)
-        args["hparams"].update(lengths, steps=h.steps, warmup_steps=h.warmup_steps)
-        args.update(train_examples=len(examples), train_features=n_features, **summary)
-        save_finetuned(model, opts.output, args, opts.overwrite, rt)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-    note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-             f"{summary['train_seconds']:.1f} s)")
-    for data in getattr(opts, "eval_data", None) or []:
-        eval_squad(_eval_opts(opts, data), model=model, rt=rt)
-    return args
-
-
-@dataclass
-class SquadRun:
-    """What predict_squad produced."""
-
-    squad: object  # SquadData
-    predictions: object  # SquadPredictions
-    paths: dict
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
-
-
-def predict_squad(opts, model=None, rt: Runtime | None = None) -> SquadRun | None:
-    """Predictions for a SQuAD file; rank 0 writes them into ``opts.output`` and returns them."""
-    from bert_of.modeling import BertForQuestionAnswering
-    from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
-                                 postprocess_predictions, read_squad_examples, write_prediction_files)
-
-    rt = rt or Runtime.create(getattr(opts, "device", None))
-    sd = load_squad(opts.data, check_spans=False)
-    v2 = _squad_version(opts, sd)
-    tmp = None
-    if model is None:
-        path, name, tmp = resolve_model(opts.model)
-    else:
-        path, name = os.path.abspath(opts.output_model), os.path.basename(os.path.abspath(opts.output_model))
-    try:
-        train_args = read_train_args(path)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, getattr(opts, "vocab", None), rt)
-        lengths = _squad_lengths(opts, train_args)
-        new_head = False
-        if model is None:
-            model, missing = load_model(BertForQuestionAnswering, path, seed=COMMON_DEFAULTS["seed"])
-            new_head = bool(missing)
-            if new_head:
-                note(rt, f"warning: {name} has no trained SQuAD head: predictions come from a random "
-                         "(newly initialised) head")
-            rt.place(model)
-        _check_seq_len(model.config, lengths["max_seq_length"], path)
-        examples = read_squad_examples(sd, is_training=False, version_2_with_negative=v2)
-        features = convert_examples_to_features(examples, tok, is_training=False, **lengths)
-        arr = features_to_arrays(features)
-        pick = {k: getattr(opts, k, None) for k in SQUAD_PREDICT_DEFAULTS}
-        s = {k: (SQUAD_PREDICT_DEFAULTS[k] if v is None else v) for k, v in pick.items()}
-        mode = getattr(opts, "mode", None) or COMMON_DEFAULTS["mode"]
-        t0 = time.perf_counter()
-        start, end = infer(model, [arr["input_ids"], arr["segment_ids"], arr["input_mask"]],
-                           ("start_logits", "end_logits"), int(s["predict_batch_size"]), mode, rt)
-        secs = time.perf_counter() - t0
-        settings = dict(lengths, n_best_size=int(s["n_best_size"]), max_answer_length=int(s["max_answer_length"]),
-                        null_score_diff_threshold=float(s["null_score_diff_threshold"]),
-                        do_lower_case=tok.do_lower_case, version_2_with_negative=v2, predict_mode=mode)
-        if not rt.is_main:
-            return None
-        preds = postprocess_predictions(examples, features, start, end, n_best_size=settings["n_best_size"],
-                                        max_answer_length=settings["max_answer_length"],
-                                        do_lower_case=tok.do_lower_case, version_2_with_negative=v2,
-                                        null_score_diff_threshold=settings["null_score_diff_threshold"])
-        paths = write_prediction_files(opts.output, preds)
-        note(rt, f"predicted {len(examples)} questions ({len(features)} windows, {secs:.1f} s); wrote "
-                 + ", ".join(paths[k] for k in paths))
-        ident = os.path.abspath(opts.model) if tmp is not None else path
-        return SquadRun(sd, preds, paths, settings, path, name, ident, train_args, new_head)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def default_eval_dir(model_name: str, data_path: str, task: str) -> str:
     stem = os.path.splitext(os.path.basename(data_path))[0]
     stamp = utc_now().replace("-", "").replace(":", "").rstrip("Z").replace("T", "-")
@@ -738,221 +542,3 @@ def _record(opts, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred
                       data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
     path = append_result(rec, getattr(opts, "results", None))
     note(rt, f"recorded in {path}")
-
-
-def eval_squad(opts, model=None, rt: Runtime | None = None) -> dict | None:
-    """Predict + score (official-equivalent) + record; prints the official script's JSON."""
-    from bert_of.eval.squad_metrics import squad_score
-
-    rt = rt or Runtime.create(getattr(opts, "device", None))
-    if not getattr(opts, "output", None):
-        name = os.path.basename(os.path.abspath(opts.model).rstrip(os.sep)) if os.path.isdir(opts.model) else opts.model
-        opts.output = default_eval_dir(name, opts.data, "squad")
-    run = predict_squad(opts, model=model, rt=rt)
-    if run is None:
-        return None
-    v2 = run.settings["version_2_with_negative"]
-    na = run.paths.get("null_odds")
-    score = squad_score(opts.data, run.paths["predictions"], na_prob_file=na,
-                        na_prob_thresh=run.settings["null_score_diff_threshold"] if na else 1.0,
-                        version="2.0" if v2 else "1.1")
-    for line in score.notes:
-        note(rt, line)
-    print(json.dumps(score.result) if score.version == "1.1" else json.dumps(score.result, indent=2), flush=True)
-    _record(opts, rt, f"squad-v{score.version}", dict(score.result), data_path=opts.data,
-            pred_path=run.paths["predictions"], model_path=run.identity_path, model_name=run.model_name,
-            train_args=run.train_args, settings=dict(run.settings, output_dir=os.path.abspath(opts.output)),
-            tool="bert-of eval squad", new_head=run.new_head)
-    return dict(score.result)
-
-
-# --------------------------------------------------------------------------- GLUE / XNLI
-
-
-def _glue_arrays(examples, labels, max_seq_length, tok):
-    from bert_of.eval.glue import convert_example_to_features
-
-    feats = [convert_example_to_features(e, labels, max_seq_length, tok) for e in examples]
-    out = [np.array([f[k] for f in feats], dtype=np.int64) for k in ("input_ids", "segment_ids", "input_mask")]
-    label_dtype = np.float32 if labels is None else np.int64
-    return out, np.array([f["label_id"] for f in feats], dtype=label_dtype)
-
-
-def _glue_seq_len(opts, train_args: dict) -> int:
-    v = getattr(opts, "max_seq_length", None)
-    glue_trained = train_args.get("task") and not str(train_args["task"]).startswith("squad")
-    saved = (train_args.get("hparams") or {}).get("max_seq_length") if glue_trained else None
-    return int(v if v is not None else (saved or GLUE_TRAIN_DEFAULTS["max_seq_length"]))
-
-
-def _classifier_labels(task: str):
-    from bert_of.eval.glue import get_labels
-
-    labels = get_labels(task)
-    return labels, (1 if labels is None else len(labels))
-
-
-def _check_head(path: str, num_labels: int, task: str, name: str) -> None:
-    have = _checkpoint_head_labels(path)
-    if have is not None and have != num_labels:
-        raise CheckpointError(f"{name}: its classifier head has {have} output(s) but {task} needs {num_labels} "
-                              "(a checkpoint fine-tuned for another task?)")
-
-
-def finetune_glue(opts) -> dict:
-    from bert_of.modeling import BertForSequenceClassification
-    from bert_of.eval.glue import read_examples, task_spec
-
-    rt = Runtime.create(getattr(opts, "device", None))
-    spec = task_spec(opts.task)
-    _check_output(opts.output, opts.overwrite)
-    examples = read_examples(opts.task, opts.train, language=getattr(opts, "language", None),
-                             skip_malformed=getattr(opts, "skip_malformed", False))
-    if any(e.label is None for e in examples):
-        raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
-    labels, num_labels = _classifier_labels(opts.task)
-    h = _hyper(opts, GLUE_TRAIN_DEFAULTS, GLUE_TRAIN_DEFAULTS["epochs"])
-    max_seq = _glue_seq_len(opts, {})
-    path, name, tmp = resolve_model(opts.model)
-    try:
-        _check_head(path, num_labels, spec.name, name)
-        tok = make_tokenizer(path, opts.do_lower_case, getattr(opts, "vocab", None), rt)
-        model, _ = load_model(BertForSequenceClassification, path, seed=h.seed, num_labels=num_labels)
-        _check_seq_len(model.config, max_seq, path)
-        if getattr(opts, "vocab", None):
-            model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
-        inputs, y = _glue_arrays(examples, labels, max_seq, tok)
-        rt.place(model)
-        summary = train_loop(ClassifierLoss(model, labels is None), model, inputs + [y], len(examples), h, rt,
-                             opts.log_every or COMMON_DEFAULTS["log_every"], f"finetune {spec.name}")
-        task = spec.name.lower()
-        args = _base_args(task, h, rt, path, name, None if tmp is None else os.path.abspath(opts.model),
-                          opts.train, tok.do_lower_case)
-        args["hparams"].update(max_seq_length=max_seq, steps=h.steps, warmup_steps=h.warmup_steps)
-        args.update(labels=labels, language=getattr(opts, "language", None), train_examples=len(examples), **summary)
-        save_finetuned(model, opts.output, args, opts.overwrite, rt)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-    note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-             f"{summary['train_seconds']:.1f} s)")
-    for data in getattr(opts, "eval_data", None) or []:
-        eval_glue(_eval_opts(opts, data), model=model, rt=rt)
-    return args
-
-
-@dataclass
-class GlueRun:
-    examples: list
-    predictions: list  # label strings (floats for STS-B)
-    path: str
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
-
-
-def _glue_task(opts, train_args: dict) -> str:
-    task = getattr(opts, "task", None) or train_args.get("task")
-    if not task:
-        raise ConfigError("--task is required (the model's train_args.json does not name one)")
-    return task
-
-
-def predict_glue(opts, model=None, rt: Runtime | None = None) -> GlueRun | None:
-    """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
-    file (``index<TAB>prediction``) to ``opts.output``."""
-    from bert_of.modeling import BertForSequenceClassification
-    from bert_of.eval.glue import read_examples, task_spec
-
-    rt = rt or Runtime.create(getattr(opts, "device", None))
-    tmp = None
-    if model is None:
-        path, name, tmp = resolve_model(opts.model)
-    else:
-        path, name = os.path.abspath(opts.output_model), os.path.basename(os.path.abspath(opts.output_model))
-    try:
-        train_args = read_train_args(path)
-        task = _glue_task(opts, train_args)
-        spec = task_spec(task)
-        trained = train_args.get("task")
-        if trained and trained != spec.name.lower() and not str(trained).startswith("squad"):
-            note(rt, f"warning: {name} was fine-tuned for {trained}, predicting {spec.name}")
-        examples = read_examples(task, opts.data, language=getattr(opts, "language", None))
-        labels, num_labels = _classifier_labels(task)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, getattr(opts, "vocab", None), rt)
-        max_seq = _glue_seq_len(opts, train_args)
-        new_head = False
-        if model is None:
-            _check_head(path, num_labels, spec.name, name)
-            model, missing = load_model(BertForSequenceClassification, path, seed=COMMON_DEFAULTS["seed"],
-                                        num_labels=num_labels)
-            new_head = bool(missing)
-            if new_head:
-                note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
-                         "(newly initialised) head")
-            rt.place(model)
-        _check_seq_len(model.config, max_seq, path)
-        inputs, _ = _glue_arrays(examples, labels, max_seq, tok)
-        mode = getattr(opts, "mode", None) or COMMON_DEFAULTS["mode"]
-        bs = getattr(opts, "predict_batch_size", None) or SQUAD_PREDICT_DEFAULTS["predict_batch_size"]
-        (logits,) = infer(model, inputs, ("logits",), int(bs), mode, rt)
-        if labels is None:
-            preds = [float(v) for v in logits.reshape(-1)]
-        else:
-            preds = [labels[i] for i in logits.argmax(axis=-1)]
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
-        if getattr(opts, "language", None):
-            settings["language"] = opts.language
-        if not rt.is_main:
-            return None
-        out = opts.output
-        with atomic_open(out) as f:
-            f.write("index\tprediction\n")
-            for i, p in enumerate(preds):
-                f.write(f"{i}\t{p!r}\n" if labels is None else f"{i}\t{p}\n")
-        note(rt, f"predicted {len(examples)} {spec.name} examples; wrote {out}")
-        ident = os.path.abspath(opts.model) if tmp is not None else path
-        return GlueRun(examples, preds, out, settings, path, name, ident, train_args, new_head)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def eval_glue(opts, model=None, rt: Runtime | None = None) -> dict | None:
-    """Predict + score (eval.glue metrics, percent) + record; prints the scores as JSON."""
-    from bert_of.eval.cli import _glue_task_name
-    from bert_of.eval.glue import compute_metrics
-
-    rt = rt or Runtime.create(getattr(opts, "device", None))
-    if not getattr(opts, "output", None):
-        train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
-        task = _glue_task(opts, train_args)
-        name = os.path.basename(os.path.abspath(opts.model).rstrip(os.sep)) if os.path.isdir(opts.model) else opts.model
-        d = default_eval_dir(name, opts.data, task)
-        opts.output = os.path.join(d, "predictions.tsv")
-    run = predict_glue(opts, model=model, rt=rt)
-    if run is None:
-        return None
-    task = _glue_task(opts, run.train_args)
-    if any(e.label is None for e in run.examples):
-        raise EvalDataError(f"{opts.data}: has no labels (a test file?); `bert-of predict glue` writes predictions "
-                            "for it")
-    metrics = {}
-    for k, v in compute_metrics(task, [e.label for e in run.examples], run.predictions).items():
-        if math.isnan(v):
-            note(rt, f"note: {k} is undefined for these predictions (constant values); reported as null")
-            metrics[k] = None
-        else:
-            metrics[k] = 100.0 * v
-    name = _glue_task_name(task, opts.data)
-    if name == "xnli" and getattr(opts, "language", None):
-        name = f"xnli-{opts.language}"
-    print(json.dumps({"task": name, "examples": len(run.examples), **metrics}, indent=2), flush=True)
-    _record(opts, rt, name, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
-            model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval glue",
-            new_head=run.new_head)
-    return metrics
