@@ -1,4 +1,4 @@
-"""``python -m bert_of.align ...``: the align command alone, or a worker (``worker BATCH.json RESULTS_DIR``)."""
+"""``python -m bert_of.align ...``: the align command alone."""
 
 import sys
 

@@ -1,12 +1,14 @@
-"""``bert-of align``: the command line (``python -m bert_of.align`` runs it alone, and the workers)."""
+"""``bert-of align``: the command line (``python -m bert_of.align`` runs it alone). Cheap to import
+(no OneFlow): the runs import :mod:`bert_of.align.runner` when they start."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
+from bert_of.align.report import format_summary
+from bert_of.cli import dispatch, parse
 
 _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and converted checkpoints "
         "train the same.")
@@ -42,7 +44,6 @@ def cmd_align(args) -> int:
         for num, name, title, _ in EXPERIMENTS:
             print(f"{num} {name:<15} {title}")
         return 0
-    from bert_of.align.report import format_summary
     from bert_of.align.runner import run_experiments
 
     summary = run_experiments(args.experiments, steps=args.steps, out=args.out, size=args.size, jobs=args.jobs,
@@ -69,14 +70,4 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["worker"]:
-        if len(argv) != 3:
-            print("usage: python -m bert_of.align worker BATCH.json RESULTS_DIR", file=sys.stderr)
-            return 2
-        from bert_of.align.runner import worker_main
-
-        return worker_main(argv[1], argv[2])
-    from bert_of.cli import dispatch
-
-    return dispatch(build_parser().parse_args(argv))
+    return dispatch(parse(build_parser(), argv))

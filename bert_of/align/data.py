@@ -10,8 +10,13 @@ import shutil
 
 import numpy as np
 
+from bert_of.converters.common import Options
+from bert_of.converters.convert import convert
+from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
+from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
+from bert_of.data.reader import PretrainingDataset
 from bert_of.errors import BertOfError
-from bert_of.fs import atomic_write
+from bert_of.fs import atomic_write, read_json, write_json
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -79,9 +84,6 @@ def prepare_data(data_dir: str, size: dict, corpus, vocab, quiet=False) -> dict:
     uniform   base records whose every MLM slot is real (weight sum == max_predictions),
               per part: every micro-batch then has the same MLM weight sum (experiment 3)
     """
-    from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
-    from bert_of.data.ofrecord import OFRecordWriter, iter_raw_records, parse_record, decode_values
-
     for p in list(corpus) + [vocab]:
         if not os.path.isfile(p):
             raise AlignError(f"{p}: not found (the default corpus is the repository's tests/data/text; "
@@ -164,8 +166,6 @@ class BatchStream:
     """
 
     def __init__(self, data: dict, rank: int = 0, world: int = 1):
-        from bert_of.data.reader import PretrainingDataset
-
         shards, B = data["shards"], data["batch_size"]
         if world not in (1, shards):
             raise AlignError(f"a {world}-rank run of data read as {shards} shards")
@@ -186,3 +186,21 @@ class BatchStream:
     def close(self):
         for r in self.readers:
             r.close()
+
+
+def prepare_tf_checkpoint(d: str, gcfg: dict, vocab: str, seed: int, global_step: int) -> tuple:
+    """(TF prefix, converted bert_of folder), cached in ``d``: a Google-layout TF checkpoint with
+    realistic weights, adam_m / adam_v slots and ``global_step``, and its ``tf2of --with-optimizer``."""
+    from bert_of.converters import tf_reference as ref  # TensorFlow: only this experiment needs it
+
+    prefix, of_dir, marker = (os.path.join(d, n) for n in ("bert_model.ckpt", "converted-of", "done.json"))
+    want = {"config": gcfg, "global_step": global_step, "seed": seed}
+    if not (os.path.isfile(marker) and read_json(marker, "cache marker") == want):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        write_json(os.path.join(d, "bert_config.json"), gcfg)
+        shutil.copy(vocab, os.path.join(d, "vocab.txt"))
+        ref.make_checkpoint(prefix, gcfg, seed=seed, realistic=True, with_optimizer=True, global_step=global_step)
+        convert("tf2of", prefix, of_dir, Options(with_optimizer=True))
+        write_json(marker, want)
+    return prefix, of_dir

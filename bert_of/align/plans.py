@@ -6,10 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import time
 
-from bert_of.align.data import AlignError, BatchStream, _atomic_json, _json_default, _log, _vocab_size
+from bert_of.align.data import AlignError, _json_default, _vocab_size, prepare_tf_checkpoint
+from bert_of.config import BertConfig
 
 # --------------------------------------------------------------------------- constants
 
@@ -55,11 +54,11 @@ class Ctx:
     """What every experiment plan needs: sizes, data, steps, options."""
 
     def __init__(self, steps, size_name, data_dirs, vocab, seed=0, perturb_lr=0.0, work=None, data_root=None,
-                 quiet=False, device="cpu"):
+                 quiet=False, device="cpu", cuda=False):
         self.steps, self.size_name, self.dirs, self.vocab = steps, size_name, data_dirs, vocab
         self.size = SIZES[size_name]
         self.seed, self.perturb_lr, self.work, self.data_root, self.quiet = seed, perturb_lr, work, data_root, quiet
-        self.device = device
+        self.device, self.cuda = device, cuda  # cuda: OneFlow sees a GPU
         S = self.size["seq_length"]
         self.model = dict(vocab_size=_vocab_size(vocab), hidden_size=self.size["hidden_size"],
                           num_hidden_layers=self.size["num_hidden_layers"],
@@ -141,9 +140,9 @@ def plan_schedulers(ctx):
     return {
         "description": f"Eager vs graph with linear warmup ({w} steps, from 0) + polynomial decay (power 1 to 0 "
                        f"at step {ctx.steps}), weight decay 0.01 (not on bias/LayerNorm), under SGD (momentum "
-                       f"0.9), AdamW and LAMB (peak lr: " + ", ".join(f"{k} {v:g}" for k, v in SCHED_LR.items()) +
+                       "0.9), AdamW and LAMB (peak lr: " + ", ".join(f"{k} {v:g}" for k, v in SCHED_LR.items()) +
                        "). Both sides build the optimizer from "
-                       f"one TrainConfig: eps 1e-6, no bias correction (Google's AdamWeightDecayOptimizer).",
+                       "one TrainConfig: eps 1e-6, no bias correction (Google's AdamWeightDecayOptimizer).",
         "runs": runs, "comparisons": comps + chaos,
         "notes": ["AdamW's peak lr is 1e-4 (BERT's pretraining rate). At 1e-3 it memorises this small corpus "
                   "(loss 7.6 -> ~1.6 in 1000 steps) and the run is chaotic: eager and graph, bit-identical for "
@@ -275,48 +274,21 @@ def plan_clipping(ctx):
 
 
 def _tf_google_config(ctx):
-    from bert_of.config import BertConfig
-
     return BertConfig(**ctx.model).to_google_dict()
 
 
 def plan_tf_checkpoint(ctx):
     """A Google-layout TF checkpoint (weights + adam_m/adam_v + global_step), converted by
     ``convert tf2of --with-optimizer``; TF and bert_of continue it on the same batches."""
-    from bert_of.converters.common import Options
-    from bert_of.converters.convert import convert
-    from bert_of.converters import tf_reference as ref
-    from bert_of.converters.tf_reference_train import google_learning_rate, train_reference
+    from bert_of.converters.tf_reference_train import google_learning_rate  # TensorFlow: only this plan
 
     n = min(ctx.steps, TF_STEPS)
     g0, total, warmup, lr = 200, 1000, 100, 1e-4
     gcfg = _tf_google_config(ctx)
-    d = os.path.join(ctx.data_root, f"tf-checkpoint-{ctx.size_name}")
-    prefix = os.path.join(d, "bert_model.ckpt")
-    of_dir = os.path.join(d, "converted-of")
-    marker = os.path.join(d, "done.json")
-    want = {"config": gcfg, "global_step": g0}
-    have = None
-    if os.path.isfile(marker):
-        with open(marker) as f:
-            have = json.load(f)
-    if have != want:
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-        with open(os.path.join(d, "bert_config.json"), "w") as f:
-            json.dump(gcfg, f, indent=2)
-        shutil.copy(ctx.vocab, os.path.join(d, "vocab.txt"))
-        ref.make_checkpoint(prefix, gcfg, seed=ctx.seed, realistic=True, with_optimizer=True, global_step=g0)
-        convert("tf2of", prefix, of_dir, Options(with_optimizer=True))
-        _atomic_json(marker, want)
-    data = ctx.data()
-    stream = BatchStream(data)
-    batches = [stream.next() for _ in range(n)]
-    stream.close()
-    _log(f"TF reference: {n} steps of Google's training from global_step {g0}", ctx.quiet)
-    t0 = time.perf_counter()
-    tf = train_reference(prefix, gcfg, batches, init_lr=lr, num_train_steps=total, num_warmup_steps=warmup)
-    tf["seconds"] = time.perf_counter() - t0
+    prefix, of_dir = prepare_tf_checkpoint(os.path.join(ctx.data_root, f"tf-checkpoint-{ctx.size_name}"), gcfg,
+                                           ctx.vocab, ctx.seed, g0)
+    tf = {"kind": "tf-reference", "prefix": prefix, "config": gcfg, "seed": ctx.seed, "global_step": g0,
+          "data": ctx.data(), "steps": n, "init_lr": lr, "total_steps": total, "warmup_steps": warmup}
     # Google's rate from global step g0 on is lr * (1 - (g0 + t) / T): the same line as a
     # fresh PolynomialLR from lr * (1 - g0 / T) to 0 over T - g0 steps (warmup is over).
     train = dict(optimizer="adamw", lr=lr * (1 - g0 / total), total_steps=total - g0, warmup_steps=0, end_lr=0.0,
@@ -332,7 +304,7 @@ def plan_tf_checkpoint(ctx):
                        f"(eager and graph, Adam m / v loaded from the converted optimizer.safetensors) continue "
                        f"it for {n} steps on the same batches.",
         "runs": {
-            "TF reference": {"precomputed": tf, "label": "TF reference"},
+            "TF reference": tf,
             "bert_of eager": ctx.spec(train, "eager", init=init, steps=n),
             "bert_of graph": ctx.spec(train, "graph", init=init, steps=n),
             "bert_of eager, fresh Adam state": ctx.spec(train, "eager", init=dict(init, optimizer=False),
@@ -351,9 +323,7 @@ def plan_tf_checkpoint(ctx):
 
 
 def plan_amp(ctx):
-    from bert_of._flow import flow
-
-    if not flow.cuda.is_available():
+    if not ctx.cuda:
         return {"skip": "skipped: AMP needs CUDA (fp16 kernels do not exist on CPU)",
                 "description": "nn.Graph with AMP (fp16 autocast, dynamic loss scale 2^30, growth every 2000 "
                                "steps) vs fp32, on CUDA. Not identical math: tolerance 2e-2 relative.",
@@ -405,7 +375,7 @@ def resolve_experiments(names) -> list:
 
 
 def _run_key(spec: dict) -> str:
-    blob = json.dumps({k: v for k, v in spec.items() if k not in ("label", "precomputed")}, sort_keys=True,
+    blob = json.dumps({k: v for k, v in spec.items() if k != "label"}, sort_keys=True,
                       default=_json_default)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

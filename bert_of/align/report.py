@@ -117,7 +117,6 @@ def _report(name, plan, results, ctx):
     for label, key in plan["keys"].items():
         res = results.get(key, {"error": "not run"})
         spec = dict(plan["runs"][label])
-        spec.pop("precomputed", None)
         entry = {"spec": spec}
         if "error" in res:
             errors.append(f"{label}: {res['error']}")

@@ -1,71 +1,54 @@
-"""Running the suite's training runs: one run from its spec, worker processes, 2-rank launches,
-the cache of finished runs; and ``run_experiments`` (plan, run, report)."""
+"""Running the suite's training runs: one run from its spec (on the trainer's public API), worker
+processes, 2-rank launches, the cache of finished runs; and ``run_experiments`` (plan, run, report)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
+import inspect
 import os
+import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import traceback
+from importlib import metadata, util
 
 import numpy as np
 
-from bert_of.align.data import (DEFAULT_CORPUS, DEFAULT_VOCAB, REPO_ROOT, AlignError, BatchStream, _atomic_json, _log,
+from bert_of._flow import flow
+from bert_of.align.data import (DEFAULT_CORPUS, DEFAULT_VOCAB, AlignError, BatchStream, _atomic_json, _log,
                                 _rename_batch, prepare_data)
 from bert_of.align.plans import BATCH, BY_NAME, SIZES, Ctx, _perturb, _run_key, resolve_experiments
 from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, plot_skipped, summary_markdown
-from bert_of.fs import atomic_write
+from bert_of.checkpoint import load_checkpoint
+from bert_of.config import BertConfig
+from bert_of.fs import atomic_write, read_json
+from bert_of.launch import spawn
+from bert_of.modeling import BertForPreTraining
+from bert_of.training.optim import TrainConfig
+from bert_of.training.runtime import Runtime
+from bert_of.training.trainer import Trainer
+
 
 # --------------------------------------------------------------------------- one run
 
 
-def _make_trainer(model, cfg, placement, ddp):
-    from bert_of.training import trainer as T
-
-    class AlignTrainer(T.Trainer):
-        """Trainer that also keeps this rank's local loss values (before the DDP mean)."""
-
-        def _report(self, t):
-            self.local_values.append(T._scalar(t.detach()))
-            return super()._report(t)
-
-    tr = AlignTrainer(model, cfg, placement=placement, ddp=ddp)
-    tr.local_values = []
-    return tr
-
-
-def _load_optimizer_state(trainer, model, ckpt_dir):
-    """Adam m / v of a converted checkpoint into the trainer's optimizer (eager) or graph."""
-    from bert_of._flow import flow
-    from bert_of.checkpoint import load_checkpoint
-
+def _load_optimizer_state(trainer, ckpt_dir):
+    """Adam m / v of a converted checkpoint into the trainer; not its step: the run's schedule
+    starts afresh (see experiment 7)."""
     ck = load_checkpoint(ckpt_dir, with_optimizer=True)
     if not ck.optimizer:
         raise AlignError(f"{ckpt_dir}: no optimizer.safetensors (convert with --with-optimizer)")
-    params = dict(model.named_parameters())
-    missing = [n for n in params if f"m/{n}" not in ck.optimizer or f"v/{n}" not in ck.optimizer]
+    names = [n for n, _ in trainer.model.named_parameters()]
+    missing = [n for n in names if f"m/{n}" not in ck.optimizer or f"v/{n}" not in ck.optimizer]
     if missing:
         raise AlignError(f"{ckpt_dir}: optimizer state lacks {missing[0]}")
-    if trainer.graph is not None:
-        # The graph's Adam variables are "<graph attribute>.<param>-m" / "-v"; loaded before the
-        # first call, they initialise the compiled job's state.
-        trainer.graph.load_state_dict({f"model.{n}-{s}": flow.tensor(ck.optimizer[f"{s}/{n}"])
-                                       for n in params for s in ("m", "v")}, strict=False)
-    else:
-        for n, p in params.items():
-            trainer.opt._state[p]["exp_avg"] = flow.tensor(ck.optimizer[f"m/{n}"])
-            trainer.opt._state[p]["exp_avg_sq"] = flow.tensor(ck.optimizer[f"v/{n}"])
+    trainer.load_optimizer_state({f"{s}/{n}": ck.optimizer[f"{s}/{n}"] for n in names for s in ("m", "v")})
 
 
 def _nudge(model, rel: float) -> None:
     """Multiply every parameter by (1 + rel * N(0, 1)), seeded: how far does the run move?"""
-    from bert_of._flow import flow
-
     rng = np.random.default_rng(0)
     with flow.no_grad():
         for p in model.parameters():
@@ -73,13 +56,24 @@ def _nudge(model, rel: float) -> None:
             p.copy_(p * flow.tensor(noise))
 
 
+def _tf_reference_run(spec: dict) -> dict:
+    """Google's training in TF (converters/tf_reference_train.py) on the run's batches."""
+    from bert_of.converters.tf_reference_train import train_reference  # TensorFlow: only this run needs it
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    stream = BatchStream(spec["data"])
+    batches = [stream.next() for _ in range(spec["steps"])]
+    stream.close()
+    res = train_reference(spec["prefix"], spec["config"], batches, init_lr=spec["init_lr"],
+                          num_train_steps=spec["total_steps"], num_warmup_steps=spec["warmup_steps"])
+    res["seconds"], res["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
+    return res
+
+
 def execute_run(spec: dict, rank: int = 0, world: int = 1) -> dict:
     """Train as ``spec`` says; per-step numbers of this process (the global loss on every rank)."""
-    from bert_of._flow import flow
-    from bert_of.training import trainer as T
-    from bert_of.config import BertConfig
-    from bert_of.modeling import BertForPreTraining
-
+    if spec.get("kind") == "tf-reference":
+        return _tf_reference_run(spec)
     t0, c0 = time.perf_counter(), time.process_time()
     init = spec.get("init") or {"kind": "seed", "seed": 0}
     if init["kind"] == "checkpoint":
@@ -87,47 +81,31 @@ def execute_run(spec: dict, rank: int = 0, world: int = 1) -> dict:
     else:
         model = BertForPreTraining(BertConfig(**spec["model"]))
         model.init_weights(seed=init.get("seed", 0))
-    dist = spec.get("dist", "none")
-    device = spec.get("device", "cpu")
-    placement = None
-    if dist == "global" or device != "cpu":
-        placement = flow.placement(device, ranks=list(range(world)))
-    cfg = T.TrainConfig(**spec["train"])
-    trainer = _make_trainer(model, cfg, placement, ddp=dist == "ddp")
+    dist, device = spec.get("dist", "none"), spec.get("device", "cpu")
+    rt = Runtime.create(device, dist="global" if device != "cpu" else dist)
+    trainer = Trainer(model, TrainConfig(**spec["train"]), rt)
     variant = spec.get("variant") or {}
     if variant.get("ddp_local_denominator"):
-        # naive DDP: every rank normalises the MLM loss by its OWN weight sum
-        trainer.loss_module.ddp_world = 1
+        model.ddp_world = 1  # naive DDP: every rank normalises the MLM loss by its OWN weight sum
     if init["kind"] == "checkpoint" and init.get("optimizer"):
-        _load_optimizer_state(trainer, model, init["path"])
+        _load_optimizer_state(trainer, init["path"])
     stream = BatchStream(spec["data"], rank, world)
-    out = {k: [] for k in ("loss", "mlm_loss", "nsp_loss", "lr", "local_loss")}
-    norms = []
-    orig_clip = T.clip_by_global_norm
-
-    def recording_clip(params, max_norm):  # eager clipping: keep the pre-clip global norm
-        n = orig_clip(params, max_norm)
-        norms.append(T._scalar(n))
-        return n
-
-    T.clip_by_global_norm = recording_clip
+    out = {k: [] for k in ("loss", "mlm_loss", "nsp_loss", "lr", "local_loss", "grad_norm")}
     try:
         for i in range(spec["steps"]):
             batch = stream.next()
             if variant.get("nudge_rel") and i == variant["nudge_step"]:
                 _nudge(model, variant["nudge_rel"])
-            trainer.local_values.clear()
             r = trainer.step(batch)
             for k in ("loss", "mlm_loss", "nsp_loss", "lr"):
                 out[k].append(float(r[k]))
-            k_micro = cfg.grad_accum_steps if cfg.mode == "eager" else 1
-            vals = trainer.local_values[0::len(T.LOSS_KEYS)]  # "loss" of each micro-batch
-            out["local_loss"].append(float(np.mean(vals)) if len(vals) == k_micro else None)
+            out["local_loss"].append(r.get("rank_loss"))  # DDP: this rank's own loss
+            if "grad_norm" in r:  # eager clipping: the global norm before the clip
+                out["grad_norm"].append(r["grad_norm"])
     finally:
-        T.clip_by_global_norm = orig_clip
         stream.close()
-    if norms:
-        out["grad_norm"] = norms
+    if not out["grad_norm"]:
+        del out["grad_norm"]
     if not any(v is not None for v in out["local_loss"]):
         del out["local_loss"]
     out["seconds"] = time.perf_counter() - t0
@@ -150,19 +128,16 @@ def code_fingerprint() -> str:
     ``bert-of align`` run again picks up where it stopped, and any change to that
     code starts afresh.
     """
-    import inspect
-    from importlib import metadata
-
     h = hashlib.sha256()
-    base = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rels = sorted(os.path.join("training", n) for n in os.listdir(os.path.join(base, "training")) if n.endswith(".py"))
-    for rel in rels + ["modeling.py", "config.py", "checkpoint.py", os.path.join("data", "reader.py"),
-                       os.path.join("data", "ofrecord.py")]:
-        with open(os.path.join(base, rel), "rb") as f:
+    mods = ["bert_of.training.optim", "bert_of.training.runtime", "bert_of.training.trainer", "bert_of.modeling",
+            "bert_of.config", "bert_of.checkpoint", "bert_of.data.reader", "bert_of.data.ofrecord",
+            "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_train"]
+    for mod in mods:
+        with open(util.find_spec(mod).origin, "rb") as f:
             h.update(f.read())
-    for obj in (execute_run, _nudge, BatchStream, _make_trainer, _load_optimizer_state, _rename_batch):
+    for obj in (execute_run, _tf_reference_run, _nudge, BatchStream, _load_optimizer_state, _rename_batch):
         h.update(inspect.getsource(obj).encode())
-    for dist in ("oneflow", "numpy"):
+    for dist in ("oneflow", "numpy", "tensorflow-cpu"):
         try:
             h.update(f"{dist}={metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:  # pragma: no cover
@@ -172,39 +147,20 @@ def code_fingerprint() -> str:
 
 def worker_main(batch_file: str, results_dir: str) -> int:
     """Run every spec of ``batch_file`` in this process (one rank of a launch, or a 1-process worker)."""
-    from bert_of._flow import flow
-
     rank, world = flow.env.get_rank(), flow.env.get_world_size()
-    with open(batch_file) as f:
-        batch = json.load(f)
+    batch = read_json(batch_file, "align batch")
     for item in batch["runs"]:
         res = execute_run(item["spec"], rank, world)
         _atomic_json(_result_path(results_dir, item["key"], rank), res)
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker_env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def _spawn(items, work, results_dir, tag, world):
     batch_file = os.path.join(work, f"batch-{tag}.json")
     _atomic_json(batch_file, {"runs": items})
     log = open(os.path.join(work, f"log-{tag}.txt"), "w")
-    if world > 1:
-        cmd = [sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", str(world),
-               "--master_port", str(_free_port()), "--module", "bert_of.align", "worker", batch_file, results_dir]
-    else:
-        cmd = [sys.executable, "-m", "bert_of.align", "worker", batch_file, results_dir]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env())
+    proc = spawn(["-m", "bert_of.align.runner", batch_file, results_dir], world, stdout=log,
+                 stderr=subprocess.STDOUT)
     return proc, log
 
 
@@ -220,10 +176,7 @@ def _load_result(results_dir, key, world):
     paths = [_result_path(results_dir, key, r) for r in range(world)]
     if not all(os.path.isfile(p) for p in paths):
         return None
-    ranks = []
-    for p in paths:
-        with open(p) as f:
-            ranks.append(json.load(f))
+    ranks = [read_json(p, "align run result") for p in paths]
     res = ranks[0]
     if world > 1:
         res["ranks"] = ranks
@@ -239,9 +192,6 @@ def execute_all(specs: dict, work: str, results_dir: str, jobs: int = 1, quiet: 
     single = []
     for key, spec in specs.items():
         world = spec.get("world", 1)
-        if spec.get("precomputed") is not None:
-            results[key] = spec["precomputed"]
-            continue
         cached = _load_result(results_dir, key, world)
         if cached is not None:
             results[key] = dict(cached, cached=True)
@@ -329,7 +279,7 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
     work = os.path.join(out, f".work-{os.getpid()}")
     os.makedirs(work, exist_ok=True)
     ctx = Ctx(steps, size, dirs, vocab, seed=seed, perturb_lr=perturb_lr, work=work, data_root=data_root,
-              quiet=quiet)
+              quiet=quiet, cuda=bool(flow.cuda.is_available()))
     plans, specs = {}, {}
     try:
         for name in names:
@@ -343,7 +293,7 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
                 _perturb(plan, perturb_lr)
             plan["keys"] = {}
             for label, spec in plan["runs"].items():
-                key = _run_key(spec) if "precomputed" not in spec else f"pre-{name}-{len(specs)}"
+                key = _run_key(spec)
                 spec = dict(spec, label=label)
                 specs.setdefault(key, spec)
                 plan["keys"][label] = key
@@ -381,14 +331,11 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
 
 
 def _platform():
-    import platform
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "oneflow": flow.__version__, "cuda": bool(flow.cuda.is_available())}
 
-    info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    try:
-        from bert_of._flow import flow
 
-        info["oneflow"] = flow.__version__
-        info["cuda"] = bool(flow.cuda.is_available())
-    except Exception:  # pragma: no cover
-        pass
-    return info
+if __name__ == "__main__":  # a worker: python -m bert_of.align.runner BATCH.json RESULTS_DIR (one per rank)
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m bert_of.align.runner BATCH.json RESULTS_DIR")
+    sys.exit(worker_main(sys.argv[1], sys.argv[2]))

@@ -1,14 +1,22 @@
-"""Optimizers, Google's learning-rate schedule, global-norm clipping and the eager loss scaler."""
+"""Optimizers, Google's learning-rate schedule, global-norm clipping and the eager loss scaler.
+
+Defaults are Google's (optimization.py): AdamW without bias correction, eps 1e-6, weight decay
+0.01 not on bias / LayerNorm, clipping at global norm 1.0, linear warmup from 0 then polynomial
+decay over the global step.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 from bert_of._flow import flow
+from bert_of.errors import ConfigError
 
 
 @dataclass
 class TrainConfig:
+    """How to train: everything an exact resume must find unchanged (saved with checkpoints)."""
+
     mode: str = "graph"  # graph | eager
     optimizer: str = "adamw"  # adamw | lamb | sgd
     lr: float = 1e-4
@@ -42,7 +50,9 @@ def _decays(name: str, cfg: TrainConfig) -> bool:
 
 
 def build_optimizer(model, cfg: TrainConfig, for_graph: bool):
-    """The optimizer; for a graph, one group with weight-decay excludes (see module doc)."""
+    """The optimizer. Eager: two groups (decay, no decay). Graph: ONE group whose weight-decay conf
+    excludes the no-decay names, because graph mode clips per group and the clip must see one
+    global norm."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if for_graph:
         groups = [{"params": [p for _, p in named], "weight_decay": cfg.weight_decay}]
@@ -60,8 +70,6 @@ def build_optimizer(model, cfg: TrainConfig, for_graph: bool):
     elif cfg.optimizer == "sgd":
         opt = flow.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
     else:
-        from bert_of.errors import ConfigError
-
         raise ConfigError(f"optimizer {cfg.optimizer!r} is not one of adamw, lamb, sgd")
     if for_graph and cfg.weight_decay:
         _graph_weight_decay_excludes(opt, cfg, [p for n, p in named if not _decays(n, cfg)])

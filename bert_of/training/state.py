@@ -1,5 +1,11 @@
-"""Training checkpoints: canonical optimizer state, ``checkpoints/step-N`` with everything an exact
-resume needs."""
+"""Run directories and training checkpoints: the ONE place checkpoints are written and read.
+
+A run directory holds ``metrics.jsonl`` and ``checkpoints/step-NNNNNNN/``: a bert_of checkpoint
+(config, model, optimizer state in canonical names, vocab) plus ``trainer_state.json`` (step,
+train config, world size, scheduler, every rank's data position, dropout RNG, loss scale):
+everything an exact resume needs. A checkpoint is built in a staging folder and published by
+one rename (:func:`bert_of.fs.publishing`), so a kill mid-save leaves the previous one.
+"""
 
 from __future__ import annotations
 
@@ -9,134 +15,101 @@ import shutil
 
 import numpy as np
 
-from bert_of.fs import atomic_write
+from bert_of._flow import flow
+from bert_of.checkpoint import TensorSpec, load_checkpoint, write_checkpoint_files
+from bert_of.errors import BertOfError, ConfigError
+from bert_of.fs import publishing, read_json, write_json
 
 CKPT_DIR = "checkpoints"
-
 STATE_NAME = "trainer_state.json"
 
 
-def optimizer_state(trainer) -> tuple:
-    """({m/<name>, v/<name>, momentum/<name>, step}: numpy, metadata) whatever the mode."""
-    from bert_of._flow import flow
-
-    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
-    out = {}
-
-    from bert_of.modeling import to_local_full
-
-    def local(t):
-        return to_local_full(t).numpy()
-
-    if trainer.graph is not None:
-        state = trainer.graph.state_dict()
-        # The graph's own step counter is not read back: on 2 ranks reading it hangs rank 1
-        # in OneFlow 0.9, and it equals the trainer's step anyway.
-        out["step"] = np.asarray(trainer.global_step, np.int64)
-        for key, t in state.items():
-            for suffix, slot in (("-m", "m"), ("-v", "v"), ("-momentum", "momentum")):
-                if key.startswith("model.") and key.endswith(suffix):
-                    out[f"{slot}/{key[len('model.'):-len(suffix)]}"] = local(t)
-    else:
-        sd = trainer.opt.state_dict()
-        order = [p for g in trainer.opt.param_groups for p in g.parameters]
-        by_param = {id(p): n for n, p in trainer.model.named_parameters()}
-        for idx, slots in sd["state"].items():
-            if idx == "step":
-                continue
-            name = by_param[id(order[idx])]
-            for key, slot in (("exp_avg", "m"), ("exp_avg_sq", "v"), ("momentum_buf", "momentum")):
-                if key in slots:
-                    out[f"{slot}/{name}"] = local(slots[key])
-        out["step"] = np.asarray(trainer.global_step, np.int64)
-    cfg = trainer.cfg
-    meta = {"optimizer": cfg.optimizer, "bias_correction": str(cfg.bias_correction).lower(), "eps": repr(cfg.eps),
-            "weight_decay": repr(cfg.weight_decay), "exclude_from_weight_decay": ",".join(cfg.no_decay),
-            "source": "bert_of", "parameters": str(len(names))}
-    return out, meta
-
-
-def load_optimizer_state(trainer, state: dict) -> None:
-    """Put canonical optimizer state into the trainer (before a graph's first call)."""
-    from bert_of._flow import flow
-
-    def tensor(arr, like=None):
-        t = flow.tensor(np.ascontiguousarray(arr))
-        if trainer.placement is not None:
-            t = t.to_global(placement=trainer.placement, sbp=flow.sbp.broadcast)
-        return t
-
-    step = int(state.get("step", 0))
-    if trainer.graph is not None:
-        graph_state = {"System-Train-TrainStep": tensor(np.array([step], np.int64))}
-        suffix = {"m": "-m", "v": "-v", "momentum": "-momentum"}
-        for key, arr in state.items():
-            if "/" in key:
-                slot, name = key.split("/", 1)
-                graph_state[f"model.{name}{suffix[slot]}"] = tensor(arr)
-        trainer.graph.load_state_dict(graph_state, strict=False)
-    else:
-        sd = trainer.opt.state_dict()
-        order = [p for g in trainer.opt.param_groups for p in g.parameters]
-        position = {id(p): i for i, p in enumerate(order)}  # identity: tensor == compares values
-        index = {n: position[id(p)] for n, p in trainer.model.named_parameters() if id(p) in position}
-        new_state = {"step": step}
-        keys = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buf"}
-        for key, arr in state.items():
-            if "/" in key:
-                slot, name = key.split("/", 1)
-                new_state.setdefault(index[name], {})[keys[slot]] = tensor(arr)
-        sd["state"] = new_state
-        trainer.opt.load_state_dict(sd)
-
-
 def latest_checkpoint(run_dir: str):
+    """The newest complete checkpoint of a run directory, or None."""
     d = os.path.join(run_dir, CKPT_DIR)
     if not os.path.isdir(d):
         return None
-    steps = sorted(n for n in os.listdir(d) if n.startswith("step-") and not n.endswith(".tmp")
+    steps = sorted(n for n in os.listdir(d) if n.startswith("step-") and "." not in n
                    and os.path.isfile(os.path.join(d, n, STATE_NAME)))
     return os.path.join(d, steps[-1]) if steps else None
 
 
-def save(trainer, run_dir, data, vocab_file, keep: int, rank: int, world: int) -> str:
-    """Write checkpoints/step-N atomically; every rank adds its data position."""
-    from bert_of._flow import flow
-    from bert_of.checkpoint import TensorSpec, write_checkpoint
+def prepare_run_dir(run_dir: str, resume: bool, overwrite: bool):
+    """Check ``run_dir`` before training; returns the checkpoint to resume from (or None)."""
+    if resume:
+        found = latest_checkpoint(run_dir)
+        if found is None:
+            raise BertOfError(f"{run_dir}: nothing to resume (no {CKPT_DIR}/step-*/{STATE_NAME})")
+        return found
+    if os.path.isdir(os.path.join(run_dir, CKPT_DIR)) and not overwrite:
+        raise BertOfError(f"{run_dir}: already holds a run (use --resume to continue or --overwrite)")
+    return None
 
-    step = trainer.global_step
-    final = os.path.join(run_dir, CKPT_DIR, f"step-{step:07d}")
-    stage = final + ".ranks.tmp"  # per-rank files gathered here first (one node: shared disk)
-    if rank == 0:
-        shutil.rmtree(stage, ignore_errors=True)
-        os.makedirs(stage)
-    if world > 1:
-        flow.comm.barrier()
-    with open(os.path.join(stage, f"data-rank{rank}.json"), "w") as f:
-        json.dump(data.state_dict(), f)
-    if world > 1:
-        flow.comm.barrier()
-    model_state = trainer.model.canonical_state()  # collective for global tensors: every rank calls it
-    opt_state, opt_meta = optimizer_state(trainer)
-    if rank == 0:
-        items = [(TensorSpec(k, v.dtype, v.shape), (lambda v=v: v)) for k, v in opt_state.items()]
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        write_checkpoint(final, list(model_state.items()), trainer.model.config, vocab_file,
-                         optimizer=(items, opt_meta), metadata={"format": "bert_of", "step": str(step)})
-        state = {"global_step": step, "train_config": trainer.cfg.to_dict(), "world_size": world,
+
+def save_checkpoint(trainer, run_dir: str, data, vocab_file=None, keep: int = 2) -> str:
+    """Write ``checkpoints/step-N`` (every rank calls this; rank 0 writes). Keeps the newest ``keep``."""
+    rt, step = trainer.rt, trainer.global_step
+    parent = os.path.join(run_dir, CKPT_DIR)
+    final = os.path.join(parent, f"step-{step:07d}")
+    ranks = os.path.join(parent, f".step-{step:07d}.ranks")  # every rank's data position, gathered here
+    if rt.is_main:
+        shutil.rmtree(ranks, ignore_errors=True)
+        os.makedirs(ranks)
+    rt.barrier()
+    write_json(os.path.join(ranks, f"data-rank{rt.rank}.json"), data.state_dict(), indent=None)
+    rt.barrier()
+    model_state = trainer.model.canonical_state()  # a collective for global tensors: every rank calls it
+    opt_state, opt_meta = trainer.optimizer_state()
+    if rt.is_main:
+        state = {"global_step": step, "train_config": trainer.cfg.to_dict(), "world_size": rt.world,
                  "scheduler": _jsonable(trainer.sched.state_dict()),
-                 "data": [json.load(open(os.path.join(stage, f"data-rank{r}.json"))) for r in range(world)],
+                 "data": [read_json(os.path.join(ranks, f"data-rank{r}.json")) for r in range(rt.world)],
                  "rng": trainer.generator.get_state().numpy().tolist(),
                  "loss_scaler": trainer.scaler.state_dict() if trainer.scaler else None}
-        atomic_write(os.path.join(final, STATE_NAME), json.dumps(state))  # the checkpoint counts once this exists
-        shutil.rmtree(stage, ignore_errors=True)
-        ckpts = sorted(n for n in os.listdir(os.path.dirname(final)) if n.startswith("step-") and "." not in n)
-        for old in ckpts[:-keep] if keep > 0 else []:
-            shutil.rmtree(os.path.join(os.path.dirname(final), old), ignore_errors=True)
-    if world > 1:
-        flow.comm.barrier()
+        items = [(TensorSpec(k, v.dtype, v.shape), (lambda v=v: v)) for k, v in opt_state.items()]
+        with publishing(final, overwrite=True) as stage:
+            write_checkpoint_files(stage, list(model_state.items()), trainer.model.config, vocab_file,
+                                   optimizer=(items, opt_meta), metadata={"format": "bert_of", "step": str(step)})
+            write_json(os.path.join(stage, STATE_NAME), state, indent=None)
+        shutil.rmtree(ranks, ignore_errors=True)
+        done = sorted(n for n in os.listdir(parent) if n.startswith("step-") and "." not in n)
+        for old in done[:-keep] if keep > 0 else []:
+            shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
+    rt.barrier()
     return final
+
+
+def read_checkpoint(path: str) -> tuple:
+    """(the checkpoint with its optimizer state, its trainer_state.json)."""
+    return load_checkpoint(path, with_optimizer=True), read_json(os.path.join(path, STATE_NAME), "trainer state")
+
+
+def check_resumable(path: str, state: dict, trainer) -> None:
+    """Refuse a resume that could not be exact: another train config or rank count."""
+    mine = {k: v for k, v in trainer.cfg.to_dict().items() if k != "extra"}
+    theirs = {k: v for k, v in state["train_config"].items() if k in mine}
+    differ = [k for k in mine if k in theirs and mine[k] != theirs[k]]
+    if differ or state["world_size"] != trainer.rt.world:
+        what = ", ".join(f"{k} {theirs[k]!r} -> {mine[k]!r}" for k in differ) or \
+            f"world size {state['world_size']} -> {trainer.rt.world}"
+        raise ConfigError(f"{path}: cannot resume exactly with a different setup ({what})")
+
+
+def restore(trainer, path: str, data) -> None:
+    """Continue exactly where the checkpoint at ``path`` stopped: model, optimizer, step,
+    schedule, this rank's data position, loss scale and dropout RNG."""
+    ck, state = read_checkpoint(path)
+    check_resumable(path, state, trainer)
+    trainer.model.load_canonical(ck.tensors, strict_heads=True)
+    trainer.load_optimizer_state(ck.optimizer)
+    trainer.global_step = state["global_step"]
+    trainer.sched.load_state_dict(state["scheduler"])
+    for group, lr in zip(trainer.opt.param_groups, trainer.sched.get_last_lr()):
+        group["lr"] = lr  # eager steps read it; graph mode only reports it
+    data.load_state_dict(state["data"][trainer.rt.rank])
+    if trainer.scaler and state.get("loss_scaler"):
+        trainer.scaler.load_state_dict(state["loss_scaler"])
+    trainer.generator.set_state(flow.tensor(np.array(state["rng"], np.uint8)))
 
 
 def _jsonable(obj):
