@@ -225,7 +225,7 @@ def _nll(logits, labels):
 def test_pretraining_head_computes_googles_loss_in_both_spellings():
     """masked_lm_ids/weights (Google's) and labels=-100 (transformers') give the same loss, and it is
     sum(w * nll) / (sum(w) + 1e-5) + NSP cross-entropy, computed here in float64."""
-    from bert_of.modeling import PreTrainingOutput
+    from bert_of.outputs import PreTrainingOutput
 
     model = BertForPreTraining(CFG)
     model.init_weights(seed=6)

@@ -11,7 +11,8 @@ import pytest
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
-from bert_of.modeling import BertForPreTraining, pretraining_loss
+from bert_of.modeling import BertForPreTraining
+from bert_of.outputs import pretraining_loss
 from bert_of.training import TrainConfig, Trainer
 from tests.conftest import ROOT
 from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch

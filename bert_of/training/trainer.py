@@ -27,7 +27,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
-from bert_of.modeling import SCALAR_OUTPUTS
+from bert_of.outputs import SCALAR_OUTPUTS
 from bert_of.training.optim import DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler, clip_by_global_norm
 from bert_of.training.runtime import Runtime, scalar, to_numpy
 
