@@ -78,7 +78,7 @@ def main():
     from bert_of._flow import flow
     from bert_of.config import BertConfig
     from bert_of.modeling import BertForPreTraining
-    from bert_of.training import Trainer, TrainConfig
+    from bert_of.training import Runtime, Trainer, TrainConfig
 
     rank, world = flow.env.get_rank(), flow.env.get_world_size()
     flow.manual_seed(0)  # dropout masks
@@ -86,8 +86,8 @@ def main():
         sys.exit("--way single runs in one process")
     model = BertForPreTraining(BertConfig(**CONFIG))
     model.init_weights(seed=0)
-    placement = flow.placement("cpu", ranks=list(range(world))) if a.way == "global" else None
-    trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode=a.mode)), placement=placement, ddp=a.way == "ddp")
+    runtime = Runtime.create("cpu", dist={"global": "global", "ddp": "ddp"}.get(a.way, "none"))
+    trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode=a.mode)), runtime)
     for opt in a.experiment:  # nn.Graph config switches, set before the first call compiles the graph
         if opt.startswith("graph:"):
             if trainer.graph is None:

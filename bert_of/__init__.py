@@ -14,7 +14,7 @@ _LAZY = {
     "BertForPreTraining": "bert_of.modeling",
     "BertForQuestionAnswering": "bert_of.modeling",
     "BertForSequenceClassification": "bert_of.modeling",
-    "BertModelOutput": "bert_of.modeling",
+    "BertModelOutput": "bert_of.outputs",
     "BertGraph": "bert_of.modeling",
 }
 

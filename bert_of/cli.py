@@ -11,11 +11,21 @@ left behind (writers go through temp paths and renames).
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import sys
 import time
 
+import numpy as np
+
+from bert_of.config import BertConfig
+from bert_of.converters import tf1, tf1_bundle
+from bert_of.converters.common import Options, summarize
+from bert_of.converters.convert import convert, detect, read
+from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
+from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write
 
 
@@ -28,9 +38,6 @@ def _err(msg: str) -> int:
 
 
 def cmd_convert(args) -> int:
-    from bert_of.converters.common import Options, summarize
-    from bert_of.converters.convert import convert
-
     opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
                    skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
                    numerics=args.numerics, no_meta=args.no_meta)
@@ -42,8 +49,6 @@ def cmd_convert(args) -> int:
         print(n)
     print(f"wrote {args.dst} ({args.direction}, {dt:.2f} s)")
     if args.verify:
-        from bert_of.converters.verify import format_report, verify
-
         report = verify(args.src, args.dst, tol=args.tol, opts=opts, reference_dtype=args.reference_dtype)
         print(format_report(report))
         if not report["ok"]:
@@ -55,9 +60,6 @@ def cmd_convert(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from bert_of.converters.common import Options
-    from bert_of.converters.verify import format_report, verify
-
     modes = tuple(m for m in args.modes.split(",") if m)
     report = verify(args.a, args.b, tol=args.tol, modes=modes, batch_size=args.batch_size,
                     seq_len=args.seq_len, opts=Options(config=args.config, vocab=args.vocab),
@@ -76,15 +78,9 @@ def cmd_verify(args) -> int:
 
 def inspect_path(path: str) -> dict:
     """Format, config, and every tensor (name, shape, dtype) of a checkpoint."""
-    import numpy as np
-
-    from bert_of.converters.convert import detect
-
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
     if fmt == "tf":
-        from bert_of.converters import tf1, tf1_bundle
-
         prefix = tf1_bundle.resolve_prefix(path)
         entries = tf1_bundle.read_index(prefix)
         for name, e in entries.items():
@@ -92,14 +88,9 @@ def inspect_path(path: str) -> dict:
             info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
         cfg = os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
         if os.path.isfile(cfg):
-            from bert_of.config import BertConfig
-
             info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
         info["path"] = prefix
     else:  # any other format: what it reads as, through its converter
-        from bert_of.converters.common import Options
-        from bert_of.converters.convert import read
-
         source = read(path, fmt, Options(with_optimizer=True, skip_unknown=True))
         info["config"] = source.config.to_dict()
         for kind, items in (("model", source.tensors), ("optimizer", source.optimizer)):
@@ -144,8 +135,6 @@ def cmd_inspect(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bert_of.converters.verify import DEFAULT_TOL
-
     p = argparse.ArgumentParser(prog="bert-of", description="BERT checkpoints across TF1, OneFlow and friends, "
                                 "moved without changing a number.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -191,10 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_inspect)
 
     # Subcommands owned by other packages (zoo, eval, ...) register themselves.
-    import importlib
-    import importlib.util
-
-    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretrain", "bert_of.eval.finetune_cli", "bert_of.align"):
+    # Their parsers are cheap to import (no OneFlow); a command imports its implementation when it runs.
+    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretrain_cli",
+                "bert_of.eval.finetune_cli", "bert_of.align.cli"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
     return p
@@ -203,8 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
 def dispatch(args) -> int:
     """Run a parsed subcommand. bert_of's errors, I/O errors and Ctrl-C become one line on stderr
     and exit status 1; a reader leaving the pipe (`bert-of ... | head`) is not an error."""
-    from bert_of.errors import BertOfError
-
     try:
         return args.fn(args)
     except BertOfError as e:
@@ -218,8 +204,16 @@ def dispatch(args) -> int:
         return _err("interrupted")
 
 
+def parse(parser: argparse.ArgumentParser, argv=None):
+    """Parsed arguments; ``args.argv`` keeps the command line (``--nproc`` runs it again as ranks)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    return args
+
+
 def main(argv=None) -> int:
-    return dispatch(build_parser().parse_args(argv))
+    return dispatch(parse(build_parser(), argv))
 
 
 if __name__ == "__main__":

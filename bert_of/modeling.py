@@ -10,6 +10,8 @@ as (word + token_type) + position, scores are ``(q @ k^T) * 1/sqrt(d)`` plus
 ``(1 - mask) * -10000``. Everything here is global-tensor safe: no constants are
 created inside ``forward`` and nothing slices a split tensor, so with
 parameters broadcast and a batch split(0) no S->B conversion creeps in.
+Given labels, the task heads also compute their loss (transformers-style; the losses and
+output classes are in :mod:`bert_of.outputs`), so one trainer serves every task.
 
 Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab.
 """
@@ -19,14 +21,17 @@ from __future__ import annotations
 import difflib
 import math
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Optional
 
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import load_checkpoint, resolve_checkpoint
+from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
+from bert_of.errors import ConfigError
+from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
+                             masked_lm_loss, next_sentence_loss)
 
 nn = flow.nn
 
@@ -106,28 +111,6 @@ def truncated_normal(rng, shape, std: float) -> np.ndarray:
         w[bad] = rng.standard_normal(int(bad.sum()))
         bad = np.abs(w) > 2.0
     return (w * std).astype(np.float32)
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-@dataclass
-class BertModelOutput:
-    """What a forward returns. Fields a model does not compute stay None."""
-
-    sequence_output: Optional[object] = None  # [B, S, H]
-    pooled_output: Optional[object] = None  # [B, H]
-    prediction_logits: Optional[object] = None  # [B, S, V]
-    seq_relationship_logits: Optional[object] = None  # [B, 2]
-    start_logits: Optional[object] = None  # [B, S]
-    end_logits: Optional[object] = None  # [B, S]
-    logits: Optional[object] = None  # [B, num_labels]
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-
-OUTPUT_NAMES = tuple(f.name for f in fields(BertModelOutput))
 
 
 # --------------------------------------------------------------------------- scopes
@@ -340,8 +323,6 @@ class _PreTrained(nn.Module):
     def save_pretrained(self, path: str, vocab_file: Optional[str] = None, overwrite: bool = False,
                         metadata: Optional[dict] = None) -> None:
         """Write a bert_of checkpoint directory atomically."""
-        from bert_of.checkpoint import write_checkpoint
-
         state = self.canonical_state()
         write_checkpoint(path, list(state.items()), self.config,
                          vocab_file=vocab_file or getattr(self, "vocab_file", None),
@@ -459,25 +440,51 @@ class BertPreTrainingHeads(nn.Module):
 class BertForPreTraining(_WithBert):
     """BertModel + MLM head (tied to word embeddings) + next-sentence head."""
 
+    # Eager DDP over N ranks with local tensors: the MLM denominator is the weight sum over all
+    # ranks / N (the Trainer sets it), so the mean of the ranks' losses is the global-batch loss.
+    ddp_world = 1
+
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.cls = BertPreTrainingHeads(config)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                masked_lm_positions=None) -> BertModelOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_positions=None,
+                masked_lm_ids=None, masked_lm_weights=None, next_sentence_labels=None, labels=None,
+                next_sentence_label=None) -> PreTrainingOutput:
         """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits, NSP logits [B,2].
 
-        MLM logits are [B, S, V], or [B, P, V] at ``masked_lm_positions`` (int64
-        [B, P]) as in pretraining, where the V-wide head runs on P << S rows.
+        MLM logits are [B, S, V], or [B, P, V] at ``masked_lm_positions`` (int64 [B, P]) as in
+        pretraining, where the V-wide head runs on P << S rows. Labels make it compute Google's
+        loss (:func:`pretraining_loss`): ``masked_lm_ids`` int64 and ``masked_lm_weights`` float
+        (default all 1), shaped like the logits' rows ([B, P] or [B, S]); ``next_sentence_labels``
+        int64 [B]. transformers' spellings work too: ``labels`` (-100 = not predicted, i.e.
+        weight 0) and ``next_sentence_label``. ``loss`` is MLM + NSP (or the one given).
         """
         out = self.bert(input_ids, token_type_ids, attention_mask)
         hidden = out.sequence_output
         if masked_lm_positions is not None:
             hidden = flow.batch_gather(hidden, masked_lm_positions)  # [B, P, H], keeps split(0)
-        out.prediction_logits, out.seq_relationship_logits = self.cls(
-            hidden, out.pooled_output, self.bert.embeddings.word_embeddings.weight
-        )
-        return out
+        pred, nsp = self.cls(hidden, out.pooled_output, self.bert.embeddings.word_embeddings.weight)
+        res = PreTrainingOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
+                                prediction_logits=pred, seq_relationship_logits=nsp)
+        if labels is not None:
+            if masked_lm_ids is not None:
+                raise ConfigError("pass masked_lm_ids (+ masked_lm_weights) or labels, not both")
+            keep = labels.ne(-100)
+            masked_lm_ids, masked_lm_weights = labels * keep.to(labels.dtype), keep.to(flow.float32)
+        if next_sentence_label is not None:
+            next_sentence_labels = next_sentence_label
+        if masked_lm_ids is not None:
+            if masked_lm_weights is None:
+                masked_lm_weights = flow.ones_like(masked_lm_ids).to(flow.float32)
+            res.mlm_loss, res.mlm_acc = masked_lm_loss(pred, masked_lm_ids, masked_lm_weights, self.ddp_world)
+        if next_sentence_labels is not None:
+            res.nsp_loss, res.nsp_acc = next_sentence_loss(nsp, next_sentence_labels)
+        if res.mlm_loss is not None and res.nsp_loss is not None:
+            res.loss = res.mlm_loss + res.nsp_loss
+        else:
+            res.loss = res.mlm_loss if res.mlm_loss is not None else res.nsp_loss
+        return res
 
 
 class BertForQuestionAnswering(_WithBert):
@@ -487,13 +494,22 @@ class BertForQuestionAnswering(_WithBert):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
-        """-> start_logits, end_logits [B, S] (plus sequence/pooled)."""
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None) -> QuestionAnsweringOutput:
+        """-> start_logits, end_logits [B, S] (plus sequence/pooled).
+
+        With ``start_positions`` and ``end_positions`` (int64 [B]) also run_squad's loss
+        (CE(start) + CE(end)) / 2 over all S positions.
+        """
         out = self.bert(input_ids, token_type_ids, attention_mask)
         logits = self.qa_outputs(out.sequence_output)  # [B, S, 2]
-        out.start_logits = logits.narrow(2, 0, 1).squeeze(2)
-        out.end_logits = logits.narrow(2, 1, 1).squeeze(2)
-        return out
+        res = QuestionAnsweringOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
+                                      start_logits=logits.narrow(2, 0, 1).squeeze(2),
+                                      end_logits=logits.narrow(2, 1, 1).squeeze(2))
+        if start_positions is not None and end_positions is not None:
+            ce = flow.nn.functional.cross_entropy
+            res.loss = (ce(res.start_logits, start_positions) + ce(res.end_logits, end_positions)) / 2.0
+        return res
 
 
 class BertForSequenceClassification(_WithBert):
@@ -504,11 +520,23 @@ class BertForSequenceClassification(_WithBert):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
-        """-> logits [B, num_labels] (plus sequence/pooled)."""
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> SequenceClassifierOutput:
+        """-> logits [B, num_labels] (plus sequence/pooled).
+
+        With ``labels`` also the loss: cross-entropy over int64 class ids [B]; for a one-output
+        (regression, STS-B) head, the mean squared error to float targets [B].
+        """
         out = self.bert(input_ids, token_type_ids, attention_mask)
-        out.logits = self.classifier(self.dropout(out.pooled_output))
-        return out
+        res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
+                                       logits=self.classifier(self.dropout(out.pooled_output)))
+        if labels is not None:
+            if self.config.num_labels == 1:
+                target = labels if labels.dtype == res.logits.dtype else labels.to(res.logits.dtype)
+                diff = res.logits.reshape(-1) - target
+                res.loss = (diff * diff).mean()
+            else:
+                res.loss = flow.nn.functional.cross_entropy(res.logits, labels)
+        return res
 
 
 def model_class_for(names) -> type:
@@ -533,12 +561,13 @@ class BertGraph(nn.Graph):
     def __init__(self, model):
         super().__init__()
         self.model = model
-        self._names = None
+        self._names, self._cls = None, BertModelOutput
 
     def build(self, input_ids, token_type_ids, attention_mask):
-        out = self.model(input_ids, token_type_ids, attention_mask).to_dict()
-        self._names = tuple(out)
-        return tuple(out.values())
+        out = self.model(input_ids, token_type_ids, attention_mask)
+        self._cls, values = type(out), out.to_dict()
+        self._names = tuple(values)
+        return tuple(values.values())
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
         if token_type_ids is None:
@@ -546,4 +575,4 @@ class BertGraph(nn.Graph):
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
         values = super().__call__(input_ids, token_type_ids, attention_mask)
-        return BertModelOutput(**dict(zip(self._names, values)))
+        return self._cls(**dict(zip(self._names, values)))

@@ -19,7 +19,15 @@ import math
 import os
 import sys
 
+from bert_of.cli import dispatch, parse
 from bert_of.errors import BertOfError
+from bert_of.eval.errors import EvalDataError
+from bert_of.eval.finetune_cli import add_eval_commands
+from bert_of.eval.glue import (TASK_CHOICES, compute_metrics, read_examples, read_predictions, result_task_name,
+                               task_spec)
+from bert_of.eval.results import (append_result, checkpoint_identity, file_identity, format_table, load_published,
+                                  load_results, make_record, select)
+from bert_of.eval.squad_metrics import squad_score
 
 
 def _parse_hparams(items) -> dict:
@@ -36,8 +44,6 @@ def _parse_hparams(items) -> dict:
 
 
 def _checkpoint(args):
-    from bert_of.eval.results import checkpoint_identity
-
     if args.checkpoint:
         return checkpoint_identity(args.checkpoint, name=args.model)
     if args.model:
@@ -49,8 +55,6 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
             **extra) -> None:
     if args.no_record:
         return
-    from bert_of.eval.results import append_result, file_identity, make_record
-
     rec = make_record(task, metrics, split=split, checkpoint=_checkpoint(args), hparams=_parse_hparams(args.hparam),
                       data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
     path = append_result(rec, args.results)
@@ -61,8 +65,6 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
 
 
 def cmd_squad_score(args) -> int:
-    from bert_of.eval.squad_metrics import squad_score
-
     if args.version is not None and args.version not in ("1.1", "2.0"):
         raise BertOfError(f"--version {args.version!r}: expected 1.1 or 2.0")
     score = squad_score(args.data, args.predictions, na_prob_file=args.na_prob_file,
@@ -88,24 +90,7 @@ def cmd_squad_score(args) -> int:
     return 0
 
 
-def _glue_task_name(task: str, data_path: str) -> str:
-    t = task.lower()
-    if t in ("mnli-m", "mnli-mm"):
-        return t
-    if t.startswith("mnli"):
-        name = os.path.basename(data_path).lower()
-        if "mismatched" in name or t in ("mnli-mismatched",):
-            return "mnli-mm"
-        return "mnli-m"
-    from bert_of.eval.glue import ALIASES
-
-    return ALIASES.get(t, t)
-
-
 def cmd_glue_score(args) -> int:
-    from bert_of.eval.errors import EvalDataError
-    from bert_of.eval.glue import compute_metrics, read_examples, read_predictions, task_spec
-
     task_spec(args.task)
     examples = read_examples(args.task, args.data, language=args.language)
     if any(e.label is None for e in examples):
@@ -119,7 +104,7 @@ def cmd_glue_score(args) -> int:
             metrics[k] = None
         else:
             metrics[k] = 100.0 * v
-    task = _glue_task_name(args.task, args.data)
+    task = result_task_name(args.task, args.data)
     if task == "xnli" and args.language:
         task = f"xnli-{args.language}"
     out = {"task": task, "examples": len(examples), **metrics}
@@ -131,8 +116,6 @@ def cmd_glue_score(args) -> int:
 
 
 def cmd_results(args) -> int:
-    from bert_of.eval.results import format_table, load_published, load_results, select
-
     records = []
     if not args.published_only:
         records += load_results(args.results)
@@ -163,8 +146,6 @@ def add_parser(subparsers):
     Returns the ``eval`` command's own subparsers so later commands (``eval squad --model``)
     can join it.
     """
-    from bert_of.eval.glue import TASK_CHOICES
-
     e = subparsers.add_parser("eval", help="score SQuAD / GLUE predictions (official-equivalent metrics)",
                               description="Score predictions; every evaluation is appended to the results store.")
     esub = e.add_subparsers(dest="eval_command", required=True, metavar="EVAL_COMMAND")
@@ -197,8 +178,6 @@ def add_parser(subparsers):
     _add_record_options(g)
     g.set_defaults(fn=cmd_glue_score)
 
-    from bert_of.eval.finetune_cli import add_eval_commands
-
     add_eval_commands(esub)  # eval squad / eval glue: run a model, then score and record
 
     r = subparsers.add_parser("results", help="the results table (measured and published)",
@@ -221,9 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from bert_of.cli import dispatch
-
-    return dispatch(build_parser().parse_args(argv))
+    return dispatch(parse(build_parser(), argv))
 
 
 if __name__ == "__main__":

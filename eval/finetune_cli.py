@@ -7,21 +7,27 @@
     bert-of predict glue   --model DIR [--task mrpc] --data test.tsv --output preds.tsv
 
 Defaults are google-research/bert's run_squad.py / run_classifier.py hyper-parameters (see
-:mod:`bert_of.eval.finetune`). Several ranks: ``python -m oneflow.distributed.launch --nproc_per_node N
--m bert_of.cli finetune squad ...`` (``--batch-size`` is the global batch).
+:mod:`bert_of.eval.tasks`). ``--nproc N`` runs N ranks on this machine (global tensors;
+``--batch-size`` is the global batch).
 
-Importing this module is cheap (no OneFlow); the commands import :mod:`bert_of.eval.finetune`.
+Importing this module is cheap (no OneFlow). Each command converts its options into the task's
+option dataclass and imports its task module (:mod:`bert_of.eval.tasks.squad`,
+:mod:`bert_of.eval.tasks.glue`) when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import MISSING, fields
+
+from bert_of.errors import ConfigError
+from bert_of.eval.glue import TASK_CHOICES
+from bert_of.launch import is_rank_of, relaunch
 
 FINETUNE_EPILOG = ("defaults are google-research/bert's (AdamW without bias correction, eps 1e-6, weight decay "
                    "0.01 not on LayerNorm/bias, linear warmup then linear decay to 0, clip 1.0); steps = "
-                   "int(examples / batch * epochs). Multi-rank: python -m oneflow.distributed.launch "
-                   "--nproc_per_node N -m bert_of.cli finetune ... (--batch-size is the global batch).")
+                   "int(examples / batch * epochs). --nproc N: N ranks on this machine (--batch-size is the global batch).")
 
 
 # --------------------------------------------------------------------------- option groups
@@ -41,6 +47,8 @@ def add_model_options(p, predict: bool = True) -> None:
     g.add_argument("--mode", choices=("graph", "eager"), default=None, help="nn.Graph (default) or eager")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="default: cuda when OneFlow sees a GPU, else cpu")
+    g.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="ranks on this machine (relaunches itself under OneFlow's launcher; global tensors)")
     if predict:
         g.add_argument("--predict-batch-size", type=int, metavar="N", help="prediction batch (default 32)")
 
@@ -62,10 +70,17 @@ def add_train_options(p, defaults: dict) -> None:
     g.add_argument("--adam-eps", type=float, metavar="EPS", help="AdamW epsilon (default 1e-6)")
     g.add_argument("--seed", type=int, help="shuffling, dropout and new-head init (default 42)")
     g.add_argument("--grad-accum-steps", type=int, metavar="K", help="split each batch into K micro-batches")
-    g.add_argument("--amp", action="store_true", help="mixed precision (graph mode, GPU)")
+    g.add_argument("--amp", action="store_true",
+                   help="mixed precision: fp16 on GPU with loss scaling (graph: OneFlow's GradScaler; eager: "
+                        "bert_of's dynamic loss scaler)")
     g.add_argument("--log-every", type=int, metavar="N", help="print the loss every N steps (default 50)")
     g.add_argument("--eval-data", action="append", metavar="FILE",
                    help="after training, evaluate on this labeled file and record the result (repeatable)")
+    g.add_argument("--run-dir", metavar="DIR",
+                   help="keep metrics.jsonl and (with --save-every) resumable checkpoints here")
+    g.add_argument("--save-every", type=int, default=0, metavar="N", help="checkpoint into --run-dir every N steps")
+    g.add_argument("--resume", action="store_true", help="continue the run in --run-dir exactly where it stopped")
+    g.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def add_record_options(p) -> None:
@@ -93,8 +108,6 @@ def add_squad_options(p, train: bool) -> None:
 
 
 def add_glue_options(p, task_required: bool) -> None:
-    from bert_of.eval.glue import TASK_CHOICES
-
     g = p.add_argument_group("GLUE / XNLI")
     g.add_argument("--task", required=task_required, metavar="T",
                    help=f"one of {', '.join(TASK_CHOICES)}" + ("" if task_required else
@@ -108,8 +121,6 @@ def add_glue_options(p, task_required: bool) -> None:
 
 
 def _positive(args, *names):
-    from bert_of.errors import ConfigError
-
     for n in names:
         v = getattr(args, n, None)
         if v is not None and v < 1:
@@ -122,53 +133,94 @@ def _fast_blas():
     os.environ.setdefault("BERT_OF_BLAS", "fast")
 
 
+def options(cls, args):
+    """The command's option dataclass from its parsed arguments (same names)."""
+    kw = {}
+    for f in fields(cls):
+        v = getattr(args, f.name, None)
+        if v is None and f.default_factory is not MISSING:
+            continue  # an unused repeatable option: the empty list
+        if hasattr(args, f.name):
+            kw[f.name] = v
+    return cls(**kw)
+
+
+def _ranks(args):
+    """--nproc N: this command line again as N ranks; None when this process is to do the work."""
+    _positive(args, "nproc")
+    if args.nproc > 1 and not is_rank_of(args.nproc):
+        return relaunch(args.argv, args.nproc)
+    return None
+
+
+TRAIN_CHECKS = ("batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
+
+
 def cmd_finetune_squad(args) -> int:
     _fast_blas()
-    _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import finetune_squad
+    _positive(args, *TRAIN_CHECKS)
+    code = _ranks(args)
+    if code is not None:
+        return code
+    from bert_of.eval.tasks import squad
 
-    finetune_squad(args)
+    squad.finetune_squad(options(squad.SquadTrainOptions, args))
     return 0
 
 
 def cmd_finetune_glue(args) -> int:
     _fast_blas()
-    _positive(args, "batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import finetune_glue
+    _positive(args, *TRAIN_CHECKS)
+    code = _ranks(args)
+    if code is not None:
+        return code
+    from bert_of.eval.tasks import glue
 
-    finetune_glue(args)
+    glue.finetune_glue(options(glue.GlueTrainOptions, args))
     return 0
 
 
 def cmd_predict_squad(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
-    from bert_of.eval.finetune import predict_squad
+    code = _ranks(args)
+    if code is not None:
+        return code
+    from bert_of.eval.tasks import squad
 
-    predict_squad(args)
+    squad.predict_squad(options(squad.SquadPredictOptions, args))
     return 0
 
 
 def cmd_predict_glue(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import predict_glue
+    code = _ranks(args)
+    if code is not None:
+        return code
+    from bert_of.eval.tasks import glue
 
-    predict_glue(args)
+    glue.predict_glue(options(glue.GluePredictOptions, args))
     return 0
 
 
 def cmd_eval_squad(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
-    from bert_of.eval.finetune import eval_squad
+    code = _ranks(args)
+    if code is not None:
+        return code
+    from bert_of.eval.tasks import squad
 
-    eval_squad(args)
+    squad.eval_squad(options(squad.SquadEvalOptions, args))
     return 0
 
 
 def cmd_eval_glue(args) -> int:
     _positive(args, "max_seq_length", "predict_batch_size")
-    from bert_of.eval.finetune import eval_glue
+    code = _ranks(args)
+    if code is not None:
+        return code
+    from bert_of.eval.tasks import glue
 
-    eval_glue(args)
+    glue.eval_glue(options(glue.GlueEvalOptions, args))
     return 0
 
 

@@ -106,6 +106,20 @@ def task_spec(task: str) -> TaskSpec:
     return TASKS[key]
 
 
+def result_task_name(task: str, data_path: str) -> str:
+    """The task's name in the results store: MNLI splits into mnli-m / mnli-mm (by the data file's
+    name when not said), aliases become their canonical name."""
+    t = task.lower()
+    if t in ("mnli-m", "mnli-mm"):
+        return t
+    if t.startswith("mnli"):
+        name = os.path.basename(data_path).lower()
+        if "mismatched" in name or t in ("mnli-mismatched",):
+            return "mnli-mm"
+        return "mnli-m"
+    return ALIASES.get(t, t)
+
+
 def get_labels(task: str):
     """Label strings in class-id order (run_classifier's get_labels), None for STS-B."""
     labels = task_spec(task).labels

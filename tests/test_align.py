@@ -12,7 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from bert_of import align
+from bert_of.align import cli, plans, report
+from bert_of.align import data as align_data
 from tests.conftest import run_cli
 
 STEPS = 12
@@ -22,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("align")
-    rc = align.main(["all", "--steps", str(STEPS), "--size", "tiny", "--out", str(out), "--quiet"])
+    rc = cli.main(["all", "--steps", str(STEPS), "--size", "tiny", "--out", str(out), "--quiet"])
     with open(out / "summary.json") as f:
         summary = json.load(f)
     reports = {}
@@ -36,7 +37,7 @@ def test_reduced_suite_passes_and_writes_reports(suite):
     rc, out, summary, reports = suite
     status = {n: e["status"] for n, e in summary["experiments"].items()}
     assert rc == 0 and summary["passed"], status
-    assert list(status) == [name for _, name, _, _ in align.EXPERIMENTS]
+    assert list(status) == [name for _, name, _, _ in plans.EXPERIMENTS]
     for name, rep in reports.items():
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000, name
@@ -92,7 +93,7 @@ def test_data_parallel_loss_convention(suite):
 def test_clipping_was_active_and_tf_schedule_matches(suite):
     reps = suite[3]
     clip = {c["name"]: c for c in reps["clipping"]["checks"]}["clipping_active"]
-    assert clip["passed"] and min(clip["grad_norm"]) > align.CLIP_NORM
+    assert clip["passed"] and min(clip["grad_norm"]) > plans.CLIP_NORM
     tf = reps["tf-checkpoint"]
     assert {c["name"]: c["passed"] for c in tf["checks"]} == {"tf_learning_rate": True}
     assert tf["runs"]["TF reference"]["global_step"][0] == 200
@@ -124,27 +125,27 @@ def test_a_different_learning_rate_fails_through_the_cli(tmp_path):
 
 def test_compare_rule():
     ref = [10.0] * 30
-    ok = align.compare(ref, [10.0 * (1 + 9e-6)] * 10 + [10.0 * (1 + 9e-4)] * 20)
+    ok = report.compare(ref, [10.0 * (1 + 9e-6)] * 10 + [10.0 * (1 + 9e-4)] * 20)
     assert ok["passed"] and ok["first_step_over_tolerance"] is None
-    early = align.compare(ref, [10.0] * 9 + [10.0 * (1 + 2e-5)] + [10.0] * 20)
+    early = report.compare(ref, [10.0] * 9 + [10.0 * (1 + 2e-5)] + [10.0] * 20)
     assert not early["passed"] and early["first_step_over_tolerance"] == 9
-    late = align.compare(ref, [10.0] * 29 + [10.0 * (1 + 2e-3)])
+    late = report.compare(ref, [10.0] * 29 + [10.0 * (1 + 2e-3)])
     assert not late["passed"] and late["worst_step"] == 29
-    assert align.compare(ref, [11.0] * 30, expect="differ")["passed"]
-    assert not align.compare(ref, ref, expect="differ")["passed"]
-    assert not align.compare(ref, [float("nan")] * 30)["passed"]
-    assert align.compare(ref, ref, expect="info")["passed"] is None
-    assert align.compare(ref, ref)["identical_steps"] == 30
+    assert report.compare(ref, [11.0] * 30, expect="differ")["passed"]
+    assert not report.compare(ref, ref, expect="differ")["passed"]
+    assert not report.compare(ref, [float("nan")] * 30)["passed"]
+    assert report.compare(ref, ref, expect="info")["passed"] is None
+    assert report.compare(ref, ref)["identical_steps"] == 30
 
 
 def test_derived_datasets(tmp_path):
     """data_shuffle swaps the two ranks' shards, data_repeat is part 0 four times."""
-    dirs = align.prepare_data(str(tmp_path), align.SIZES["tiny"], align.DEFAULT_CORPUS, align.DEFAULT_VOCAB,
+    dirs = align_data.prepare_data(str(tmp_path), plans.SIZES["tiny"], align_data.DEFAULT_CORPUS, align_data.DEFAULT_VOCAB,
                               quiet=True)
     data = {"batch_size": 8, "shards": 2, "seq_length": 16, "max_predictions": 2}
 
     def rows(which, rank, world=2, reader="sharded"):
-        s = align.BatchStream(dict(data, dir=dirs[which], reader=reader), rank, world)
+        s = align_data.BatchStream(dict(data, dir=dirs[which], reader=reader), rank, world)
         b = s.next()
         s.close()
         return b["input_ids"]
@@ -152,18 +153,18 @@ def test_derived_datasets(tmp_path):
     np.testing.assert_array_equal(rows("shuffle", 0), rows("base", 1))
     np.testing.assert_array_equal(rows("shuffle", 1), rows("base", 0))
     np.testing.assert_array_equal(rows("repeat", 1), rows("base", 0))
-    both = align.BatchStream(dict(data, dir=dirs["base"], reader="sharded"))
+    both = align_data.BatchStream(dict(data, dir=dirs["base"], reader="sharded"))
     np.testing.assert_array_equal(both.next()["input_ids"], np.concatenate([rows("base", 0), rows("base", 1)]))
     both.close()
     np.testing.assert_array_equal(rows("base", 0, reader="all-parts"), rows("base", 1, reader="all-parts"))
 
 
 def test_list_and_unknown_experiment(capsys):
-    assert align.main(["list"]) == 0
+    assert cli.main(["list"]) == 0
     listed = capsys.readouterr().out
     assert "1 eager-graph" in listed and "8 amp" in listed
-    assert align.main(["nine", "--out", "/nonexistent/never-written"]) == 1
+    assert cli.main(["nine", "--out", "/nonexistent/never-written"]) == 1
     assert "unknown experiment 'nine'" in capsys.readouterr().err
-    with pytest.raises(align.AlignError, match="unknown experiment 'nine'"):
-        align.resolve_experiments(["nine"])
-    assert align.resolve_experiments(["4", "data-parallel", "1"]) == ["data-parallel", "eager-graph"]
+    with pytest.raises(align_data.AlignError, match="unknown experiment 'nine'"):
+        plans.resolve_experiments(["nine"])
+    assert plans.resolve_experiments(["4", "data-parallel", "1"]) == ["data-parallel", "eager-graph"]

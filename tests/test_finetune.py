@@ -327,11 +327,10 @@ def test_stsb_trains_a_regression_head(env, tmp_path):
 def test_learning_rate_schedule_is_googles():
     """lr * step / warmup during the warmup, then lr * (1 - step / total)."""
     from bert_of._flow import flow
-    from bert_of.training import TrainConfig, build_optimizer
-    from bert_of.eval.finetune import google_schedule
+    from bert_of.training import TrainConfig, build_optimizer, build_scheduler
 
     opt = build_optimizer(flow.nn.Linear(2, 2), TrainConfig(lr=2.0), for_graph=False)
-    sched = google_schedule(opt, total_steps=40, warmup_steps=4)
+    sched = build_scheduler(opt, TrainConfig(total_steps=40, warmup_steps=4))
     got = []
     for _ in range(41):
         got.append(opt.param_groups[0]["lr"])
@@ -428,3 +427,68 @@ def test_two_ranks_train_like_one(env, tmp_path):
     for name, t in a.tensors.items():
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
     shutil.rmtree(tmp_path / "two")
+
+
+# --------------------------------------------------------------------------- the shared trainer: resume, AMP, --nproc
+
+
+def _metrics(run_dir):
+    from bert_of.fs import read_jsonl
+
+    return [{k: r[k] for k in ("step", "loss", "lr", "grad_norm")} for r in read_jsonl(str(run_dir / "metrics.jsonl"))]
+
+
+def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_path):
+    """--run-dir keeps metrics.jsonl and checkpoints: a run stopped after step 3 and resumed ends where
+    the straight run ends (eager, dropout on). Eager AMP (the dynamic loss scaler) is allowed; on CPU the
+    kernels stay fp32 and scaling by 2^16 is exact, so it trains to the same numbers."""
+    from bert_of.checkpoint import load_checkpoint
+
+    base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
+            "--batch-size", 10, "--max-steps", 6, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
+    ok(*base, "--output", tmp_path / "a", "--run-dir", tmp_path / "run-a", "--save-every", 3)
+    ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--stop-after", 3)
+    assert not os.path.exists(tmp_path / "b")  # "killed" after step 3: nothing published
+    assert sorted(os.listdir(tmp_path / "run-b" / "checkpoints")) == ["step-0000003"]
+    _, err = ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--resume")
+    assert "resuming" in err and "at step 3" in err
+    straight, resumed = _metrics(tmp_path / "run-a"), _metrics(tmp_path / "run-b")
+    assert len(straight) == 6 and resumed == straight
+    ok(*base, "--output", tmp_path / "c", "--amp")
+    args = {k: json.load(open(tmp_path / k / "train_args.json")) for k in "abc"}
+    assert args["c"]["hparams"]["amp"] is True
+    # (a resumed run reads its step-1 loss back from metrics.jsonl, which keeps 7 decimals)
+    assert args["b"]["first_loss"] == round(args["a"]["first_loss"], 7)
+    assert (args["c"]["first_loss"], args["c"]["final_loss"]) == (args["a"]["first_loss"], args["a"]["final_loss"])
+    assert args["b"]["final_loss"] == args["a"]["final_loss"]
+    for k in "bc":
+        ck, ref = load_checkpoint(str(tmp_path / k)), load_checkpoint(str(tmp_path / "a"))
+        for name, t in ref.tensors.items():
+            assert np.array_equal(t, ck.tensors[name]), (k, name)
+    assert _one_error([*base, "--output", tmp_path / "d", "--resume"]) == \
+        "--resume and --save-every need --run-dir (where checkpoints go)"
+
+
+@pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")
+def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
+    """`bert-of finetune ... --nproc 2` relaunches itself under OneFlow's launcher (graph mode, global
+    tensors) and trains like one process; `predict --nproc 2` writes the same predictions."""
+    base = ["finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN,
+            "--max-seq-length", 32, "--batch-size", 10, "--max-steps", 4, "--lr", 1e-3, "--no-record",
+            "--mode", "graph"]
+    ok(*base, "--output", tmp_path / "one")
+    run_cli(*base, "--output", tmp_path / "two", "--nproc", 2)
+    one = json.load(open(tmp_path / "one" / "train_args.json"))
+    two = json.load(open(tmp_path / "two" / "train_args.json"))
+    assert (one["hparams"]["ranks"], two["hparams"]["ranks"]) == (1, 2)
+    assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-5)
+    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
+    from bert_of.checkpoint import load_checkpoint
+
+    a, b = load_checkpoint(str(tmp_path / "one")), load_checkpoint(str(tmp_path / "two"))
+    for name, t in a.tensors.items():
+        np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
+    pred = ["predict", "glue", "--model", tmp_path / "one", "--data", SST_TRAIN, "--mode", "graph"]
+    ok(*pred, "--output", tmp_path / "p1.tsv")
+    run_cli(*pred, "--output", tmp_path / "p2.tsv", "--nproc", 2)
+    assert (tmp_path / "p1.tsv").read_text() == (tmp_path / "p2.tsv").read_text()

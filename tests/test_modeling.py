@@ -207,3 +207,102 @@ def test_fast_blas_is_asked_for_only_when_wanted():
     e = dict(env, BERT_OF_BLAS="fast", OPENBLAS_CORETYPE="Sandybridge")  # the user's choice wins
     assert subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
                           check=True).stdout.split()[-1] == "Sandybridge"
+
+
+# --------------------------------------------------------------------------- heads compute their loss
+
+
+def _logsoftmax(x):
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def _nll(logits, labels):
+    return -np.take_along_axis(_logsoftmax(logits), labels[..., None], -1)[..., 0]
+
+
+def test_pretraining_head_computes_googles_loss_in_both_spellings():
+    """masked_lm_ids/weights (Google's) and labels=-100 (transformers') give the same loss, and it is
+    sum(w * nll) / (sum(w) + 1e-5) + NSP cross-entropy, computed here in float64."""
+    from bert_of.outputs import PreTrainingOutput
+
+    model = BertForPreTraining(CFG)
+    model.init_weights(seed=6)
+    model.eval()
+    b = make_batch(CFG, batch_size=3, seq_len=10)
+    rng = np.random.default_rng(1)
+    labels = np.full((3, 10), -100, np.int64)
+    for row, cols in enumerate(([1, 4, 7], [2], [3, 5, 6, 8])):
+        labels[row, cols] = rng.integers(5, CFG.vocab_size, len(cols))
+    nsp = np.array([0, 1, 1])
+    args = _inputs(b)
+    hf = model(*args, labels=flow.tensor(labels), next_sentence_label=flow.tensor(nsp))
+    keep = (labels != -100).astype(np.float32)
+    google = model(*args, masked_lm_ids=flow.tensor(np.where(labels < 0, 0, labels)),
+                   masked_lm_weights=flow.tensor(keep), next_sentence_labels=flow.tensor(nsp))
+    assert isinstance(hf, PreTrainingOutput)
+    for k in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc"):
+        assert getattr(hf, k).item() == getattr(google, k).item(), k
+    logits, nsp_logits = hf.prediction_logits.numpy(), hf.seq_relationship_logits.numpy()
+    mlm = (keep * _nll(logits, np.where(labels < 0, 0, labels))).sum() / (keep.sum() + 1e-5)
+    nsp_loss = _nll(nsp_logits, nsp).mean()
+    assert abs(hf.mlm_loss.item() - mlm) < 1e-5 and abs(hf.nsp_loss.item() - nsp_loss) < 1e-5
+    assert abs(hf.loss.item() - (mlm + nsp_loss)) < 1e-5
+    # transformers' order: loss first, then the logits; names answer both ways
+    assert hf[0] is hf.loss and hf[1] is hf.prediction_logits and hf[2] is hf.seq_relationship_logits
+    loss, pred, rel = hf
+    assert rel is hf.seq_relationship_logits and hf["loss"] is hf.loss
+    assert hf.last_hidden_state is hf.sequence_output and hf.pooler_output is hf.pooled_output
+    # no labels: no loss, and the tuple starts with the logits
+    plain = model(*args)
+    assert plain.loss is None and plain[0] is plain.prediction_logits and len(plain.to_tuple()) == 2
+    with pytest.raises(KeyError):
+        plain["loss"]
+    # MLM labels alone: the loss is the MLM loss
+    only = model(*args, labels=flow.tensor(labels))
+    assert only.loss.item() == hf.mlm_loss.item() and only.nsp_loss is None
+
+
+def test_qa_and_classifier_heads_compute_their_losses():
+    b = make_batch(CFG, batch_size=4, seq_len=9)
+    args = _inputs(b)
+    qa = BertForQuestionAnswering(CFG)
+    qa.init_weights(seed=7)
+    qa.eval()
+    start, end = np.array([0, 3, 8, 1]), np.array([0, 5, 8, 2])
+    out = qa(*args, start_positions=flow.tensor(start), end_positions=flow.tensor(end))
+    want = (_nll(out.start_logits.numpy(), start).mean() + _nll(out.end_logits.numpy(), end).mean()) / 2
+    assert abs(out.loss.item() - want) < 1e-5
+    assert out[0] is out.loss and out[1] is out.start_logits and out[2] is out.end_logits
+
+    cfg3 = BertConfig.from_google_dict(dict(TINY, num_labels=3))
+    cls = BertForSequenceClassification(cfg3)
+    cls.init_weights(seed=8)
+    cls.eval()
+    y = np.array([2, 0, 1, 1])
+    out = cls(*args, labels=flow.tensor(y))
+    assert abs(out.loss.item() - _nll(out.logits.numpy(), y).mean()) < 1e-5
+    assert out[0] is out.loss and out[1] is out.logits and out.logits is out["logits"]
+
+    reg = BertForSequenceClassification(BertConfig.from_google_dict(dict(TINY, num_labels=1)))
+    reg.init_weights(seed=9)
+    reg.eval()
+    target = np.array([0.5, 4.0, 2.25, 1.0], np.float32)
+    out = reg(*args, labels=flow.tensor(target))
+    assert abs(out.loss.item() - ((out.logits.numpy().reshape(-1) - target) ** 2).mean()) < 1e-5
+
+
+def test_graph_outputs_keep_their_class_and_order():
+    model = BertForQuestionAnswering(CFG)
+    model.init_weights(seed=10)
+    model.eval()
+    args = _inputs(make_batch(CFG, batch_size=2, seq_len=6))
+    eager, graph = model(*args), BertGraph(model)(*args)
+    assert type(graph) is type(eager) and len(graph.to_tuple()) == 2
+    np.testing.assert_allclose(graph[0].numpy(), eager[0].numpy(), atol=1e-6)
+    bare = BertModel(CFG)
+    bare.init_weights(seed=11)
+    bare.eval()
+    out = BertGraph(bare)(*args)
+    assert out[0] is out.last_hidden_state and tuple(out[1].shape) == (2, 32)  # BaseModelOutputWithPooling's order

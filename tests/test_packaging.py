@@ -6,6 +6,7 @@ repositories) must not shadow them.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -47,8 +48,18 @@ def test_api_and_cli_from_a_folder_with_its_own_zoo_eval_converters(tmp_path):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    # Build from a copy of the sources: setuptools writes build/ (and *.egg-info) into the tree it builds.
+    src = tmp_path_factory.mktemp("src") / "bert_of"
+    keep = ("bert_of", "converters", "zoo", "eval", "pyproject.toml", "README.md")
+    os.makedirs(src)
+    for name in keep:
+        p = os.path.join(ROOT, name)
+        if os.path.isdir(p):
+            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(p, src / name)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "--disable-pip-version-check", ROOT, "-w", str(out)],
+                        "--disable-pip-version-check", str(src), "-w", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     (whl,) = [p for p in os.listdir(out) if p.endswith(".whl")]

@@ -226,7 +226,8 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
         BertModel.from_pretrained(str(broken))
 
 
-MODEL_AND_BASE = ("errors", "version", "fs", "config", "hooks", "checkpoint", "tokenization", "_flow", "modeling")
+MODEL_AND_BASE = ("errors", "version", "fs", "config", "hooks", "checkpoint", "tokenization", "_flow", "outputs",
+                  "modeling")
 
 
 def test_model_layer_never_imports_zoo_converters_or_eval(formats):
@@ -281,3 +282,13 @@ def test_concurrent_callers_share_one_conversion(formats, home):
     assert outs[0] == outs[1] == str(home / "converted" / key)
     assert sum("converting it to bert_of" in p.read_text() for p in logs) == 1
     assert converted_dirs(home) == [key] and sorted(os.listdir(home / "converted")) == [key]
+
+
+def test_commands_name_their_option_in_resolver_errors(home):
+    from bert_of.zoo import resolve_for
+
+    with pytest.raises(UnknownEntryError, match=r"^--init-checkpoint no-such-model: no such file or directory, "
+                                                r"and not a zoo name"):
+        resolve_for("--init-checkpoint", "no-such-model")
+    with pytest.raises(UnknownEntryError, match=r"^--model: expected a checkpoint"):
+        resolve_for("--model", "")

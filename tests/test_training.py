@@ -12,7 +12,8 @@ import pytest
 from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.modeling import BertForPreTraining
-from bert_of.training import TrainConfig, Trainer, pretraining_loss
+from bert_of.outputs import pretraining_loss
+from bert_of.training import TrainConfig, Trainer
 from tests.conftest import ROOT
 from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch
 
@@ -147,3 +148,52 @@ def test_graph_amp_runs_on_cpu_and_changes_nothing():
     fp32, _ = _train(steps=3, mode="graph")
     amp, _ = _train(steps=3, mode="graph", amp=True)
     assert [r["loss"] for r in amp] == [r["loss"] for r in fp32]
+
+
+def _qa_batch(step, B=8, S=16):
+    r = np.random.default_rng(2000 + step)
+    return dict(input_ids=r.integers(5, 99, (B, S)), token_type_ids=np.zeros((B, S), np.int64),
+                attention_mask=np.ones((B, S), np.int64), start_positions=r.integers(0, S, B),
+                end_positions=r.integers(0, S, B))
+
+
+def _train_head(cls, batch_fn, steps=4, cfg=CONFIG, **kw):
+    model = cls(BertConfig(**cfg))
+    model.init_weights(seed=0)
+    trainer = Trainer(model, TrainConfig(**dict(TRAIN, **kw)))
+    return [trainer.step(batch_fn(s)) for s in range(steps)], model
+
+
+def test_one_trainer_for_every_head():
+    """The trainer has no task code: SQuAD and GLUE heads train from their labels, eager == graph,
+    and eager AMP (the dynamic loss scaler) serves fine-tuning too (on CPU it changes nothing)."""
+    from bert_of.modeling import BertForQuestionAnswering, BertForSequenceClassification
+
+    eager, m_eager = _train_head(BertForQuestionAnswering, _qa_batch, mode="eager")
+    graph, m_graph = _train_head(BertForQuestionAnswering, _qa_batch, mode="graph")
+    for a, b in zip(eager, graph):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"] and set(a) >= {"loss", "lr", "grad_norm"}
+    for (n, p), (_, q) in zip(m_eager.named_parameters(), m_graph.named_parameters()):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), atol=2e-6, err_msg=n)
+
+    def glue_batch(step):
+        b = _qa_batch(step)
+        return dict(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"], attention_mask=b["attention_mask"],
+                    labels=b["start_positions"] % 2)
+
+    fp32, m32 = _train_head(BertForSequenceClassification, glue_batch, mode="eager")
+    amp, m16 = _train_head(BertForSequenceClassification, glue_batch, mode="eager", amp=True)
+    assert [r["loss"] for r in amp] == [r["loss"] for r in fp32]
+    assert all(r["loss_scale"] == 2.0 ** 16 and r["skipped"] == 0.0 for r in amp)
+    for (n, p), (_, q) in zip(m32.named_parameters(), m16.named_parameters()):
+        assert np.array_equal(p.numpy(), q.numpy()), n  # scaling by 2^16 and back is exact
+
+
+def test_a_batch_without_labels_is_refused():
+    from bert_of.errors import ConfigError
+
+    model = BertForPreTraining(BertConfig(**CONFIG))
+    trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode="eager")))
+    batch = {k: v for k, v in global_batch(0).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+    with pytest.raises(ConfigError, match="the model computed no loss"):
+        trainer.step(batch)

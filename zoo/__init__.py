@@ -52,6 +52,17 @@ def resolve_details(name_or_path, *, download: bool = True, vocab: str | None = 
     return Zoo().resolve_details(name_or_path, download=download, vocab=vocab)
 
 
+def resolve_for(option: str, name_or_path, *, vocab: str | None = None) -> Resolved:
+    """:func:`resolve_details` for a command's option (``--model``, ``--init-checkpoint``): what
+    pretraining and fine-tuning accept, with errors that name the option."""
+    if not name_or_path:
+        raise UnknownEntryError(f"{option}: expected a checkpoint (any format) or a zoo name")
+    try:
+        return resolve_details(name_or_path, vocab=vocab)
+    except UnknownEntryError as e:
+        raise UnknownEntryError(f"{option} {e}") from None
+
+
 def is_zoo_name(name: str) -> bool:
     """True if ``name`` is an entry or alias of the (environment-configured) registries."""
     try:
@@ -60,6 +71,6 @@ def is_zoo_name(name: str) -> bool:
         return False
 
 
-__all__ = ["resolve", "resolve_details", "Resolved", "is_zoo_name", "Zoo", "FORMATS", "DownloadOptions",
+__all__ = ["resolve", "resolve_details", "resolve_for", "Resolved", "is_zoo_name", "Zoo", "FORMATS", "DownloadOptions",
            "default_cache_dir", "ZooError", "RegistryError", "UnknownEntryError", "DownloadError", "ChecksumError",
            "UnsafeArchiveError", "OfflineError", "NotCachedError", "DiskSpaceError"]

@@ -13,16 +13,15 @@ import numpy as np
 from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.modeling import BertForPreTraining
-from bert_of.training import TrainConfig, Trainer
+from bert_of.training import Runtime, TrainConfig, Trainer
 from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch
 
 way, out_path = sys.argv[1:3]
 rank, world = flow.env.get_rank(), flow.env.get_world_size()
 model = BertForPreTraining(BertConfig(**CONFIG))
 model.init_weights(seed=0)
-placement = flow.placement("cpu", ranks=list(range(world))) if way.startswith("global") else None
-trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode="graph" if way == "global-graph" else "eager")),
-                  placement=placement, ddp=way == "ddp")
+runtime = Runtime.create("cpu", dist="ddp" if way == "ddp" else "global")
+trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode="graph" if way == "global-graph" else "eager")), runtime)
 losses = []
 for step in range(STEPS):
     batch = global_batch(step)

@@ -1,0 +1,160 @@
+"""Optimizers, Google's learning-rate schedule, global-norm clipping and the eager loss scaler.
+
+Defaults are Google's (optimization.py): AdamW without bias correction, eps 1e-6, weight decay
+0.01 not on bias / LayerNorm, clipping at global norm 1.0, linear warmup from 0 then polynomial
+decay over the global step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from bert_of._flow import flow
+from bert_of.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """How to train: everything an exact resume must find unchanged (saved with checkpoints)."""
+
+    mode: str = "graph"  # graph | eager
+    optimizer: str = "adamw"  # adamw | lamb | sgd
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    end_lr: float = 0.0
+    power: float = 1.0
+    weight_decay: float = 0.01
+    no_decay: tuple = ("bias", "LayerNorm", "layer_norm")
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-6
+    bias_correction: bool = False  # Google's AdamWeightDecayOptimizer has none
+    momentum: float = 0.9
+    clip_grad_norm: float | None = 1.0
+    grad_accum_steps: int = 1
+    amp: bool = False
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self):
+        d = asdict(self)
+        d["no_decay"], d["betas"] = list(self.no_decay), list(self.betas)
+        return d
+
+
+# --------------------------------------------------------------------------- optimizer and schedule
+
+
+def _decays(name: str, cfg: TrainConfig) -> bool:
+    return not any(pat in name for pat in cfg.no_decay)
+
+
+def build_optimizer(model, cfg: TrainConfig, for_graph: bool):
+    """The optimizer. Eager: two groups (decay, no decay). Graph: ONE group whose weight-decay conf
+    excludes the no-decay names, because graph mode clips per group and the clip must see one
+    global norm."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if for_graph:
+        groups = [{"params": [p for _, p in named], "weight_decay": cfg.weight_decay}]
+        if cfg.clip_grad_norm:
+            groups[0].update(clip_grad_max_norm=float(cfg.clip_grad_norm), clip_grad_norm_type=2.0)
+    else:
+        groups = [{"params": [p for n, p in named if _decays(n, cfg)], "weight_decay": cfg.weight_decay},
+                  {"params": [p for n, p in named if not _decays(n, cfg)], "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw":
+        opt = flow.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                               do_bias_correction=cfg.bias_correction)
+    elif cfg.optimizer == "lamb":
+        opt = flow.optim.LAMB(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, adam_w_mode=True,
+                              do_bias_correction=cfg.bias_correction)
+    elif cfg.optimizer == "sgd":
+        opt = flow.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        raise ConfigError(f"optimizer {cfg.optimizer!r} is not one of adamw, lamb, sgd")
+    if for_graph and cfg.weight_decay:
+        _graph_weight_decay_excludes(opt, cfg, [p for n, p in named if not _decays(n, cfg)])
+    return opt
+
+
+def _graph_weight_decay_excludes(opt, cfg, no_decay_params):
+    """Make the graph's optimizer conf skip weight decay for the no-decay parameters.
+
+    Adam/LAMB decay is a conf with name patterns to exclude; SGD's is a per-variable L2.
+    """
+    generate = opt._generate_conf_for_graph
+
+    def with_excludes(train_conf, vars_conf):
+        confs = generate(train_conf, vars_conf)
+        if cfg.optimizer == "sgd":
+            for p in no_decay_params:
+                vars_conf[p].l2 = 0.0
+        else:
+            for conf in confs:
+                conf.weight_decay_conf.excludes.pattern.extend(cfg.no_decay)
+        return confs
+
+    opt._generate_conf_for_graph = with_excludes
+
+
+def build_scheduler(opt, cfg: TrainConfig):
+    """google-research/bert's schedule, in eager and graph alike: lr * step / warmup while
+    step < warmup, then polynomial decay over the GLOBAL step, lr * (1 - step / total)^power
+    (to end_lr). OneFlow's WarmupLR would ramp to the decayed rate lr * (1 - warmup / total)
+    instead of to lr; chaining LinearLR and PolynomialLR without interval rescaling does not.
+    """
+    sch = flow.optim.lr_scheduler
+    decay = sch.PolynomialLR(opt, decay_batch=cfg.total_steps, end_learning_rate=cfg.end_lr, power=cfg.power)
+    if cfg.warmup_steps <= 0:
+        return decay
+    ramp = sch.LinearLR(opt, start_factor=0.0, end_factor=1.0, total_iters=cfg.warmup_steps)
+    return sch.SequentialLR(opt, schedulers=[ramp, decay], milestones=[cfg.warmup_steps], interval_rescaling=[False])
+
+
+class DynamicLossScaler:
+    """Dynamic loss scaling for fp16 training (eager; the graph has OneFlow's own).
+
+    The loss is multiplied by ``scale`` before backward. Then: any inf/nan in the
+    gradients -> skip the update and scale *= backoff; otherwise unscale the
+    gradients, update, and after ``growth_interval`` good steps in a row scale *= growth.
+    """
+
+    def __init__(self, init_scale=2.0 ** 16, growth=2.0, backoff=0.5, growth_interval=2000, min_scale=1.0):
+        self.scale, self.growth, self.backoff = float(init_scale), growth, backoff
+        self.growth_interval, self.min_scale, self.good_steps = growth_interval, min_scale, 0
+
+    def unscale_and_check(self, params) -> bool:
+        """Divide grads by the scale; True if all are finite (then step), else False (skip)."""
+        with flow.no_grad():
+            finite = all(bool(flow.isfinite(p.grad).all().numpy()) for p in params)
+            if not finite:
+                self.scale = max(self.scale * self.backoff, self.min_scale)
+                self.good_steps = 0
+                return False
+            if self.scale != 1.0:
+                for p in params:
+                    p.grad.mul_(1.0 / self.scale)
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= self.growth
+            self.good_steps = 0
+        return True
+
+    def state_dict(self):
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state):
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
+
+
+def clip_by_global_norm(params, max_norm: float):
+    """grads *= max_norm / max(||g||, max_norm), ||g|| over ALL params: the graph's formula.
+
+    (``flow.nn.utils.clip_grad_norm_`` divides by norm + 1e-6 instead, which
+    drifts from graph mode by ~1e-6 relative per clipped step.)
+    """
+    with flow.no_grad():
+        norm = flow.sqrt(sum((p.grad * p.grad).sum() for p in params))
+        coef = max_norm / flow.maximum(norm, flow.ones_like(norm) * max_norm)
+        for p in params:
+            p.grad.mul_(coef)
+    return norm

@@ -1,0 +1,95 @@
+"""Where a run's tensors live: one process, several ranks with global tensors, or eager DDP.
+
+Data parallel with global tensors: parameters ``broadcast`` over ``flow.placement(device,
+ranks)``, every batch ``split(0)`` (each rank contributes its own rows). Eager DDP: local
+tensors, each rank its own rows, gradients all-reduced by DDP's hooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bert_of._flow import flow
+from bert_of.errors import ConfigError
+
+DISTS = ("auto", "global", "ddp", "none")
+
+
+@dataclass
+class Runtime:
+    device: str = "cpu"
+    world: int = 1
+    rank: int = 0
+    placement: object = None  # global tensors over these ranks
+    ddp: bool = False  # eager data parallelism with local tensors
+
+    @classmethod
+    def create(cls, device: str | None = None, dist: str = "auto") -> "Runtime":
+        """device: cpu, cuda, or None / "auto" (cuda when OneFlow sees a GPU). dist: "auto" (global
+        tensors when launched on several ranks), "global" (always, also on one rank), "ddp"
+        (eager DDP), "none" (local tensors, one process)."""
+        world, rank = flow.env.get_world_size(), flow.env.get_rank()
+        if device in (None, "auto"):
+            device = "cuda" if flow.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {device!r}: expected cpu, cuda or auto")
+        if device == "cuda" and not flow.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available to OneFlow")
+        if dist not in DISTS:
+            raise ConfigError(f"distribution {dist!r}: expected one of {', '.join(DISTS)}")
+        if dist == "none" and world > 1:
+            raise ConfigError(f"local tensors in one process, but {world} ranks were launched")
+        glob = dist == "global" or (dist == "auto" and world > 1)
+        placement = flow.placement(device, ranks=list(range(world))) if glob else None
+        return cls(device, world, rank, placement, ddp=dist == "ddp" and world > 1)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def local_device(self):
+        if self.device == "cuda":
+            return flow.device("cuda", flow.env.get_local_rank() if self.world > 1 else 0)
+        return flow.device("cpu")
+
+    def place(self, model):
+        """Parameters broadcast over the placement, or on this process's device."""
+        if self.placement is not None:
+            model.to_global(placement=self.placement, sbp=flow.sbp.broadcast)
+        elif self.device != "cpu":
+            model.to(self.local_device)
+        return model
+
+    def rank_rows(self, arr: np.ndarray) -> np.ndarray:
+        """This rank's rows of a global batch (all of them in one process)."""
+        if self.world == 1:
+            return arr
+        n = len(arr)
+        return arr[self.rank * n // self.world:(self.rank + 1) * n // self.world]
+
+    def tensor(self, arr: np.ndarray):
+        """This rank's rows (numpy) as an input tensor: float32 or int64, local or global split(0)."""
+        dtype = flow.float32 if arr.dtype.kind == "f" else flow.int64
+        t = flow.tensor(np.ascontiguousarray(arr), dtype=dtype, device=self.local_device)
+        if self.placement is not None:
+            t = t.to_global(placement=self.placement, sbp=flow.sbp.split(0))
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            flow.comm.barrier()
+
+
+def to_numpy(t) -> np.ndarray:
+    """A tensor as numpy; a global one gathered whole on every rank (a collective)."""
+    if t.is_global:
+        t = t.to_global(sbp=flow.sbp.broadcast).to_local()
+    return t.numpy()
+
+
+def scalar(t) -> float:
+    """A (global or local) scalar tensor as a float."""
+    return float(to_numpy(t).reshape(-1).mean())

@@ -1,0 +1,273 @@
+"""The train step: one optimizer step over a batch, eagerly or inside an ``nn.Graph``, on one
+process, over several ranks with global tensors, or with eager DDP. Any model whose forward
+computes its loss from labelled keyword arguments trains here (the heads of
+:mod:`bert_of.modeling`): pretraining, SQuAD and GLUE differ only by model and data.
+
+The ways must agree (see ``bert-of align``); what makes them agree:
+
+- Weight decay skips names containing bias / LayerNorm / layer_norm (Google's optimization.py).
+  Eager uses two parameter groups; the graph uses ONE group whose weight-decay conf lists those
+  names as excludes, because graph mode clips gradients per group and clipping must see one
+  global norm (:mod:`bert_of.training.optim`).
+- Eager clips with one global norm over all parameters, with the graph's formula.
+- Dropout draws from one generator seeded by (seed, step, rank): runs repeat, resumes replay.
+- Gradient accumulation splits the batch into k micro-batches; each micro-batch's loss is
+  scaled by 1/k (the graph does the same).
+- AMP: the graph gets OneFlow's GradScaler conf; eager steps a dynamic loss scaler of our own
+  (fp16 autocast on CUDA; on CPU both run in fp32 and change nothing).
+
+Shapes: B batch (this rank's rows), S sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from bert_of._flow import flow
+from bert_of.errors import ConfigError
+from bert_of.outputs import SCALAR_OUTPUTS
+from bert_of.training.optim import DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler, clip_by_global_norm
+from bert_of.training.runtime import Runtime, scalar, to_numpy
+
+
+def _scalars(out) -> tuple:
+    """The scalar outputs a forward computed, (names, tensors), loss first."""
+    names = tuple(k for k in SCALAR_OUTPUTS if getattr(out, k, None) is not None)
+    if not names or names[0] != "loss":
+        raise ConfigError("the model computed no loss: the batch lacks its labels")
+    return names, tuple(getattr(out, k) for k in names)
+
+
+class _Forward(flow.nn.Module):
+    """``model(**batch)`` -> its scalar outputs as a tuple: what eager DDP's hooks understand."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.keys, self.names = model, None, None
+
+    def forward(self, *tensors):
+        self.names, values = _scalars(self.model(**dict(zip(self.keys, tensors))))
+        return values
+
+
+class TrainGraph(flow.nn.Graph):
+    """One optimizer step per call: forward (which computes the loss), backward, clip, update, LR step."""
+
+    def __init__(self, model, opt, sched, cfg: TrainConfig):
+        super().__init__()
+        self.model = model  # parameters (and optimizer state) are named "model.<canonical name>"
+        self.keys, self.names = None, None
+        self.add_optimizer(opt, lr_sch=sched)
+        if cfg.grad_accum_steps > 1:
+            self.config.set_gradient_accumulation_steps(cfg.grad_accum_steps)
+        if cfg.amp:
+            self.config.enable_amp(True)
+            self.set_grad_scaler(flow.amp.GradScaler(init_scale=2.0 ** 30, growth_factor=2.0, backoff_factor=0.5,
+                                                     growth_interval=2000))
+
+    def build(self, *tensors):
+        self.names, values = _scalars(self.model(**dict(zip(self.keys, tensors))))
+        values[0].backward()
+        return values
+
+
+class Trainer:
+    """Train ``model`` with ``cfg`` on ``runtime`` (default: one process, or global tensors when
+    launched on several ranks).
+
+    ``step(batch)`` takes this rank's rows as a dict of numpy arrays named like the model's
+    forward arguments (labels included), runs one optimizer step and returns floats: the
+    model's scalar outputs (``loss`` first; pretraining adds mlm_loss, nsp_loss, mlm_acc,
+    nsp_acc), ``lr`` (the rate this step used) and, in eager mode, ``grad_norm`` (before
+    clipping, when clipping), ``skipped`` / ``loss_scale`` (AMP) and ``rank_loss`` (DDP: this
+    rank's own loss; ``loss`` is the mean over the ranks).
+    """
+
+    def __init__(self, model, cfg: TrainConfig, runtime: Runtime | None = None):
+        self.model, self.cfg = model, cfg
+        self.rt = runtime or Runtime.create()
+        if self.rt.ddp and cfg.mode == "graph":
+            raise ConfigError("DDP is eager data parallelism with local tensors: use mode eager")
+        model.train()
+        self.rt.place(model)
+        if self.rt.ddp and hasattr(model, "ddp_world"):
+            model.ddp_world = self.rt.world  # its loss normalises over every rank's rows
+        self.forward = _Forward(model) if cfg.mode == "eager" else None  # model -> its scalars
+        if self.rt.ddp:
+            # OneFlow 0.9's DDP returns the module itself with gradient all-reduce hooks
+            # (and broadcasts rank 0's parameters); its hooks understand tuples of tensors.
+            self.forward = flow.nn.parallel.DistributedDataParallel(self.forward)
+        # One generator for every dropout (each nn.Dropout otherwise makes its own, unseeded):
+        # runs repeat, and its state is saved with checkpoints for exact resume.
+        self.generator = flow.Generator()
+        self.generator.manual_seed(cfg.seed * 1000 + self.rt.rank)
+        for m in model.modules():
+            if isinstance(m, flow.nn.Dropout):
+                m.generator = self.generator
+        self.opt = build_optimizer(model, cfg, for_graph=cfg.mode == "graph")
+        self.sched = build_scheduler(self.opt, cfg)
+        self.graph = TrainGraph(model, self.opt, self.sched, cfg) if cfg.mode == "graph" else None
+        # Eager AMP keeps its own dynamic loss scale; the graph uses OneFlow's GradScaler conf.
+        self.scaler = DynamicLossScaler() if cfg.amp and cfg.mode == "eager" else None
+        self.grad_hook = None  # tests inject non-finite gradients here: fn(trainer, params)
+        self.keys = None
+        self.global_step = 0
+
+    def current_lr(self) -> float:
+        return float(self.opt.param_groups[0]["lr"])
+
+    def step(self, batch: dict) -> dict:
+        keys = tuple(batch)
+        if self.keys is None:
+            self._start(keys)
+        elif keys != self.keys:
+            raise ConfigError(f"batch keys {list(keys)} differ from the first batch's {list(self.keys)}")
+        # Dropout masks are a function of (seed, step, rank): a resumed run draws the same ones.
+        # (OneFlow 0.9's CPU Generator.get_state/set_state does not replay dropout masks.)
+        self.generator.manual_seed((self.cfg.seed * 1_000_003 + self.global_step) * 4099 + self.rt.rank)
+        lr = self.current_lr()  # the rate this step uses
+        if self.graph is not None:
+            values = self.graph(*[self.rt.tensor(batch[k]) for k in self.keys])
+            out = self._read(self.graph.names, [values])
+            self.sched.step()  # the graph keeps its own schedule; this copy only reports it
+        else:
+            out = self._eager_step(batch)
+        self.global_step += 1
+        out["lr"] = lr
+        return out
+
+    def _start(self, keys: tuple) -> None:
+        self.keys = keys
+        (self.graph if self.graph is not None else self.forward).keys = keys
+
+    def _read(self, names: tuple, micro_values: list) -> dict:
+        """The ONE place a step's outputs become numbers: the mean over the micro-batches of each
+        scalar (under DDP, also over the ranks). Non-finite loss handling belongs here."""
+        k = len(micro_values)
+        out = dict.fromkeys(names, 0.0)
+        if self.rt.ddp:
+            out["rank_loss"] = 0.0
+        for values in micro_values:
+            for name, v in zip(names, values):
+                out[name] += self._report(v) / k
+            if self.rt.ddp:
+                out["rank_loss"] += scalar(values[0].detach()) / k
+        return out
+
+    def _report(self, t) -> float:
+        """A loss as a float; under DDP the mean over ranks ((l_1 + ... + l_n) / n), which
+        equals the loss over the global batch when every rank holds as many rows."""
+        if self.rt.ddp:
+            t = t.detach().clone()
+            flow.comm.all_reduce(t)
+            return scalar(t) / self.rt.world
+        return scalar(t)
+
+    def _eager_step(self, batch: dict) -> dict:
+        k = self.cfg.grad_accum_steps
+        n = len(batch[self.keys[0]])
+        if n % k:
+            raise ConfigError(f"batch of {n} does not split into {k} accumulation steps")
+        scale = self.scaler.scale if self.scaler else 1.0
+        micro_values = []
+        for i in range(k):
+            micro = [self.rt.tensor(batch[key][i * n // k:(i + 1) * n // k]) for key in self.keys]
+            with self._autocast():
+                values = self.forward(*micro)
+            (values[0] * (scale / k)).backward()
+            micro_values.append(values)
+        out = self._read(self.forward.names, micro_values)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.grad_hook is not None:
+            self.grad_hook(self, params)
+        if self.scaler is None or self.scaler.unscale_and_check(params):
+            if self.cfg.clip_grad_norm:
+                out["grad_norm"] = scalar(clip_by_global_norm(params, float(self.cfg.clip_grad_norm)))
+            self.opt.step()
+            skipped = 0.0
+        else:
+            skipped = 1.0  # inf/nan gradients: no update, smaller scale next time
+        self.opt.zero_grad()
+        self.sched.step()
+        if self.scaler:
+            out["skipped"], out["loss_scale"] = skipped, self.scaler.scale
+        return out
+
+    def _autocast(self):
+        """fp16 autocast on CUDA under AMP; a no-op on CPU (no fp16 matmul kernels there)."""
+        if self.cfg.amp and self.rt.device == "cuda":
+            return flow.autocast(device_type="cuda", dtype=flow.float16)
+        return contextlib.nullcontext()
+
+    # ----------------------------------------------------------------------- optimizer state
+
+    def optimizer_state(self) -> tuple:
+        """({m/<name>, v/<name>, momentum/<name>: array, step}, metadata): the optimizer's state in
+        canonical parameter names, whatever the mode (what a bert_of checkpoint stores)."""
+        out = {}
+        if self.graph is not None:
+            # The graph's own step counter is not read back: on 2 ranks reading it hangs rank 1
+            # in OneFlow 0.9, and it equals the trainer's step anyway.
+            for key, t in self.graph.state_dict().items():
+                for suffix, slot in (("-m", "m"), ("-v", "v"), ("-momentum", "momentum")):
+                    if key.startswith("model.") and key.endswith(suffix):
+                        out[f"{slot}/{key[len('model.'):-len(suffix)]}"] = to_numpy(t)
+        else:
+            sd = self.opt.state_dict()
+            order = [p for g in self.opt.param_groups for p in g.parameters]
+            by_param = {id(p): n for n, p in self.model.named_parameters()}
+            for idx, slots in sd["state"].items():
+                if idx == "step":
+                    continue
+                name = by_param[id(order[idx])]
+                for key, slot in (("exp_avg", "m"), ("exp_avg_sq", "v"), ("momentum_buf", "momentum")):
+                    if key in slots:
+                        out[f"{slot}/{name}"] = to_numpy(slots[key])
+        out["step"] = np.asarray(self.global_step, np.int64)
+        cfg = self.cfg
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        meta = {"optimizer": cfg.optimizer, "bias_correction": str(cfg.bias_correction).lower(), "eps": repr(cfg.eps),
+                "weight_decay": repr(cfg.weight_decay), "exclude_from_weight_decay": ",".join(cfg.no_decay),
+                "source": "bert_of", "parameters": str(len(names))}
+        return out, meta
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Canonical optimizer state ({m/<name>, v/<name>, momentum/<name>}, and ``step`` when the
+        schedule continues from it) into the optimizer, or the graph before its first call."""
+        def tensor(arr):
+            t = flow.tensor(np.ascontiguousarray(arr))
+            if self.rt.placement is not None:
+                t = t.to_global(placement=self.rt.placement, sbp=flow.sbp.broadcast)
+            elif self.rt.device != "cpu":
+                t = t.to(self.rt.local_device)
+            return t
+
+        params = dict(self.model.named_parameters())
+        slots = {}
+        for key, arr in state.items():
+            if key == "step":
+                continue
+            slot, _, name = key.partition("/")
+            if slot not in ("m", "v", "momentum") or name not in params:
+                raise ConfigError(f"optimizer state {key!r}: not a slot of this model's parameters")
+            slots[key] = arr
+        if self.graph is not None:
+            suffix = {"m": "-m", "v": "-v", "momentum": "-momentum"}
+            graph_state = {f"model.{k.partition('/')[2]}{suffix[k.partition('/')[0]]}": tensor(a)
+                           for k, a in slots.items()}
+            if "step" in state:  # the graph's schedule reads its train step
+                graph_state["System-Train-TrainStep"] = tensor(np.array([int(state["step"])], np.int64))
+            self.graph.load_state_dict(graph_state, strict=False)
+            return
+        sd = self.opt.state_dict()
+        order = [p for g in self.opt.param_groups for p in g.parameters]
+        position = {id(p): i for i, p in enumerate(order)}  # identity: tensor == compares values
+        new_state = {"step": int(state.get("step", sd["state"].get("step", 0)))}
+        keys = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buf"}
+        for key, arr in slots.items():
+            slot, _, name = key.partition("/")
+            new_state.setdefault(position[id(params[name])], {})[keys[slot]] = tensor(arr)
+        sd["state"] = new_state
+        self.opt.load_state_dict(sd)

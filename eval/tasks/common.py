@@ -1,0 +1,394 @@
+"""What SQuAD and GLUE fine-tuning share: options, hyper-parameters, models and tokenizers,
+training on the shared :class:`~bert_of.training.Trainer`, prediction batches, publishing the
+fine-tuned checkpoint, and records in the results store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bert_of._flow import flow
+from bert_of.checkpoint import WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
+from bert_of.converters.convert import detect
+from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.eval.errors import EvalDataError
+from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
+from bert_of.fs import bert_of_home, publishing, read_json, read_jsonl, utc_now, write_json
+from bert_of.modeling import truncated_normal
+from bert_of.zoo import resolve_for
+from bert_of.tokenization import FullTokenizer
+from bert_of.training.loop import METRICS_NAME, ShuffledRows, fit, note
+from bert_of.training.optim import TrainConfig
+from bert_of.training.runtime import Runtime, to_numpy
+from bert_of.training.state import prepare_run_dir, restore
+from bert_of.training.trainer import Trainer
+from bert_of.version import __version__
+
+TRAIN_ARGS = "train_args.json"
+COMMON_DEFAULTS = dict(weight_decay=0.01, clip_grad_norm=1.0, adam_eps=1e-6, seed=42, mode="graph",
+                       grad_accum_steps=1, log_every=50, predict_batch_size=32)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(kw_only=True)
+class ModelOptions:
+    """The model to run and how (None: the default)."""
+
+    model: str  # a checkpoint folder in any format bert_of reads, or a zoo name
+    vocab: str | None = None  # vocab.txt when the checkpoint has none
+    do_lower_case: bool | None = None  # None: lower-case for training; prediction follows train_args.json
+    mode: str | None = None  # graph (default) | eager
+    device: str | None = None  # cpu | cuda | auto (default)
+    predict_batch_size: int | None = None
+
+
+@dataclass(kw_only=True)
+class RecordOptions:
+    """Where and how an evaluation is recorded."""
+
+    results: str | None = None  # the results store (default: $BERT_OF_HOME/results.jsonl)
+    no_record: bool = False
+    name: str | None = None  # the model's name in the table
+    hparam: list = field(default_factory=list)  # extra KEY=VALUE hyper-parameters to record
+
+
+@dataclass(kw_only=True)
+class TrainOptions(ModelOptions, RecordOptions):
+    """Fine-tuning: None takes the task's default (google-research/bert's)."""
+
+    train: str
+    output: str  # the fine-tuned checkpoint folder (published whole at the end)
+    overwrite: bool = False
+    lr: float | None = None
+    batch_size: int | None = None  # global, over all ranks
+    epochs: float | None = None
+    max_steps: int | None = None  # exactly this many steps instead of epochs
+    warmup_proportion: float | None = None
+    weight_decay: float | None = None
+    clip_grad_norm: float | None = None  # 0: off
+    adam_eps: float | None = None
+    seed: int | None = None
+    grad_accum_steps: int | None = None
+    amp: bool = False
+    log_every: int | None = None
+    eval_data: list = field(default_factory=list)  # labeled files to evaluate after training
+    run_dir: str | None = None  # metrics.jsonl and checkpoints/ for --save-every / --resume
+    save_every: int = 0
+    resume: bool = False
+    stop_after: int = 0  # tests: stop ("killed") after this step, publishing nothing
+
+
+@dataclass
+class Hyper:
+    """Fine-tuning hyper-parameters, resolved, as recorded in train_args.json."""
+
+    lr: float
+    batch_size: int
+    epochs: float
+    warmup_proportion: float
+    weight_decay: float
+    clip_grad_norm: float | None
+    adam_eps: float
+    seed: int
+    mode: str
+    grad_accum_steps: int
+    amp: bool
+    max_steps: int | None = None
+    steps: int = 0
+    warmup_steps: int = 0
+
+
+def hyper(opts: TrainOptions, defaults: dict, epochs_default: float) -> Hyper:
+    def pick(name, default):
+        v = getattr(opts, name)
+        return default if v is None else v
+
+    h = Hyper(lr=float(pick("lr", defaults["lr"])), batch_size=int(pick("batch_size", defaults["batch_size"])),
+              epochs=float(pick("epochs", epochs_default)),
+              warmup_proportion=float(pick("warmup_proportion", defaults["warmup_proportion"])),
+              weight_decay=float(pick("weight_decay", COMMON_DEFAULTS["weight_decay"])),
+              clip_grad_norm=pick("clip_grad_norm", COMMON_DEFAULTS["clip_grad_norm"]),
+              adam_eps=float(pick("adam_eps", COMMON_DEFAULTS["adam_eps"])),
+              seed=int(pick("seed", COMMON_DEFAULTS["seed"])), mode=pick("mode", COMMON_DEFAULTS["mode"]),
+              grad_accum_steps=int(pick("grad_accum_steps", COMMON_DEFAULTS["grad_accum_steps"])),
+              amp=bool(opts.amp), max_steps=opts.max_steps)
+    if h.clip_grad_norm is not None and h.clip_grad_norm <= 0:
+        h.clip_grad_norm = None
+    if h.mode not in ("graph", "eager"):
+        raise ConfigError(f"--mode {h.mode!r}: expected graph or eager")
+    if h.lr <= 0 or h.batch_size < 1 or h.epochs <= 0 or not 0 <= h.warmup_proportion < 1 or h.grad_accum_steps < 1:
+        raise ConfigError("need --lr > 0, --batch-size >= 1, --epochs > 0, 0 <= --warmup-proportion < 1, "
+                          "--grad-accum-steps >= 1")
+    return h
+
+
+# --------------------------------------------------------------------------- models and tokenizers
+
+
+@contextlib.contextmanager
+def model_folder(opts: ModelOptions, trained: str | None = None):
+    """(bert_of folder, display name, identity path) of the model to run: ``trained`` (a folder just
+    written), else ``opts.model`` resolved by the zoo's resolver (another format is converted once
+    into the cache; the identity path names the original files)."""
+    if trained is not None:
+        path = os.path.abspath(trained)
+        yield path, os.path.basename(path), path
+        return
+    r = resolve_for("--model", opts.model)
+    yield r.path, r.name, r.source_path
+
+
+def _new_head_init(model, missing: list, seed: int) -> None:
+    """Google's init for task heads that were not in the checkpoint: truncated normal
+    (2 std, std = initializer_range) weights, zero biases."""
+    if not missing:
+        return
+    rng = np.random.default_rng(seed)
+    std = model.config.initializer_range
+    own = dict(model.state_dict())
+    with flow.no_grad():
+        for name in sorted(missing):
+            param = own[name]
+            shape = tuple(param.shape)
+            value = np.zeros(shape, np.float32) if name.endswith("bias") else truncated_normal(rng, shape, std)
+            param.copy_(flow.tensor(value, dtype=param.dtype, device=param.device))
+
+
+def checkpoint_head_labels(path: str):
+    """Number of classes of a checkpoint's classifier head (from the safetensors header), or None."""
+    with SafetensorsFile(os.path.join(path, WEIGHTS_NAME)) as f:
+        if "classifier.weight" in f.entries:
+            return int(f.shape("classifier.weight")[0])
+    return None
+
+
+def load_model(cls, path: str, seed: int = 0, **overrides):
+    """``cls.from_pretrained(path)`` with Google's init for newly created heads.
+
+    Returns (model, newly initialised tensor names)."""
+    model = cls.from_pretrained(path, **overrides)
+    missing = list(model.loading_info["missing"])
+    _new_head_init(model, missing, seed)
+    return model, missing
+
+
+def read_train_args(path: str) -> dict:
+    p = os.path.join(path, TRAIN_ARGS)
+    if not os.path.isfile(p):
+        return {}
+    return read_json(p, "train_args.json", error=CheckpointError)
+
+
+def vocab_looks_cased(vocab) -> bool:
+    """A cased vocabulary (Google's cased models) holds capitalised whole words."""
+    caps = sum(1 for t in vocab if t[:1].isupper() and not t.startswith("["))
+    return caps >= max(10, len(vocab) // 50)
+
+
+def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None):
+    vocab_file = vocab_file or os.path.join(path, "vocab.txt")
+    if not os.path.isfile(vocab_file):
+        raise CheckpointError(f"{path}: no vocab.txt in the checkpoint (pass --vocab FILE)")
+    lower = True if do_lower_case is None else bool(do_lower_case)
+    tok = FullTokenizer(vocab_file, do_lower_case=lower)
+    cased = vocab_looks_cased(tok.vocab)
+    if cased and lower:
+        note(rt, f"warning: {vocab_file} looks like a CASED vocabulary but the text is lower-cased "
+                 "(pass --no-lower-case for cased models)")
+    elif not cased and not lower:
+        note(rt, f"warning: {vocab_file} looks like an uncased vocabulary but --no-lower-case keeps capitals "
+                 "(most words will become [UNK])")
+    return tok
+
+
+def check_seq_len(model_config, max_seq_length: int, path: str) -> None:
+    if max_seq_length > model_config.max_position_embeddings:
+        raise ConfigError(f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings "
+                          f"{model_config.max_position_embeddings} ({path})")
+    if max_seq_length < 8:
+        raise ConfigError(f"--max-seq-length {max_seq_length}: too short")
+
+
+# --------------------------------------------------------------------------- training and prediction
+
+
+def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: TrainOptions, what: str):
+    """Google's schedule over the feature ``arrays`` (named like the model's forward arguments,
+    labels included) on the shared trainer. Returns (summary for train_args.json, finished)."""
+    n = len(next(iter(arrays.values())))
+    if n == 0:
+        raise EvalDataError(f"{what}: no training features")
+    h.steps = int(h.max_steps) if h.max_steps else int(n_examples / h.batch_size * h.epochs)
+    if h.steps < 1:
+        raise ConfigError(f"{what}: {n_examples} examples / batch {h.batch_size} * {h.epochs:g} epochs is less "
+                          "than one step (lower --batch-size or set --max-steps)")
+    h.warmup_steps = int(h.steps * h.warmup_proportion)
+    if h.batch_size % rt.world or (h.batch_size // rt.world) % h.grad_accum_steps:
+        raise ConfigError(f"--batch-size {h.batch_size} must split evenly over {rt.world} rank(s) and "
+                          f"{h.grad_accum_steps} accumulation step(s)")
+    if (opts.resume or opts.save_every) and not opts.run_dir:
+        raise ConfigError("--resume and --save-every need --run-dir (where checkpoints go)")
+    resume_from = prepare_run_dir(opts.run_dir, opts.resume, opts.overwrite) if opts.run_dir else None
+    flow.manual_seed(h.seed)
+    cfg = TrainConfig(mode=h.mode, optimizer="adamw", lr=h.lr, warmup_steps=h.warmup_steps, total_steps=h.steps,
+                      end_lr=0.0, power=1.0, weight_decay=h.weight_decay, eps=h.adam_eps, bias_correction=False,
+                      clip_grad_norm=h.clip_grad_norm, grad_accum_steps=h.grad_accum_steps, amp=h.amp, seed=h.seed)
+    trainer = Trainer(model, cfg, rt)
+    data = ShuffledRows(arrays, h.batch_size, h.seed, rt)
+    if resume_from:
+        restore(trainer, resume_from, data)
+        note(rt, f"{what}: resuming {resume_from} at step {trainer.global_step}")
+    note(rt, f"{what}: {n_examples} examples, {n} features; {h.steps} steps (warmup {h.warmup_steps}) of batch "
+             f"{h.batch_size} over {rt.world} rank(s) on {rt.device}, lr {h.lr:g}, {h.mode} mode")
+    res = fit(trainer, data, h.steps, batch_size=h.batch_size, run_dir=opts.run_dir,
+              log_every=opts.log_every or COMMON_DEFAULTS["log_every"], save_every=opts.save_every,
+              vocab_file=getattr(model, "vocab_file", None), progress="lines", what=what, stop_after=opts.stop_after,
+              check_finite=True)
+    model.eval()
+    first = res.losses[0] if res.losses else None
+    if resume_from:  # the run's first step was logged by the first invocation
+        logged = [r for r in read_jsonl(os.path.join(opts.run_dir, METRICS_NAME), "metrics") if r.get("step") == 1]
+        first = logged[0]["loss"] if logged else first
+    return {"steps": h.steps, "warmup_steps": h.warmup_steps, "first_loss": first,
+            "final_loss": res.losses[-1] if res.losses else None,
+            "train_seconds": round(res.seconds, 3)}, not res.stopped
+
+
+class _PredictGraph(flow.nn.Graph):
+    def __init__(self, model, outputs: tuple):
+        super().__init__()
+        self.model, self.outputs = model, outputs
+
+    def build(self, input_ids, token_type_ids, attention_mask):
+        out = self.model(input_ids, token_type_ids, attention_mask)
+        return tuple(getattr(out, k) for k in self.outputs)
+
+
+def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: Runtime) -> list:
+    """Run ``model`` (eval mode) over rows of ``inputs`` (input_ids, token_type_ids, attention_mask) in
+    fixed-size global batches (the last one padded); returns one float32 array per output name."""
+    model.eval()
+    n = len(inputs[0])
+    batch_size = max(1, min(batch_size, n))
+    batch_size = -(-batch_size // rt.world) * rt.world
+    graph = _PredictGraph(model, outputs) if mode == "graph" else None
+    results = [[] for _ in outputs]
+    with flow.no_grad():
+        for lo in range(0, n, batch_size):
+            rows = [a[lo:lo + batch_size] for a in inputs]
+            real = len(rows[0])
+            if real < batch_size:  # static shapes: pad with copies of the first row, drop their outputs
+                rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
+            tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
+            if graph is not None:
+                vals = graph(*tensors)
+            else:
+                out = model(*tensors)
+                vals = tuple(getattr(out, k) for k in outputs)
+            for acc, v in zip(results, vals):
+                acc.append(to_numpy(v)[:real].astype(np.float32))
+    return [np.concatenate(r, axis=0) for r in results]
+
+
+# --------------------------------------------------------------------------- saving and records
+
+
+def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Runtime) -> None:
+    """The fine-tuned checkpoint + train_args.json, published in one rename (rank 0 writes)."""
+    state = model.canonical_state()  # every rank: gathers global tensors
+    try:
+        if rt.is_main:
+            meta = {"finetuned_task": train_args.get("task", ""),
+                    "base_checkpoint": (train_args.get("base_checkpoint") or {}).get("name", "")}
+            with publishing(output, overwrite=overwrite) as stage:
+                write_checkpoint_files(stage, list(state.items()), model.config,
+                                       vocab_file=getattr(model, "vocab_file", None), metadata=meta)
+                write_json(os.path.join(stage, TRAIN_ARGS), train_args)
+    finally:
+        rt.barrier()  # the other ranks may read the folder next (evaluation after training)
+
+
+def check_output(output: str, overwrite: bool) -> None:
+    if os.path.exists(output) and not overwrite:
+        raise CheckpointError(f"{output}: already exists (use --overwrite to replace it)")
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise CheckpointError(f"{output}: exists and is not a folder")
+
+
+def identity(path: str, name: str) -> dict:
+    ident = checkpoint_identity(path, name=name)
+    if ident.get("format") == "bert_of":  # an HF folder also holds a model.safetensors
+        try:
+            fmt = detect(path)
+        except BertOfError:
+            fmt = "of"
+        if fmt != "of":
+            ident["format"] = fmt
+    return ident
+
+
+def base_args(task: str, h: Hyper, rt: Runtime, ident_path: str, model_name: str, train_path: str,
+              lower: bool) -> dict:
+    """train_args.json: what was fine-tuned from what, how, where and when."""
+    return {"task": task, "base_checkpoint": identity(ident_path, model_name),
+            "train_data": file_identity(train_path), "do_lower_case": lower,
+            "hparams": {"lr": h.lr, "batch_size": h.batch_size, "epochs": h.epochs, "max_steps": h.max_steps,
+                        "warmup_proportion": h.warmup_proportion, "weight_decay": h.weight_decay,
+                        "clip_grad_norm": h.clip_grad_norm, "adam_eps": h.adam_eps, "bias_correction": False,
+                        "seed": h.seed, "mode": h.mode, "amp": h.amp, "grad_accum_steps": h.grad_accum_steps,
+                        "ranks": rt.world, "device": rt.device},
+            "date": utc_now(), "hardware": hardware_info(), "bert_of_version": __version__,
+            "command": _command_line()}
+
+
+def _command_line() -> str | None:
+    """The bert-of command line, when this process is one (not an embedding program or test)."""
+    prog = sys.argv[0] if sys.argv else ""
+    if os.path.basename(prog) == "bert-of" or prog.endswith(os.path.join("bert_of", "cli.py")):
+        return " ".join(["bert-of", *map(shlex.quote, sys.argv[1:])])
+    return None
+
+
+def default_eval_dir(model_name: str, data_path: str, task: str) -> str:
+    stem = os.path.splitext(os.path.basename(data_path))[0]
+    stamp = utc_now().replace("-", "").replace(":", "").rstrip("Z").replace("T", "-")
+    return os.path.join(bert_of_home(), "eval", f"{model_name}", f"{task}-{stem}-{stamp}")
+
+
+def model_display_name(model: str) -> str:
+    return os.path.basename(os.path.abspath(model).rstrip(os.sep)) if os.path.isdir(model) else model
+
+
+def record(opts: RecordOptions, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred_path: str,
+           model_path: str, model_name: str, train_args: dict, settings: dict, tool: str, new_head: bool) -> None:
+    if opts.no_record or not rt.is_main:
+        return
+    hp = dict((train_args.get("hparams") or {}))
+    hp.update({k: v for k, v in settings.items() if k not in hp})
+    for item in opts.hparam or []:
+        if "=" not in item:
+            raise ConfigError(f"--hparam {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        try:
+            hp[k.strip()] = json.loads(v)
+        except ValueError:
+            hp[k.strip()] = v
+    extra = {"settings": settings, "head_trained": not new_head}
+    base = train_args.get("base_checkpoint")
+    if base:
+        extra["base_checkpoint"] = base
+        extra["note"] = f"fine-tuned from {base.get('name')}"
+    if new_head:
+        extra["note"] = "task head not trained (newly initialised)"
+    ident = identity(model_path, opts.name or model_name)
+    rec = make_record(task, metrics, split=os.path.basename(data_path), checkpoint=ident, hparams=hp,
+                      data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
+    note(rt, f"recorded in {append_result(rec, opts.results)}")

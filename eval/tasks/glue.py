@@ -1,0 +1,234 @@
+"""GLUE / XNLI: fine-tuning, prediction and evaluation (run_classifier.py semantics).
+
+    finetune_glue(GlueTrainOptions(...)) / predict_glue(GluePredictOptions(...)) / eval_glue(GlueEvalOptions(...))
+
+The model is :class:`~bert_of.modeling.BertForSequenceClassification`; its forward computes the
+loss from ``labels``: cross-entropy, or the mean squared error of STS-B's one-output head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from bert_of.errors import CheckpointError, ConfigError
+from bert_of.eval.errors import EvalDataError
+from bert_of.eval.glue import (compute_metrics, convert_example_to_features, get_labels, read_examples,
+                               result_task_name, task_spec)
+from bert_of.eval.tasks.common import (COMMON_DEFAULTS, ModelOptions, RecordOptions, TrainOptions, base_args,
+                                       check_output, check_seq_len, checkpoint_head_labels, default_eval_dir, hyper,
+                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
+                                       read_train_args, record, save_finetuned, train)
+from bert_of.fs import atomic_open
+from bert_of.modeling import BertForSequenceClassification
+from bert_of.training.loop import note
+from bert_of.training.runtime import Runtime
+
+GLUE_TRAIN_DEFAULTS = dict(lr=2e-5, batch_size=32, epochs=3.0, warmup_proportion=0.1, max_seq_length=128)
+
+
+@dataclass(kw_only=True)
+class GlueDataOptions:
+    task: str | None = None  # None (prediction): the task the model was fine-tuned for
+    language: str | None = None  # XNLI: only this language's rows
+    max_seq_length: int | None = None  # None: 128, or (prediction) as the model was trained
+
+
+@dataclass(kw_only=True)
+class GlueTrainOptions(TrainOptions, GlueDataOptions):
+    """``bert-of finetune glue``."""
+
+    skip_malformed: bool = False  # skip training lines with too few columns (QQP's train file has a few)
+
+
+@dataclass(kw_only=True)
+class GluePredictOptions(ModelOptions, GlueDataOptions):
+    """``bert-of predict glue``."""
+
+    data: str
+    output: str | None = None  # the predictions file (GLUE submission format)
+
+
+@dataclass(kw_only=True)
+class GlueEvalOptions(GluePredictOptions, RecordOptions):
+    """``bert-of eval glue``: output None = $BERT_OF_HOME/eval/MODEL/TASK-DATA-TIME/predictions.tsv."""
+
+
+@dataclass
+class GlueRun:
+    examples: list
+    predictions: list  # label strings (floats for STS-B)
+    path: str
+    settings: dict
+    model_path: str
+    model_name: str
+    identity_path: str
+    train_args: dict
+    new_head: bool
+
+
+def _glue_arrays(examples, labels, max_seq_length, tok) -> dict:
+    """Features named like the classifier's forward arguments (``labels``: class ids, or floats for STS-B)."""
+    feats = [convert_example_to_features(e, labels, max_seq_length, tok) for e in examples]
+    out = {name: np.array([f[k] for f in feats], dtype=np.int64)
+           for name, k in (("input_ids", "input_ids"), ("token_type_ids", "segment_ids"),
+                           ("attention_mask", "input_mask"))}
+    out["labels"] = np.array([f["label_id"] for f in feats], dtype=np.float32 if labels is None else np.int64)
+    return out
+
+
+def _glue_seq_len(opts: GlueDataOptions, train_args: dict) -> int:
+    v = opts.max_seq_length
+    glue_trained = train_args.get("task") and not str(train_args["task"]).startswith("squad")
+    saved = (train_args.get("hparams") or {}).get("max_seq_length") if glue_trained else None
+    return int(v if v is not None else (saved or GLUE_TRAIN_DEFAULTS["max_seq_length"]))
+
+
+def _classifier_labels(task: str):
+    labels = get_labels(task)
+    return labels, (1 if labels is None else len(labels))
+
+
+def _check_head(path: str, num_labels: int, task: str, name: str) -> None:
+    have = checkpoint_head_labels(path)
+    if have is not None and have != num_labels:
+        raise CheckpointError(f"{name}: its classifier head has {have} output(s) but {task} needs {num_labels} "
+                              "(a checkpoint fine-tuned for another task?)")
+
+
+def finetune_glue(opts: GlueTrainOptions) -> dict:
+    """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
+    rt = Runtime.create(opts.device)
+    if not opts.task:
+        raise ConfigError("--task is required")
+    spec = task_spec(opts.task)
+    check_output(opts.output, opts.overwrite)
+    examples = read_examples(opts.task, opts.train, language=opts.language, skip_malformed=opts.skip_malformed)
+    if any(e.label is None for e in examples):
+        raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
+    labels, num_labels = _classifier_labels(opts.task)
+    h = hyper(opts, GLUE_TRAIN_DEFAULTS, GLUE_TRAIN_DEFAULTS["epochs"])
+    max_seq = _glue_seq_len(opts, {})
+    with model_folder(opts) as (path, name, ident):
+        _check_head(path, num_labels, spec.name, name)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        model, _ = load_model(BertForSequenceClassification, path, seed=h.seed, num_labels=num_labels)
+        check_seq_len(model.config, max_seq, path)
+        if opts.vocab:
+            model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
+        arrays = _glue_arrays(examples, labels, max_seq, tok)
+        summary, finished = train(model, arrays, len(examples), h, rt, opts, f"finetune {spec.name}")
+        task = spec.name.lower()
+        args = base_args(task, h, rt, ident, name, opts.train, tok.do_lower_case)
+        args["hparams"].update(max_seq_length=max_seq, steps=h.steps, warmup_steps=h.warmup_steps)
+        args.update(labels=labels, language=opts.language, train_examples=len(examples), **summary)
+        if not finished:
+            return args
+        save_finetuned(model, opts.output, args, opts.overwrite, rt)
+    note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+             f"{summary['train_seconds']:.1f} s)")
+    for data in opts.eval_data:
+        eval_glue(_after_training(opts, data), trained=opts.output, model=model, rt=rt)
+    return args
+
+
+def _after_training(opts: GlueTrainOptions, data: str) -> GlueEvalOptions:
+    """The options of the evaluation of the checkpoint just written."""
+    keep = {k: getattr(opts, k) for k in GlueEvalOptions.__dataclass_fields__ if hasattr(opts, k)}
+    return GlueEvalOptions(**dict(keep, data=data, output=None, model=opts.output, name=None))
+
+
+def _glue_task(opts: GlueDataOptions, train_args: dict) -> str:
+    task = opts.task or train_args.get("task")
+    if not task:
+        raise ConfigError("--task is required (the model's train_args.json does not name one)")
+    return task
+
+
+def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=None,
+                 rt: Runtime | None = None) -> GlueRun | None:
+    """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
+    file (``index<TAB>prediction``) to ``opts.output``. ``trained``/``model``: the folder just
+    written by fine-tuning and its model in memory."""
+    rt = rt or Runtime.create(opts.device)
+    if not opts.output:
+        raise ConfigError("predict glue: no --output file")
+    with model_folder(opts, trained) as (path, name, ident):
+        train_args = read_train_args(path)
+        task = _glue_task(opts, train_args)
+        spec = task_spec(task)
+        trained_for = train_args.get("task")
+        if trained_for and trained_for != spec.name.lower() and not str(trained_for).startswith("squad"):
+            note(rt, f"warning: {name} was fine-tuned for {trained_for}, predicting {spec.name}")
+        examples = read_examples(task, opts.data, language=opts.language)
+        labels, num_labels = _classifier_labels(task)
+        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
+        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        max_seq = _glue_seq_len(opts, train_args)
+        new_head = False
+        if model is None:
+            _check_head(path, num_labels, spec.name, name)
+            model, missing = load_model(BertForSequenceClassification, path, seed=COMMON_DEFAULTS["seed"],
+                                        num_labels=num_labels)
+            new_head = bool(missing)
+            if new_head:
+                note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
+                         "(newly initialised) head")
+            rt.place(model)
+        check_seq_len(model.config, max_seq, path)
+        arrays = _glue_arrays(examples, labels, max_seq, tok)
+        inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
+        mode = opts.mode or COMMON_DEFAULTS["mode"]
+        bs = opts.predict_batch_size or COMMON_DEFAULTS["predict_batch_size"]
+        (logits,) = infer(model, inputs, ("logits",), int(bs), mode, rt)
+        if labels is None:
+            preds = [float(v) for v in logits.reshape(-1)]
+        else:
+            preds = [labels[i] for i in logits.argmax(axis=-1)]
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
+        if opts.language:
+            settings["language"] = opts.language
+        if not rt.is_main:
+            return None
+        with atomic_open(opts.output) as f:
+            f.write("index\tprediction\n")
+            for i, p in enumerate(preds):
+                f.write(f"{i}\t{p!r}\n" if labels is None else f"{i}\t{p}\n")
+        note(rt, f"predicted {len(examples)} {spec.name} examples; wrote {opts.output}")
+        return GlueRun(examples, preds, opts.output, settings, path, name, ident, train_args, new_head)
+
+
+def eval_glue(opts: GlueEvalOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
+    """Predict + score (eval.glue metrics, percent) + record; prints the scores as JSON."""
+    rt = rt or Runtime.create(opts.device)
+    if not opts.output:
+        train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
+        task = _glue_task(opts, train_args)
+        d = default_eval_dir(model_display_name(opts.model), opts.data, task)
+        opts.output = os.path.join(d, "predictions.tsv")
+    run = predict_glue(opts, trained=trained, model=model, rt=rt)
+    if run is None:
+        return None
+    task = _glue_task(opts, run.train_args)
+    if any(e.label is None for e in run.examples):
+        raise EvalDataError(f"{opts.data}: has no labels (a test file?); `bert-of predict glue` writes predictions "
+                            "for it")
+    metrics = {}
+    for k, v in compute_metrics(task, [e.label for e in run.examples], run.predictions).items():
+        if math.isnan(v):
+            note(rt, f"note: {k} is undefined for these predictions (constant values); reported as null")
+            metrics[k] = None
+        else:
+            metrics[k] = 100.0 * v
+    name = result_task_name(task, opts.data)
+    if name == "xnli" and opts.language:
+        name = f"xnli-{opts.language}"
+    print(json.dumps({"task": name, "examples": len(run.examples), **metrics}, indent=2), flush=True)
+    record(opts, rt, name, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
+           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval glue",
+           new_head=run.new_head)
+    return metrics
