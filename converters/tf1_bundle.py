@@ -37,7 +37,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from bert_of.errors import CheckpointError
-from bert_of.fs import atomic_write, fsync_dir
+from bert_of.fs import atomic_write, fsync_dir, writes_to
 
 __all__ = [
     "TensorEntry",
@@ -772,11 +772,12 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
     temps: list[str] = []
     data_renamed = False
     try:
-        fd, data_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.data.", suffix=".tmp")
+        with writes_to(final_data):
+            fd, data_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.data.", suffix=".tmp")
         temps.append(data_tmp)
         records: dict[bytes, bytes] = {}
         offset = 0
-        with os.fdopen(fd, "wb") as f:
+        with writes_to(final_data), os.fdopen(fd, "wb") as f:
             for name, arr in items:
                 if not isinstance(name, str) or not name or name[0] == "\x00":
                     raise CheckpointError(f"{final_index}: invalid tensor name {name!r} (must be a non-empty string)")
@@ -801,12 +802,13 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
             os.fsync(f.fileno())
 
         table = _build_table([(b"", _HEADER_ONE_SHARD)] + sorted(records.items()))
-        fd, index_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.index.", suffix=".tmp")
-        temps.append(index_tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(table)
-            f.flush()
-            os.fsync(f.fileno())
+        with writes_to(final_index):
+            fd, index_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.index.", suffix=".tmp")
+            temps.append(index_tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(table)
+                f.flush()
+                os.fsync(f.fileno())
 
         # Drop any old index first: an old index next to new data must never load.
         if os.path.lexists(final_index):
