@@ -181,12 +181,14 @@ def detect(path: str) -> bool:
 def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
     """HF config.json -> BertConfig; keys bert_of does not use are kept in ``extra``."""
     d = dict(d)
-    model_type = d.pop("model_type", "bert")
+    model_type = d.pop("model_type", None) or "bert"  # absent or null: transformers' BertConfig does not ask
     if model_type != "bert":
         raise ConfigError(f"{where}: model_type {model_type!r} is not BERT")
     if d.get("position_embedding_type", "absolute") != "absolute":
-        raise ConfigError(f"{where}: position_embedding_type {d['position_embedding_type']!r}: bert_of computes "
-                          f"absolute position embeddings only")
+        null = " (null: transformers then adds no position embeddings at all)" \
+            if d["position_embedding_type"] is None else ""
+        raise ConfigError(f"{where}: position_embedding_type {d['position_embedding_type']!r}{null}: bert_of "
+                          f"computes absolute position embeddings only")
     if d.get("is_decoder"):
         raise ConfigError(f"{where}: is_decoder is true (causal attention); bert_of computes the BERT encoder only")
     label = d.pop("hidden_act", "gelu")
