@@ -177,14 +177,18 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str):
         if end > data_len:
             raise CheckpointError(f"{t}: data ends at byte {end} but the file holds {data_len} (truncated?)")
         entries[name] = (dtype, shape, start, end)
+    ranges = sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3]))
     pos, prev = 0, None
-    for name, (_, _, start, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+    for name, (_, _, start, end) in ranges:  # overlaps first: they are the attack, gaps follow from them
         if start < pos:
             raise CheckpointError(f"{where}: tensors {prev} and {name} share bytes [{start}, {min(end, pos)}) "
                                   f"(overlapping data)")
+        pos, prev = max(pos, end), name
+    pos = 0
+    for name, (_, _, start, end) in ranges:
         if start > pos:
             raise CheckpointError(f"{where}: bytes [{pos}, {start}) of the data belong to no tensor")
-        pos, prev = end, name
+        pos = end
     if pos != data_len:
         raise CheckpointError(f"{where}: {data_len - pos} bytes after the last tensor belong to no tensor")
     return entries, metadata

@@ -49,6 +49,13 @@ _GOOGLE_KEYS = (
     "type_vocab_size",
     "initializer_range",
 )
+# Sanity bounds: a config beyond them is a corrupt or hostile file, not a BERT (and checking tensors
+# against it would loop over billions of layers).
+_MAX_SIZE = 2 ** 31 - 1  # token ids and sizes are int32 everywhere
+_MAX_LAYERS = 1000
+_MAX_LABELS = 1 << 20
+_MAX_PARAMETERS = 2 ** 40
+
 # Keys without which no architecture can be built; the rest have Google's defaults.
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -86,6 +93,13 @@ class BertConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"config: {name} must be a positive integer, got {v!r}")
+            if v > _MAX_SIZE:
+                raise ConfigError(f"config: {name} {v} is beyond any BERT (at most {_MAX_SIZE})")
+        if self.num_hidden_layers > _MAX_LAYERS:
+            raise ConfigError(f"config: num_hidden_layers {self.num_hidden_layers} is beyond any BERT "
+                              f"(at most {_MAX_LAYERS})")
+        if self.num_parameters() > _MAX_PARAMETERS:
+            raise ConfigError(f"config: describes a model of {self.num_parameters():,} parameters, beyond any BERT")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"config: hidden_size {self.hidden_size} is not a multiple of "
@@ -101,6 +115,8 @@ class BertConfig:
             raise ConfigError(f"config: initializer_range must be a non-negative number, got {self.initializer_range!r}")
         if not isinstance(self.num_labels, int) or isinstance(self.num_labels, bool) or self.num_labels <= 0:
             raise ConfigError(f"config: num_labels must be a positive integer, got {self.num_labels!r}")
+        if self.num_labels > _MAX_LABELS:
+            raise ConfigError(f"config: num_labels {self.num_labels} is beyond any classifier (at most {_MAX_LABELS})")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"config: extra must be an object, got {type(self.extra).__name__}")
 

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import numpy as np
 
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
+from bert_of.errors import BertOfError, CheckpointError
 
 MAX_DIMS = 32  # NumPy's limit
 MAX_ELEMENTS = 1 << 40  # ~1e12 elements: far above any BERT tensor, far below int64 overflow
@@ -166,6 +166,10 @@ def check_fit(shapes: Mapping, config: BertConfig, where: str, source: Optional[
               loose: Iterable[str] = ()) -> None:
     """Every tensor has a place in this config's BERT with the shape it implies; the backbone is
     complete. ``loose``: names whose shape is not checked (a head the caller does not use)."""
+    try:
+        config.validate()  # readers set num_labels from a tensor: still a sane config?
+    except BertOfError as e:
+        raise CheckpointError(f"{where}: {str(e).removeprefix('config: ')}") from None
     source = source or (lambda name: name)
     on_disk = source_shape or (lambda name, shape: tuple(shape))
     want = expected_shapes(config)

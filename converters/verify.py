@@ -93,13 +93,23 @@ def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None
     return run_bert_of(source or read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes)
 
 
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b|, where equal values count 0 even when they are inf or NaN (weights holding NaN
+    give NaN outputs on both sides: the same function), and a NaN on one side only counts inf."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if not a.size:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+        d[(a == b) | (np.isnan(a) & np.isnan(b))] = 0.0
+    d[np.isnan(d)] = np.inf
+    return float(d.max())
+
+
 def _diffs(ref: dict, outs: dict) -> dict:
-    d = {}
-    for k in ref:
-        if k in outs:
-            a, b = ref[k].astype(np.float64), outs[k].astype(np.float64)
-            d[k] = float(np.max(np.abs(a - b))) if a.shape == b.shape else float("inf")
-    return d
+    return {k: max_abs_diff(ref[k], outs[k]) for k in ref if k in outs}
 
 
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
