@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
@@ -196,8 +197,6 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str):
 
 def _library_check(path: str) -> None:
     """The safetensors library's own header check (its parser, not a second looser one)."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(path, framework="numpy"):
             pass

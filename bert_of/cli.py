@@ -259,9 +259,13 @@ def dispatch(args) -> int:
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never a traceback
         if _debug(args):
             raise
-        what = (str(e).splitlines() or [""])[0][:200]
-        return _err(f"internal error (a bug in bert_of, please report it): {type(e).__name__}"
-                    f"{': ' + what if what else ''}; run with --debug or {DEBUG_ENV}=1 to see the traceback")
+        return _internal(e)
+
+
+def _internal(e: Exception) -> int:
+    what = (str(e).splitlines() or [""])[0][:200]
+    return _err(f"internal error (a bug in bert_of, please report it): {type(e).__name__}"
+                f"{': ' + what if what else ''}; run with --debug or {DEBUG_ENV}=1 to see the traceback")
 
 
 def _take_debug(argv):
@@ -273,7 +277,13 @@ def _take_debug(argv):
 
 def main(argv=None) -> int:
     argv, debug = _take_debug(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except Exception as e:  # noqa: BLE001 - e.g. a broken optional dependency of a subcommand
+        if debug or _debug(None):
+            raise
+        return _internal(e)
+    args = parser.parse_args(argv)
     args.debug = debug
     return dispatch(args)
 

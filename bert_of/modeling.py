@@ -24,6 +24,8 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
+from bert_of.errors import CheckpointError
+from bert_of.tensors import check_fit, check_role
 
 nn = flow.nn
 
@@ -276,9 +278,6 @@ class _PreTrained(nn.Module):
         missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
         checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
         """
-        from bert_of.errors import CheckpointError
-        from bert_of.tensors import check_fit, check_role
-
         own = {self._ckpt_prefix + k: p for k, p in self.state_dict().items()}
         arrays = {k: np.asarray(v) for k, v in state.items()}
         for name, arr in arrays.items():

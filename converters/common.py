@@ -60,16 +60,14 @@ class Source:
     optimizer: list = field(default_factory=list)  # [(TensorSpec "m/<name>", producer)]
     optimizer_meta: dict = field(default_factory=dict)
     report: list = field(default_factory=list)  # [ReportLine]
-    # canonical name -> (name in the input, shape as stored there), for messages; default: the report
-    source_name: Optional[Callable[[str], str]] = None
-    source_shape: Optional[Callable] = None
 
     def __post_init__(self):
-        """The gate (see the module doc): nothing reaches a writer or a model unchecked."""
+        """The gate (see the module doc): nothing reaches a writer or a model unchecked. Readers
+        check the fit first themselves where they can say more (names and layouts as on disk);
+        messages here name tensors as the report does."""
         back = {r.target: r.source for r in self.report if r.target}
-        shown = self.source_name or (lambda n: back.get(n, n))
         check_tensors([s for s, _ in self.tensors], self.config, self.path,
-                      optimizer=[s for s, _ in self.optimizer], source=shown, source_shape=self.source_shape)
+                      optimizer=[s for s, _ in self.optimizer], source=lambda n: back.get(n, n))
         self.tensors = [(s, p if getattr(p, "checked", False) else checked_producer(s, p, self.path))
                         for s, p in self.tensors]
         self.optimizer = [(s, p if getattr(p, "checked", False) else checked_producer(s, p, self.path))

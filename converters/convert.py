@@ -7,9 +7,8 @@ Adding a format means one module in ``FORMATS``; no pairwise code.
 from __future__ import annotations
 
 import importlib
-import re
-
 import os
+import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError
 from bert_of.fs import publishing
@@ -48,8 +47,6 @@ def parse_direction(direction: str) -> tuple:
 
 def detect(path: str) -> str:
     """The format of ``path``; a clear error when none fits."""
-    import os
-
     if not os.path.exists(path) and not any(os.path.exists(path + s) for s in (".index",)):
         raise CheckpointError(f"{path}: no such file or directory")
     for fmt in FORMATS:
@@ -77,9 +74,9 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     """
     opts = opts or Options()
     a, b = parse_direction(direction)
-    source = module(a).read(src, opts)
     if os.path.lexists(dst) and not opts.overwrite:
         raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
+    source = module(a).read(src, opts)
     stage = None
     try:
         with publishing(dst, overwrite=opts.overwrite) as stage:

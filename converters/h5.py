@@ -37,6 +37,8 @@ import contextlib
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -215,9 +217,11 @@ def _attr_list(obj, name: str) -> list | None:
 
 # libhdf5 itself can loop forever or crash on a malformed file (found by the fuzz smoke: a zeroed
 # run in the global heap hangs H5Aread of a variable-length string attribute, in HDF5 2.0.0). So a
-# child process first touches everything this reader will: every attribute and every dataset
-# reachable through hard links, each read in full, each error caught. Only if the child finishes
-# does this process open the file; a crash or a hang there is one line here.
+# child process first touches everything this reader will: every attribute, every object header
+# reachable through hard links, and the data of every dataset (contiguous data, a plain read of
+# bytes whose place and size the header gives, only at its first element; chunked or filtered
+# data in full), each error caught. Only if the child finishes does this process open the file;
+# a crash or a hang there is one line here.
 _PROBE = r"""
 import sys, h5py, numpy as np
 def touch(obj):
@@ -226,9 +230,13 @@ def touch(obj):
         except Exception: pass
     if isinstance(obj, h5py.Dataset):
         try:
-            if obj.id.get_create_plist().get_external_count() or obj.is_virtual or obj.nbytes > 1 << 34: return
-            out = np.empty(obj.shape, obj.dtype)
-            if out.size: obj.read_direct(out)
+            plist = obj.id.get_create_plist()
+            if plist.get_external_count() or obj.is_virtual or obj.size == 0: return
+            if plist.get_layout() == h5py.h5d.CONTIGUOUS and obj.shape:
+                obj[(0,) * len(obj.shape)]
+            elif obj.nbytes < 1 << 34:
+                out = np.empty(obj.shape, obj.dtype)
+                obj.read_direct(out)
         except Exception: pass
 try:
     f = h5py.File(sys.argv[1], "r")
@@ -245,9 +253,8 @@ except Exception: pass
 
 def _probe(path: str) -> None:
     """Run :data:`_PROBE` on ``path`` in a child process; its crash or hang is a one-line error."""
-    import subprocess
-    import sys
-
+    if not sys.executable:  # an embedded interpreter: no Python to start; read in this process
+        return
     try:
         size = os.path.getsize(path)
     except OSError as e:
@@ -371,7 +378,7 @@ def _scan(f, path: str):
         if not _hard_links_only(f, path, layer):
             if layer == "top_level_model_weights":
                 continue
-            raise CheckpointError(f"{path}: layer {layer} is listed in layer_names but has no group")
+            raise CheckpointError(f"{path}: layer {layer!r} is listed in layer_names but has no group")
         names = _attr_list(f[layer], "weight_names") or []
         for w in names:
             ds = f"{layer}/{w}"

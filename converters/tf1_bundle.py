@@ -657,16 +657,21 @@ def _read_entry(f, data_path: str, entry: TensorEntry, dtype: np.dtype, verify_c
             f"{data_path}: index/data mismatch for tensor {entry.name!r}: shape {entry.shape} {dtype} needs {len(buf)} bytes "
             f"but the entry records size {entry.size}"
         )
-    f.seek(entry.offset)
-    got = 0
-    while got < entry.size:
-        n = f.readinto(buf[got:])
-        if not n:
-            raise CheckpointError(
-                f"{data_path}: data shard truncated: tensor {entry.name!r} needs bytes [{entry.offset}, {entry.offset + entry.size}) "
-                f"but only {got} were readable"
-            )
-        got += n
+    try:
+        f.seek(entry.offset)
+        got = 0
+        while got < entry.size:
+            n = f.readinto(buf[got:])
+            if not n:
+                break
+            got += n
+    except OSError as e:  # EIO, a vanished network file: name the file and the tensor
+        raise CheckpointError(f"{data_path}: cannot read tensor {entry.name!r} ({e.strerror or e})") from None
+    if got < entry.size:
+        raise CheckpointError(
+            f"{data_path}: data shard truncated: tensor {entry.name!r} needs bytes [{entry.offset}, {entry.offset + entry.size}) "
+            f"but only {got} were readable"
+        )
     if verify_crc and entry.crc32c is not None:
         actual = _mask(_crc(buf))
         if actual != entry.crc32c:

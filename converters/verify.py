@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 
+from bert_of.converters import tf1
 from bert_of.converters.common import Options
 from bert_of.converters.convert import detect, read
 
@@ -71,8 +72,6 @@ def checked_tf(path: str, opts: Options):
     index, shards, dtypes and the fit to the config, then every model tensor's CRC (streamed, one
     tensor at a time). Returns the Source (prefix in ``.path``). Variables that are not BERT's are
     left to TensorFlow, which ignores them too."""
-    from bert_of.converters import tf1
-
     source = tf1.read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
     for _, produce in source.tensors:
         produce()

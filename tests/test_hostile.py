@@ -94,12 +94,18 @@ def _bin_with(src, name, **record):
     return edit
 
 
+POOLER = "bert.pooler.dense.weight"  # [8, 8]: 64 elements, 256 bytes of storage
 BIN_ATTACKS = {
-    # the attack round's cases: a BUILD after the checked rebuild rewrites the view
-    "BUILD rewrites the stride (heap bytes into the output)": ({"build": {"stride": (3,)}}, "not a PyTorch state dict"),
-    "BUILD rewrites the stride far out (segfault)": ({"build": {"stride": (10 ** 12,)}}, "not a PyTorch state dict"),
-    "BUILD slot state rewrites the stride": ({"build": (None, {"stride": (1000,)})}, "not a PyTorch state dict"),
-    "BUILD turns the storage into an int": ({"build": {"storage": 7}}, "not a PyTorch state dict"),
+    # the attack round's cases: a BUILD after the checked rebuild rewrites the view. Strides
+    # (1000, -999) span 8 elements by the old extent formula but address 28 KB beyond the storage:
+    # the reader before issue 12 copied those heap bytes into the output (checked by hand against it).
+    "BUILD rewrites the stride (heap bytes into the output)": (POOLER, {"build": {"stride": (1000, -999)}}),
+    "BUILD rewrites the stride far out (segfault)": (POOLER, {"build": {"stride": (10 ** 9, 1 - 10 ** 9)}}),
+    "BUILD slot state rewrites the stride": (POOLER, {"build": (None, {"stride": (1000, -999)})}),
+    "BUILD turns the storage into an int": (LN_GAMMA, {"build": {"storage": 7}}),
+}
+BIN_ATTACK_NEEDLE = "not a PyTorch state dict pickle (AttributeError"
+BIN_BAD_VIEWS = {
     # views checked after the whole pickle is read
     "offset beyond the storage": ({"offset": 5}, "outside its storage of 8 elements"),
     "stride beyond the storage": ({"stride": (2,)}, "outside its storage of 8 elements"),
@@ -108,12 +114,22 @@ BIN_ATTACKS = {
     "expanded view": ({"size": (2, 8), "stride": (0, 1)}, "addresses elements twice"),
     "storage larger than its bytes": ({"numel": 10 ** 9}, "holds 32 bytes, needs 4000000000"),
     "negative offset": ({"offset": -1}, "negative offset"),
+    "negative stride": ({"stride": (-1,), "offset": 7}, "negative offset, size or stride"),
 }
 
 
 @pytest.mark.parametrize("case", list(BIN_ATTACKS))
-def test_bin_views_are_checked_and_immutable(src, tmp_path, case):
-    record, needle = BIN_ATTACKS[case]
+def test_bin_records_cannot_be_rewritten_after_the_check(src, tmp_path, case):
+    name, record = BIN_ATTACKS[case]
+    shape = {POOLER: (8, 8), LN_GAMMA: (8,)}[name]
+    record = dict(record, size=shape, numel=int(np.prod(shape)))
+    converts_badly(tmp_path, src["bin"], "hf2of", BIN_ATTACK_NEEDLE, _bin_with(src, name, **record),
+                   subprocess_run=True)
+
+
+@pytest.mark.parametrize("case", list(BIN_BAD_VIEWS))
+def test_bin_views_are_checked_before_anything_is_read(src, tmp_path, case):
+    record, needle = BIN_BAD_VIEWS[case]
     converts_badly(tmp_path, src["bin"], "hf2of", needle, _bin_with(src, LN_GAMMA, **dict(record)),
                    subprocess_run=True)
 
