@@ -33,12 +33,9 @@ does not use are kept in ``config.extra`` and written back.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 
@@ -46,8 +43,8 @@ from bert_of.checkpoint import TensorSpec, check_against_config, copy_file, expe
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError, OutputError
 from bert_of.fs import writes_to
-from bert_of.tensors import check_dtype, check_shape, nbytes
-from bert_of.converters import hf
+from bert_of.tensors import nbytes
+from bert_of.converters import hdf5, hf
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
@@ -215,152 +212,18 @@ def _attr_list(obj, name: str) -> list | None:
     return out
 
 
-# libhdf5 itself can loop forever or crash on a malformed file (found by the fuzz smoke: a zeroed
-# run in the global heap hangs H5Aread of a variable-length string attribute, in HDF5 2.0.0). So a
-# child process first touches everything this reader will: every attribute, every object header
-# reachable through hard links, and the data of every dataset (contiguous data, a plain read of
-# bytes whose place and size the header gives, only at its first element; chunked or filtered
-# data in full), each error caught. Only if the child finishes does this process open the file;
-# a crash or a hang there is one line here.
-_PROBE = r"""
-import sys, h5py, numpy as np
-def touch(obj):
-    for k in list(obj.attrs):
-        try: obj.attrs[k]
-        except Exception: pass
-    if isinstance(obj, h5py.Dataset):
-        try:
-            plist = obj.id.get_create_plist()
-            if plist.get_external_count() or obj.is_virtual or obj.size == 0: return
-            if plist.get_layout() == h5py.h5d.CONTIGUOUS and obj.shape:
-                obj[(0,) * len(obj.shape)]
-            elif obj.nbytes < 1 << 34:
-                out = np.empty(obj.shape, obj.dtype)
-                obj.read_direct(out)
-        except Exception: pass
-try:
-    f = h5py.File(sys.argv[1], "r")
-except Exception:
-    sys.exit(0)
-touch(f)
-def visit(name, obj):
-    try: touch(obj)
-    except Exception: pass
-try: f.visititems(visit)
-except Exception: pass
-"""
-
-
-def _probe(path: str) -> None:
-    """Run :data:`_PROBE` on ``path`` in a child process; its crash or hang is a one-line error."""
-    if not sys.executable:  # an embedded interpreter: no Python to start; read in this process
-        return
-    try:
-        size = os.path.getsize(path)
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-    timeout = 15 + size / 20e6  # generous: reading 1.3 GB (BERT-large) from a cold disk
-    try:
-        r = subprocess.run([sys.executable, "-c", _PROBE, path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise CheckpointError(f"{path}: malformed HDF5 file: the HDF5 library did not finish reading it within "
-                              f"{timeout:.0f} s") from None
-    if r.returncode < 0:
-        raise CheckpointError(f"{path}: malformed HDF5 file: the HDF5 library crashed reading it "
-                              f"(signal {-r.returncode})")
-
-
-def _open(path: str):
-    import h5py
-
-    _probe(path)
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", reason)
-        if m:
-            raise CheckpointError(f"{path}: truncated HDF5 file ({m.group(1)} bytes; its superblock says "
-                                  f"{m.group(2)})") from None
-        raise CheckpointError(f"{path}: not a readable HDF5 file ({reason})") from None
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
-@contextlib.contextmanager
-def _malformed(path: str):
-    """h5py's own exceptions on a malformed file (odd objects, broken attributes) as one line."""
-    try:
-        yield
-    except (OSError, KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as e:
-        raise CheckpointError(f"{path}: malformed Keras weights file ({_first_line(e)})") from None
-
-
-def _hard_links_only(f, path: str, name: str) -> bool:
-    """Whether ``name`` exists, every step of it a hard link inside this file: checked from the root
-    down, so no soft or external link is ever followed (an external one would open another file)."""
-    import h5py
-
-    parts = [p for p in name.split("/") if p]
-    if not parts:
-        return False
-    for i in range(1, len(parts) + 1):
-        sub = "/".join(parts[:i])
-        link = f.get(sub, getlink=True)
-        if link is None:
-            return False
-        if not isinstance(link, h5py.HardLink):
-            raise CheckpointError(f"{path}: {sub} is a {type(link).__name__} (a link elsewhere); "
-                                  f"refusing to follow it")
-    return True
-
-
-def _plain_dataset(f, path: str, name: str):
-    """The dataset ``name``, stored in this file (no external storage, virtual mapping or external
-    link: those would read other files), holding numbers of a sane shape."""
-    import h5py
-
-    if not _hard_links_only(f, path, name):
-        raise CheckpointError(f"{path}: dataset {name} does not exist")
-    ds = f[name]
-    if not isinstance(ds, h5py.Dataset):
-        raise CheckpointError(f"{path}: {name} is not a dataset")
-    plist = ds.id.get_create_plist()
-    if plist.get_external_count() or ds.is_virtual:
-        raise CheckpointError(f"{path}: dataset {name} keeps its data in other files (external or virtual "
-                              f"storage); refusing to read them")
-    check_dtype(ds.dtype, f"{path}: dataset {name}")
-    check_shape(ds.shape if ds.shape is not None else (None,), f"{path}: dataset {name}")
-    return ds
-
-
-def _read_dataset(f, path: str, name: str) -> np.ndarray:
-    try:
-        ds = _plain_dataset(f, path, name)
-        out = np.empty(ds.shape, ds.dtype)
-        if out.size:
-            ds.read_direct(out)
-        return out
-    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as e:
-        raise CheckpointError(f"{path}: dataset {name}: cannot be read ({_first_line(e)})") from None
-
-
 def _same(f, path: str, a: str, b: str, rows: int = 4096) -> bool:
     """Bitwise equality of two datasets, a block of rows at a time."""
-    da, db = _plain_dataset(f, path, a), _plain_dataset(f, path, b)
+    da, db = hdf5.plain_dataset(f, path, a), hdf5.plain_dataset(f, path, b)
     if da.shape != db.shape or da.dtype != db.dtype:
         return False
     if not da.shape:
-        return _read_dataset(f, path, a).tobytes() == _read_dataset(f, path, b).tobytes()
+        return hdf5.read_dataset(f, path, a).tobytes() == hdf5.read_dataset(f, path, b).tobytes()
     for start in range(0, da.shape[0], rows):
         try:
             xa, xb = da[start:start + rows], db[start:start + rows]
         except (OSError, ValueError, RuntimeError, TypeError) as e:
-            raise CheckpointError(f"{path}: dataset {a}: cannot be read ({_first_line(e)})") from None
+            raise CheckpointError(f"{path}: dataset {a}: cannot be read ({hdf5.first_line(e)})") from None
         if xa.tobytes() != xb.tobytes():
             return False
     return True
@@ -375,14 +238,14 @@ def _scan(f, path: str):
         raise CheckpointError(f"{path}: not a Keras weights file (no layer_names attribute)")
     listed, entries = set(), []
     for layer in layers + ["top_level_model_weights"]:
-        if not _hard_links_only(f, path, layer):
+        if not hdf5.hard_links_only(f, path, layer):
             if layer == "top_level_model_weights":
                 continue
             raise CheckpointError(f"{path}: layer {layer!r} is listed in layer_names but has no group")
         names = _attr_list(f[layer], "weight_names") or []
         for w in names:
             ds = f"{layer}/{w}"
-            if not _hard_links_only(f, path, ds) or not isinstance(f.get(ds), h5py.Dataset):
+            if not hdf5.hard_links_only(f, path, ds) or not isinstance(f.get(ds), h5py.Dataset):
                 raise CheckpointError(f"{path}: dataset {ds} is listed in weight_names but missing")
             entries.append((layer, w, ds))
             listed.add(ds)
@@ -409,8 +272,8 @@ def _layout_for(path: str, scope: str, groups: set, has_pooler: bool) -> str:
 
 def read(path: str, opts: Options) -> Source:
     h5 = _weights_path(path)
-    f = _open(h5)
-    with _malformed(h5):
+    f = hdf5.open_file(h5)
+    with hdf5.malformed(h5):
         return _read(f, h5, opts)
 
 
@@ -471,7 +334,7 @@ def _read(f, h5: str, opts: Options) -> Source:
 
     specs = {}
     for ds, target, transform in model:
-        d = _plain_dataset(f, h5, ds)
+        d = hdf5.plain_dataset(f, h5, ds)
         if transform == "T" and len(d.shape) != 2:
             raise CheckpointError(f"{h5}: dataset {ds} has shape {list(d.shape)}; a kernel is 2-D")
         specs[target] = (ds, d.dtype, apply_shape(transform, d.shape), transform)
@@ -493,7 +356,7 @@ def _read(f, h5: str, opts: Options) -> Source:
     _check(shapes, config, {t: s[0] for t, s in specs.items()}, scope, h5)
 
     def producer(ds, transform):
-        return lambda: apply(transform, _read_dataset(f, h5, ds))
+        return lambda: apply(transform, hdf5.read_dataset(f, h5, ds))
 
     tensors = []
     for target, (ds, dtype, shape, transform) in specs.items():
@@ -572,7 +435,7 @@ def _write_error(path: str, e: Exception) -> OutputError:
     text = str(e)
     if getattr(e, "errno", None) == 28 or "errno = 28," in text or "No space left on device" in text:
         return OutputError(f"{path}: no space left on the device")
-    return OutputError(f"{path}: cannot write ({_first_line(e)})")
+    return OutputError(f"{path}: cannot write ({hdf5.first_line(e)})")
 
 
 def _check_space(d: str, need: int, path: str) -> None:
