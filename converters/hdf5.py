@@ -67,7 +67,8 @@ def _probe(path: str) -> None:
         size = os.path.getsize(path)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-    timeout = 15 + size / 20e6  # generous: reading 1.3 GB (BERT-large) from a cold disk
+    # generous: reading 1.3 GB (BERT-large) from a cold disk; BERT_OF_HDF5_TIMEOUT sets the base
+    timeout = float(os.environ.get("BERT_OF_HDF5_TIMEOUT") or 15) + size / 20e6
     try:
         r = subprocess.run([sys.executable, "-c", _PROBE, path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=timeout)

@@ -468,6 +468,21 @@ def test_h5_links_and_external_storage_are_not_followed(src, tmp_path):
                    external_link)
 
 
+def test_an_h5_file_that_hangs_libhdf5_is_one_line(src, tmp_path, monkeypatch):
+    """Found by the fuzz smoke: zeroing the global heap around the ``backend`` attribute makes
+    HDF5 (2.0.0) loop for ever reading a string attribute. The child-process probe turns that into
+    one line (its time limit shortened here)."""
+    def edit(d):
+        p = os.path.join(d, "tf_model.h5")
+        data = bytearray(open(p, "rb").read())
+        i = data.index(b"tensorflow\x00")  # the heap object of the root's backend attribute
+        data[i - 1:i + 48] = bytes(49)
+        open(p, "wb").write(bytes(data))
+
+    monkeypatch.setenv("BERT_OF_HDF5_TIMEOUT", "3")
+    converts_badly(tmp_path, src["h5"], "h52of", "the HDF5 library did not finish reading it within", edit)
+
+
 # --------------------------------------------------------------------------- accept what the reference tools accept
 
 
