@@ -28,8 +28,8 @@ from safetensors import SafetensorError, safe_open
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.fs import publishing, writes_to
-from bert_of.tensors import (TensorSpec, backbone_names, check_fit, check_shape, check_tensors, expected_shapes,
-                             nbytes)
+from bert_of.tensors import (TensorSpec, backbone_names, check_fit, check_optimizer, check_shape, check_tensors,
+                             expected_shapes, nbytes)
 
 __all__ = ["TensorSpec", "SafetensorsFile", "Checkpoint", "load_checkpoint", "write_checkpoint",
            "write_checkpoint_files", "write_safetensors", "save_safetensors", "load_safetensors",
@@ -331,7 +331,7 @@ def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
     ck = Checkpoint(path, config, tensors, vocab if os.path.isfile(vocab) else None, metadata=metadata)
     if with_optimizer and os.path.isfile(opt):
         with SafetensorsFile(opt) as f:
-            check_tensors([], config, opt, optimizer=[f.spec(k) for k in f.keys()])
+            check_optimizer([f.spec(k) for k in f.keys()], config, opt)
             ck.optimizer, ck.optimizer_meta = f.load_all(), dict(f.metadata)
     return ck
 

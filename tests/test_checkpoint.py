@@ -104,6 +104,17 @@ def test_load_checkpoint_is_as_strict_as_the_cli(tmp_path):
         write_checkpoint(str(tmp_path / f"c{i}"), items, CFG, vocab)
         with pytest.raises(CheckpointError, match=re.escape(needle)):
             load_checkpoint(str(tmp_path / f"c{i}"))
+    # optimizer state: checked against the weights it belongs to
+    opt = ([(f"m/{X}", np.zeros(8, np.float32)), ("step", np.array(3, np.int64))], {"optimizer": "adamw"})
+    write_checkpoint(str(tmp_path / "opt"), _backbone(0.5), CFG, vocab, optimizer=opt)
+    ck = load_checkpoint(str(tmp_path / "opt"), with_optimizer=True)
+    assert sorted(ck.optimizer) == [f"m/{X}", "step"] and ck.optimizer_meta == {"optimizer": "adamw"}
+    for items, needle in (([(f"m/{X}", np.zeros(4, np.float32))], f"m/{X} has shape [4], but {X} implies [8]"),
+                          ([("step", np.array(3.0))], "tensor step has dtype float64; a step counter is an integer"),
+                          ([("m/bert.nothing", np.zeros(8, np.float32))], "is not state bert_of knows")):
+        write_checkpoint(str(tmp_path / "bad"), _backbone(0.5), CFG, vocab, optimizer=(items, {}), overwrite=True)
+        with pytest.raises(CheckpointError, match=re.escape(needle)):
+            load_checkpoint(str(tmp_path / "bad"), with_optimizer=True)
 
 
 def test_truncated_and_garbage_safetensors(tmp_path):
