@@ -18,20 +18,29 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 import bert_of.hooks as _hooks
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
-from bert_of.fs import publishing, read_json
+from bert_of.fs import publishing, read_json, writes_to
+from bert_of.tensors import (TensorSpec, backbone_names, check_fit, check_optimizer, check_shape, check_tensors,
+                             expected_shapes, nbytes)
+
+__all__ = ["TensorSpec", "SafetensorsFile", "Checkpoint", "load_checkpoint", "write_checkpoint",
+           "write_checkpoint_files", "write_safetensors", "save_safetensors", "load_safetensors",
+           "expected_shapes", "backbone_names", "check_against_config", "is_checkpoint_dir", "resolve_checkpoint"]
 
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
 WEIGHTS_NAME = "model.safetensors"
 OPTIMIZER_NAME = "optimizer.safetensors"
+MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
 # safetensors dtype codes <-> NumPy. bfloat16 comes from ml_dtypes when present.
 _ST_TO_NP = {
@@ -65,23 +74,12 @@ def np_dtype(code: str, where: str) -> np.dtype:
         dt = _bf16()
         if dt is not None:
             return dt
-    if code not in _ST_TO_NP:
-        raise CheckpointError(f"{where}: unsupported safetensors dtype {code}")
+    if not isinstance(code, str) or code not in _ST_TO_NP:
+        raise CheckpointError(f"{where}: unsupported safetensors dtype {str(code)[:40]!r}")
     return _ST_TO_NP[code]
 
 
 # --------------------------------------------------------------------------- safetensors
-
-
-@dataclass
-class TensorSpec:
-    name: str
-    dtype: np.dtype
-    shape: tuple
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
 def write_safetensors(path: str, specs: list, produce: Callable[[TensorSpec], np.ndarray],
@@ -89,10 +87,13 @@ def write_safetensors(path: str, specs: list, produce: Callable[[TensorSpec], np
     """Write ``path`` tensor by tensor: ``produce(spec)`` returns each array in turn.
 
     The header is built from the specs first, so only one tensor is in memory at
-    a time. Writes to ``path`` directly: callers write inside a temp directory.
+    a time. Writes to ``path`` directly: callers write inside a staging directory.
+    An I/O error (a full disk) is one line naming ``path``.
     """
     header, offset = {}, 0
     for s in specs:
+        if s.name in header or s.name == "__metadata__":
+            raise CheckpointError(f"{path}: tensor name {s.name!r} twice or reserved")
         header[s.name] = {"dtype": st_dtype(s.dtype), "shape": [int(d) for d in s.shape],
                           "data_offsets": [offset, offset + s.nbytes]}
         offset += s.nbytes
@@ -100,7 +101,7 @@ def write_safetensors(path: str, specs: list, produce: Callable[[TensorSpec], np
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned for mmap readers
-    with open(path, "wb") as f:
+    with writes_to(path), open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for s in specs:
@@ -119,8 +120,100 @@ def save_safetensors(path: str, tensors: dict, metadata: Optional[dict] = None) 
     write_safetensors(path, specs, lambda s: tensors[s.name], metadata)
 
 
+class _Duplicate(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise _Duplicate(k)
+        d[k] = v
+    return d
+
+
+def _no_constant(name):  # NaN / Infinity are not JSON (the library's parser refuses them too)
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_safetensors_header(raw: bytes, data_len: int, where: str):
+    """Check a safetensors header as strictly as the safetensors library does and return
+    ``(entries, metadata)``: ``entries`` = {name: (dtype, shape, start, end)} (offsets into the data).
+
+    Unique keys (at every level), a dtype bert_of reads, a shape of non-negative ints, offsets in
+    order that neither overlap nor leave gaps and cover the data exactly, ``__metadata__`` a
+    string-to-string map (or null).
+    """
+    try:
+        text = raw.decode("utf-8")
+        header = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except _Duplicate as e:
+        raise CheckpointError(f"{where}: header has the key {str(e)[:80]!r} twice") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise CheckpointError(f"{where}: not a safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: not a safetensors file (header is not an object)")
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{where}: __metadata__ is not a map of strings to strings")
+    entries = {}
+    for name, e in header.items():
+        t = f"{where}: tensor {name[:200]}"
+        if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= set(e):
+            raise CheckpointError(f"{t}: malformed header entry (needs dtype, shape, data_offsets)")
+        dtype = np_dtype(e["dtype"], t)
+        if not isinstance(e["shape"], list):
+            raise CheckpointError(f"{t}: shape {str(e['shape'])[:40]} is not a list")
+        shape = check_shape(e["shape"], t)
+        offs = e["data_offsets"]
+        if not (isinstance(offs, list) and len(offs) == 2 and
+                all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in offs)):
+            raise CheckpointError(f"{t}: data_offsets {str(offs)[:60]} are not two non-negative integers")
+        start, end = offs
+        want = nbytes(shape, dtype)
+        if end < start or end - start != want:
+            raise CheckpointError(f"{t}: {end - start} bytes for shape {list(shape)} {dtype} (needs {want})")
+        if end > data_len:
+            raise CheckpointError(f"{t}: data ends at byte {end} but the file holds {data_len} (truncated?)")
+        entries[name] = (dtype, shape, start, end)
+    ranges = sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3]))
+    pos, prev = 0, None
+    for name, (_, _, start, end) in ranges:  # overlaps first: they are the attack, gaps follow from them
+        if start < pos:
+            raise CheckpointError(f"{where}: tensors {prev} and {name} share bytes [{start}, {min(end, pos)}) "
+                                  f"(overlapping data)")
+        pos, prev = max(pos, end), name
+    pos = 0
+    for name, (_, _, start, end) in ranges:
+        if start > pos:
+            raise CheckpointError(f"{where}: bytes [{pos}, {start}) of the data belong to no tensor")
+        pos = end
+    if pos != data_len:
+        raise CheckpointError(f"{where}: {data_len - pos} bytes after the last tensor belong to no tensor")
+    return entries, metadata
+
+
+def _library_check(path: str) -> None:
+    """The safetensors library's own header check (its parser, not a second looser one)."""
+    try:
+        with safe_open(path, framework="numpy"):
+            pass
+    except SafetensorError as e:
+        msg = str(e).replace("Error while deserializing header: ", "").splitlines()[0][:200]
+        raise CheckpointError(f"{path}: not a valid safetensors file ({msg})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot open ({e.strerror or e})") from None
+
+
 class SafetensorsFile:
-    """Read-only view of a safetensors file; tensors are copied out on demand."""
+    """Read-only view of a safetensors file; tensors are copied out on demand.
+
+    The header is checked in full before any tensor is read (:func:`parse_safetensors_header`,
+    then the safetensors library's parser); tensors are read with positioned reads.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -128,37 +221,29 @@ class SafetensorsFile:
             self._f = open(path, "rb")
         except OSError as e:
             raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
-        size = os.fstat(self._f.fileno()).st_size
+        try:
+            self._parse()
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _parse(self):
+        path = self.path
+        st = os.fstat(self._f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        size = st.st_size
         if size < 8:
             raise CheckpointError(f"{path}: not a safetensors file (only {size} bytes)")
-        n = int.from_bytes(self._f.read(8), "little")
-        if n > size - 8 or n > 100 << 20:
+        n = int.from_bytes(os.pread(self._f.fileno(), 8, 0), "little")
+        if n > size - 8 or n > MAX_HEADER:
             raise CheckpointError(f"{path}: not a safetensors file (header length {n} exceeds file size {size})")
-        try:
-            header = json.loads(self._f.read(n))
-        except ValueError:
-            raise CheckpointError(f"{path}: not a safetensors file (header is not JSON)") from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{path}: not a safetensors file (header is not an object)")
-        self.metadata = header.pop("__metadata__", None) or {}
+        raw = os.pread(self._f.fileno(), n, 8)
+        if len(raw) != n:
+            raise CheckpointError(f"{path}: file ended inside its header")
         self._base = 8 + n
-        data_len = size - self._base
-        self.entries = {}
-        for name, e in header.items():
-            try:
-                dtype = np_dtype(e["dtype"], f"{path}: tensor {name}")
-                shape = tuple(int(d) for d in e["shape"])
-                start, end = (int(x) for x in e["data_offsets"])
-            except (KeyError, TypeError, ValueError):
-                raise CheckpointError(f"{path}: tensor {name}: malformed header entry") from None
-            want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if end - start != want or start < 0:
-                raise CheckpointError(
-                    f"{path}: tensor {name}: {end - start} bytes for shape {list(shape)} {dtype} (needs {want})")
-            if end > data_len:
-                raise CheckpointError(
-                    f"{path}: tensor {name}: data ends at byte {end} but the file holds {data_len} (truncated?)")
-            self.entries[name] = (dtype, shape, start, end)
+        self.entries, self.metadata = parse_safetensors_header(raw, size - self._base, path)
+        _library_check(path)
 
     def keys(self):
         return list(self.entries)
@@ -169,6 +254,9 @@ class SafetensorsFile:
     def dtype(self, name):
         return self.entries[name][0]
 
+    def spec(self, name) -> TensorSpec:
+        return TensorSpec(name, self.dtype(name), self.shape(name))
+
     def get(self, name: str) -> np.ndarray:
         """A fresh, writable array. Read with pread, not mmap: pages of a mapped
         file count in RSS, and a streaming conversion must hold one tensor only."""
@@ -176,11 +264,14 @@ class SafetensorsFile:
         out = np.empty(shape, dtype=dtype)
         view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
         pos, off = 0, self._base + start
-        while pos < end - start:
-            n = os.preadv(self._f.fileno(), [view[pos:]], off + pos)
-            if n <= 0:
-                raise CheckpointError(f"{self.path}: tensor {name}: file ended early")
-            pos += n
+        try:
+            while pos < end - start:
+                n = os.preadv(self._f.fileno(), [view[pos:]], off + pos)
+                if n <= 0:
+                    raise CheckpointError(f"{self.path}: tensor {name}: file ended early")
+                pos += n
+        except OSError as e:
+            raise CheckpointError(f"{self.path}: tensor {name}: cannot read ({e.strerror or e})") from None
         return out
 
     def load_all(self) -> dict:
@@ -239,20 +330,27 @@ def resolve_checkpoint(name_or_path) -> str:
 
 
 def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
-    """Read a bert_of checkpoint directory; the tensors are NumPy arrays."""
+    """Read a bert_of checkpoint directory; the tensors are NumPy arrays.
+
+    Every tensor passes :func:`bert_of.tensors.check_tensors` (dtype, shape, fit to the config)
+    before any is read.
+    """
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory (a bert_of checkpoint is a directory)")
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not os.path.isfile(os.path.join(path, name)):
             raise CheckpointError(f"{path}: not a bert_of checkpoint (no {name})")
     config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
-    with SafetensorsFile(os.path.join(path, WEIGHTS_NAME)) as f:
+    weights = os.path.join(path, WEIGHTS_NAME)
+    opt = os.path.join(path, OPTIMIZER_NAME)
+    with SafetensorsFile(weights) as f:
+        check_tensors([f.spec(k) for k in f.keys()], config, weights)  # before anything is read
         tensors, metadata = f.load_all(), dict(f.metadata)
     vocab = os.path.join(path, VOCAB_NAME)
     ck = Checkpoint(path, config, tensors, vocab if os.path.isfile(vocab) else None, metadata=metadata)
-    opt = os.path.join(path, OPTIMIZER_NAME)
     if with_optimizer and os.path.isfile(opt):
         with SafetensorsFile(opt) as f:
+            check_optimizer([f.spec(k) for k in f.keys()], config, opt)
             ck.optimizer, ck.optimizer_meta = f.load_all(), dict(f.metadata)
     return ck
 
@@ -275,10 +373,10 @@ def write_checkpoint(path: str, tensors, config: BertConfig, vocab_file: Optiona
 def write_checkpoint_files(d: str, tensors, config: BertConfig, vocab_file: Optional[str] = None,
                            optimizer: Optional[tuple] = None, metadata: Optional[dict] = None) -> None:
     """The files of a checkpoint into an existing (staging) directory ``d``."""
-    with open(os.path.join(d, CONFIG_NAME), "w") as f:
+    with writes_to(os.path.join(d, CONFIG_NAME)), open(os.path.join(d, CONFIG_NAME), "w") as f:
         f.write(config.to_json_string())
     if vocab_file is not None:
-        shutil.copyfile(vocab_file, os.path.join(d, VOCAB_NAME))
+        copy_file(vocab_file, os.path.join(d, VOCAB_NAME))
     _write_items(os.path.join(d, WEIGHTS_NAME), tensors, metadata)
     if optimizer is not None:
         items, meta = optimizer
@@ -295,59 +393,18 @@ def _write_items(path, items, metadata):
         save_safetensors(path, dict(items), metadata)
 
 
-def expected_shapes(config: BertConfig) -> dict:
-    """Canonical name -> shape for BertModel and every head bert_of knows."""
-    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    s = {
-        "bert.embeddings.word_embeddings.weight": (V, H),
-        "bert.embeddings.position_embeddings.weight": (config.max_position_embeddings, H),
-        "bert.embeddings.token_type_embeddings.weight": (config.type_vocab_size, H),
-        "bert.embeddings.LayerNorm.weight": (H,), "bert.embeddings.LayerNorm.bias": (H,),
-        "bert.pooler.dense.weight": (H, H), "bert.pooler.dense.bias": (H,),
-        "cls.predictions.bias": (V,),
-        "cls.predictions.transform.dense.weight": (H, H), "cls.predictions.transform.dense.bias": (H,),
-        "cls.predictions.transform.LayerNorm.weight": (H,), "cls.predictions.transform.LayerNorm.bias": (H,),
-        "cls.seq_relationship.weight": (2, H), "cls.seq_relationship.bias": (2,),
-        "qa_outputs.weight": (2, H), "qa_outputs.bias": (2,),
-        "classifier.weight": (config.num_labels, H), "classifier.bias": (config.num_labels,),
-    }
-    for i in range(config.num_hidden_layers):
-        p = f"bert.encoder.layer.{i}."
-        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
-            s[p + n + ".weight"], s[p + n + ".bias"] = (H, H), (H,)
-        s[p + "intermediate.dense.weight"], s[p + "intermediate.dense.bias"] = (I, H), (I,)
-        s[p + "output.dense.weight"], s[p + "output.dense.bias"] = (H, I), (H,)
-        for n in ("attention.output.LayerNorm", "output.LayerNorm"):
-            s[p + n + ".weight"], s[p + n + ".bias"] = (H,), (H,)
-    return s
-
-
-def backbone_names(config: BertConfig) -> list:
-    return [k for k in expected_shapes(config) if k.startswith("bert.")]
+def copy_file(src: str, dst: str) -> None:
+    """Copy a side file (vocab.txt) into a staging directory; errors name the file at fault."""
+    try:
+        with open(src, "rb") as fin:
+            with writes_to(dst), open(dst, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+    except OSError as e:  # the source side: unreadable
+        raise CheckpointError(f"{src}: cannot read ({e.strerror or e})") from None
 
 
 def check_against_config(shapes: dict, config: BertConfig, source: Callable[[str], str], where: str,
                          source_shape: Optional[Callable] = None) -> None:
-    """Every backbone tensor present, every tensor the shape the config implies.
-
-    shapes: canonical name -> canonical shape. ``source(name)`` gives the name
-    in the input format and ``source_shape(name, shape)`` the shape as stored
-    there, so messages show what is on disk.
-    """
-    on_disk = source_shape or (lambda name, shape: tuple(shape))
-    want = expected_shapes(config)
-    for name, shape in shapes.items():
-        if name not in want:
-            m = name.split(".")
-            if len(m) > 3 and m[:3] == ["bert", "encoder", "layer"] and m[3].isdigit():
-                raise CheckpointError(
-                    f"{where}: tensor {source(name)} is layer {m[3]} but the config has "
-                    f"num_hidden_layers {config.num_hidden_layers}")
-            raise CheckpointError(f"{where}: tensor {source(name)} has no place in a BERT model")
-        if tuple(shape) != tuple(want[name]):
-            raise CheckpointError(
-                f"{where}: tensor {source(name)} has shape {list(on_disk(name, shape))} but the config implies "
-                f"{list(on_disk(name, want[name]))} (config does not fit the tensors)")
-    for name in backbone_names(config):
-        if name not in shapes:
-            raise CheckpointError(f"{where}: tensor {source(name)} is missing")
+    """Every backbone tensor present, every tensor the shape the config implies
+    (:func:`bert_of.tensors.check_fit`, kept under its old name)."""
+    check_fit(shapes, config, where, source, source_shape)

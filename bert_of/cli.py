@@ -5,7 +5,9 @@
     bert-of inspect PATH [--json]
 
 Errors in the user's input print one line and exit 1; nothing half-written is
-left behind (writers go through temp paths and renames).
+left behind (writers go through temp paths and renames). Anything unexpected is a
+bug: it prints one line saying so; ``--debug`` (or ``BERT_OF_DEBUG=1``) shows the
+traceback.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
-
-import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.converters import tf1, tf1_bundle
@@ -42,18 +43,38 @@ def cmd_convert(args) -> int:
                    skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
                    numerics=args.numerics, no_meta=args.no_meta)
     t0 = time.perf_counter()
-    source, notes = convert(args.direction, args.src, args.dst, opts)
+    reports = []
+    check = _verify_staged(args, opts, reports) if args.verify else None  # DST appears only if it passes
+    try:
+        source, notes = convert(args.direction, args.src, args.dst, opts, check=check)
+    except VerificationFailed:
+        print("\n".join(reports))
+        raise
     dt = time.perf_counter() - t0
     print(summarize(source.report, verbose=args.verbose))
     for n in notes:
         print(n)
-    print(f"wrote {args.dst} ({args.direction}, {dt:.2f} s)")
-    if args.verify:
-        report = verify(args.src, args.dst, tol=args.tol, opts=opts, reference_dtype=args.reference_dtype)
-        print(format_report(report))
-        if not report["ok"]:
-            return _err(f"verification failed: max |diff| {report['worst']:.3g} > {args.tol:g}")
+    print(f"wrote {args.dst} ({args.direction}{', verified' if args.verify else ''}, {dt:.2f} s)")
+    for r in reports:
+        print(r)
     return 0
+
+
+class VerificationFailed(BertOfError):
+    """``convert --verify``: the converted files do not compute what the source does."""
+
+
+def _verify_staged(args, opts, reports: list):
+    """The check ``convert`` runs on the staged files before publishing them."""
+    def check(stage):
+        report = verify(args.src, stage, tol=args.tol, opts=opts, reference_dtype=args.reference_dtype)
+        report["b"]["path"] = args.dst  # where it is published if it passes
+        reports.append(format_report(report))
+        if not report["ok"]:
+            raise VerificationFailed(f"verification failed: max |diff| {report['worst']:.3g} > {args.tol:g}; "
+                                     f"{args.dst} not written")
+
+    return check
 
 
 # --------------------------------------------------------------------------- verify
@@ -102,7 +123,7 @@ def inspect_path(path: str) -> dict:
             info["dropped"] = dropped
     counts = {}
     for t in info["tensors"]:
-        counts[t["kind"]] = counts.get(t["kind"], 0) + int(np.prod(t["shape"], dtype=np.int64))
+        counts[t["kind"]] = counts.get(t["kind"], 0) + math.prod(t["shape"])
     info["parameters"] = counts.get("model", 0)
     info["elements_by_kind"] = counts
     return info
@@ -137,6 +158,8 @@ def cmd_inspect(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bert-of", description="BERT checkpoints across TF1, OneFlow and friends, "
                                 "moved without changing a number.")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error "
+                   f"(also: {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf, hf2of, lazy2of, h52of, ...",
@@ -188,20 +211,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+DEBUG_ENV = "BERT_OF_DEBUG"
+
+
+def _debug(args) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
 def dispatch(args) -> int:
     """Run a parsed subcommand. bert_of's errors, I/O errors and Ctrl-C become one line on stderr
-    and exit status 1; a reader leaving the pipe (`bert-of ... | head`) is not an error."""
+    and exit status 1; a reader leaving the pipe (`bert-of ... | head`) is not an error. Anything
+    else is a bug in bert_of: one line says so and how to see the traceback (``--debug`` or
+    ``BERT_OF_DEBUG=1``, which re-raise)."""
     try:
         return args.fn(args)
     except BertOfError as e:
-        return _err(str(e))
+        return _err(" ".join(str(e).split("\n")))
     except BrokenPipeError:
         return 0
     except OSError as e:  # unreadable input, unwritable output, disk full
-        where = e.filename or "I/O"
-        return _err(f"{where}: {e.strerror or e}")
+        if _debug(args):
+            raise
+        what = (e.strerror or str(e) or type(e).__name__).splitlines()[0]
+        if e.filename:
+            return _err(f"{e.filename}: {what}")
+        return _err(f"I/O error: {what} (run with --debug or {DEBUG_ENV}=1 to see where)")
     except KeyboardInterrupt:
         return _err("interrupted")
+    except MemoryError:
+        if _debug(args):
+            raise
+        return _err("out of memory (run with --debug or BERT_OF_DEBUG=1 to see where)")
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        if _debug(args):
+            raise
+        return _internal(e)
+
+
+def _internal(e: Exception) -> int:
+    what = (str(e).splitlines() or [""])[0][:200]
+    return _err(f"internal error (a bug in bert_of, please report it): {type(e).__name__}"
+                f"{': ' + what if what else ''}; run with --debug or {DEBUG_ENV}=1 to see the traceback")
+
+
+def _take_debug(argv):
+    """``--debug`` is accepted anywhere on the command line (before or after the subcommand)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    return [a for a in argv if a != "--debug"], debug
 
 
 def parse(parser: argparse.ArgumentParser, argv=None):
@@ -213,7 +270,16 @@ def parse(parser: argparse.ArgumentParser, argv=None):
 
 
 def main(argv=None) -> int:
-    return dispatch(parse(build_parser(), argv))
+    argv, debug = _take_debug(argv)
+    try:
+        parser = build_parser()
+    except Exception as e:  # noqa: BLE001 - e.g. a broken optional dependency of a subcommand
+        if debug or _debug(None):
+            raise
+        return _internal(e)
+    args = parse(parser, argv)
+    args.debug = debug
+    return dispatch(args)
 
 
 if __name__ == "__main__":

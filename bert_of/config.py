@@ -49,6 +49,13 @@ _GOOGLE_KEYS = (
     "type_vocab_size",
     "initializer_range",
 )
+# Sanity bounds: a config beyond them is a corrupt or hostile file, not a BERT (and checking tensors
+# against it would loop over billions of layers).
+_MAX_SIZE = 2 ** 31 - 1  # token ids and sizes are int32 everywhere
+_MAX_LAYERS = 1000
+_MAX_LABELS = 1 << 20
+_MAX_PARAMETERS = 2 ** 40
+
 # Keys without which no architecture can be built; the rest have Google's defaults.
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -86,13 +93,32 @@ class BertConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"config: {name} must be a positive integer, got {v!r}")
+            if v > _MAX_SIZE:
+                raise ConfigError(f"config: {name} {v} is beyond any BERT (at most {_MAX_SIZE})")
+        if self.num_hidden_layers > _MAX_LAYERS:
+            raise ConfigError(f"config: num_hidden_layers {self.num_hidden_layers} is beyond any BERT "
+                              f"(at most {_MAX_LAYERS})")
+        if self.num_parameters() > _MAX_PARAMETERS:
+            raise ConfigError(f"config: describes a model of {self.num_parameters():,} parameters, beyond any BERT")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"config: hidden_size {self.hidden_size} is not a multiple of "
                 f"num_attention_heads {self.num_attention_heads}"
             )
-        if not (isinstance(self.layer_norm_eps, (int, float)) and 0 < self.layer_norm_eps < 1):
+        if not (_number(self.layer_norm_eps) and 0 < self.layer_norm_eps < 1):
             raise ConfigError(f"config: layer_norm_eps must be in (0, 1), got {self.layer_norm_eps!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            v = getattr(self, name)
+            if not (_number(v) and 0 <= v < 1):
+                raise ConfigError(f"config: {name} must be in [0, 1), got {v!r}")
+        if not (_number(self.initializer_range) and 0 <= self.initializer_range < math.inf):
+            raise ConfigError(f"config: initializer_range must be a non-negative number, got {self.initializer_range!r}")
+        if not isinstance(self.num_labels, int) or isinstance(self.num_labels, bool) or self.num_labels <= 0:
+            raise ConfigError(f"config: num_labels must be a positive integer, got {self.num_labels!r}")
+        if self.num_labels > _MAX_LABELS:
+            raise ConfigError(f"config: num_labels {self.num_labels} is beyond any classifier (at most {_MAX_LABELS})")
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"config: extra must be an object, got {type(self.extra).__name__}")
 
     @property
     def head_dim(self) -> int:
@@ -125,6 +151,8 @@ class BertConfig:
             return cls(**d)
         except TypeError as e:  # wrong types surface here
             raise ConfigError(f"{where}: {e}") from None
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -146,15 +174,24 @@ class BertConfig:
         exact = d.pop("bert_of_hidden_act", None)
         if exact is not None:
             act = exact
-        elif act_label in GOOGLE_ACT:
-            act = GOOGLE_ACT[act_label]
+        elif not act_label:  # modeling.get_activation: null or "" means no activation
+            act = "linear"
+        elif isinstance(act_label, str) and act_label.lower() in GOOGLE_ACT:  # it lower-cases the name
+            act = GOOGLE_ACT[act_label.lower()]
         else:
             raise ConfigError(f"{where}: hidden_act {act_label!r} is not one Google's modeling.py knows")
-        eps = d.pop("layer_norm_eps", PROVENANCE_LN_EPS["tf1"])
-        num_labels = d.pop("num_labels", 2)
+        eps = d.pop("layer_norm_eps", None)
+        eps = PROVENANCE_LN_EPS["tf1"] if eps is None else eps
+        num_labels = d.pop("num_labels", None)
+        num_labels = 2 if num_labels is None else num_labels
+        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if k in d and d[k] is None:  # modeling.dropout: None means no dropout
+                d[k] = 0.0
         kw = {k: d.pop(k) for k in _GOOGLE_KEYS if k in d}
-        return cls(hidden_act=act, layer_norm_eps=eps, num_labels=num_labels,
-                   provenance="tf1", extra=d, **kw)
+        try:
+            return cls(hidden_act=act, layer_norm_eps=eps, num_labels=num_labels, provenance="tf1", extra=d, **kw)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
 
     def to_google_dict(self) -> dict:
         """Google's bert_config.json. Its code only knows tanh-GELU under "gelu"."""
@@ -181,6 +218,10 @@ class BertConfig:
         if not math.isclose(self.layer_norm_eps, 1e-12, rel_tol=1e-9):
             reasons.append(f"layer_norm_eps {self.layer_norm_eps:g} (Google's code uses 1e-12)")
         return "; ".join(reasons) or None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _read_json(path: str) -> dict:

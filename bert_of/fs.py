@@ -110,9 +110,21 @@ def fsync_dir(path: str) -> None:
 
 
 def _io_error(path: str, e: OSError) -> BertOfError:
-    if e.errno == errno.ENOSPC:
+    """One line naming ``path``. h5py's errors carry HDF5's multi-line text: only its first line
+    is kept, and a full disk is recognised in it too."""
+    text = str(e.strerror or e)
+    if e.errno == errno.ENOSPC or "No space left on device" in text or "errno = 28," in text:
         return OutputError(f"{path}: no space left on the device")
-    return OutputError(f"{path}: cannot write ({e.strerror or e})")
+    return OutputError(f"{path}: cannot write ({text.splitlines()[0] if text.strip() else type(e).__name__})")
+
+
+@contextlib.contextmanager
+def writes_to(path: str):
+    """``with writes_to(p): ...``: an OSError in the block becomes one OutputError line naming ``p``."""
+    try:
+        yield
+    except OSError as e:
+        raise _io_error(path, e) from None
 
 
 # --------------------------------------------------------------------------- atomic files

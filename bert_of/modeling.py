@@ -29,9 +29,10 @@ import numpy as np
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.errors import ConfigError
+from bert_of.errors import CheckpointError, ConfigError
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
+from bert_of.tensors import check_fit, check_role
 
 nn = flow.nn
 
@@ -258,28 +259,36 @@ class _PreTrained(nn.Module):
     def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
         """Copy {canonical name: array} into the parameters.
 
-        Backbone tensors must all be present with the right shapes. Task heads
-        missing from ``state`` keep their fresh init (as when fine-tuning from a
-        pretraining checkpoint) unless ``strict_heads``. Returns
-        ``{"missing": [...], "unexpected": [...]}``.
+        Every tensor first passes the gate the converters use (bert_of.tensors): floating
+        point, a place in a BERT of this model's config (no layer beyond ``num_hidden_layers``,
+        no unknown name) with the shape it implies, the backbone complete. So a config that does
+        not fit its tensors is an error here exactly as in ``bert-of convert``. Tensors of task
+        heads this class does not have are accepted (and returned as "unexpected"); task heads
+        missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
+        checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
         """
-        from bert_of.errors import CheckpointError
-
         own = {self._ckpt_prefix + k: p for k, p in self.state_dict().items()}
-        missing = [k for k in own if k not in state]
-        unexpected = sorted(k for k in state if k not in own)
+        arrays = {k: np.asarray(v) for k, v in state.items()}
+        for name, arr in arrays.items():
+            check_role(name, arr.dtype, "checkpoint")
+        missing = [k for k in own if k not in arrays]
+        unexpected = sorted(k for k in arrays if k not in own)
         bad_missing = [k for k in missing if strict_heads or k.startswith("bert.")]
         if bad_missing:
             raise CheckpointError(f"checkpoint lacks {len(bad_missing)} tensor(s) the model needs, first: {bad_missing[0]}")
+        for name, param in own.items():
+            if name in arrays and tuple(arrays[name].shape) != tuple(param.shape):
+                raise CheckpointError(f"tensor {name}: checkpoint shape {list(arrays[name].shape)} != model shape "
+                                      f"{list(param.shape)}")
+        # The rest must fit this config too; a head this class lacks may come from a config with
+        # another label count, so its shape is not ours to check.
+        check_fit({k: a.shape for k, a in arrays.items()}, self.config, "checkpoint", require_backbone=False,
+                  loose=[k for k in unexpected if k.startswith("classifier.")])
         with flow.no_grad():
             for name, param in own.items():
-                if name not in state:
+                if name not in arrays:
                     continue
-                arr = np.asarray(state[name])
-                if tuple(arr.shape) != tuple(param.shape):
-                    raise CheckpointError(
-                        f"tensor {name}: checkpoint shape {list(arr.shape)} != model shape {list(param.shape)}"
-                    )
+                arr = arrays[name]
                 src = flow.tensor(np.ascontiguousarray(arr), dtype=param.dtype)
                 if param.is_global:
                     src = src.to_global(placement=param.placement, sbp=param.sbp)

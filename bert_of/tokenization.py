@@ -31,15 +31,45 @@ import collections
 import unicodedata
 from typing import Iterable, List, Optional
 
+from bert_of.errors import BertOfError
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
+def read_vocab_lines(vocab_file: str) -> List[str]:
+    """The tokens of ``vocab.txt``, one per line, the way Google's and HF's readers see them: line
+    ends ``\\n``, ``\\r\\n`` or ``\\r``; each token stripped of surrounding whitespace (Google strips).
+    What they would turn into junk is dropped: a UTF-8 BOM (it would glue onto the first token)
+    and blank lines at the end (they would add an empty token past the real ones). A blank line
+    inside keeps its id, as in both readers. Errors are one line naming the file."""
+    try:
+        with open(vocab_file, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise BertOfError(f"{vocab_file}: cannot read the vocabulary ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BertOfError(f"{vocab_file}: vocabulary is not UTF-8 text (byte {e.start})") from None
+    lines = [ln.strip() for ln in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines:
+        raise BertOfError(f"{vocab_file}: empty vocabulary")
+    return lines
+
+
+def vocab_size(vocab_file: str) -> int:
+    """How many ids ``vocab.txt`` defines (see :func:`read_vocab_lines`; a trailing newline or blank
+    line adds none): the number a model's ``vocab_size`` must cover."""
+    return len(read_vocab_lines(vocab_file))
+
+
 def load_vocab(vocab_file: str) -> "collections.OrderedDict[str, int]":
-    """token -> id, the id being the line number (0-based)."""
+    """token -> id, the id being the line number (0-based); see :func:`read_vocab_lines`."""
     vocab = collections.OrderedDict()
-    with open(vocab_file, encoding="utf-8") as f:
-        for index, line in enumerate(f):
-            vocab[line.strip()] = index
+    for index, token in enumerate(read_vocab_lines(vocab_file)):
+        vocab[token] = index
     return vocab
 
 
@@ -278,4 +308,4 @@ class FullTokenizer:
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-__all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "load_vocab"]
+__all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "load_vocab", "read_vocab_lines", "vocab_size"]

@@ -2,23 +2,32 @@
 
 A format module exposes::
 
-    NAME, TABLE                     # short name ("tf"), its name table
-    detect(path) -> bool            # is this path in my format?
-    read(path, opts) -> Source      # canonical tensors, lazily
-    write(source, dst, opts)        # write a Source in my format, atomically
+    NAME, TABLE                        # short name ("tf"), its name table
+    detect(path) -> bool               # is this path in my format?
+    read(path, opts) -> Source         # canonical tensors, lazily
+    write_files(source, dir, opts)     # write a Source's files into an existing (staging) directory
+    write(source, dst, opts)           # publishing(dst) + write_files: atomically
 
 ``Source.tensors`` holds ``(TensorSpec, producer)`` pairs so conversions
 stream one tensor at a time, and ``Source.report`` accounts for every tensor
 of the input: mapped, converted as optimizer state, or dropped, and why.
+
+Building a ``Source`` is the validation point of every reader: its tensors pass
+:func:`bert_of.tensors.check_tensors` (dtype, shape, fit to the config, optimizer
+state) and every producer is wrapped so the array it yields must be the dtype and
+shape its spec announced.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from bert_of.checkpoint import TensorSpec
 from bert_of.config import BertConfig
+from bert_of.errors import CheckpointError
+from bert_of.fs import publishing
+from bert_of.tensors import TensorSpec, check_tensors, checked_producer
 
 
 @dataclass
@@ -51,6 +60,18 @@ class Source:
     optimizer: list = field(default_factory=list)  # [(TensorSpec "m/<name>", producer)]
     optimizer_meta: dict = field(default_factory=dict)
     report: list = field(default_factory=list)  # [ReportLine]
+
+    def __post_init__(self):
+        """The gate (see the module doc): nothing reaches a writer or a model unchecked. Readers
+        check the fit first themselves where they can say more (names and layouts as on disk);
+        messages here name tensors as the report does."""
+        back = {r.target: r.source for r in self.report if r.target}
+        check_tensors([s for s, _ in self.tensors], self.config, self.path,
+                      optimizer=[s for s, _ in self.optimizer], source=lambda n: back.get(n, n))
+        self.tensors = [(s, p if getattr(p, "checked", False) else checked_producer(s, p, self.path))
+                        for s, p in self.tensors]
+        self.optimizer = [(s, p if getattr(p, "checked", False) else checked_producer(s, p, self.path))
+                          for s, p in self.optimizer]
 
     def names(self):
         return [s.name for s, _ in self.tensors]
@@ -108,3 +129,12 @@ def cast_spec(spec: TensorSpec, producer: Callable, dtype: Optional[str]):
     else:
         target = np.dtype(dtype)
     return TensorSpec(spec.name, target, spec.shape), lambda: producer().astype(target)
+
+
+def write_with(write_files: Callable, source: Source, dst: str, opts: Options) -> list:
+    """``write(source, dst, opts)`` of a format: its ``write_files`` into a staging folder that
+    becomes ``dst`` only when complete (bert_of.fs.publishing)."""
+    if os.path.lexists(dst) and not opts.overwrite:
+        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
+    with publishing(dst, overwrite=opts.overwrite) as stage:
+        return write_files(source, stage, opts) or []

@@ -7,9 +7,11 @@ Adding a format means one module in ``FORMATS``; no pairwise code.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 
-from bert_of.errors import BertOfError, CheckpointError
+from bert_of.errors import BertOfError, CheckpointError, OutputError
+from bert_of.fs import publishing
 from bert_of.converters.common import Options, Source, summarize
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
@@ -45,8 +47,6 @@ def parse_direction(direction: str) -> tuple:
 
 def detect(path: str) -> str:
     """The format of ``path``; a clear error when none fits."""
-    import os
-
     if not os.path.exists(path) and not any(os.path.exists(path + s) for s in (".index",)):
         raise CheckpointError(f"{path}: no such file or directory")
     for fmt in FORMATS:
@@ -65,12 +65,28 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
     return module(fmt or detect(path)).read(path, opts or Options())
 
 
-def convert(direction: str, src: str, dst: str, opts: Options | None = None) -> tuple:
-    """Run one conversion; returns (Source, notes). Nothing is left at dst on error."""
+def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
+    """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
+
+    ``check(staged_dir)``, when given, runs on the finished files before they are published
+    (``convert --verify``): if it raises, ``dst`` is never created (or, with ``overwrite``, the
+    old ``dst`` stays as it was).
+    """
     opts = opts or Options()
     a, b = parse_direction(direction)
+    if os.path.lexists(dst) and not opts.overwrite:
+        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
     source = module(a).read(src, opts)
-    notes = module(b).write(source, dst, opts) or []
+    stage = None
+    try:
+        with publishing(dst, overwrite=opts.overwrite) as stage:
+            notes = module(b).write_files(source, stage, opts) or []
+            if check is not None:
+                check(stage)
+    except OutputError as e:  # name the file as the user will know it, not its staging path
+        if stage is None:
+            raise
+        raise OutputError(str(e).replace(stage, os.path.abspath(dst))) from None
     return source, notes
 
 

@@ -39,12 +39,13 @@ import re
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, check_against_config, expected_shapes
+from bert_of.checkpoint import TensorSpec, check_against_config, copy_file, expected_shapes
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import publishing
-from bert_of.converters import hf
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.errors import CheckpointError, ConfigError, OutputError
+from bert_of.fs import writes_to
+from bert_of.tensors import nbytes
+from bert_of.converters import hdf5, hf
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "h5"
@@ -211,44 +212,18 @@ def _attr_list(obj, name: str) -> list | None:
     return out
 
 
-def _open(path: str):
-    import h5py
-
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", reason)
-        if m:
-            raise CheckpointError(f"{path}: truncated HDF5 file ({m.group(1)} bytes; its superblock says "
-                                  f"{m.group(2)})") from None
-        raise CheckpointError(f"{path}: not a readable HDF5 file ({reason})") from None
-
-
-def _read_dataset(f, path: str, name: str) -> np.ndarray:
-    try:
-        ds = f[name]
-        out = np.empty(ds.shape, ds.dtype)
-        if out.size:
-            ds.read_direct(out)
-        return out
-    except (OSError, KeyError, ValueError, RuntimeError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{path}: dataset {name}: cannot be read ({reason})") from None
-
-
 def _same(f, path: str, a: str, b: str, rows: int = 4096) -> bool:
     """Bitwise equality of two datasets, a block of rows at a time."""
-    da, db = f[a], f[b]
+    da, db = hdf5.plain_dataset(f, path, a), hdf5.plain_dataset(f, path, b)
     if da.shape != db.shape or da.dtype != db.dtype:
         return False
     if not da.shape:
-        return _read_dataset(f, path, a).tobytes() == _read_dataset(f, path, b).tobytes()
+        return hdf5.read_dataset(f, path, a).tobytes() == hdf5.read_dataset(f, path, b).tobytes()
     for start in range(0, da.shape[0], rows):
         try:
             xa, xb = da[start:start + rows], db[start:start + rows]
-        except (OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: dataset {a}: cannot be read ({str(e).splitlines()[0]})") from None
+        except (OSError, ValueError, RuntimeError, TypeError) as e:
+            raise CheckpointError(f"{path}: dataset {a}: cannot be read ({hdf5.first_line(e)})") from None
         if xa.tobytes() != xb.tobytes():
             return False
     return True
@@ -263,14 +238,14 @@ def _scan(f, path: str):
         raise CheckpointError(f"{path}: not a Keras weights file (no layer_names attribute)")
     listed, entries = set(), []
     for layer in layers + ["top_level_model_weights"]:
-        if layer not in f:
+        if not hdf5.hard_links_only(f, path, layer):
             if layer == "top_level_model_weights":
                 continue
-            raise CheckpointError(f"{path}: layer {layer} is listed in layer_names but has no group")
+            raise CheckpointError(f"{path}: layer {layer!r} is listed in layer_names but has no group")
         names = _attr_list(f[layer], "weight_names") or []
         for w in names:
             ds = f"{layer}/{w}"
-            if not isinstance(f.get(ds), h5py.Dataset):
+            if not hdf5.hard_links_only(f, path, ds) or not isinstance(f.get(ds), h5py.Dataset):
                 raise CheckpointError(f"{path}: dataset {ds} is listed in weight_names but missing")
             entries.append((layer, w, ds))
             listed.add(ds)
@@ -297,7 +272,12 @@ def _layout_for(path: str, scope: str, groups: set, has_pooler: bool) -> str:
 
 def read(path: str, opts: Options) -> Source:
     h5 = _weights_path(path)
-    f = _open(h5)
+    f = hdf5.open_file(h5)
+    with hdf5.malformed(h5):
+        return _read(f, h5, opts)
+
+
+def _read(f, h5: str, opts: Options) -> Source:
     entries, unlisted = _scan(f, h5)
     mapped = [(g, w, ds) for g, w, ds in entries if TABLE.to_canonical(w.partition("/")[2])]
     if not mapped:
@@ -354,11 +334,11 @@ def read(path: str, opts: Options) -> Source:
 
     specs = {}
     for ds, target, transform in model:
-        d = f[ds]
-        if d.dtype.kind != "f":
-            raise CheckpointError(f"{h5}: dataset {ds} has dtype {d.dtype} (BERT weights are floating point)")
+        d = hdf5.plain_dataset(f, h5, ds)
+        if transform == "T" and len(d.shape) != 2:
+            raise CheckpointError(f"{h5}: dataset {ds} has shape {list(d.shape)}; a kernel is 2-D")
         specs[target] = (ds, d.dtype, apply_shape(transform, d.shape), transform)
-    if "classifier.weight" in specs:  # the label count is the tensor's
+    if "classifier.weight" in specs and specs["classifier.weight"][2][:1]:  # the label count is the tensor's
         config.num_labels = specs["classifier.weight"][2][0]
     added = []
     if not layout.pooler and not any(n in specs for n in _POOLER_NAMES):
@@ -376,7 +356,7 @@ def read(path: str, opts: Options) -> Source:
     _check(shapes, config, {t: s[0] for t, s in specs.items()}, scope, h5)
 
     def producer(ds, transform):
-        return lambda: apply(transform, _read_dataset(f, h5, ds))
+        return lambda: apply(transform, hdf5.read_dataset(f, h5, ds))
 
     tensors = []
     for target, (ds, dtype, shape, transform) in specs.items():
@@ -448,12 +428,31 @@ def _set_list_attr(obj, name: str, values: list) -> None:
 
 def write(source: Source, dst: str, opts: Options) -> list:
     """Write ``dst/`` as transformers' TF directory: tf_model.h5, config.json (+ vocab.txt)."""
-    if os.path.exists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
-    import shutil
+    return write_with(write_files, source, dst, opts)
 
+
+def _write_error(path: str, e: Exception) -> OutputError:
+    text = str(e)
+    if getattr(e, "errno", None) == 28 or "errno = 28," in text or "No space left on device" in text:
+        return OutputError(f"{path}: no space left on the device")
+    return OutputError(f"{path}: cannot write ({hdf5.first_line(e)})")
+
+
+def _check_space(d: str, need: int, path: str) -> None:
+    """HDF5 reports a full disk late (at flush or close, from every open object, sometimes ending
+    in a crash), so the free space is checked before writing: a full disk is one clear line."""
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OutputError(f"{path}: no space left on the device (needs about {need:,} bytes, {free:,} free)")
+
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    """tf_model.h5, config.json (+ vocab.txt) into the (staging) directory ``d``."""
     import h5py
-
 
     notes = []
     by_name = {s.name: (s, p) for s, p in source.tensors}
@@ -487,45 +486,54 @@ def write(source: Source, dst: str, opts: Options) -> list:
     if label not in _HF_TF_ACTS:
         notes.append(f"note: transformers' TF code has no {label!r} activation; config.json says {label!r} anyway")
 
-    with publishing(dst, overwrite=opts.overwrite) as tmp:
-        weights = os.path.join(tmp, WEIGHTS_FILE)
+    weights = os.path.join(d, WEIGHTS_FILE)
+    data = sum(nbytes(by_name[c][0].shape, by_name[c][0].dtype) for _, _, c, _ in rows)
+    _check_space(d, data + 4096 * len(rows) + (256 << 10), weights)
+    try:
         with h5py.File(weights, "w") as f:
-            _set_list_attr(f, "layer_names", layout.groups)
-            f.attrs["backend"] = b"tensorflow"
-            f.attrs["keras_version"] = KERAS_VERSION.encode("utf8")
-            written = {}  # canonical -> dataset path (the tied copies are HDF5 copies of it)
-            for group in sorted(layout.groups):  # Keras writes the groups in name order
-                g = f.create_group(group)
-                names = []
-                for grp, name, canonical, transform in rows:
-                    if grp != group:
-                        continue
-                    w = f"{layout.scope}/{name}"
-                    names.append(w)
-                    path = f"{group}/{w}"
-                    if canonical in written:
-                        f.copy(f[written[canonical]], path)
-                        continue
-                    spec, prod = by_name[canonical]
-                    arr = np.asarray(apply(inverse(transform), prod()))
-                    want = apply_shape(inverse(transform), spec.shape)
-                    if tuple(arr.shape) != tuple(want) or arr.dtype != np.dtype(spec.dtype):
-                        raise CheckpointError(f"{source.path}: tensor {canonical} produced {arr.dtype}"
-                                              f"{list(arr.shape)}, expected {np.dtype(spec.dtype)}{list(want)}")
-                    ds = f.create_dataset(path, arr.shape, dtype=arr.dtype)
-                    if arr.size:
-                        ds[...] = arr
-                    written[canonical] = path
-                    del arr
-                _set_list_attr(g, "weight_names", names)
-            _set_list_attr(f.create_group("top_level_model_weights"), "weight_names", [])
+            _write_weights(f, layout, rows, by_name, source)
         fd = os.open(weights, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(_hf_config_dict(source.config, layout.architecture), indent=2, sort_keys=True) + "\n")
-        if source.vocab_file:
-            shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
+    except (OSError, RuntimeError, ValueError) as e:
+        raise _write_error(weights, e) from None
+    cfg = os.path.join(d, CONFIG_FILE)
+    with writes_to(cfg), open(cfg, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(_hf_config_dict(source.config, layout.architecture), indent=2, sort_keys=True) + "\n")
+    if source.vocab_file:
+        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
     return notes
+
+
+def _write_weights(f, layout, rows, by_name, source) -> None:
+    _set_list_attr(f, "layer_names", layout.groups)
+    f.attrs["backend"] = b"tensorflow"
+    f.attrs["keras_version"] = KERAS_VERSION.encode("utf8")
+    written = {}  # canonical -> dataset path (the tied copies are HDF5 copies of it)
+    for group in sorted(layout.groups):  # Keras writes the groups in name order
+        g = f.create_group(group)
+        names = []
+        for grp, name, canonical, transform in rows:
+            if grp != group:
+                continue
+            w = f"{layout.scope}/{name}"
+            names.append(w)
+            path = f"{group}/{w}"
+            if canonical in written:
+                f.copy(f[written[canonical]], path)
+                continue
+            spec, prod = by_name[canonical]
+            arr = np.asarray(apply(inverse(transform), prod()))
+            want = apply_shape(inverse(transform), spec.shape)
+            if tuple(arr.shape) != tuple(want) or arr.dtype != np.dtype(spec.dtype):
+                raise CheckpointError(f"{source.path}: tensor {canonical} produced {arr.dtype}"
+                                      f"{list(arr.shape)}, expected {np.dtype(spec.dtype)}{list(want)}")
+            ds = f.create_dataset(path, arr.shape, dtype=arr.dtype)
+            if arr.size:
+                ds[...] = arr
+            written[canonical] = path
+            del arr
+        _set_list_attr(g, "weight_names", names)
+    _set_list_attr(f.create_group("top_level_model_weights"), "weight_names", [])

@@ -31,11 +31,10 @@ buffers are checked (arange / zeros) and reported dropped; a missing pooler
 (QA / MLM checkpoints) is filled with zeros, which the QA and MLM heads never
 read, and written back out as HF's class has it: absent.
 
-``pytorch_model.bin`` is a pickle. It is never unpickled as such: a restricted
-unpickler admits only ``torch._utils._rebuild_tensor_v2``, ``torch.*Storage``
-and ``collections.OrderedDict`` (replaced by NumPy stand-ins, torch is never
-imported), storages are read from the zip members, and any other global is
-refused with its name. Legacy (pre-1.6, non-zip) torch pickles are refused.
+``pytorch_model.bin`` is a pickle. It is never unpickled as such: the restricted,
+memory-safe reader of ``converters.torch_zip`` turns it into checked tensor
+descriptions (torch is never imported, nothing is executed, no view can reach
+outside its storage). Legacy (pre-1.6, non-zip) torch pickles are refused.
 
 Numerics: HF's ``"gelu"`` is exact erf GELU, ``"gelu_new"``/``"gelu_pytorch_tanh"``
 the tanh form (``bert_of.config.HF_ACT``); ``layer_norm_eps`` defaults to 1e-12.
@@ -43,20 +42,18 @@ the tanh form (``bert_of.config.HF_ACT``); ``layer_norm_eps`` defaults to 1e-12.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import pickle
-import zipfile
 
 import numpy as np
 
-from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config
+from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config, copy_file, write_safetensors
 from bert_of.config import HF_ACT, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import publishing, read_json
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.fs import read_json, writes_to
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
 from bert_of.converters.mapping import Table
+from bert_of.converters.torch_zip import TorchZipFile
 
 NAME = "hf"
 CONFIG_FILE = "config.json"
@@ -184,12 +181,14 @@ def detect(path: str) -> bool:
 def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
     """HF config.json -> BertConfig; keys bert_of does not use are kept in ``extra``."""
     d = dict(d)
-    model_type = d.pop("model_type", "bert")
+    model_type = d.pop("model_type", None) or "bert"  # absent or null: transformers' BertConfig does not ask
     if model_type != "bert":
         raise ConfigError(f"{where}: model_type {model_type!r} is not BERT")
     if d.get("position_embedding_type", "absolute") != "absolute":
-        raise ConfigError(f"{where}: position_embedding_type {d['position_embedding_type']!r}: bert_of computes "
-                          f"absolute position embeddings only")
+        null = " (null: transformers then adds no position embeddings at all)" \
+            if d["position_embedding_type"] is None else ""
+        raise ConfigError(f"{where}: position_embedding_type {d['position_embedding_type']!r}{null}: bert_of "
+                          f"computes absolute position embeddings only")
     if d.get("is_decoder"):
         raise ConfigError(f"{where}: is_decoder is true (causal attention); bert_of computes the BERT encoder only")
     label = d.pop("hidden_act", "gelu")
@@ -245,222 +244,6 @@ def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> d
 
 def _read_json(path: str, what: str) -> dict:
     return read_json(path, what, ConfigError)
-
-
-# --------------------------------------------------------------------------- torch zip pickles
-
-
-class _StorageType:
-    """Stand-in for ``torch.FloatStorage`` & co: only a dtype, not callable."""
-
-    def __init__(self, name: str, dtype):
-        self.name, self.dtype = name, dtype
-
-    def __repr__(self):
-        return f"torch.{self.name}"
-
-
-def _storage_types():
-    types = {"DoubleStorage": "<f8", "FloatStorage": "<f4", "HalfStorage": "<f2", "LongStorage": "<i8",
-             "IntStorage": "<i4", "ShortStorage": "<i2", "CharStorage": "i1", "ByteStorage": "u1",
-             "BoolStorage": "?"}
-    out = {k: _StorageType(k, np.dtype(v)) for k, v in types.items()}
-    try:
-        import ml_dtypes
-
-        out["BFloat16Storage"] = _StorageType("BFloat16Storage", np.dtype(ml_dtypes.bfloat16))
-    except ImportError:  # pragma: no cover - ml_dtypes comes with TF
-        pass
-    return out
-
-
-_STORAGE_TYPES = _storage_types()
-
-
-class _Storage:
-    def __init__(self, key: str, dtype, numel: int):
-        self.key, self.dtype, self.numel = key, dtype, numel
-
-
-class _TensorRef:
-    """A tensor in a torch zip: a view (offset, shape, strides in elements) of a storage."""
-
-    def __init__(self, storage: _Storage, offset: int, shape: tuple, stride: tuple):
-        self.storage, self.offset, self.shape, self.stride = storage, offset, shape, stride
-
-    @property
-    def dtype(self):
-        return self.storage.dtype
-
-    def same_view(self, other) -> bool:
-        return (self.storage.key, self.offset, self.shape, self.stride) == \
-            (other.storage.key, other.offset, other.shape, other.stride)
-
-
-def _ints(x, n=None) -> bool:
-    return isinstance(x, tuple) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x) and \
-        (n is None or len(x) == n)
-
-
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
-                       metadata=None):
-    """Stand-in for ``torch._utils._rebuild_tensor_v2``: records the view, checks its bounds."""
-    if not isinstance(storage, _Storage) or not isinstance(storage_offset, int) or not _ints(size) or \
-            not _ints(stride, len(size)) or not isinstance(requires_grad, bool) or \
-            (backward_hooks is not None and (not isinstance(backward_hooks, dict) or backward_hooks)):
-        raise _BadPickle("malformed tensor record")
-    extent = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
-    if storage_offset < 0 or storage_offset + extent > storage.numel:
-        raise _BadPickle(f"tensor view [{storage_offset}, +{extent}) outside its storage of {storage.numel} elements")
-    return _TensorRef(storage, storage_offset, tuple(size), tuple(stride))
-
-
-class _BadPickle(Exception):
-    pass
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits tensor data only; everything else is refused before it is looked up."""
-
-    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-               ("collections", "OrderedDict"): collections.OrderedDict}
-
-    def __init__(self, file, where):
-        super().__init__(file)
-        self.where = where
-        self.storages = {}
-
-    def find_class(self, module, name):
-        hit = self.ALLOWED.get((module, name))
-        if hit is None and module == "torch":
-            hit = _STORAGE_TYPES.get(name)
-        if hit is None:
-            raise CheckpointError(f"{self.where}: refusing to unpickle global {module}.{name} "
-                                  f"(only tensor data is admitted; nothing was executed)")
-        return hit
-
-    def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and isinstance(pid[3], str)
-                and isinstance(pid[4], int) and pid[4] >= 0):
-            raise _BadPickle(f"unexpected persistent id {str(pid)[:80]}")
-        _, st, key, _location, numel = pid
-        s = self.storages.get(key)
-        if s is None:
-            s = self.storages[key] = _Storage(key, st.dtype, numel)
-        elif s.dtype != st.dtype or s.numel != numel:
-            raise _BadPickle(f"storage {key} declared twice with different types")
-        return s
-
-
-_LEGACY_HINT = ("re-save it as safetensors in a PyTorch you trust: "
-                "model.save_pretrained(dir, safe_serialization=True)")
-
-
-class TorchZipFile:
-    """Tensors of a ``torch.save`` zip file (``<root>/data.pkl`` + ``<root>/data/<key>``), without torch."""
-
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            with open(path, "rb") as f:
-                magic = f.read(4)
-        except OSError as e:
-            raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
-        if not zipfile.is_zipfile(path):
-            if magic[:1] == b"\x80":
-                raise CheckpointError(f"{path}: legacy (pre-1.6, non-zip) PyTorch pickle: bert_of does not "
-                                      f"unpickle it; {_LEGACY_HINT}")
-            if magic[:2] == b"PK":
-                raise CheckpointError(f"{path}: broken zip archive (truncated?)")
-            raise CheckpointError(f"{path}: not a PyTorch zip checkpoint; {_LEGACY_HINT}")
-        try:
-            self._zip = zipfile.ZipFile(path)
-            pkls = [n for n in self._zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
-            if len(pkls) != 1:
-                raise CheckpointError(f"{path}: not a PyTorch checkpoint (no <archive>/data.pkl)")
-            self._root = pkls[0][:-len("data.pkl")]
-            order = self._member(self._root + "byteorder", optional=True)
-            self._big = order is not None and order.strip() == b"big"
-            raw = self._member(pkls[0])
-        except (zipfile.BadZipFile, EOFError) as e:
-            raise CheckpointError(f"{path}: broken zip archive ({e})") from None
-        import io
-
-        up = _RestrictedUnpickler(io.BytesIO(raw), path)
-        try:
-            obj = up.load()
-        except CheckpointError:
-            raise
-        except _BadPickle as e:
-            raise CheckpointError(f"{path}: not a PyTorch state dict ({e})") from None
-        except Exception as e:  # a malformed pickle: any error is the file's, not ours
-            raise CheckpointError(f"{path}: not a PyTorch state dict pickle ({type(e).__name__}: "
-                                  f"{str(e)[:80]})") from None
-        if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, _TensorRef)
-                                                for k, v in obj.items()):
-            raise CheckpointError(f"{path}: not a state dict (expected a mapping of names to tensors)")
-        self.tensors = dict(obj)
-        for name, t in self.tensors.items():
-            info = self._info(self._root + "data/" + t.storage.key, name)
-            if info.file_size < t.storage.numel * t.dtype.itemsize:
-                raise CheckpointError(f"{path}: tensor {name}: storage {t.storage.key} holds {info.file_size} "
-                                      f"bytes, needs {t.storage.numel * t.dtype.itemsize}")
-
-    def _info(self, member, name=None):
-        try:
-            return self._zip.getinfo(member)
-        except KeyError:
-            what = f"tensor {name}: " if name else ""
-            raise CheckpointError(f"{self.path}: {what}missing archive member {member}") from None
-
-    def _member(self, member, optional=False):
-        try:
-            return self._zip.read(member)
-        except KeyError:
-            if optional:
-                return None
-            raise CheckpointError(f"{self.path}: missing archive member {member}") from None
-
-    def keys(self):
-        return list(self.tensors)
-
-    def shape(self, name):
-        return self.tensors[name].shape
-
-    def dtype(self, name):
-        return self.tensors[name].dtype
-
-    def get(self, name) -> np.ndarray:
-        """A fresh, native-order, C-contiguous copy. Reads only the bytes the view spans; a
-        view over its whole storage (the usual case) reads the member to its end, so
-        zipfile checks its CRC."""
-        t = self.tensors[name]
-        member = self._root + "data/" + t.storage.key
-        item = t.dtype.itemsize
-        extent = 0 if 0 in t.shape else 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride))
-        start, length = t.offset * item, extent * item
-        try:
-            with self._zip.open(self._info(member, name)) as f:
-                if start == 0 and length == t.storage.numel * item:
-                    raw = f.read()[:length]
-                else:
-                    f.seek(start)
-                    raw = f.read(length)
-        except (zipfile.BadZipFile, EOFError, OSError) as e:  # CRC mismatch, truncated member
-            raise CheckpointError(f"{self.path}: tensor {name}: {e}") from None
-        if len(raw) != length:
-            raise CheckpointError(f"{self.path}: tensor {name}: storage ended early")
-        dtype = t.dtype.newbyteorder(">") if self._big and item > 1 else t.dtype
-        flat = np.frombuffer(raw, dtype=dtype)
-        view = np.lib.stride_tricks.as_strided(flat, shape=t.shape, strides=tuple(s * item for s in t.stride))
-        return np.array(view, dtype=t.dtype, order="C")
-
-    def same_view(self, a, b) -> bool:
-        return self.tensors[a].same_view(self.tensors[b])
-
-    def close(self):
-        self._zip.close()
 
 
 # --------------------------------------------------------------------------- weights
@@ -591,7 +374,7 @@ def read(path: str, opts: Options) -> Source:
     arch0 = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
     if arch == [_ARCH[kind][0]]:
         del config.extra["architectures"]  # recomputed on write
-    if "classifier.weight" in canon:
+    if "classifier.weight" in canon and weights.shape(back["classifier.weight"])[:1]:
         config.num_labels = weights.shape(back["classifier.weight"])[0]
 
     # tied and buffer tensors: accounted for, checked, dropped
@@ -707,7 +490,7 @@ def inspect(path: str) -> dict:
         else:
             kind = "unknown"
         out.append({"name": n, "shape": list(weights.shape(n)), "dtype": str(weights.dtype(n)), "kind": kind})
-    if "classifier.weight" in names:
+    if "classifier.weight" in names and weights.shape("classifier.weight")[:1]:
         config.num_labels = weights.shape("classifier.weight")[0]
     return {"config": config.to_dict(), "tensors": out, "path": weights.file}
 
@@ -716,7 +499,12 @@ def inspect(path: str) -> dict:
 
 
 def write(source: Source, dst: str, opts: Options) -> list:
-    """Write ``dst/`` as transformers' ``save_pretrained`` does: config.json, model.safetensors (+ vocab.txt).
+    """Write ``dst/`` as transformers' ``save_pretrained`` does (see :func:`write_files`)."""
+    return write_with(write_files, source, dst, opts)
+
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    """config.json, model.safetensors (+ vocab.txt) into the (staging) directory ``d``.
 
     Layout: bare BertModel names when the source has no head, else the
     ``bert.`` prefix with the heads (BertForPreTraining, ...QuestionAnswering,
@@ -724,12 +512,6 @@ def write(source: Source, dst: str, opts: Options) -> list:
     not written (transformers omits them); the pooler is not written for the
     classes that have none (QA, MLM).
     """
-    if os.path.exists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
-    import shutil
-
-    from bert_of.checkpoint import write_safetensors
-
     notes = []
     by_name = {s.name: (s, p) for s, p in source.tensors}
     kind = _head_kind(by_name)
@@ -762,12 +544,12 @@ def write(source: Source, dst: str, opts: Options) -> list:
                      or np.dtype(s.dtype).name == "bfloat16"})
     cfg = config_to_hf(source.config, [cls_name], floats[0] if len(floats) == 1 else None)
 
-    with publishing(dst, overwrite=opts.overwrite) as tmp:
-        producers = {s.name: p for s, p in items}
-        write_safetensors(os.path.join(tmp, SAFETENSORS), [s for s, _ in items],
-                          lambda s: producers[s.name](), ST_METADATA)
-        with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-            f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        if source.vocab_file:
-            shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
+    producers = {s.name: p for s, p in items}
+    write_safetensors(os.path.join(d, SAFETENSORS), [s for s, _ in items], lambda s: producers[s.name](),
+                      ST_METADATA)
+    cfg_path = os.path.join(d, CONFIG_FILE)
+    with writes_to(cfg_path), open(cfg_path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    if source.vocab_file:
+        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
     return notes

@@ -68,16 +68,18 @@ snapshot self-describing, which ``--no-meta`` output needs to be read back.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, expected_shapes
+from bert_of.checkpoint import TensorSpec, copy_file, expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import publishing
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.fs import writes_to
+from bert_of.tensors import check_shape, nbytes
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "lazy"
@@ -175,6 +177,9 @@ def _np_dtypes():
 _CODE_TO_NP = _np_dtypes()
 
 LAZY_NUMERICS = {"tf1": "gelu_tanh", "lazy": "gelu_erf", "hf": "gelu_erf"}
+_MAX_META = 1 << 16  # a VariableMetaInfo is a few lines
+# A job name becomes part of a folder name: letters, digits, "_", "-", "." (not leading).
+_JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 
 # --------------------------------------------------------------------------- meta
@@ -210,10 +215,12 @@ def parse_meta(text: str, where: str):
                 if d < 0:
                     raise bad(f"negative dim {d}")
                 dims.append(d)
+                if len(dims) > 32:
+                    raise bad("more than 32 dims")
                 i += 3
             if i >= len(tokens):
                 raise bad("unterminated shape")
-            shape = tuple(dims)
+            shape = check_shape(dims, where)
             i += 1
         elif t == "data_type":
             if i + 2 >= len(tokens) or tokens[i + 1] != ":":
@@ -390,7 +397,10 @@ def read(path: str, opts: Options) -> Source:
         if os.path.isfile(os.path.join(e.path, META_FILE)):
             try:
                 with open(os.path.join(e.path, META_FILE), encoding="utf-8") as f:
-                    text = f.read()
+                    text = f.read(_MAX_META + 1)
+                if len(text) > _MAX_META:
+                    raise CheckpointError(f"{os.path.join(e.path, META_FILE)}: not a VariableMetaInfo "
+                                          f"(over {_MAX_META} characters)")
             except (OSError, UnicodeDecodeError) as err:
                 raise CheckpointError(f"{os.path.join(e.path, META_FILE)}: cannot read ({err})") from None
             v.meta = parse_meta(text, os.path.join(e.path, META_FILE))
@@ -496,7 +506,7 @@ def _canonical_shape(v):
 
 def _producer(v):
     def produce():
-        n = int(np.prod(v.shape, dtype=np.int64))
+        n = math.prod(v.shape)
         try:
             arr = np.fromfile(v.out, dtype=v.dtype, count=n)
         except OSError as e:
@@ -552,7 +562,7 @@ def _position_transform(v):
 
 def _check_sizes(vars_):
     for v in vars_:
-        need = int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+        need = nbytes(v.shape, v.dtype)
         size = os.path.getsize(v.out)
         if size != need:
             src = "meta" if v.meta else "config"
@@ -599,7 +609,7 @@ def _resolve_shapes(snap, vars_, config, variant):
             v.dtype, v.shape = _SYSTEM[v.kind]
             if v.meta:
                 v.shape, v.dtype = v.meta
-                if int(np.prod(v.shape, dtype=np.int64)) != 1:
+                if math.prod(v.shape) != 1:
                     raise CheckpointError(f"{snap}: tensor {v.name} has shape {list(v.shape)}, expected one value")
     _check_sizes(rest)
 
@@ -649,6 +659,9 @@ def _lazy_numerics_note(config: BertConfig):
 def _job_name(source: Source, key="lazy_job_name") -> str:
     job = source.optimizer_meta.get(key) or source.optimizer_meta.get("lazy_job_name")
     if job:
+        if not isinstance(job, str) or not _JOB_NAME.fullmatch(job):
+            raise CheckpointError(f"{source.path}: optimizer metadata {key} {str(job)[:60]!r} is not a job name "
+                                  f"(letters, digits, _ - .); it would name a variable folder")
         return job
     names = [s.name for s, _ in source.tensors]
     for prefix, j in DEFAULT_JOBS:
@@ -659,11 +672,12 @@ def _job_name(source: Source, key="lazy_job_name") -> str:
 
 def write(source: Source, dst: str, opts: Options) -> list:
     """Write ``dst/`` as a legacy lazy snapshot (see the module docstring)."""
-    if os.path.exists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
-    import json
-    import shutil
+    return write_with(write_files, source, dst, opts)
 
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    """The snapshot's variable folders, bert_config.json, vocab.txt, snapshot_done into ``d``."""
+    import json
 
     notes = []
     n = _lazy_numerics_note(source.config)
@@ -707,37 +721,45 @@ def write(source: Source, dst: str, opts: Options) -> list:
             raise CheckpointError(f"{source.path}: two tensors map to the lazy variable {name}")
         seen.add(name)
 
-    with publishing(dst, overwrite=opts.overwrite) as tmp:
-        for name, prod in items:
-            arr = np.asarray(prod())
-            if opts.no_meta and arr.dtype.kind in "fV" and arr.dtype != np.float32:
-                raise CheckpointError(f"{dst}: --no-meta records no dtype and readers assume float32, "
-                                      f"but {name} is {arr.dtype}")
-            if opts.no_meta and arr.dtype.kind not in "fV" and arr.dtype != np.int64:
-                raise CheckpointError(f"{dst}: --no-meta records no dtype, but {name} is {arr.dtype}")
-            _write_var(os.path.join(tmp, name), arr, not opts.no_meta)
-        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-            json.dump(source.config.to_google_dict(), f, indent=2)
-            f.write("\n")
-        if source.vocab_file:
-            shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
-        with open(os.path.join(tmp, SNAPSHOT_DONE), "w"):
-            pass
+    if opts.no_meta:  # before anything is written: every float must be float32
+        specs = list(source.tensors) + (list(source.optimizer) if opts.with_optimizer else [])
+        for spec, _ in specs:
+            if spec.name not in ("step", "good_step_counter") and spec.dtype != np.float32:
+                raise CheckpointError(f"{source.path}: --no-meta records no dtype and readers assume float32, "
+                                      f"but {spec.name} is {spec.dtype}")
+    for name, prod in items:
+        arr = np.asarray(prod())
+        if opts.no_meta and arr.dtype.kind in "fV" and arr.dtype != np.float32:
+            raise CheckpointError(f"--no-meta records no dtype and readers assume float32, but {name} is {arr.dtype}")
+        if opts.no_meta and arr.dtype.kind not in "fV" and arr.dtype != np.int64:
+            raise CheckpointError(f"--no-meta records no dtype, but {name} is {arr.dtype}")
+        _write_var(os.path.join(d, name), arr, not opts.no_meta)
+    cfg = os.path.join(d, CONFIG_FILE)
+    with writes_to(cfg), open(cfg, "w") as f:
+        json.dump(source.config.to_google_dict(), f, indent=2)
+        f.write("\n")
+    if source.vocab_file:
+        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
+    with writes_to(os.path.join(d, SNAPSHOT_DONE)), open(os.path.join(d, SNAPSHOT_DONE), "w"):
+        pass
     return notes
 
 
 def _write_var(d, arr, with_meta):
-    os.makedirs(d)
+    with writes_to(d):
+        os.makedirs(d)
     dtype = arr.dtype
     if dtype.byteorder == ">":
         dtype = dtype.newbyteorder("<")
         arr = arr.astype(dtype)
     arr = np.ascontiguousarray(arr)
-    with open(os.path.join(d, DATA_FILE), "wb") as f:
+    out = os.path.join(d, DATA_FILE)
+    with writes_to(out), open(out, "wb") as f:
         if arr.size:
             f.write(memoryview(arr.reshape(-1).view(np.uint8)))
     if with_meta:
-        with open(os.path.join(d, META_FILE), "w") as f:
+        meta = os.path.join(d, META_FILE)
+        with writes_to(meta), open(meta, "w") as f:
             f.write(format_meta(arr.shape, arr.dtype))
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile, TensorSpec,
-                                check_against_config, expected_shapes, is_checkpoint_dir, load_checkpoint,
-                                write_checkpoint)
+from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile,
+                                expected_shapes, is_checkpoint_dir, load_checkpoint, write_checkpoint_files)
 from bert_of.config import BertConfig
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.errors import CheckpointError
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
 
 NAME = "of"
 
@@ -29,7 +29,7 @@ def detect(path: str) -> bool:
 def _lazy(path):
     """(specs with producers, metadata) of a safetensors file, read one tensor per call."""
     f = SafetensorsFile(path)
-    items = [(TensorSpec(k, f.dtype(k), f.shape(k)), (lambda k=k: f.get(k))) for k in f.keys()]
+    items = [(f.spec(k), (lambda k=k: f.get(k))) for k in f.keys()]
     return items, dict(f.metadata)
 
 
@@ -50,14 +50,16 @@ def read(path: str, opts: Options) -> Source:
                 report.append(ReportLine(s.name, "optimizer", s.name))
             else:
                 report.append(ReportLine(s.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
-    check_against_config({s.name: s.shape for s, _ in model}, config, lambda n: n, path)
     return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report)
 
 
 def write(source: Source, dst: str, opts: Options) -> list:
-    if source.vocab_file is None:
-        from bert_of.errors import CheckpointError
+    return write_with(write_files, source, dst, opts)
 
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    """config.json, model.safetensors (+ optimizer.safetensors), vocab.txt into the directory ``d``."""
+    if source.vocab_file is None:
         raise CheckpointError(f"{source.path}: no vocab.txt; a bert_of checkpoint needs one "
                               f"(HuggingFace and Keras directories often lack it: pass --vocab)")
     optimizer = None
@@ -66,7 +68,6 @@ def write(source: Source, dst: str, opts: Options) -> list:
     # Model order (embeddings, layers, pooler, heads) whatever the source's order.
     order = {name: i for i, name in enumerate(expected_shapes(source.config))}
     tensors = sorted(source.tensors, key=lambda sp: (order.get(sp[0].name, len(order)), sp[0].name))
-    write_checkpoint(dst, tensors, source.config, source.vocab_file,
-                     optimizer=optimizer, overwrite=opts.overwrite,
-                     metadata={"format": "bert_of", "converted_from": source.format})
+    write_checkpoint_files(d, tensors, source.config, source.vocab_file, optimizer=optimizer,
+                           metadata={"format": "bert_of", "converted_from": source.format})
     return []

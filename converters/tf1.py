@@ -16,12 +16,12 @@ import os
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, check_against_config
+from bert_of.checkpoint import TensorSpec, check_against_config, copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.fs import publishing
+from bert_of.fs import writes_to
 from bert_of.converters import tf1_bundle
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "tf"
@@ -103,13 +103,17 @@ def _classify(name: str):
     return None, None, None
 
 
-def read(path: str, opts: Options) -> Source:
+def read(path: str, opts: Options, require_vocab: bool = True) -> Source:
+    """The checkpoint as canonical tensors. ``require_vocab=False`` (verify: TF's side needs no
+    vocabulary) reads a checkpoint without ``vocab.txt`` too."""
     prefix = tf1_bundle.resolve_prefix(path)
     entries = tf1_bundle.read_index(prefix)
     if not any(TABLE.to_canonical(n) for n in entries):
         raise CheckpointError(f"{prefix}: not a BERT checkpoint (no bert/embeddings/word_embeddings or other BERT variable)")
     config = BertConfig.from_google_json_file(_side_file(prefix, opts.config, CONFIG_FILE, "config"))
-    vocab = _side_file(prefix, opts.vocab, VOCAB_FILE, "vocab")
+    vocab = None
+    if require_vocab or opts.vocab or os.path.isfile(os.path.join(os.path.dirname(prefix) or ".", VOCAB_FILE)):
+        vocab = _side_file(prefix, opts.vocab, VOCAB_FILE, "vocab")
 
     report, model, optim, unknown = [], [], [], []
     for name, e in entries.items():
@@ -129,8 +133,12 @@ def read(path: str, opts: Options) -> Source:
     if unknown and not opts.skip_unknown:
         more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
         raise CheckpointError(f"{prefix}: unknown variable {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
-    if any(e.dtype == "string" for e, _, _ in model + optim):
-        raise CheckpointError(f"{prefix}: a BERT variable holds strings")
+    for e, _, _ in model + optim:  # strings, resources, unknown enums: not numbers at all
+        if e.slices:
+            raise CheckpointError(f"{prefix}.index: tensor {e.name} is a partitioned variable ({e.slices} slices); "
+                                  f"slice assembly is not supported")
+        if not isinstance(e.dtype, np.dtype):
+            raise CheckpointError(f"{prefix}.index: tensor {e.name} has dtype {e.dtype}, not a numeric type")
 
     shapes = {t: apply_shape(tr, e.shape) for e, t, tr in model}
     back = {t: e.name for e, t, _ in model}
@@ -167,11 +175,12 @@ def _check(shapes, config, back, table, where):
 
 def write(source: Source, dst: str, opts: Options) -> list:
     """Write ``dst/`` as Google's release layout: bert_model.ckpt.*, bert_config.json, vocab.txt."""
-    if os.path.exists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
-    import json
-    import shutil
+    return write_with(write_files, source, dst, opts)
 
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    """Google's release files into the (staging) directory ``d``."""
+    import json
 
     notes = []
     reason = source.config.google_mismatch()
@@ -199,13 +208,13 @@ def write(source: Source, dst: str, opts: Options) -> list:
         if source.optimizer_meta.get("bias_correction", "false") != "false":
             notes.append("note: the optimizer state was kept with bias correction; Google's optimizer has none")
 
-    with publishing(dst, overwrite=opts.overwrite) as tmp:
-        tf1_bundle.write_bundle(os.path.join(tmp, PREFIX_NAME), ((n, p()) for n, p in items))
-        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-            json.dump(source.config.to_google_dict(), f, indent=2)
-            f.write("\n")
-        if source.vocab_file:
-            shutil.copyfile(source.vocab_file, os.path.join(tmp, VOCAB_FILE))
+    tf1_bundle.write_bundle(os.path.join(d, PREFIX_NAME), ((n, p()) for n, p in items))
+    cfg = os.path.join(d, CONFIG_FILE)
+    with writes_to(cfg), open(cfg, "w") as f:
+        json.dump(source.config.to_google_dict(), f, indent=2)
+        f.write("\n")
+    if source.vocab_file:
+        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
     return notes
 
 

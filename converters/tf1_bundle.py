@@ -37,7 +37,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from bert_of.errors import CheckpointError
-from bert_of.fs import atomic_write, fsync_dir
+from bert_of.fs import atomic_write, fsync_dir, writes_to
 
 __all__ = [
     "TensorEntry",
@@ -657,16 +657,21 @@ def _read_entry(f, data_path: str, entry: TensorEntry, dtype: np.dtype, verify_c
             f"{data_path}: index/data mismatch for tensor {entry.name!r}: shape {entry.shape} {dtype} needs {len(buf)} bytes "
             f"but the entry records size {entry.size}"
         )
-    f.seek(entry.offset)
-    got = 0
-    while got < entry.size:
-        n = f.readinto(buf[got:])
-        if not n:
-            raise CheckpointError(
-                f"{data_path}: data shard truncated: tensor {entry.name!r} needs bytes [{entry.offset}, {entry.offset + entry.size}) "
-                f"but only {got} were readable"
-            )
-        got += n
+    try:
+        f.seek(entry.offset)
+        got = 0
+        while got < entry.size:
+            n = f.readinto(buf[got:])
+            if not n:
+                break
+            got += n
+    except OSError as e:  # EIO, a vanished network file: name the file and the tensor
+        raise CheckpointError(f"{data_path}: cannot read tensor {entry.name!r} ({e.strerror or e})") from None
+    if got < entry.size:
+        raise CheckpointError(
+            f"{data_path}: data shard truncated: tensor {entry.name!r} needs bytes [{entry.offset}, {entry.offset + entry.size}) "
+            f"but only {got} were readable"
+        )
     if verify_crc and entry.crc32c is not None:
         actual = _mask(_crc(buf))
         if actual != entry.crc32c:
@@ -772,11 +777,12 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
     temps: list[str] = []
     data_renamed = False
     try:
-        fd, data_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.data.", suffix=".tmp")
+        with writes_to(final_data):
+            fd, data_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.data.", suffix=".tmp")
         temps.append(data_tmp)
         records: dict[bytes, bytes] = {}
         offset = 0
-        with os.fdopen(fd, "wb") as f:
+        with writes_to(final_data), os.fdopen(fd, "wb") as f:
             for name, arr in items:
                 if not isinstance(name, str) or not name or name[0] == "\x00":
                     raise CheckpointError(f"{final_index}: invalid tensor name {name!r} (must be a non-empty string)")
@@ -801,12 +807,13 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
             os.fsync(f.fileno())
 
         table = _build_table([(b"", _HEADER_ONE_SHARD)] + sorted(records.items()))
-        fd, index_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.index.", suffix=".tmp")
-        temps.append(index_tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(table)
-            f.flush()
-            os.fsync(f.fileno())
+        with writes_to(final_index):
+            fd, index_tmp = tempfile.mkstemp(dir=d, prefix=f".{base}.index.", suffix=".tmp")
+            temps.append(index_tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(table)
+                f.flush()
+                os.fsync(f.fileno())
 
         # Drop any old index first: an old index next to new data must never load.
         if os.path.lexists(final_index):

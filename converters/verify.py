@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 
+from bert_of.converters import tf1
 from bert_of.converters.common import Options
 from bert_of.converters.convert import detect, read
 
@@ -66,16 +67,18 @@ def run_bert_of(source, batch: dict, modes=("eager", "graph")) -> dict:
     return out
 
 
-def _tf_config(path, opts):
-    from bert_of.config import BertConfig
-    from bert_of.converters import tf1_bundle
-    from bert_of.converters.tf1 import CONFIG_FILE, _side_file
+def checked_tf(path: str, opts: Options):
+    """A TF1 checkpoint read through bert_of's own validated reader before TensorFlow sees it:
+    index, shards, dtypes and the fit to the config, then every model tensor's CRC (streamed, one
+    tensor at a time). Returns the Source (prefix in ``.path``). Variables that are not BERT's are
+    left to TensorFlow, which ignores them too."""
+    source = tf1.read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
+    for _, produce in source.tensors:
+        produce()
+    return source
 
-    prefix = tf1_bundle.resolve_prefix(path)
-    return prefix, BertConfig.from_google_json_file(_side_file(prefix, opts.config, CONFIG_FILE, "config"))
 
-
-def run_side(path: str, fmt: str, batch: dict, modes, opts: Options) -> dict:
+def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None) -> dict:
     """{run name: {output: array}} for one checkpoint, run where it is native."""
     if fmt == "tf":
         import os
@@ -83,19 +86,29 @@ def run_side(path: str, fmt: str, batch: dict, modes, opts: Options) -> dict:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
         from bert_of.converters import tf_reference
 
-        prefix, cfg = _tf_config(path, opts)
-        return {f"tf-{dt}": tf_reference.run_reference(prefix, cfg.to_google_dict(), batch, dtype=dt)
+        source = source or checked_tf(path, opts)
+        return {f"tf-{dt}": tf_reference.run_reference(source.path, source.config.to_google_dict(), batch, dtype=dt)
                 for dt in ("float64", "float32")}
-    return run_bert_of(read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes)
+    return run_bert_of(source or read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes)
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b|, where equal values count 0 even when they are inf or NaN (weights holding NaN
+    give NaN outputs on both sides: the same function), and a NaN on one side only counts inf."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if not a.size:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+        d[(a == b) | (np.isnan(a) & np.isnan(b))] = 0.0
+    d[np.isnan(d)] = np.inf
+    return float(d.max())
 
 
 def _diffs(ref: dict, outs: dict) -> dict:
-    d = {}
-    for k in ref:
-        if k in outs:
-            a, b = ref[k].astype(np.float64), outs[k].astype(np.float64)
-            d[k] = float(np.max(np.abs(a - b))) if a.shape == b.shape else float("inf")
-    return d
+    return {k: max_abs_diff(ref[k], outs[k]) for k in ref if k in outs}
 
 
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
@@ -111,10 +124,12 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
     """
     opts = opts or Options()
     fa, fb = detect(a), detect(b)
-    cfg_a = _tf_config(a, opts)[1] if fa == "tf" else read(a, fa, opts).config
-    batch = make_batch(cfg_a, batch_size, seq_len)
-    runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts).items()}
-    runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options()).items()})
+    # Both sides read (and checked) before anything runs: a broken B fails before A's work.
+    src_a = checked_tf(a, opts) if fa == "tf" else read(a, fa, Options(vocab=opts.vocab, config=opts.config))
+    src_b = checked_tf(b, Options()) if fb == "tf" else read(b, fb, Options())
+    batch = make_batch(src_a.config, batch_size, seq_len)
+    runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts, src_a).items()}
+    runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options(), src_b).items()})
     tf_runs = [k for k in runs if ":tf-" in k]
     ref_key = next((k for k in tf_runs if k.endswith(reference_dtype)), next(iter(runs)))
     ours = [k for k in runs if k != ref_key and ":tf-" not in k]

@@ -7,7 +7,10 @@ files are told apart by their header, so one reader serves every split; test exa
 ``label=None``.
 
 Files are read as TSV without quoting (``csv`` with ``QUOTE_NONE``), as run_classifier does
-(``quotechar=None``): GLUE sentences contain bare double quotes.
+(``quotechar=None``): GLUE sentences contain bare double quotes. Lines end at ``\n``, ``\r\n`` or
+``\r`` only (as Python's csv over a file does), never at the other characters ``str.splitlines``
+knows (U+2028, U+0085, form feed...), which occur inside real sentences; a UTF-8 BOM, blank lines and
+extra columns are accepted.
 
 Metrics (numpy only; sklearn/scipy semantics): accuracy, binary F1, Matthews correlation,
 Pearson, Spearman (average ranks for ties). ``compute_metrics`` returns fractions;
@@ -17,6 +20,7 @@ Pearson, Spearman (average ranks for ties). ``compute_metrics`` returns fraction
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from dataclasses import dataclass
@@ -126,21 +130,37 @@ def get_labels(task: str):
     return list(labels) if labels is not None else None
 
 
+def _read_text(path: str, error=EvalDataError) -> str:
+    """A UTF-8 text file (BOM allowed); every failure one line naming the file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise error(f"{path}: {e.strerror or e}") from None
+    if not raw.strip():
+        raise error(f"{path}: empty file")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+def _lines(text: str):
+    """Lines as a file iterates them (\\n, \\r\\n, \\r), not as str.splitlines cuts them."""
+    return io.StringIO(text, newline="")
+
+
 def read_tsv(path: str) -> list:
     """(line number, fields) of every non-empty line; one-line errors for unreadable files."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if not raw.strip():
-        raise EvalDataError(f"{path}: empty file")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise EvalDataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    text = _read_text(path)
     rows = []
-    reader = csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE)
-    for row in reader:
-        if row and any(c.strip() for c in row):
-            rows.append((reader.line_num, row))
+    reader = csv.reader(_lines(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        for row in reader:
+            if row and any(c.strip() for c in row):
+                rows.append((reader.line_num, row))
+    except csv.Error as e:  # a NUL byte, a field over csv's size limit
+        raise EvalDataError(f"{path}: line {reader.line_num}: not readable as TSV ({e})") from None
     return rows
 
 
@@ -355,14 +375,7 @@ def read_predictions(path: str, task: str, n_examples: int) -> list:
     STS-B a number.
     """
     spec = task_spec(task)
-    with open(path, "rb") as f:
-        raw = f.read()
-    if not raw.strip():
-        raise PredictionsError(f"{path}: empty file")
-    try:
-        lines = raw.decode("utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise PredictionsError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    lines = [ln.rstrip("\r\n") for ln in _lines(_read_text(path, PredictionsError))]
     numbered = [(i + 1, ln.strip()) for i, ln in enumerate(lines) if ln.strip()]
     head = [c.strip().lower() for c in numbered[0][1].split("\t")]
     values: list = [None] * n_examples

@@ -59,6 +59,7 @@ class SquadData:
     is_v2: bool  # scored with evaluate-v2.0 semantics
     data: list  # the raw "data" list (articles), for feature reading
     questions: list = field(default_factory=list)  # SquadQuestion, file order
+    warnings: list = field(default_factory=list)  # lenient reading: what was accepted though odd (one line each)
 
     def __len__(self):
         return len(self.questions)
@@ -83,13 +84,17 @@ def detect_version(version: str, data: list) -> bool:
     return False
 
 
-def load_squad(path: str, *, check_spans: bool = True, version: str | None = None) -> SquadData:
+def load_squad(path: str, *, check_spans: bool = True, version: str | None = None,
+               lenient: bool = False) -> SquadData:
     """Read and validate a SQuAD v1.1 / v2.0 json file.
 
-    Every question needs a string ``id`` (unique in the file) and ``question``, a list of
-    ``answers`` each with a string ``text`` and an integer ``answer_start``; with
-    ``check_spans`` every answer must be found verbatim at ``answer_start`` in its context
-    (true for the official train/dev files). ``version`` ("1.1" / "2.0") overrides the file's
+    Every question needs a string ``id`` and a list of ``answers`` each with a string ``text``.
+    Strict (reading for features): ids unique, a string ``question`` and ``context``, and with
+    ``check_spans`` every answer's integer ``answer_start`` must point at its text (true for the
+    official train/dev files). ``lenient`` (scoring): what the official evaluate scripts ignore is
+    accepted -- a missing or wrong ``answer_start`` (with ``check_spans``, counted in
+    ``warnings``), repeated ids, a missing question or context, ``is_impossible`` disagreeing with
+    the answers (the scripts use the answers). ``version`` ("1.1" / "2.0") overrides the file's
     own ``version`` field.
     """
     obj = read_json_file(path, "SQuAD json file")
@@ -103,23 +108,39 @@ def load_squad(path: str, *, check_spans: bool = True, version: str | None = Non
         is_v2 = detect_version(file_version, data)
     out = SquadData(path=path, version=str(file_version), is_v2=is_v2, data=data)
     seen: dict = {}
+    odd = collections.Counter()  # lenient: kind -> count
+    first = {}  # lenient: kind -> where it was first seen
+
+    def accept(kind, where):
+        odd[kind] += 1
+        first.setdefault(kind, where)
+
     for ai, article in enumerate(data):
         if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
             raise EvalDataError(f"{path}: data[{ai}]: expected an article with a \"paragraphs\" list")
         for pi, p in enumerate(article["paragraphs"]):
             where = f"{path}: data[{ai}].paragraphs[{pi}]"
-            if not isinstance(p, dict) or not isinstance(p.get("context"), str) or not isinstance(p.get("qas"), list):
-                raise EvalDataError(f"{where}: expected a paragraph with a string \"context\" and a \"qas\" list")
-            context = p["context"]
+            if not isinstance(p, dict) or not isinstance(p.get("qas"), list):
+                raise EvalDataError(f"{where}: expected a paragraph with a \"qas\" list")
+            context = p.get("context")
+            if not isinstance(context, str):
+                if not lenient:
+                    raise EvalDataError(f"{where}: expected a paragraph with a string \"context\" and a \"qas\" list")
+                context = None
             for qi, qa in enumerate(p["qas"]):
                 if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
                     raise EvalDataError(f"{where}.qas[{qi}]: question without a string \"id\"")
                 qid = qa["id"]
                 if qid in seen:
-                    raise EvalDataError(f"{path}: question id {qid!r} appears twice")
+                    if not lenient:
+                        raise EvalDataError(f"{path}: question id {qid!r} appears twice")
+                    accept("repeated id", f"question {qid!r}")
                 seen[qid] = True
-                if not isinstance(qa.get("question"), str):
-                    raise EvalDataError(f"{path}: question {qid!r}: missing string \"question\"")
+                question = qa.get("question")
+                if not isinstance(question, str):
+                    if not lenient:
+                        raise EvalDataError(f"{path}: question {qid!r}: missing string \"question\"")
+                    question = ""
                 answers = qa.get("answers")
                 if not isinstance(answers, list):
                     raise EvalDataError(f"{path}: question {qid!r}: missing \"answers\" list")
@@ -127,26 +148,49 @@ def load_squad(path: str, *, check_spans: bool = True, version: str | None = Non
                 for k, a in enumerate(answers):
                     if not isinstance(a, dict) or not isinstance(a.get("text"), str):
                         raise EvalDataError(f"{path}: question {qid!r} answer {k}: missing string \"text\"")
-                    start = a.get("answer_start")
                     if check_spans:
-                        if not isinstance(start, int) or isinstance(start, bool):
-                            raise EvalDataError(f"{path}: question {qid!r} answer {k}: "
-                                                f"\"answer_start\" must be an integer, got {start!r}")
-                        found = context[start:start + len(a["text"])] if start >= 0 else None
-                        if found != a["text"]:
-                            raise EvalDataError(
-                                f"{path}: question {qid!r} answer {k}: answer_start {start} does not match "
-                                f"the context (expected {a['text']!r}, context has {found!r} there)")
+                        problem = _span_problem(a, context)
+                        if problem and not lenient:
+                            raise EvalDataError(f"{path}: question {qid!r} answer {k}: {problem}")
+                        if problem:
+                            accept("answer_start", f"question {qid!r} answer {k}: {problem}")
                     texts.append(a["text"])
                 imp = qa.get("is_impossible")
                 if imp is not None and not isinstance(imp, bool):
-                    raise EvalDataError(f"{path}: question {qid!r}: \"is_impossible\" must be true or false")
-                if imp and answers:
-                    raise EvalDataError(f"{path}: question {qid!r}: is_impossible is true but it has answers")
-                out.questions.append(SquadQuestion(qid, qa["question"], texts, bool(answers), ai, pi))
+                    if not lenient:
+                        raise EvalDataError(f"{path}: question {qid!r}: \"is_impossible\" must be true or false")
+                    accept("is_impossible", f"question {qid!r}")
+                elif imp and answers:
+                    if not lenient:
+                        raise EvalDataError(f"{path}: question {qid!r}: is_impossible is true but it has answers")
+                    accept("is_impossible", f"question {qid!r}")
+                out.questions.append(SquadQuestion(qid, question, texts, bool(answers), ai, pi))
     if not out.questions:
         raise EvalDataError(f"{path}: no questions in the file")
+    whats = {"answer_start": "answer(s) without an answer_start that points at their text (scoring reads "
+                             "only the texts)",
+             "repeated id": "repeated question id(s) (scored as the official script does)",
+             "is_impossible": "question(s) whose is_impossible disagrees with their answers (the answers count, "
+                              "as in the official script)"}
+    for kind, n in odd.items():
+        out.warnings.append(f"warning: {path}: {n} {whats[kind]}; first: {first[kind]}")
     return out
+
+
+def _span_problem(answer: dict, context) -> str | None:
+    """Why ``answer_start`` does not locate the answer's text in ``context`` (None if it does)."""
+    start = answer.get("answer_start")
+    if "answer_start" not in answer:
+        return "no answer_start"
+    if not isinstance(start, int) or isinstance(start, bool):
+        return f"\"answer_start\" must be an integer, got {start!r}"
+    if context is None:
+        return "no context to check answer_start against"
+    found = context[start:start + len(answer["text"])] if start >= 0 else None
+    if found != answer["text"]:
+        return (f"answer_start {start} does not match the context (expected {answer['text']!r}, "
+                f"context has {found!r} there)")
+    return None
 
 
 # --------------------------------------------------------------------------- examples

@@ -12,6 +12,10 @@ or are silent, this module says what it did instead:
   and the omission is reported on stderr.
 * prediction ids that are not questions in the data are an error (the official scripts
   ignore them silently) unless ``ignore_unknown_ids``.
+* the data file is read leniently, as the official scripts read it: scoring needs the ids and the
+  answer texts only, so answers without an ``answer_start`` (or one that does not point at the
+  text), repeated ids and a missing question or context are accepted, with one warning line per
+  kind on stderr.
 """
 
 from __future__ import annotations
@@ -243,8 +247,10 @@ def squad_score(data_path: str, pred_path: str, na_prob_file: str | None = None,
                 *, version: str | None = None, ignore_unknown_ids: bool = False,
                 check_spans: bool = True) -> SquadScore:
     """Score a predictions.json against a SQuAD data file; the version comes from the data file
-    (its "version" field; "1.1" or "2.0" in ``version`` overrides)."""
-    sd = load_squad(data_path, check_spans=check_spans, version=version)
+    (its "version" field; "1.1" or "2.0" in ``version`` overrides). The data file is read
+    leniently (see the module doc); ``check_spans`` only decides whether answers whose
+    ``answer_start`` does not locate their text are counted in a warning."""
+    sd = load_squad(data_path, check_spans=check_spans, version=version, lenient=True)
     preds = read_json_file(pred_path, "predictions JSON object")
     unknown = _check_predictions(sd, preds, pred_path, ignore_unknown_ids)
     if not sd.is_v2:
@@ -260,6 +266,7 @@ def squad_score(data_path: str, pred_path: str, na_prob_file: str | None = None,
                 raise PredictionsError(f"{na_prob_file}: expected a JSON object mapping question id -> probability")
         score = score_v2(sd, preds, na_probs, na_prob_thresh, na_prob_path=na_prob_file or "")
     score.unknown = unknown
+    score.notes[:0] = sd.warnings
     if unknown:
         score.notes.append(f"ignored {len(unknown)} prediction ids that are not questions in {data_path}")
     return score

@@ -1,13 +1,14 @@
 """bert_of checkpoint directories: safetensors compatibility, atomic writes, bad files."""
 
 import os
+import re
 
 import numpy as np
 import pytest
 import safetensors.numpy
 
-from bert_of.checkpoint import (SafetensorsFile, TensorSpec, load_checkpoint, load_safetensors, save_safetensors,
-                                write_checkpoint)
+from bert_of.checkpoint import (SafetensorsFile, TensorSpec, expected_shapes, load_checkpoint, load_safetensors,
+                                save_safetensors, write_checkpoint)
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from tests.conftest import write_vocab
@@ -53,6 +54,13 @@ def test_bf16_and_every_dtype_round_trip(tmp_path):
             assert f.get(k).tobytes() == v.tobytes() and f.shape(k) == v.shape
 
 
+def _backbone(value):
+    return [(k, np.full(s, value, np.float32)) for k, s in expected_shapes(CFG).items() if k.startswith("bert.")]
+
+
+X = "bert.pooler.dense.bias"
+
+
 def test_checkpoint_dir_is_atomic_on_crash(tmp_path):
     vocab = write_vocab(tmp_path / "vocab.txt", 11)
     dst = tmp_path / "ck"
@@ -60,23 +68,53 @@ def test_checkpoint_dir_is_atomic_on_crash(tmp_path):
     def boom():
         raise RuntimeError("disk on fire")
 
-    items = [(TensorSpec("x", np.float32, (2,)), lambda: np.zeros(2, np.float32)),
-             (TensorSpec("y", np.float32, (2,)), boom)]
+    items = [(TensorSpec(k, v.dtype, v.shape), lambda v=v: v) for k, v in _backbone(0.0)]
+    items[-1] = (items[-1][0], boom)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_checkpoint(str(dst), items, CFG, vocab)
     assert os.listdir(tmp_path) == ["vocab.txt"]  # no dst, no temp dir left
 
-    write_checkpoint(str(dst), [("x", np.ones(2, np.float32))], CFG, vocab)
+    write_checkpoint(str(dst), _backbone(1.0), CFG, vocab)
     with pytest.raises(CheckpointError, match="already exists"):
-        write_checkpoint(str(dst), [("x", np.zeros(2, np.float32))], CFG, vocab)
+        write_checkpoint(str(dst), _backbone(0.0), CFG, vocab)
     # A failed overwrite keeps the old checkpoint whole.
     with pytest.raises(RuntimeError):
         write_checkpoint(str(dst), items, CFG, vocab, overwrite=True)
-    assert np.array_equal(load_checkpoint(str(dst)).tensors["x"], np.ones(2, np.float32))
-    write_checkpoint(str(dst), [("x", np.zeros(2, np.float32))], CFG, vocab, overwrite=True)
+    assert np.array_equal(load_checkpoint(str(dst)).tensors[X], np.ones(8, np.float32))
+    write_checkpoint(str(dst), _backbone(0.0), CFG, vocab, overwrite=True)
     ck = load_checkpoint(str(dst))
-    assert np.array_equal(ck.tensors["x"], np.zeros(2)) and ck.config == CFG
+    assert np.array_equal(ck.tensors[X], np.zeros(8)) and ck.config == CFG
     assert sorted(os.listdir(tmp_path)) == ["ck", "vocab.txt"]
+
+
+def test_load_checkpoint_is_as_strict_as_the_cli(tmp_path):
+    """The Python API refuses what `bert-of convert` refuses: tensors the config has no place for,
+    integer weights, a missing backbone tensor."""
+    vocab = write_vocab(tmp_path / "vocab.txt", 11)
+    cases = {
+        "extra layer": (_backbone(0.5) + [("bert.encoder.layer.1.output.dense.bias", np.zeros(8, np.float32))],
+                        "is layer 1 but the config has num_hidden_layers 1"),
+        "int weights": ([(k, v.astype(np.int32) if k == X else v) for k, v in _backbone(0.5)],
+                        f"tensor {X} has dtype int32; BERT weights are floating point"),
+        "missing": ([(k, v) for k, v in _backbone(0.5) if k != X], f"tensor {X} is missing"),
+        "misshaped": ([(k, v[:4] if k == X else v) for k, v in _backbone(0.5)],
+                      f"tensor {X} has shape [4] but the config implies [8]"),
+    }
+    for i, (items, needle) in enumerate(cases.values()):
+        write_checkpoint(str(tmp_path / f"c{i}"), items, CFG, vocab)
+        with pytest.raises(CheckpointError, match=re.escape(needle)):
+            load_checkpoint(str(tmp_path / f"c{i}"))
+    # optimizer state: checked against the weights it belongs to
+    opt = ([(f"m/{X}", np.zeros(8, np.float32)), ("step", np.array(3, np.int64))], {"optimizer": "adamw"})
+    write_checkpoint(str(tmp_path / "opt"), _backbone(0.5), CFG, vocab, optimizer=opt)
+    ck = load_checkpoint(str(tmp_path / "opt"), with_optimizer=True)
+    assert sorted(ck.optimizer) == [f"m/{X}", "step"] and ck.optimizer_meta == {"optimizer": "adamw"}
+    for items, needle in (([(f"m/{X}", np.zeros(4, np.float32))], f"m/{X} has shape [4], but {X} implies [8]"),
+                          ([("step", np.array(3.0))], "tensor step has dtype float64; a step counter is an integer"),
+                          ([("m/bert.nothing", np.zeros(8, np.float32))], "is not state bert_of knows")):
+        write_checkpoint(str(tmp_path / "bad"), _backbone(0.5), CFG, vocab, optimizer=(items, {}), overwrite=True)
+        with pytest.raises(CheckpointError, match=re.escape(needle)):
+            load_checkpoint(str(tmp_path / "bad"), with_optimizer=True)
 
 
 def test_truncated_and_garbage_safetensors(tmp_path):

@@ -383,7 +383,7 @@ def test_bad_input_is_one_line_naming_the_record(env, tmp_path):
     assert _one_error(["finetune", "glue", "--task", "nope", *m, "--train", bad, *out]).startswith(
         "unknown task 'nope' (known: cola, sst-2")
     assert _one_error(["eval", "squad", "--model", tmp_path / "nowhere", "--data", DEV11]) == \
-        f"--model {tmp_path / 'nowhere'}: no such checkpoint folder, and not a zoo name " \
+        f"--model {tmp_path / 'nowhere'}: no such file or directory, and not a zoo name " \
         "(`bert-of zoo list` shows the names)"
     assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, *out, "--max-seq-length", 512]) == \
         f"--max-seq-length 512 exceeds the model's max_position_embeddings 128 ({env.base})"

@@ -1,0 +1,239 @@
+"""The one gate every tensor passes on its way in: name, dtype, shape, and the fit to the config.
+
+Every reader in ``converters/`` (through ``Source``), ``bert_of.checkpoint.load_checkpoint`` and
+the model's ``load_canonical`` call :func:`check_tensors`, so what one route refuses no other
+route accepts:
+
+- **dtype**: weights and optimizer moments are floating point (float16/32/64, bfloat16); step
+  counters are integers. A weight relabelled int32 is refused, never loaded as 1e9-sized floats.
+- **shape**: a tuple of non-negative Python ints (no floats, bools, strings), at most 32 dims,
+  with a sane element count; ``nbytes`` is exact Python-int arithmetic (no int64 overflow).
+- **names and fit**: every model tensor has a place in a BERT of this config (a layer index below
+  ``num_hidden_layers``, a known scope) and the shape the config implies; the backbone is complete.
+  Optimizer state: ``step``/``loss_scale``/``good_step_counter`` or ``<slot>/<model tensor>``.
+
+Messages are one line, naming the file and the tensor as the input spells it (``source(name)``)
+with the shape as stored there (``source_shape(name, shape)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Optional
+
+import numpy as np
+
+from bert_of.config import BertConfig
+from bert_of.errors import BertOfError, CheckpointError
+
+MAX_DIMS = 32  # NumPy's limit
+MAX_ELEMENTS = 1 << 40  # ~1e12 elements: far above any BERT tensor, far below int64 overflow
+INTEGER_STATE = ("step", "good_step_counter")  # counters; every other tensor is floating point
+SCALAR_STATE = ("step", "loss_scale", "good_step_counter")
+SLOTS = ("m", "v", "momentum")  # per-parameter state with the parameter's shape
+SCALAR_SLOTS = ("beta1_t", "beta2_t")  # LAMB's beta^t accumulators: [1] per parameter
+
+
+def _bf16() -> Optional[np.dtype]:
+    try:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:  # pragma: no cover - ml_dtypes ships with TF and safetensors users
+        return None
+
+
+def is_float(dtype) -> bool:
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt.name == "bfloat16"
+
+
+def check_dtype(dtype, where: str) -> np.dtype:
+    """A NumPy dtype that holds numbers (floating, integer, bool); anything else refused."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise CheckpointError(f"{where}: dtype {dtype!r} is not a numeric type") from None
+    if dt.kind not in "fiub" and dt.name != "bfloat16":
+        raise CheckpointError(f"{where}: dtype {dt} is not a numeric type bert_of reads")
+    return dt
+
+
+def check_shape(shape, where: str) -> tuple:
+    """``shape`` as a tuple of non-negative Python ints; floats, bools, negatives, absurd sizes refused."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+        raise CheckpointError(f"{where}: shape {shape!r} is not a list of dimensions")
+    dims = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise CheckpointError(f"{where}: shape {list(shape)!r} has a non-integer dimension {d!r}")
+        if d < 0:
+            raise CheckpointError(f"{where}: shape {list(shape)} has a negative dimension {int(d)}")
+        dims.append(int(d))
+    if len(dims) > MAX_DIMS:
+        raise CheckpointError(f"{where}: shape has {len(dims)} dimensions (at most {MAX_DIMS})")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise CheckpointError(f"{where}: shape {dims} holds {math.prod(dims)} elements, more than any "
+                              f"BERT tensor (or this machine) could")
+    return tuple(dims)
+
+
+def nbytes(shape, dtype) -> int:
+    """Exact byte count (Python ints: a lying shape cannot overflow into a small number)."""
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a tensor is, before it is read: name, dtype, shape (validated on construction)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name or "\x00" in self.name:
+            raise CheckpointError(f"tensor name {self.name!r} is not a non-empty string")
+        object.__setattr__(self, "dtype", check_dtype(self.dtype, f"tensor {self.name}"))
+        object.__setattr__(self, "shape", check_shape(self.shape, f"tensor {self.name}"))
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.shape, self.dtype)
+
+
+# --------------------------------------------------------------------------- roles
+
+
+def check_role(name: str, dtype, where: str, shown: Optional[str] = None) -> None:
+    """Weights and moments floating point, counters integer."""
+    dt = np.dtype(dtype)
+    shown = shown or name
+    if name in INTEGER_STATE:
+        if dt.kind not in "iu":
+            raise CheckpointError(f"{where}: tensor {shown} has dtype {dt}; a step counter is an integer")
+    elif not is_float(dt):
+        what = "BERT weights" if "/" not in name and name not in SCALAR_STATE else "optimizer state"
+        raise CheckpointError(f"{where}: tensor {shown} has dtype {dt}; {what} are floating point "
+                              f"(float16, float32, float64, bfloat16)")
+
+
+# --------------------------------------------------------------------------- names and shapes a config implies
+
+
+def expected_shapes(config: BertConfig) -> dict:
+    """Canonical name -> shape for BertModel and every head bert_of knows."""
+    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    s = {
+        "bert.embeddings.word_embeddings.weight": (V, H),
+        "bert.embeddings.position_embeddings.weight": (config.max_position_embeddings, H),
+        "bert.embeddings.token_type_embeddings.weight": (config.type_vocab_size, H),
+        "bert.embeddings.LayerNorm.weight": (H,), "bert.embeddings.LayerNorm.bias": (H,),
+        "bert.pooler.dense.weight": (H, H), "bert.pooler.dense.bias": (H,),
+        "cls.predictions.bias": (V,),
+        "cls.predictions.transform.dense.weight": (H, H), "cls.predictions.transform.dense.bias": (H,),
+        "cls.predictions.transform.LayerNorm.weight": (H,), "cls.predictions.transform.LayerNorm.bias": (H,),
+        "cls.seq_relationship.weight": (2, H), "cls.seq_relationship.bias": (2,),
+        "qa_outputs.weight": (2, H), "qa_outputs.bias": (2,),
+        "classifier.weight": (config.num_labels, H), "classifier.bias": (config.num_labels,),
+    }
+    for i in range(config.num_hidden_layers):
+        p = f"bert.encoder.layer.{i}."
+        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            s[p + n + ".weight"], s[p + n + ".bias"] = (H, H), (H,)
+        s[p + "intermediate.dense.weight"], s[p + "intermediate.dense.bias"] = (I, H), (I,)
+        s[p + "output.dense.weight"], s[p + "output.dense.bias"] = (H, I), (H,)
+        for n in ("attention.output.LayerNorm", "output.LayerNorm"):
+            s[p + n + ".weight"], s[p + n + ".bias"] = (H,), (H,)
+    return s
+
+
+def backbone_names(config: BertConfig) -> list:
+    return [k for k in expected_shapes(config) if k.startswith("bert.")]
+
+
+def _no_place(name: str, shown: str, config: BertConfig, where: str) -> CheckpointError:
+    m = name.split(".")
+    if len(m) > 3 and m[:3] == ["bert", "encoder", "layer"] and m[3].isdigit():
+        return CheckpointError(f"{where}: tensor {shown} is layer {m[3]} but the config has "
+                               f"num_hidden_layers {config.num_hidden_layers}")
+    return CheckpointError(f"{where}: tensor {shown} has no place in a BERT model")
+
+
+def check_fit(shapes: Mapping, config: BertConfig, where: str, source: Optional[Callable[[str], str]] = None,
+              source_shape: Optional[Callable] = None, require_backbone: bool = True,
+              loose: Iterable[str] = ()) -> None:
+    """Every tensor has a place in this config's BERT with the shape it implies; the backbone is
+    complete. ``loose``: names whose shape is not checked (a head the caller does not use)."""
+    try:
+        config.validate()  # readers set num_labels from a tensor: still a sane config?
+    except BertOfError as e:
+        raise CheckpointError(f"{where}: {str(e).removeprefix('config: ')}") from None
+    source = source or (lambda name: name)
+    on_disk = source_shape or (lambda name, shape: tuple(shape))
+    want = expected_shapes(config)
+    loose = set(loose)
+    for name, shape in shapes.items():
+        if name not in want:
+            raise _no_place(name, source(name), config, where)
+        if name not in loose and tuple(shape) != tuple(want[name]):
+            raise CheckpointError(
+                f"{where}: tensor {source(name)} has shape {list(on_disk(name, shape))} but the config implies "
+                f"{list(on_disk(name, want[name]))} (config does not fit the tensors)")
+    if require_backbone:
+        for name in backbone_names(config):
+            if name not in shapes:
+                raise CheckpointError(f"{where}: tensor {source(name)} is missing")
+
+
+def check_optimizer(specs: Iterable[TensorSpec], config: BertConfig, where: str,
+                    source: Optional[Callable[[str], str]] = None) -> None:
+    """Optimizer state: known names, counters integer and single-valued, moments shaped like their weight."""
+    source = source or (lambda name: name)
+    want = expected_shapes(config)
+    for s in specs:
+        shown = source(s.name)
+        check_role(s.name, s.dtype, where, shown)
+        if s.name in SCALAR_STATE:
+            if math.prod(s.shape) != 1:
+                raise CheckpointError(f"{where}: tensor {shown} has shape {list(s.shape)}, expected one value")
+            continue
+        slot, _, param = s.name.partition("/")
+        if slot not in SLOTS + SCALAR_SLOTS or param not in want:
+            raise CheckpointError(f"{where}: optimizer tensor {shown} is not state bert_of knows "
+                                  f"(step, loss_scale, good_step_counter or m|v|momentum|beta1_t|beta2_t/<weight>)")
+        expect = (1,) if slot in SCALAR_SLOTS else want[param]
+        if tuple(s.shape) != tuple(expect):
+            raise CheckpointError(f"{where}: tensor {shown} has shape {list(s.shape)}, but {param} implies "
+                                  f"{list(expect)}")
+
+
+def check_tensors(model: Iterable[TensorSpec], config: BertConfig, where: str, optimizer: Iterable[TensorSpec] = (),
+                  source: Optional[Callable[[str], str]] = None, source_shape: Optional[Callable] = None) -> None:
+    """The gate: dtypes, then the fit to the config, then the optimizer state (see the module doc)."""
+    model = list(model)
+    shown = source or (lambda name: name)
+    seen = set()
+    for s in model:
+        if s.name in seen:
+            raise CheckpointError(f"{where}: tensor {shown(s.name)} appears twice")
+        seen.add(s.name)
+        check_role(s.name, s.dtype, where, shown(s.name))
+    check_fit({s.name: s.shape for s in model}, config, where, source, source_shape)
+    check_optimizer(optimizer, config, where, source)
+
+
+def checked_producer(spec: TensorSpec, producer: Callable[[], np.ndarray], where: str) -> Callable[[], np.ndarray]:
+    """``producer`` whose array must be exactly what ``spec`` announced (dtype and shape)."""
+
+    def produce():
+        arr = producer()
+        if not isinstance(arr, np.ndarray) or arr.dtype != spec.dtype or tuple(arr.shape) != spec.shape:
+            got = f"{arr.dtype}{list(arr.shape)}" if isinstance(arr, np.ndarray) else type(arr).__name__
+            raise CheckpointError(f"{where}: tensor {spec.name} read as {got}, but its header says "
+                                  f"{spec.dtype}{list(spec.shape)}")
+        return arr
+
+    produce.checked = True
+    return produce

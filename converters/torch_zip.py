@@ -1,0 +1,317 @@
+"""``torch.save`` zip files (``pytorch_model.bin``) read without torch and without trusting them.
+
+A torch zip holds ``<root>/data.pkl`` (a pickle of the state dict), ``<root>/data/<key>`` (one
+member per storage: raw bytes) and ``<root>/byteorder``. The pickle is never unpickled as such:
+
+1. A restricted unpickler admits only ``torch._utils._rebuild_tensor_v2``, ``torch.*Storage`` and
+   ``collections.OrderedDict``; any other global is refused by name before it is looked up, so
+   nothing is executed.
+2. What the pickle builds are *descriptions*, not tensors: a storage is ``(key, dtype, numel)``,
+   a tensor ``(storage, offset, shape, stride)``, both immutable tuples (a later BUILD opcode that
+   tries to rewrite a stride or turn a storage into an int fails), and every callable the pickle
+   can reach is an immutable wrapper too.
+3. After the whole pickle is read, every tensor is checked: Python ints, at most 32 dims, offset
+   and strides non-negative, a stride pattern ``torch.save`` writes for real tensors (contiguous,
+   permuted, sliced: no two elements at one address, stride 0 only on size-1 dims), every
+   addressed element inside its storage, every storage inside its archive member.
+4. A tensor is materialised only from the bytes it spans, read in bounded chunks, through
+   ``np.ndarray(buffer=...)`` (which itself refuses a view outside its buffer); nothing unchecked
+   reaches a stride or a raw buffer.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import pickle
+import zipfile
+from typing import NamedTuple
+
+import numpy as np
+
+from bert_of.errors import CheckpointError
+from bert_of.tensors import MAX_DIMS
+
+_LEGACY_HINT = ("re-save it as safetensors in a PyTorch you trust: "
+                "model.save_pretrained(dir, safe_serialization=True)")
+_MAX_PICKLE = 256 << 20  # a state dict's pickle is KBs to a few MB; the data lives in other members
+_CHUNK = 1 << 20
+
+
+class _StorageType(NamedTuple):
+    """Stand-in for ``torch.FloatStorage`` & co: a name and a dtype, immutable, not callable."""
+
+    name: str
+    dtype: np.dtype
+
+
+def _storage_types():
+    types = {"DoubleStorage": "<f8", "FloatStorage": "<f4", "HalfStorage": "<f2", "LongStorage": "<i8",
+             "IntStorage": "<i4", "ShortStorage": "<i2", "CharStorage": "i1", "ByteStorage": "u1",
+             "BoolStorage": "?"}
+    out = {k: _StorageType(k, np.dtype(v)) for k, v in types.items()}
+    try:
+        import ml_dtypes
+
+        out["BFloat16Storage"] = _StorageType("BFloat16Storage", np.dtype(ml_dtypes.bfloat16))
+    except ImportError:  # pragma: no cover - ml_dtypes comes with TF
+        pass
+    return out
+
+
+_STORAGE_TYPES = _storage_types()
+
+
+class StorageRef(NamedTuple):
+    key: str
+    dtype: np.dtype
+    numel: int
+
+
+class TensorRef(NamedTuple):
+    """A tensor in a torch zip: a view (offset, shape, strides in elements) of a storage."""
+
+    storage: StorageRef
+    offset: int
+    shape: tuple
+    stride: tuple
+
+    @property
+    def dtype(self):
+        return self.storage.dtype
+
+    def same_view(self, other) -> bool:
+        return (self.storage.key, self.offset, self.shape, self.stride) == \
+            (other.storage.key, other.offset, other.shape, other.stride)
+
+
+class _Fn(tuple):
+    """An immutable callable: what ``find_class`` hands the pickle (a BUILD on it fails)."""
+
+    __slots__ = ()
+
+    def __new__(cls, fn):
+        return tuple.__new__(cls, (fn,))
+
+    def __call__(self, *args, **kwargs):
+        return self[0](*args, **kwargs)
+
+
+class _BadPickle(Exception):
+    pass
+
+
+def _is_int(x) -> bool:
+    return type(x) is int
+
+
+def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
+                       metadata=None):
+    """Stand-in for ``torch._utils._rebuild_tensor_v2``: an immutable description, types checked."""
+    if type(storage) is not StorageRef or not _is_int(storage_offset) or type(size) is not tuple \
+            or type(stride) is not tuple or len(size) != len(stride) or len(size) > MAX_DIMS \
+            or not all(_is_int(v) for v in size + stride) or not isinstance(requires_grad, bool) \
+            or (backward_hooks is not None and (not isinstance(backward_hooks, dict) or backward_hooks)):
+        raise _BadPickle("malformed tensor record")
+    return TensorRef(storage, storage_offset, size, stride)
+
+
+def check_view(t: TensorRef) -> int:
+    """Check one tensor's view of its storage; returns its extent in elements (0 when empty).
+
+    Accepted: offset and strides >= 0; dims of size > 1 with stride >= 1 that never address one
+    element twice (each stride beyond the span of the smaller ones): contiguous, transposed /
+    permuted and sliced views, as ``torch.save`` writes them. Every addressed element lies in the
+    storage.
+    """
+    s = t.storage
+    if t.offset < 0 or any(n < 0 for n in t.shape) or any(d < 0 for d in t.stride):
+        raise _BadPickle("negative offset, size or stride")
+    if 0 in t.shape:
+        if t.offset > s.numel:
+            raise _BadPickle(f"offset {t.offset} beyond its storage of {s.numel} elements")
+        return 0
+    dims = sorted((d, n) for n, d in zip(t.shape, t.stride) if n > 1)
+    span = 0  # largest offset reachable with the dims so far
+    for d, n in dims:
+        if d <= span:
+            raise _BadPickle(f"stride pattern {list(t.stride)} for shape {list(t.shape)} addresses elements "
+                             f"twice (an expanded or overlapping view; torch.save of a state dict writes none)")
+        span += (n - 1) * d
+    extent = span + 1
+    if t.offset + extent > s.numel:
+        raise _BadPickle(f"tensor view [{t.offset}, +{extent}) outside its storage of {s.numel} elements")
+    return extent
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Admits tensor descriptions only; everything else is refused before it is looked up."""
+
+    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _Fn(_rebuild_tensor_v2),
+               ("collections", "OrderedDict"): _Fn(collections.OrderedDict)}
+
+    def __init__(self, file, where):
+        super().__init__(file)
+        self.where = where
+        self.storages = {}
+
+    def find_class(self, module, name):
+        hit = self.ALLOWED.get((module, name))
+        if hit is None and module == "torch":
+            hit = _STORAGE_TYPES.get(name)
+        if hit is None:
+            raise CheckpointError(f"{self.where}: refusing to unpickle global {str(module)[:60]}.{str(name)[:60]} "
+                                  f"(only tensor data is admitted; nothing was executed)")
+        return hit
+
+    def persistent_load(self, pid):
+        if not (type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and type(pid[1]) is _StorageType
+                and type(pid[2]) is str and type(pid[3]) is str and _is_int(pid[4]) and pid[4] >= 0):
+            raise _BadPickle(f"unexpected persistent id {str(pid)[:80]}")
+        _, st, key, _location, numel = pid
+        s = self.storages.get(key)
+        if s is None:
+            s = self.storages[key] = StorageRef(key, st.dtype, numel)
+        elif s.dtype != st.dtype or s.numel != numel:
+            raise _BadPickle(f"storage {key[:40]} declared twice with different types or sizes")
+        return s
+
+
+class TorchZipFile:
+    """Tensors of a ``torch.save`` zip file, without torch (see the module docstring)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
+        try:
+            is_zip = zipfile.is_zipfile(path)
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+        if not is_zip:
+            if magic[:1] == b"\x80":
+                raise CheckpointError(f"{path}: legacy (pre-1.6, non-zip) PyTorch pickle: bert_of does not "
+                                      f"unpickle it; {_LEGACY_HINT}")
+            if magic[:2] == b"PK":
+                raise CheckpointError(f"{path}: broken zip archive (truncated?)")
+            raise CheckpointError(f"{path}: not a PyTorch zip checkpoint; {_LEGACY_HINT}")
+        try:
+            self._zip = zipfile.ZipFile(path)
+            pkls = [n for n in self._zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+            if len(pkls) != 1:
+                raise CheckpointError(f"{path}: not a PyTorch checkpoint (no <archive>/data.pkl)")
+            self._root = pkls[0][:-len("data.pkl")]
+            order = self._member(self._root + "byteorder", 16, optional=True)
+            self._big = order is not None and order.strip() == b"big"
+            raw = self._member(pkls[0], _MAX_PICKLE)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError,
+                RuntimeError) as e:
+            raise CheckpointError(f"{path}: broken zip archive ({str(e)[:120]})") from None
+        self.tensors = self._unpickle(raw)
+        for name, t in self.tensors.items():
+            info = self._info(self._root + "data/" + t.storage.key, name)
+            need = t.storage.numel * t.dtype.itemsize
+            if info.file_size < need:
+                raise CheckpointError(f"{path}: tensor {name}: storage {t.storage.key} holds {info.file_size} "
+                                      f"bytes, needs {need}")
+
+    def _unpickle(self, raw: bytes) -> dict:
+        up = _RestrictedUnpickler(io.BytesIO(raw), self.path)
+        try:
+            obj = up.load()
+        except CheckpointError:
+            raise
+        except _BadPickle as e:
+            raise CheckpointError(f"{self.path}: not a PyTorch state dict ({e})") from None
+        except Exception as e:  # a malformed pickle (BUILD on a record, bad opcodes): the file's fault
+            raise CheckpointError(f"{self.path}: not a PyTorch state dict pickle ({type(e).__name__}: "
+                                  f"{str(e)[:80]})") from None
+        if not isinstance(obj, dict) or not all(type(k) is str and type(v) is TensorRef for k, v in obj.items()):
+            raise CheckpointError(f"{self.path}: not a state dict (expected a mapping of names to tensors)")
+        tensors = dict(obj)
+        for name, t in tensors.items():  # the whole pickle is read: now every view is checked
+            try:
+                check_view(t)
+            except _BadPickle as e:
+                raise CheckpointError(f"{self.path}: tensor {name}: {e}") from None
+        return tensors
+
+    def _info(self, member, name=None):
+        try:
+            return self._zip.getinfo(member)
+        except KeyError:
+            what = f"tensor {name}: " if name else ""
+            raise CheckpointError(f"{self.path}: {what}missing archive member {member}") from None
+
+    def _member(self, member, limit, optional=False):
+        try:
+            info = self._zip.getinfo(member)
+        except KeyError:
+            if optional:
+                return None
+            raise CheckpointError(f"{self.path}: missing archive member {member}") from None
+        if info.file_size > limit:
+            raise CheckpointError(f"{self.path}: archive member {member} is {info.file_size} bytes "
+                                  f"(more than the {limit} a state dict's {member.rpartition('/')[2]} needs)")
+        return self._read(info, 0, info.file_size, whole=True)
+
+    def _read(self, info, start: int, length: int, whole: bool) -> bytes:
+        """``length`` bytes of a member from ``start``, in bounded chunks (a lying size in the
+        directory costs nothing); ``whole`` reads to the end so zipfile checks the CRC."""
+        out = bytearray()
+        with self._zip.open(info) as f:
+            if start:
+                f.seek(start)
+            while len(out) < length:
+                chunk = f.read(min(_CHUNK, length - len(out)))
+                if not chunk:
+                    break
+                out += chunk
+            if whole and f.read(1):
+                raise CheckpointError(f"{self.path}: archive member {info.filename} is longer than its size")
+        return bytes(out)
+
+    def keys(self):
+        return list(self.tensors)
+
+    def shape(self, name):
+        return self.tensors[name].shape
+
+    def dtype(self, name):
+        return self.tensors[name].dtype
+
+    def get(self, name) -> np.ndarray:
+        """A fresh, native-order, C-contiguous copy. Reads only the bytes the view spans; a view
+        over its whole storage (the usual case) reads the member to its end, so zipfile checks
+        its CRC."""
+        t = self.tensors[name]
+        try:
+            extent = check_view(t)  # again: the record is immutable, but the check is cheap
+        except _BadPickle as e:
+            raise CheckpointError(f"{self.path}: tensor {name}: {e}") from None
+        info = self._info(self._root + "data/" + t.storage.key, name)
+        item = t.dtype.itemsize
+        start, length = t.offset * item, extent * item
+        whole = start == 0 and length == info.file_size
+        try:
+            raw = self._read(info, start, length, whole)
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, RuntimeError) as e:
+            raise CheckpointError(f"{self.path}: tensor {name}: {str(e)[:160]}") from None  # CRC, truncation
+        if len(raw) != length:
+            raise CheckpointError(f"{self.path}: tensor {name}: storage ended early")
+        dtype = t.dtype.newbyteorder(">") if self._big and item > 1 else t.dtype
+        if math.prod(t.shape) == 0:
+            return np.zeros(t.shape, t.dtype)
+        # np.ndarray checks the strided view against the buffer's size itself: a second guard.
+        view = np.ndarray(t.shape, dtype=dtype, buffer=raw, offset=0, strides=tuple(s * item for s in t.stride))
+        return np.array(view, dtype=t.dtype, order="C")
+
+    def same_view(self, a, b) -> bool:
+        return self.tensors[a].same_view(self.tensors[b])
+
+    def close(self):
+        self._zip.close()
