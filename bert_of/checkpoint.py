@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 import bert_of.hooks as _hooks
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
-from bert_of.fs import publishing, read_json, writes_to
+from bert_of.fs import PinnedDir, publishing, read_json, writes_to
 from bert_of.tensors import (TensorSpec, backbone_names, check_fit, check_optimizer, check_shape, check_tensors,
                              expected_shapes, nbytes)
 
@@ -196,10 +196,12 @@ def parse_safetensors_header(raw: bytes, data_len: int, where: str):
     return entries, metadata
 
 
-def _library_check(path: str) -> None:
-    """The safetensors library's own header check (its parser, not a second looser one)."""
+def _library_check(path: str, fd: int) -> None:
+    """The safetensors library's own header check (its parser, not a second looser one) on the
+    file open as ``fd`` (through /proc where there is one, so it checks the very file we read)."""
+    proc = f"/proc/self/fd/{fd}"
     try:
-        with safe_open(path, framework="numpy"):
+        with safe_open(proc if os.path.exists(proc) else path, framework="numpy"):
             pass
     except SafetensorError as e:
         msg = str(e).replace("Error while deserializing header: ", "").splitlines()[0][:200]
@@ -215,10 +217,11 @@ class SafetensorsFile:
     then the safetensors library's parser); tensors are read with positioned reads.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, file=None):
+        """``file``: the file already open (binary); ``path`` then only names it."""
         self.path = path
         try:
-            self._f = open(path, "rb")
+            self._f = file if file is not None else open(path, "rb")
         except OSError as e:
             raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
         try:
@@ -243,7 +246,7 @@ class SafetensorsFile:
             raise CheckpointError(f"{path}: file ended inside its header")
         self._base = 8 + n
         self.entries, self.metadata = parse_safetensors_header(raw, size - self._base, path)
-        _library_check(path)
+        _library_check(path, self._f.fileno())
 
     def keys(self):
         return list(self.entries)
@@ -335,21 +338,41 @@ def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
     Every tensor passes :func:`bert_of.tensors.check_tensors` (dtype, shape, fit to the config)
     before any is read.
     """
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: not a directory (a bert_of checkpoint is a directory)")
+    for attempt in range(5):
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{path}: not a directory (a bert_of checkpoint is a directory)")
+        try:
+            d = PinnedDir(path)  # every file from one tree, even if ``path`` is replaced meanwhile
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
+        with d:
+            try:
+                return _load_pinned(d, with_optimizer)
+            except (OSError, CheckpointError) as e:
+                if attempt == 4 or not d.replaced():
+                    if isinstance(e, OSError):
+                        raise CheckpointError(f"{os.path.join(path, e.filename or '')}: "
+                                              f"cannot read ({e.strerror})") from None
+                    raise
+                # the tree we held was replaced and deleted while we read it: read the new one
+
+
+def _load_pinned(d: PinnedDir, with_optimizer: bool) -> Checkpoint:
+    path = d.path
     for name in (CONFIG_NAME, WEIGHTS_NAME):
-        if not os.path.isfile(os.path.join(path, name)):
+        if not d.isfile(name):
             raise CheckpointError(f"{path}: not a bert_of checkpoint (no {name})")
-    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    config_path = os.path.join(path, CONFIG_NAME)
+    config = BertConfig.from_json_file(config_path, raw=d.read(CONFIG_NAME))
     weights = os.path.join(path, WEIGHTS_NAME)
-    opt = os.path.join(path, OPTIMIZER_NAME)
-    with SafetensorsFile(weights) as f:
+    with SafetensorsFile(weights, d.open(WEIGHTS_NAME)) as f:
         check_tensors([f.spec(k) for k in f.keys()], config, weights)  # before anything is read
         tensors, metadata = f.load_all(), dict(f.metadata)
     vocab = os.path.join(path, VOCAB_NAME)
-    ck = Checkpoint(path, config, tensors, vocab if os.path.isfile(vocab) else None, metadata=metadata)
-    if with_optimizer and os.path.isfile(opt):
-        with SafetensorsFile(opt) as f:
+    ck = Checkpoint(path, config, tensors, vocab if d.isfile(VOCAB_NAME) else None, metadata=metadata)
+    opt = os.path.join(path, OPTIMIZER_NAME)
+    if with_optimizer and d.isfile(OPTIMIZER_NAME):
+        with SafetensorsFile(opt, d.open(OPTIMIZER_NAME)) as f:
             check_optimizer([f.spec(k) for k in f.keys()], config, opt)
             ck.optimizer, ck.optimizer_meta = f.load_all(), dict(f.metadata)
     return ck

@@ -158,8 +158,9 @@ class BertConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
-        return cls.from_dict(_read_json(path), where=path)
+    def from_json_file(cls, path: str, raw: bytes | None = None) -> "BertConfig":
+        """bert_of's config.json (``raw``: its bytes, already read)."""
+        return cls.from_dict(_read_json(path, raw), where=path)
 
     # ------------------------------------------------------- Google's json
     @classmethod
@@ -224,5 +225,5 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _read_json(path: str) -> dict:
-    return read_json(path, "config file", ConfigError)
+def _read_json(path: str, raw: bytes | None = None) -> dict:
+    return read_json(path, "config file", ConfigError, raw=raw)

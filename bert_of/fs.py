@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 
@@ -69,12 +70,15 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def read_json(path: str, what: str = "JSON file", error: type = BertOfError, expect: type | None = dict):
+def read_json(path: str, what: str = "JSON file", error: type = BertOfError, expect: type | None = dict,
+              raw: bytes | None = None):
     """Parse ``path`` as JSON (UTF-8, a BOM allowed); any failure is ``error`` with one line naming
-    the file. ``expect``: the type the top level must have (None: anything)."""
+    the file. ``expect``: the type the top level must have (None: anything). ``raw``: the file's
+    bytes, already read (``path`` then only names it)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        if raw is None:
+            with open(path, "rb") as f:
+                raw = f.read()
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except IsADirectoryError:
@@ -97,6 +101,53 @@ def read_json(path: str, what: str = "JSON file", error: type = BertOfError, exp
         kind = "object" if expect is dict else "array" if expect is list else expect.__name__
         raise error(f"{path}: expected a JSON {kind} ({what})")
     return data
+
+
+class PinnedDir:
+    """A directory held open, so that several files read from it come from the same tree even if
+    the path is swapped meanwhile (``publishing`` replaces trees with RENAME_EXCHANGE): a reader
+    gets the old checkpoint or the new one, never one's config with the other's weights.
+
+    ``open(name)`` opens relative to the held directory; ``path`` names files in messages.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def open(self, name: str):
+        return os.fdopen(os.open(name, os.O_RDONLY, dir_fd=self.fd), "rb")
+
+    def isfile(self, name: str) -> bool:
+        try:
+            return stat.S_ISREG(os.stat(name, dir_fd=self.fd).st_mode)
+        except OSError:
+            return False
+
+    def read(self, name: str) -> bytes:
+        with self.open(name) as f:
+            return f.read()
+
+    def replaced(self) -> bool:
+        """True once ``path`` no longer names the held directory (it was swapped out, and is
+        perhaps being deleted)."""
+        held = os.fstat(self.fd)
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def fsync_dir(path: str) -> None:

@@ -1,0 +1,174 @@
+"""bert_of.fs: directories that appear whole, one writer per destination, stores that survive
+crashes. Real processes, real signals, real files."""
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bert_of import fs
+from bert_of.checkpoint import expected_shapes, load_checkpoint, write_checkpoint
+from bert_of.config import BertConfig
+from bert_of.errors import OutputError
+from tests.conftest import ROOT
+
+HOLD = """
+import sys, time
+from bert_of import fs
+with fs.publishing(sys.argv[1]) as stage:
+    open(stage + "/part", "w").write("x" * 1000)
+    print(stage, flush=True)
+    time.sleep(60)
+"""
+
+
+def _child(code, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_publish_new_refuse_existing_replace_with_overwrite(tmp_path):
+    dst = tmp_path / "out"
+    with fs.publishing(dst) as stage:
+        (open(os.path.join(stage, "a"), "w")).write("1")
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["a"]
+    assert stat.S_IMODE(os.stat(dst).st_mode) == 0o777 & ~_umask()  # not mkdtemp's 0700
+    with pytest.raises(OutputError, match="already exists"):
+        with fs.publishing(dst):
+            pass
+    with fs.publishing(dst, overwrite=True) as stage:
+        open(os.path.join(stage, "b"), "w").write("2")
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["b"]
+
+
+def test_failure_leaves_nothing_and_keeps_the_old_tree(tmp_path):
+    dst = tmp_path / "out"
+    with fs.publishing(dst) as stage:
+        open(os.path.join(stage, "old"), "w").write("1")
+    with pytest.raises(KeyboardInterrupt):
+        with fs.publishing(dst, overwrite=True) as stage:
+            open(os.path.join(stage, "new"), "w").write("2")
+            raise KeyboardInterrupt
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["old"]
+
+
+def test_symlinked_destination_is_replaced_at_its_target(tmp_path):
+    real = tmp_path / "real"
+    with fs.publishing(real) as stage:
+        open(os.path.join(stage, "a"), "w").write("1")
+    os.symlink(real, tmp_path / "link")
+    with fs.publishing(tmp_path / "link", overwrite=True) as stage:
+        open(os.path.join(stage, "b"), "w").write("2")
+    assert os.path.islink(tmp_path / "link") and os.listdir(real) == ["b"]
+    assert sorted(os.listdir(tmp_path)) == ["link", "real"]
+
+
+def test_second_writer_fails_at_once_naming_the_holder(tmp_path):
+    dst = tmp_path / "out"
+    p = _child(HOLD, dst)
+    try:
+        stage = p.stdout.readline().strip()
+        assert os.path.isdir(stage)
+        t0 = time.monotonic()
+        with pytest.raises(OutputError, match=rf"another bert_of process is writing it \(pid {p.pid}: "):
+            with fs.publishing(dst):
+                pass
+        assert time.monotonic() - t0 < 2
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_staging_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    p = _child(HOLD, tmp_path / "a")
+    stage = p.stdout.readline().strip()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert os.path.isdir(stage)  # kill -9 leaves it ...
+    with fs.publishing(tmp_path / "b"):  # ... until the next write into the same folder
+        pass
+    assert sorted(os.listdir(tmp_path)) == ["b"]
+
+
+def test_append_jsonl_cuts_a_torn_tail_and_read_jsonl_skips_bad_lines(tmp_path, caplog):
+    path = tmp_path / "r.jsonl"
+    fs.append_jsonl(path, {"a": 1})
+    with open(path, "a") as f:
+        f.write('{"b": 2, "cut sho')  # a crash mid-append
+    fs.append_jsonl(path, {"c": 3})
+    assert open(path).read() == '{"a": 1}\n{"c": 3}\n'
+    assert "cut short" in caplog.text
+    with open(path, "a") as f:
+        f.write("garbage\n")
+    fs.append_jsonl(path, {"d": 4})
+    assert fs.read_jsonl(path) == [{"a": 1}, {"c": 3}, {"d": 4}]
+
+
+def test_nan_is_not_json(tmp_path):
+    with pytest.raises(ValueError):
+        fs.append_jsonl(tmp_path / "r.jsonl", {"loss": float("nan")})
+    with pytest.raises(ValueError):
+        fs.write_json(tmp_path / "n.json", {"loss": float("inf")})
+    assert os.listdir(tmp_path) == []
+
+
+READER = """
+import sys, time
+import numpy as np
+from bert_of.checkpoint import load_checkpoint
+from bert_of.errors import BertOfError
+end = time.monotonic() + float(sys.argv[2])
+ok = mixed = failed = 0
+while time.monotonic() < end:
+    try:
+        ck = load_checkpoint(sys.argv[1])
+    except (BertOfError, OSError) as e:
+        failed += 1
+        print(e, file=sys.stderr)
+        continue
+    v = ck.config.vocab_size
+    w = ck.tensors["bert.embeddings.word_embeddings.weight"]
+    if w.shape[0] != v or not np.all(w == v):  # config of one checkpoint, weights of the other
+        mixed += 1
+    else:
+        ok += 1
+print(ok, mixed, failed)
+"""
+
+
+def _checkpoint(vocab):
+    cfg = BertConfig(vocab_size=vocab, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=16, max_position_embeddings=16)
+    tensors = {n: np.full(shape, vocab, np.float32) for n, shape in expected_shapes(cfg).items()
+               if n.startswith("bert.")}  # a complete backbone: load_checkpoint checks it
+    return tensors, cfg
+
+
+def test_a_reader_racing_replacements_never_sees_a_mixed_checkpoint(tmp_path):
+    """Writer and reader processes loop for 3 s: every load is one checkpoint or the other, whole."""
+    dst = str(tmp_path / "ck")
+    a, b = _checkpoint(11), _checkpoint(13)
+    write_checkpoint(dst, list(a[0].items()), a[1])
+    reader = _child(READER, dst, 3.0)
+    n = 0
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        t, c = (a, b)[n % 2]
+        write_checkpoint(dst, list(t.items()), c, overwrite=True)
+        n += 1
+    ok, mixed, failed = map(int, reader.communicate(timeout=60)[0].split())
+    assert n > 20 and ok > 20, (n, ok)
+    assert mixed == 0 and failed == 0, (ok, mixed, failed)
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    assert load_checkpoint(dst).config.vocab_size in (11, 13)
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
