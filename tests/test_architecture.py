@@ -1,0 +1,177 @@
+"""The project's shape, checked from its source: layers, no import cycles, imports at the top.
+
+Layers, bottom to top (docs/architecture.md); a module may import its own layer or any below:
+
+    0 base      errors, version, fs, config, checkpoint, tokenization
+    1 model     _flow, modeling
+    2 formats   converters/ (bert_of.converters): readers, writers, verification
+    3 training  bert_of/data/, the trainer, the rank launcher
+    4 services  zoo/ (bert_of.zoo), eval/ (bert_of.eval)
+    5 commands  the CLI, composed commands (pretrain, finetune, align), the package facade
+"""
+
+import ast
+import os
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+# package folder -> import name (the installed distribution claims only `bert_of`)
+PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "bert_of.zoo", "eval": "bert_of.eval"}
+
+# (regex over the module name, layer); first match wins
+LAYERS = [
+    (r"bert_of\.(errors|version|fs|hooks|config|tensors|checkpoint|tokenization)", 0),
+    (r"bert_of\.(_flow|outputs|modeling)", 1),
+    (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(cli|__main__)", 5),
+    (r"bert_of\.converters(\..+)?", 2),
+    (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),
+    (r"bert_of\.(zoo|eval)(\..+)?", 4),
+    (r"bert_of|bert_of\.(cli|pretrain|pretrain_cli|finetune|align|commands|selftest)(\..+)?", 5),
+]
+NAMES = {0: "base", 1: "model", 2: "formats", 3: "training", 4: "services", 5: "commands"}
+
+
+def _modules() -> dict:
+    """{module name: source path} of the library (tests, bench and scripts are not part of it)."""
+    out = {}
+    for folder, name in PACKAGES.items():
+        base = os.path.join(ROOT, folder)
+        for d, dirs, files in os.walk(base):
+            dirs[:] = [x for x in dirs if not x.startswith((".", "__"))]
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(d, f), base)[:-3].replace(os.sep, ".")
+                    mod = name if rel == "__init__" else f"{name}.{rel[:-len('.__init__')]}" \
+                        if rel.endswith(".__init__") else f"{name}.{rel}"
+                    out[mod] = os.path.join(d, f)
+    return out
+
+
+MODULES = _modules()
+
+
+def layer(mod: str) -> int:
+    for rx, n in LAYERS:
+        if re.fullmatch(rx, mod):
+            return n
+    raise AssertionError(f"{mod}: no layer assigned (add it to LAYERS and docs/architecture.md)")
+
+
+def _resolve(name: str):
+    """The library module an imported name refers to (longest existing prefix), or None."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(mod: str, path: str):
+    """[(target module, inside a function?)] for every import statement naming library modules."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    in_func = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for n in ast.walk(f)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = mod.split(".")
+                pkg = pkg[:len(pkg) - node.level + (1 if path.endswith("__init__.py") else 0)]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        # `from bert_of.x import y`: y is a submodule if it is one, else a name in bert_of.x
+        targets = set()
+        for n in names:
+            if n.split(".")[0] in ("bert_of", "converters", "zoo", "eval") and not n.startswith("bert_of"):
+                targets.add(("<unprefixed>", n))
+                continue
+            t = _resolve(n)
+            if t and t != mod:
+                targets.add(t)
+        if isinstance(node, ast.ImportFrom) and len(targets) > 1:
+            targets.discard(_resolve(names[0]))  # `from pkg import sub`: the edge is to sub
+        for t in targets:
+            out.append((t, id(node) in in_func, node.lineno))
+    return out
+
+
+EDGES = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        layer(m)
+
+
+def test_library_imports_only_the_bert_of_namespace():
+    bad = [f"{m}:{line}: import {t[1]}" for m, es in EDGES.items() for t, _, line in es if isinstance(t, tuple)]
+    assert not bad, "import converters/zoo/eval as bert_of.converters/... :\n" + "\n".join(bad)
+
+
+def test_layers_import_only_downwards():
+    bad = []
+    for m, es in EDGES.items():
+        for t, _, line in es:
+            if isinstance(t, str) and layer(t) > layer(m):
+                bad.append(f"{MODULES[m]}:{line}: {m} ({NAMES[layer(m)]}) imports {t} ({NAMES[layer(t)]})")
+    assert not bad, "imports that go up a layer:\n" + "\n".join(bad)
+
+
+def test_base_and_model_import_no_formats_zoo_eval_or_cli():
+    bad = [f"{m} -> {t}" for m, es in EDGES.items() if layer(m) <= 1 for t, _, _ in es
+           if isinstance(t, str) and re.match(r"bert_of\.(converters|zoo|eval|cli|pretrain|align)", t)]
+    assert not bad, bad
+
+
+def test_no_import_cycles():
+    adj = {m: sorted({t for t, _, _ in es if isinstance(t, str)}) for m, es in EDGES.items()}
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in adj[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in adj:
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_imports_sit_at_module_top():
+    """At most 15% of internal imports inside functions (optional heavy dependencies aside)."""
+    statements = {(m, line): f for m, es in EDGES.items() for _, f, line in es}  # one per import statement
+    inner = sorted(f"{MODULES[m]}:{line}" for (m, line), f in statements.items() if f)
+    share = len(inner) / max(len(statements), 1)
+    assert share <= 0.15, f"{len(inner)}/{len(statements)} internal imports inside functions ({share:.0%}):\n" + \
+        "\n".join(inner)
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if layer(m) == 0))
+def test_base_layer_imports_no_oneflow_or_tensorflow(mod):
+    src = open(MODULES[mod], encoding="utf-8").read()
+    assert not re.search(r"^\s*(import|from)\s+(oneflow|tensorflow)\b", src, re.M), mod
