@@ -28,6 +28,7 @@ from tests.conftest import ROOT, TINY
 from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry_entry, sha256, write_registry,
                                        zip_release)
 from bert_of.errors import CheckpointError
+from bert_of.progress import setup_logging
 from bert_of.zoo import registry as zreg
 from bert_of.zoo.core import MANIFEST, Zoo
 from bert_of.zoo.download import DownloadOptions, fetch
@@ -42,6 +43,12 @@ FAST = DownloadOptions(timeout=5, retries=2, backoff=0.01, progress=False)
 
 
 # --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def notes_on_stderr():
+    """The zoo's notes go to the bert_of logger; show them on stderr as the CLI does (capsys reads them)."""
+    setup_logging(0)
 
 
 @pytest.fixture(scope="module")
@@ -625,7 +632,7 @@ def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
     local.write_text(cut)
     r = run_zoo("list", env=env)
     assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
-        f"{local}: damaged (not a whole registry); using the 1 entry readable before the damage (the next "
+        f"warning: {local}: damaged (not a whole registry); using the 1 entry readable before the damage (the next "
         "`bert-of zoo add` or `remove` rewrites it, keeping a copy)"]
     assert run_zoo("info", "first", env=env).returncode == 0 and run_zoo("info", "bert-base", env=env).returncode == 0
     local.write_bytes(b"\x00\xff\xfe garbage \x00")
@@ -636,7 +643,7 @@ def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
     local.write_text(json.dumps({"schema_version": 1, "entries": [good[0], dict(good[1], name="x/../y")]}))
     r = run_zoo("list", env=env)
     assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
-        f"{local}: entries[1]: entry name 'x/../y' must match {zreg.NAME_RE.pattern} (it becomes a directory "
+        f"warning: {local}: entries[1]: entry name 'x/../y' must match {zreg.NAME_RE.pattern} (it becomes a directory "
         "name); entry skipped"]
     # the next `zoo add` keeps a copy of the damaged file and rewrites a whole registry
     local.write_text(cut)
