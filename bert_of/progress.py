@@ -47,9 +47,17 @@ class _Formatter(logging.Formatter):
 
 
 class _Handler(logging.Handler):
-    """Writes to the current sys.stderr (tests and callers may swap it), above any open bar."""
+    """Writes to the current sys.stderr (tests and callers may swap it), above any open bar. The
+    default one (installed on import, for library use) stays silent when the program configured
+    the root logger: the record reaches the program's handlers instead."""
+
+    def __init__(self, default: bool = False):
+        super().__init__()
+        self.default = default
 
     def emit(self, record):
+        if self.default and logging.getLogger().handlers:
+            return
         try:
             line = self.format(record)
             if _bars:
@@ -63,18 +71,31 @@ class _Handler(logging.Handler):
             self.handleError(record)
 
 
-def setup_logging(verbosity: int = 0) -> None:
-    """Configure the ``bert_of`` logger: -1 = errors only (-q), 0 = info, 1 = debug (-v)."""
-    level = logging.ERROR if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
-    if _rank() > 0:
-        level = max(level, logging.WARNING)
+def _install(default: bool) -> None:
     for h in list(log.handlers):
         if isinstance(h, _Handler):
             log.removeHandler(h)
-    handler = _Handler()
+    handler = _Handler(default)
     handler.setFormatter(_Formatter())
     log.addHandler(handler)
+
+
+def setup_logging(verbosity: int = 0) -> None:
+    """Configure the ``bert_of`` logger for a command line: -1 = errors only (-q), 0 = info,
+    1 = debug (-v); its lines go to stderr."""
+    level = logging.ERROR if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
+    if _rank() > 0:
+        level = max(level, logging.WARNING)
+    _install(default=False)
     log.setLevel(level)
+
+
+# Library use (no setup_logging): notes at INFO on stderr, as print() would, unless the program
+# configured logging itself.
+if not any(isinstance(h, _Handler) for h in log.handlers):
+    _install(default=True)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
 
 
 def allow_bars(allowed: bool) -> None:
@@ -122,7 +143,7 @@ class Progress:
         self.n = initial
         self.postfix = {}
         self._bar = None
-        self._enabled = enabled and _rank() == 0
+        self._enabled = enabled and _rank() <= 0  # OneFlow sets RANK=-1 in a process it did not launch
         self._t0 = self._last = time.monotonic()
         self._n0 = initial
         self._lines = 0
@@ -165,14 +186,14 @@ class Progress:
         el = now - self._t0
         rate = (self.n - self._n0) / el if el > 0 else 0.0
         done = _size(self.n, self.unit, self.unit_scale)
+        units = "" if self.unit_scale else f" {self.unit}" if self.unit == "it" else f" {self.unit}s"
         if self.total:
             pct = 100.0 * self.n / self.total
             left = (self.total - self.n) / rate if rate > 0 else None
-            text = f"{done} of {_size(self.total, self.unit, self.unit_scale)}" + \
-                   ("" if self.unit_scale else f" {self.unit}") + f" ({pct:.0f}%)"
+            text = f"{done} of {_size(self.total, self.unit, self.unit_scale)}{units} ({pct:.0f}%)"
             eta = f", eta {left:.0f} s" if left is not None else ""
         else:
-            text, eta = done + ("" if self.unit_scale else f" {self.unit}"), ""
+            text, eta = done + units, ""
         post = "".join(f", {k} {v}" for k, v in self.postfix.items())
         return f"{self.desc}: {text}, {el:.0f} s{eta}{post}"
 

@@ -28,7 +28,6 @@ from tests.conftest import ROOT, TINY
 from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry_entry, sha256, write_registry,
                                        zip_release)
 from bert_of.errors import CheckpointError
-from bert_of.progress import setup_logging
 from bert_of.zoo import registry as zreg
 from bert_of.zoo.core import MANIFEST, Zoo
 from bert_of.zoo.download import DownloadOptions, fetch
@@ -43,12 +42,6 @@ FAST = DownloadOptions(timeout=5, retries=2, backoff=0.01, progress=False)
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(autouse=True)
-def notes_on_stderr():
-    """The zoo's notes go to the bert_of logger; show them on stderr as the CLI does (capsys reads them)."""
-    setup_logging(0)
 
 
 @pytest.fixture(scope="module")
