@@ -57,6 +57,16 @@ def _choose_blas():
 _NOISE = (b"libibverbs not available, ibv_fork_init skipped",)
 
 
+def _load():
+    try:
+        import oneflow
+    except ImportError as e:  # Ctrl-C inside OneFlow's C++ start-up arrives as an ImportError
+        if str(e).startswith("KeyboardInterrupt"):
+            raise KeyboardInterrupt from None
+        raise
+    return oneflow
+
+
 def _import_oneflow():
     """``import oneflow`` without the line its C++ start-up writes to stderr on every machine
     without RDMA ("libibverbs not available, ibv_fork_init skipped": OneFlow only uses InfiniBand
@@ -66,13 +76,11 @@ def _import_oneflow():
         sys.stderr.flush()
         saved = os.dup(2)
     except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to filter
-        import oneflow
-
-        return oneflow
+        return _load()
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)
         try:
-            import oneflow
+            return _load()
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -80,7 +88,6 @@ def _import_oneflow():
             kept = [ln for ln in tmp.read().splitlines(keepends=True) if not ln.strip().startswith(_NOISE)]
             if kept:
                 os.write(2, b"".join(kept))
-    return oneflow
 
 
 _preload()
