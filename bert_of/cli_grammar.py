@@ -11,6 +11,8 @@ README shows and ``tests/test_cli.py`` enforces.
 from __future__ import annotations
 
 import argparse
+import copy
+import textwrap
 
 from bert_of.progress import DISABLE_ENV, allow_bars, bars_enabled, setup_logging
 
@@ -74,14 +76,16 @@ class HelpFormatter(argparse.HelpFormatter):
             if len(lines) > 1 and all(ln.startswith("  ") or ln.endswith(":") for ln in lines):
                 out.append("\n".join(indent + ln for ln in lines))  # a block: examples, environment
             else:
-                out.append(super()._fill_text(para, width, indent))
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent, break_on_hyphens=False))
         return "\n\n".join(out)
 
     def _get_help_string(self, action):
         text = action.help or ""
         d = action.default
-        if not action.option_strings or "default" in text.lower() or d in (None, False, True, argparse.SUPPRESS) \
-                or d == [] or isinstance(action, (argparse._StoreConstAction, argparse._HelpAction)):
+        if not action.option_strings or "default" in text.lower() or d is None or isinstance(d, bool) \
+                or d is argparse.SUPPRESS or d == [] or isinstance(action, (argparse._StoreConstAction,
+                                                                            argparse._HelpAction)):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -89,9 +93,12 @@ class HelpFormatter(argparse.HelpFormatter):
         old = getattr(action, "old_spellings", ())
         if not old:
             return super()._format_action_invocation(action)
-        shown = argparse.Action(option_strings=[s for s in action.option_strings if s not in old], dest=action.dest,
-                                nargs=action.nargs, metavar=action.metavar, help=action.help)
+        shown = copy.copy(action)
+        shown.option_strings = [s for s in action.option_strings if s not in old]
         return super()._format_action_invocation(shown)
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def option(p, *flags, old=(), **kw) -> argparse.Action:
