@@ -57,6 +57,10 @@ def test_reduced_suite_passes_and_writes_reports(suite):
             assert c["passed"] and c["max_rel_diff_first_10"] <= 1e-5, (name, c["other"])
     md = (out / "README.md").read_text()
     assert all(f"[{name}.png]({name}.png)" in md for name in reports)
+    # --replot redraws the plots from the reports alone
+    before = {name: (out / f"{name}.png").stat().st_mtime_ns for name in reports}
+    assert cli.main(["all", "-o", str(out), "--replot"]) == 0
+    assert all((out / f"{name}.png").stat().st_mtime_ns > before[name] for name in reports)
     assert not [p for p in os.listdir(out) if p.startswith(".work") or ".tmp" in p]  # nothing half-written
 
 

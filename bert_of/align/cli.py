@@ -7,9 +7,11 @@ import argparse
 import os
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
-from bert_of.align.report import format_summary
+from bert_of.align.report import format_summary, plot_report, plot_skipped
 from bert_of.cli import dispatch, parse
 from bert_of.cli_grammar import examples, output_option
+from bert_of.errors import BertOfError
+from bert_of.fs import read_json
 
 _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and converted checkpoints "
         "train the same.")
@@ -18,7 +20,8 @@ _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and co
 EXAMPLES = examples("bert-of align list                              # the experiments",
                     "bert-of align all --steps 1000 -o docs/align      # everything (~25 min on 2 cores)",
                     "bert-of align eager-graph data-parallel --steps 30 --size tiny -o align-out",
-                    "bert-of align 3 5 --jobs 2")
+                    "bert-of align 3 5 --jobs 2",
+                    "bert-of align all -o docs/align --replot          # redraw the plots from the reports")
 
 
 def _add_arguments(p):
@@ -41,6 +44,8 @@ def _add_arguments(p):
     p.add_argument("--perturb-lr", type=float, default=0.0, metavar="REL",
                    help="self-test: train the compared side of every equal comparison with lr x (1 + REL); the "
                         "experiments should then fail")
+    p.add_argument("--replot", action="store_true", help="only redraw OUTPUT/EXPERIMENT.png from the reports "
+                   "already in OUTPUT (no training)")
     p.add_argument("--fresh", action="store_true", help="re-run everything (default: runs finished by an earlier "
                    "invocation with the same spec and code are reused from DATA_DIR/runs/)")
     p.set_defaults(fn=cmd_align)
@@ -51,6 +56,8 @@ def cmd_align(args) -> int:
         for num, name, title, _ in EXPERIMENTS:
             print(f"{num} {name:<15} {title}")
         return 0
+    if args.replot:
+        return replot(args.output, args.experiments)
     from bert_of.align.runner import run_experiments
 
     summary = run_experiments(args.experiments, steps=args.steps, out=args.output, size=args.size, jobs=args.jobs,
@@ -59,6 +66,23 @@ def cmd_align(args) -> int:
     print(format_summary(summary))
     print(f"reports: {os.path.join(args.output, 'summary.json')}")
     return 0 if summary["passed"] else 1
+
+
+def replot(out: str, experiments: list) -> int:
+    """Redraw the plots of the reports in ``out`` (all, or the named experiments)."""
+    wanted = {e.lower() for e in experiments} - {"all"}
+    done = 0
+    for num, name, _, _ in EXPERIMENTS:
+        path = os.path.join(out, f"{name}.json")
+        if (wanted and name not in wanted and str(num) not in wanted) or not os.path.isfile(path):
+            continue
+        rep = read_json(path, "align report")
+        (plot_skipped if rep.get("status") in ("skipped", "error") else plot_report)(rep, path[:-5] + ".png")
+        print(f"wrote {path[:-5]}.png")
+        done += 1
+    if not done:
+        raise BertOfError(f"{out}: no reports to replot")
+    return 0
 
 
 def add_parser(subparsers):
