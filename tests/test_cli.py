@@ -12,10 +12,12 @@ import json
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 
 import pytest
 
@@ -54,7 +56,8 @@ def problems(path, p) -> list:
             out.append(f"{name} {shown[0]}: no help text")
             continue
         default = a.default
-        if a.option_strings and default not in (None, False, True, argparse.SUPPRESS, []) \
+        if a.option_strings and default is not None and not isinstance(default, bool) \
+                and default is not argparse.SUPPRESS and default != [] \
                 and "default" not in formatter._get_help_string(a).lower():
             out.append(f"{name} {shown[0]}: default {default!r} not shown")
     text = p.format_help()
@@ -243,3 +246,38 @@ def test_results_with_an_unknown_task_is_an_error(tmp_path):
     assert r.returncode == 1 and r.stderr.splitlines()[0].startswith(
         "bert-of: error: --task 'squad-v1': unknown task (did you mean squad-v1.1?)")
     assert run_cli("results", "--task", "mrpc", "--results", tmp_path / "r.jsonl").returncode == 0
+
+
+def test_ctrl_c_leaves_nothing_partial(tmp_path):
+    """SIGINT while `convert --verify` checks the staged files: one line, nothing at DST, no staging
+    folder left behind."""
+    from tests.test_hf import minilm_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", minilm_dir(), "-o", out / "of",
+                          "--verify"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not os.listdir(out) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the staging folder appears: conversion under way
+    time.sleep(1.0)  # converting or verifying
+    assert p.poll() is None, "finished before it could be interrupted"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0 and "interrupted" in err.strip().splitlines()[-1], err
+    assert "Traceback" not in err and os.listdir(out) == []
+
+
+def test_coinciding_curves_get_their_own_colours_dashed_over_solid():
+    from bert_of.plots import styles
+
+    eager = [7.5, 7.2, 7.0, 6.8, 6.7]
+    curves = {"eager": eager, "graph": list(eager), "2 ranks": [x + 1e-4 for x in eager],
+              "no clipping": [x - 0.5 for x in eager]}
+    st = styles(curves)
+    assert len({s["color"] for s in st.values()}) == 4
+    assert st["eager"]["ls"] == "-" and st["no clipping"]["ls"] == "-"
+    assert st["graph"]["label"] == "graph (identical to eager)"
+    assert st["2 ranks"]["label"] == "2 ranks (coincides with eager)"
+    assert st["graph"]["ls"] != "-" and st["2 ranks"]["ls"] != "-" and st["graph"]["ls"] != st["2 ranks"]["ls"]
+    assert min(st["graph"]["zorder"], st["2 ranks"]["zorder"]) > st["eager"]["zorder"]  # drawn over it
