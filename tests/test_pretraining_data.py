@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from bert_of.data import cli as data_cli
-from bert_of.data.create_pretraining import (PretrainingOptions, create_masked_lm_predictions,
-                                             create_pretraining_data, make_tokenizer, read_documents)
+from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data, make_tokenizer
+from bert_of.data.instances import KEEP, Instances, MaskingVocab, assemble, mask_positions
+from bert_of.data.text import read_corpus
+from bert_of.tokenization import FastTokenizer
 from bert_of.data.ofrecord import OFRecordWriter, decode_record, encode_record, iter_raw_records, iter_records
 from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
 
@@ -122,7 +124,8 @@ def test_reads_existing_oneflow_datasets(tmp_path, vocab):
         with open(tmp_path / f"part-{p}", "wb") as f:
             for i in range(5):
                 r = record_pb2.OFRecord()
-                row = {k: rng.integers(0, 900, 16 if "input" in k or k == "segment_ids" else 4)
+                top = {"input_ids": 900, "masked_lm_ids": 900, "masked_lm_positions": 16}  # values in range
+                row = {k: rng.integers(0, top.get(k, 2), 16 if "input" in k or k == "segment_ids" else 4)
                        for k in FEATURES if k not in ("masked_lm_weights", "next_sentence_labels")}
                 row["masked_lm_weights"] = rng.random(4).astype(np.float32)
                 row["next_sentence_labels"] = rng.integers(0, 2, 1)
@@ -195,7 +198,7 @@ def test_same_seed_same_bytes_for_any_worker_count(tmp_path):
     create_pretraining_data(inputs, VOCAB, tmp_path / "w3", workers=3, **opts)
     create_pretraining_data(inputs, VOCAB, tmp_path / "w2", workers=2, **opts)
     one, three, two = (file_bytes(tmp_path / d) for d in ("w1", "w3", "w2"))
-    assert one == three == two and len(one) == 4  # 3 parts + bert_of_data.json
+    assert one == three == two and len(one) == 5  # 3 parts + bert_of_data.json + vocab.txt
     other = PretrainingOptions(dupe_factor=3, random_seed=1)
     create_pretraining_data(inputs, VOCAB, tmp_path / "s1", options=other, num_parts=3, progress=False)
     assert file_bytes(tmp_path / "s1")["part-00000"] != one["part-00000"]
@@ -221,9 +224,9 @@ def test_records_have_googles_invariants(dataset, vocab):
     meta = json.load(open(os.path.join(dataset, "bert_of_data.json")))
     assert meta["num_records"] == len(recs) > 200 and sum(meta["records_per_part"]) == len(recs)
     # every document's token stream, to check that A and B (with masked_lm_ids put back) are real text
-    tok = make_tokenizer(VOCAB, True)
-    streams = [" " + " ".join(str(tok2id[t]) for s in d for t in s) + " " for d in read_documents([SAMPLE], tok)]
-    streams += [" " + " ".join(str(tok2id[t]) for s in d for t in s) + " " for d in read_documents([CLASSICS], tok)]
+    ids = FastTokenizer(make_tokenizer(VOCAB, True)).ids
+    streams = [" " + " ".join(str(t) for s in d for t in s) + " "
+               for path in (SAMPLE, CLASSICS) for d in read_corpus([path], ids).documents()]
     kinds = collections.Counter()
     nsp = []
     for r in recs:
@@ -258,16 +261,42 @@ def test_records_have_googles_invariants(dataset, vocab):
     assert 0.45 < np.mean(nsp) < 0.7, np.mean(nsp)
 
 
-def test_masked_lm_predictions_label_the_original_tokens(vocab):
+def test_masking_follows_googles_rules(vocab):
+    """mask_positions + assemble: count, sorted positions never on [CLS]/[SEP], 80/10/10 kinds,
+    labels = the original tokens, every other token untouched."""
     tok2id, _ = vocab
-    vocab_words = list(tok2id)
-    tok = make_tokenizer(VOCAB, True)
-    tokens = ["[CLS]"] + tok.tokenize(open(CLASSICS, encoding="utf-8").read())[:120] + ["[SEP]"]
+    words = list(tok2id.values())
+    masking = MaskingVocab(tok2id["[MASK]"], words)
+    ids = np.asarray(FastTokenizer(make_tokenizer(VOCAB, True)).ids(open(CLASSICS, encoding="utf-8").read())[:200],
+                     dtype=np.int32)
     rng = random.Random(3)
-    for _ in range(50):
-        out, pos, labels = create_masked_lm_predictions(tokens, PretrainingOptions(), vocab_words, rng)
-        assert labels == [tokens[p] for p in pos] and pos == sorted(pos) and len(pos) == 18
-        assert all(out[i] == tokens[i] for i in range(len(tokens)) if i not in set(pos))
+    la, lb, num = 70, 55, 19
+    rows, kinds = [], collections.Counter()
+    for _ in range(300):
+        masks = mask_positions(la, lb, num, rng, masking)
+        pos = [p for p, _ in masks]
+        assert len(masks) == num and pos == sorted(set(pos)) and not {0, la + 1, la + lb + 2} & set(pos)
+        kinds.update("mask" if new == tok2id["[MASK]"] else "keep" if new == KEEP else "random" for _, new in masks)
+        rows.append(masks)
+    total = sum(kinds.values())
+    assert abs(kinds["mask"] / total - 0.8) < 0.03 and abs(kinds["keep"] / total - 0.1) < 0.03, kinds
+    n = len(rows)
+    inst = Instances(np.zeros(n, np.int64), np.full(n, la), np.full(n, 100), np.full(n, lb), np.zeros(n, np.uint8),
+                     np.full(n, num), np.arange(n) * num, np.array([p for m in rows for p, _ in m], np.int32),
+                     np.array([x for m in rows for _, x in m], np.int32))
+    f = assemble(ids, inst, np.arange(n)[::-1], 128, 20, tok2id["[CLS]"], tok2id["[SEP]"])
+    plain = np.concatenate(([tok2id["[CLS]"]], ids[:la], [tok2id["[SEP]"]], ids[100:100 + lb], [tok2id["[SEP]"]]))
+    for r, masks in zip(range(n), rows[::-1]):
+        pos = np.array([p for p, _ in masks])
+        assert (f["masked_lm_positions"][r] == np.pad(pos, (0, 20 - num))).all()
+        assert (f["masked_lm_ids"][r, :num] == plain[pos]).all() and not f["masked_lm_ids"][r, num:].any()
+        assert (f["masked_lm_weights"][r] == [1.0] * num + [0.0] * (20 - num)).all()
+        row = f["input_ids"][r, :la + lb + 3]
+        untouched = np.setdiff1d(np.arange(la + lb + 3), pos)
+        assert (row[untouched] == plain[untouched]).all() and not f["input_ids"][r, la + lb + 3:].any()
+        for p, new in masks:
+            assert row[p] == (plain[p] if new == KEEP else new)
+    assert (f["segment_ids"][0] == [0] * (la + 2) + [1] * (lb + 1) + [0] * (128 - la - lb - 3)).all()
 
 
 def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path, vocab):
@@ -304,8 +333,8 @@ def test_document_reading_follows_googles_rules(tmp_path):
     p = tmp_path / "t.txt"
     p.write_bytes(b"The rain.\r\nGold ring.\r\n \r\n\r\nA star.\n\x07\nHe had\xc2\xa0gold.\r\n"
                   b"last line, no newline")
-    docs = read_documents([str(p)], tok)
-    assert [[" ".join(s) for s in d] for d in docs] == [
+    docs = read_corpus([str(p)], FastTokenizer(tok).ids).documents()
+    assert [[" ".join(tok.convert_ids_to_tokens(s)) for s in d] for d in docs] == [
         ["the rain .", "gold ring ."], ["a star .", "he had gold .", "last line , no n ##e ##w ##l ##i ##n ##e"]]
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\nnot \xff utf-8\n")
@@ -508,7 +537,7 @@ def test_failed_create_overwrites_nothing(dataset, tmp_path):
     assert file_bytes(out) == before
     r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", out, "--overwrite",
                  "--dupe-factor", 1, "--no-progress")
-    assert file_bytes(out) != before and sorted(os.listdir(out)) == ["bert_of_data.json", "part-00000"]
+    assert file_bytes(out) != before and sorted(os.listdir(out)) == ["bert_of_data.json", "part-00000", "vocab.txt"]
 
 
 def test_vocab_and_config_must_agree(tmp_path):
