@@ -324,6 +324,8 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
     opts.validate()
     if num_parts < 1:
         raise DataError(f"num_parts must be at least 1, got {num_parts}")
+    inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
+    vocab_file, output_dir = os.fspath(vocab_file), os.fspath(output_dir)
     files = expand_inputs(inputs)
     check_output_spares_inputs(output_dir, [p for arg in inputs for p in arg.split(",") if os.path.exists(p)]
                                + files)
