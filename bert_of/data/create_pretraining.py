@@ -423,20 +423,27 @@ def _run_jobs(jobs, vocab_file: str, opts: PretrainingOptions, max_line_chars: i
     import multiprocessing as mp
 
     # fork is cheap, but not safe once OneFlow's threads exist in this process.
-    ctx = mp.get_context("spawn" if "oneflow" in sys.modules else "fork")
+    method = "spawn" if "oneflow" in sys.modules else "fork"
+    ctx = mp.get_context(method)
     counter = ctx.Value("d", 0.0) if not bar.disable else None
-    with ctx.Pool(n_workers, initializer=_init_worker,
-                  initargs=(vocab_file, asdict(opts), max_line_chars, counter)) as pool:
-        results = pool.imap(_process, jobs, chunksize=1)
-        while True:
-            try:
-                item = results.next(timeout=0.2)
-            except mp.TimeoutError:
-                item = None
-            except StopIteration:
-                return
-            if counter is not None:
-                bar.n = min(bar.total, counter.value)
-                bar.refresh()
-            if item is not None:
-                yield item
+    init = (vocab_file, asdict(opts), max_line_chars, counter)
+    if method == "fork":  # forked workers inherit the tokenizer instead of each loading it
+        _init_worker(*init)
+    try:
+        with ctx.Pool(n_workers, initializer=_init_worker if method == "spawn" else None,
+                      initargs=init if method == "spawn" else ()) as pool:
+            results = pool.imap(_process, jobs, chunksize=1)
+            while True:
+                try:
+                    item = results.next(timeout=0.2)
+                except mp.TimeoutError:
+                    item = None
+                except StopIteration:
+                    return
+                if counter is not None:
+                    bar.n = min(bar.total, counter.value)
+                    bar.refresh()
+                if item is not None:
+                    yield item
+    finally:
+        _WORKER.clear()
