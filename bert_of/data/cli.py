@@ -168,7 +168,8 @@ def _add_commands(sub) -> None:
         "create-pretraining", help="text -> masked-LM/next-sentence OFRecord parts (Google's semantics)",
         description="Make BERT pretraining data as google-research/bert's create_pretraining_data.py does: "
                     "one sentence per line, blank lines between documents. Writes OFRecord part files "
-                    "part-00000 ... and bert_of_data.json into OUTPUT (atomically).")
+                    "part-00000 ..., vocab.txt (a copy of --vocab) and bert_of_data.json into OUTPUT "
+                    "(atomically). OUTPUT may not be, contain or lie inside an input.")
     c.add_argument("--input", nargs="+", action="extend", required=True, metavar="FILE",
                    help="text files (also comma-separated lists, glob patterns, directories); "
                         "repeat to add more (--input a.txt --input b.txt)")
