@@ -104,7 +104,7 @@ def truncate_pair(a_lo: int, a_hi: int, b_lo: int, b_hi: int, max_num_tokens: in
 def mask_positions(la: int, lb: int, num_to_predict: int, rng: random.Random, vocab: MaskingVocab,
                    subword: Optional[np.ndarray] = None):
     """Google's ``create_masked_lm_predictions`` for ``[CLS] A [SEP] B [SEP]`` with len(A) = la,
-    len(B) = lb: (sorted positions, replacement id or KEEP for each).
+    len(B) = lb: [(position, replacement id or KEEP)] sorted by position.
 
     ``subword``: bool [la + lb], whether each token of A then B starts with "##" (whole-word
     masking); None: every token is its own candidate.
@@ -117,11 +117,10 @@ def mask_positions(la: int, lb: int, num_to_predict: int, rng: random.Random, vo
     if subword is None:
         shuffle(positions, bits)  # Google shuffles [[i], ...]: the same permutation
         chosen = positions[:num_to_predict]
-        groups = None
     else:
-        starts = np.flatnonzero(~subword)
-        if not subword.size or subword[0]:  # the first candidate always opens a group
-            starts = np.concatenate(([0], starts[starts > 0]))
+        starts = np.flatnonzero(~subword)  # a word starts at every token not "##..."
+        if subword[0]:  # and at the first candidate, "##" or not (no word to join yet)
+            starts = np.concatenate(([0], starts))
         bounds = starts.tolist() + [len(positions)]
         groups = list(range(len(bounds) - 1))
         shuffle(groups, bits)
