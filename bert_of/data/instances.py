@@ -152,7 +152,8 @@ def create_instances(corpus: Corpus, max_seq_length: int, max_predictions_per_se
     the final shuffle is the caller's ``rng.shuffle`` of ``range(len(instances))``)."""
     D = corpus.num_documents
     sent = corpus.sentence_ends
-    doc_ends = corpus.document_ends.tolist()
+    ends = memoryview(np.ascontiguousarray(sent, dtype=np.int64))  # Python ints without per-document lists
+    doc_ends = memoryview(np.ascontiguousarray(corpus.document_ends, dtype=np.int64))
     ids = corpus.ids
     order = list(range(D))
     bits = rng.getrandbits
@@ -167,19 +168,16 @@ def create_instances(corpus: Corpus, max_seq_length: int, max_predictions_per_se
     for _ in range(dupe_factor):
         for di in range(D):
             d = order[di]
-            s0 = doc_ends[d]
-            bounds = sent[s0:doc_ends[d + 1] + 1].tolist()  # token offsets of the document's sentences
-            n_sent = len(bounds) - 1
+            g0, last = doc_ends[d], doc_ends[d + 1] - 1  # the document's sentences (corpus-wide numbers)
             target = max_num_tokens
             if random_() < short_seq_prob:
                 target = randint(2, max_num_tokens, bits)
-            first = 0  # the current chunk is sentences first..i
-            i = 0
-            while i < n_sent:
-                if i == n_sent - 1 or bounds[i + 1] - bounds[first] >= target:
+            first = i = g0  # the current chunk is sentences first..i
+            while i <= last:
+                if i == last or ends[i + 1] - ends[first] >= target:
                     n_chunk = i - first + 1
                     a_end = randint(1, n_chunk - 1, bits) if n_chunk >= 2 else 1
-                    a_lo, a_hi = bounds[first], bounds[first + a_end]
+                    a_lo, a_hi = ends[first], ends[first + a_end]
                     if n_chunk == 1 or random_() < 0.5:
                         is_random = 1
                         target_b = target - (a_hi - a_lo)
@@ -190,14 +188,14 @@ def create_instances(corpus: Corpus, max_seq_length: int, max_predictions_per_se
                         r = order[rdi]
                         r0, r1 = doc_ends[r], doc_ends[r + 1]
                         start = r0 + randint(0, r1 - r0 - 1, bits)
-                        b_lo = int(sent[start])
+                        b_lo = ends[start]
                         # sentences start.. until B reaches target_b (at least one), as Google's loop
                         k = int(np.searchsorted(sent, b_lo + target_b, side="left"))
-                        b_hi = int(sent[min(max(k, start + 1), r1)])
+                        b_hi = ends[min(max(k, start + 1), r1)]
                         i -= n_chunk - a_end  # the unused sentences go back into the stream
                     else:
                         is_random = 0
-                        b_lo, b_hi = a_hi, bounds[i + 1]
+                        b_lo, b_hi = a_hi, ends[i + 1]
                     a_lo, a_hi, b_lo, b_hi = truncate_pair(a_lo, a_hi, b_lo, b_hi, max_num_tokens, rng)
                     la, lb = a_hi - a_lo, b_hi - b_lo
                     num = min(max_predictions_per_seq, max(1, int(round((la + lb + 3) * masked_lm_prob))))
