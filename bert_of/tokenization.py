@@ -23,6 +23,12 @@ stay whole instead of being split into ``[``, ``cl``, ``##s``, ``]``
 (``keep_special_tokens=False`` restores Google's behaviour). HuggingFace's
 slow tokenizer cuts words at 100 characters; pass
 ``max_input_chars_per_word=100`` for id-for-id parity on such words.
+
+:class:`FastTokenizer` gives :class:`FullTokenizer`'s exact output for bulk text (pretraining
+data) about 20x faster, in C string operations plus a per-word cache; the classes above stay
+the reference it is tested against. (HuggingFace ``tokenizers``' BERT pipeline is not used: it
+disagrees with Google's rules on ~138,000 code points, private-use characters and punctuation
+added after its Unicode tables among them, and measured slower than ``FastTokenizer``.)
 """
 
 from __future__ import annotations
