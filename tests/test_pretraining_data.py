@@ -4,8 +4,8 @@ Real files throughout: tests/data/text/sample_text.txt (Google's sample) and
 tests/data/text/classics.txt (public-domain prose + UDHR article 1 in 9 languages);
 tests/data/text/vocab.txt is the subset of bert-base-uncased's vocabulary those texts
 use (plus every ASCII letter/digit and "##" letter/digit, so any ASCII word segments).
-google_golden.npz is the output of Google's own create_pretraining_data.py on them
-(tests/data/text/make_google_golden.py).
+google_golden.npz is the output of Google's own create_pretraining_data.py on them and on
+tests/data/text/hostile.txt (tests/data/text/make_google_golden.py).
 """
 
 import collections
@@ -148,7 +148,8 @@ def test_reads_existing_oneflow_datasets(tmp_path, vocab):
 
 def test_combined_mode_equals_googles_script_record_for_record(tmp_path):
     """--combine-files reproduces google-research/bert's create_pretraining_data.py exactly
-    (defaults; and whole-word masking, seq 64, 12 predictions, other probabilities and seed)."""
+    (defaults; whole-word masking, seq 64, 12 predictions, other probabilities and seed; and
+    hostile.txt, cased and uncased: controls, CJK, accents, 230-character words, CRLF, a BOM)."""
     sys.path.insert(0, TEXT)
     try:
         from make_google_golden import CASES, FEATURES as GF
