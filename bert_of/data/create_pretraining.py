@@ -228,9 +228,9 @@ class _SharedProgress:
         self.pending = 0.0
 
 
-def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, counter=None) -> None:
+def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, counter=None, tok=None) -> None:
     opts = PretrainingOptions(**opts_dict)
-    tok = make_tokenizer(vocab_file, opts.do_lower_case)
+    tok = tok or make_tokenizer(vocab_file, opts.do_lower_case)
     vocab = tok.vocab
     is_subword = None
     if opts.do_whole_word_mask:
@@ -332,7 +332,7 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
     check_output_spares_inputs(output_dir, [vocab_file], "vocabulary")
     if config:
         check_output_spares_inputs(output_dir, [config], "config")
-    make_tokenizer(vocab_file, opts.do_lower_case)  # fail early on a bad vocabulary
+    tok = make_tokenizer(vocab_file, opts.do_lower_case)  # fails early on a bad vocabulary
     if config:
         check_vocab_against_config(vocab_file, config, opts.max_seq_length)
 
@@ -356,7 +356,8 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
             bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                        disable=not progress, desc="create-pretraining", dynamic_ncols=True)
             k = 0
-            for index, path, count, stats in _run_jobs(jobs, vocab_file, opts, max_line_chars, n_workers, bar):
+            results = _run_jobs(jobs, vocab_file, tok, opts, max_line_chars, n_workers, bar)
+            for index, path, count, stats in results:
                 k = _deal(path, count, writers, k)  # round-robin over the parts, in a fixed global order
                 for key in totals:
                     totals[key] += stats[key]
@@ -407,10 +408,10 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
             "num_parts": num_parts, "seconds": seconds, **totals, "per_job": per_file}
 
 
-def _run_jobs(jobs, vocab_file: str, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
+def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
     """Job results in job order, whatever the number of workers; progress goes to ``bar``."""
     if n_workers == 1:
-        _init_worker(vocab_file, asdict(opts), max_line_chars)
+        _init_worker(vocab_file, asdict(opts), max_line_chars, tok=tok)
         if not bar.disable:
             _WORKER["report"] = lambda amount: bar.update(amount)
             _WORKER["report"].flush = lambda: None
@@ -428,7 +429,7 @@ def _run_jobs(jobs, vocab_file: str, opts: PretrainingOptions, max_line_chars: i
     counter = ctx.Value("d", 0.0) if not bar.disable else None
     init = (vocab_file, asdict(opts), max_line_chars, counter)
     if method == "fork":  # forked workers inherit the tokenizer instead of each loading it
-        _init_worker(*init)
+        _init_worker(*init, tok=tok)
     try:
         with ctx.Pool(n_workers, initializer=_init_worker if method == "spawn" else None,
                       initargs=init if method == "spawn" else ()) as pool:
