@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.data.reader import PretrainingDataset, read_meta
+from bert_of.data.reader import PretrainingDataset, dataset_vocab, read_meta
 from bert_of.errors import ConfigError
 from bert_of.fs import read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
@@ -30,19 +30,6 @@ from bert_of.training.runtime import Runtime
 from bert_of.training.state import prepare_run_dir, restore
 from bert_of.training.trainer import Trainer
 from bert_of.zoo.cli import main as zoo_main
-
-try:
-    from bert_of.data.reader import dataset_vocab
-except ImportError:  # TEMPORARY until the data branch (which adds dataset_vocab) is merged: delete then
-    def dataset_vocab(data_dir: str) -> str | None:
-        vocab = (read_meta(data_dir) or {}).get("vocab")
-        name = vocab.get("file") if isinstance(vocab, dict) else None
-        path = os.path.join(data_dir, name) if isinstance(name, str) and name == os.path.basename(name) else None
-        if not path or name in (".", "..") or not os.path.isfile(path):
-            return None
-        if vocab.get("sha256") and sha256_file(path) != vocab["sha256"]:
-            raise ConfigError(f"{path}: vocabulary changed since the data was made (SHA-256 differs)")
-        return path
 
 
 @dataclass(kw_only=True)

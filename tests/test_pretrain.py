@@ -3,7 +3,6 @@ graph, 2 ranks), the run landing in the zoo, plots, and bad input."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -11,7 +10,6 @@ import pytest
 
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
-from bert_of.fs import sha256_file
 from tests.conftest import ROOT, error_lines, run_cli
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
@@ -119,15 +117,9 @@ def test_bad_input_one_line(setup, tmp_path):
 
 
 def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tmp_path):
-    """The data keeps the vocab.txt it was made with beside its parts (recorded in bert_of_data.json):
-    pretrain takes it without --vocab. Piped, training progress is plain log lines (no carriage
-    returns)."""
-    data = tmp_path / "data"
-    shutil.copytree(setup["data"], data)
-    shutil.copyfile(VOCAB, data / "vocab.txt")
-    meta = json.loads((data / "bert_of_data.json").read_text())
-    meta["vocab"] = dict(meta.get("vocab") or {}, file="vocab.txt", sha256=sha256_file(VOCAB))
-    (data / "bert_of_data.json").write_text(json.dumps(meta))
+    """The data keeps the vocab.txt it was made with (bert_of.data.reader.dataset_vocab): pretrain
+    takes it without --vocab. Piped, training progress is plain log lines (no carriage returns)."""
+    data = setup["data"]
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "bert_of.cli", "pretrain", "--data", data, "-o", run, "--config",
                         setup["config"], "--steps", "4", "--batch-size", "8", "--log-every", "2", "--mode", "eager"],
