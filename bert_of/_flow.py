@@ -9,6 +9,7 @@ dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
 import ctypes
 import os
 import sys
+import tempfile
 
 _LIBS = (
     "nvidia/cublas/lib/libcublasLt.so.11",
@@ -53,10 +54,46 @@ def _choose_blas():
         os.environ["OPENBLAS_CORETYPE"] = "Haswell"
 
 
+_NOISE = (b"libibverbs not available, ibv_fork_init skipped",)
+
+
+def _load():
+    try:
+        import oneflow
+    except ImportError as e:  # Ctrl-C inside OneFlow's C++ start-up arrives as an ImportError
+        if str(e).startswith("KeyboardInterrupt"):
+            raise KeyboardInterrupt from None
+        raise
+    return oneflow
+
+
+def _import_oneflow():
+    """``import oneflow`` without the line its C++ start-up writes to stderr on every machine
+    without RDMA ("libibverbs not available, ibv_fork_init skipped": OneFlow only uses InfiniBand
+    for multi-node transfers, which this CPU/TCP setup never does). fd 2 goes to a temporary file
+    during the import; everything else written there is passed on unchanged, errors included."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to filter
+        return _load()
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            return _load()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().splitlines(keepends=True) if not ln.strip().startswith(_NOISE)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 _preload()
 _choose_blas()
 # glog's "CUDA driver version is insufficient" on CPU-only machines is noise.
 os.environ.setdefault("GLOG_minloglevel", "3")
-import oneflow as flow  # noqa: E402
+flow = _import_oneflow()
 
 __all__ = ["flow"]

@@ -1,8 +1,10 @@
 """``bert-of``: one command, subcommands for every job.
 
-    bert-of convert tf2of SRC DST [--verify] [--with-optimizer]
-    bert-of verify A B [--json REPORT]
+    bert-of convert tf2of SRC -o DST [--verify] [--with-optimizer]
+    bert-of verify A B [-o REPORT]
     bert-of inspect PATH [--json]
+
+The grammar every subcommand follows (flags, help, common options) is :mod:`bert_of.cli_grammar`.
 
 Errors in the user's input print one line and exit 1; nothing half-written is
 left behind (writers go through temp paths and renames). Anything unexpected is a
@@ -24,10 +26,12 @@ import time
 from bert_of.config import BertConfig
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.common import Options, summarize
-from bert_of.converters.convert import convert, detect, read
+from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
+from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
 from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write
+from bert_of.version import __version__
 
 
 def _err(msg: str) -> int:
@@ -38,7 +42,17 @@ def _err(msg: str) -> int:
 # --------------------------------------------------------------------------- convert
 
 
+def _destination(args) -> str:
+    """convert's DST: ``-o DST`` (the old positional DST still works)."""
+    if args.output and args.dst and args.output != args.dst:
+        raise BertOfError(f"two destinations: {args.dst} and --output {args.output}")
+    if not (args.output or args.dst):
+        raise BertOfError("no destination: pass -o/--output DST")
+    return args.output or args.dst
+
+
 def cmd_convert(args) -> int:
+    args.dst = _destination(args)
     opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
                    skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
                    numerics=args.numerics, no_meta=args.no_meta)
@@ -87,8 +101,8 @@ def cmd_verify(args) -> int:
                     reference_dtype=args.reference_dtype)
     text = format_report(report)
     print(text)
-    if args.json:
-        atomic_write(args.json, text + "\n")
+    if args.output:
+        atomic_write(args.output, text + "\n")
     if not report["ok"]:
         return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {args.tol:g}")
     return 0
@@ -155,51 +169,85 @@ def cmd_inspect(args) -> int:
 # --------------------------------------------------------------------------- main
 
 
+TOP_EXAMPLES = examples(
+    "bert-of convert tf2of uncased_L-12_H-768_A-12/ -o bert-base-of/ --verify   # Google TF1 -> bert_of, checked",
+    "bert-of zoo download bert-base-uncased                                     # a released checkpoint, verified",
+    "bert-of data create-pretraining --input corpus.txt --vocab vocab.txt -o data/",
+    "bert-of pretrain --data data/ --config bert_config.json -o run/ --nproc 2   # vocab: the data's",
+    "bert-of finetune squad --model bert-base-uncased --train train-v1.1.json -o squad-model/",
+    "bert-of eval squad --model squad-model/ --data dev-v1.1.json               # predict, score, record",
+    "bert-of results",
+    "",
+    "Every command: -q (errors only), -v (debug), --no-progress, --debug; `bert-of COMMAND --help` for more.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of", description="BERT checkpoints across TF1, OneFlow and friends, "
-                                "moved without changing a number.")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error "
-                   f"(also: {DEBUG_ENV}=1)")
+    p = argparse.ArgumentParser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
+                                description="BERT checkpoints across TF1, OneFlow, HuggingFace and Keras, moved "
+                                            "without changing a number; pretraining, fine-tuning and SQuAD/GLUE "
+                                            "scores on OneFlow.")
+    p.add_argument("--version", action="version", version=f"bert-of {__version__}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf, hf2of, lazy2of, h52of, ...",
-                       description="Convert a checkpoint between formats through canonical names.")
-    c.add_argument("direction", help="SRC2DST format pair, e.g. tf2of, of2tf")
-    c.add_argument("src", help="source checkpoint (directory or TF prefix)")
-    c.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
-    c.add_argument("--config", help="config file if not beside SRC (bert_config.json for tf)")
-    c.add_argument("--vocab", help="vocab.txt if not beside SRC")
+    c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf, hf2of, of2hf, lazy2of, h52of, ...",
+                       description="Convert a checkpoint between formats through canonical names. Formats: "
+                                   + "; ".join(f"{k} = {v}" for k, v in DESCRIPTIONS.items()) + ".",
+                       epilog=examples(
+                           "bert-of convert tf2of uncased_L-12_H-768_A-12/ -o bert-base-of/ --verify",
+                           "bert-of convert tf2of model.ckpt-100000 -o out/ --config bert_config.json "
+                           "--vocab vocab.txt --with-optimizer",
+                           "bert-of convert of2hf bert-base-of/ -o hf/          # + tokenizer_config.json",
+                           "bert-of convert h52hf tf_model_dir/ -o hf/ --dtype float16"))
+    c.add_argument("direction", metavar="DIRECTION", help="SRC2DST format pair: X2Y with X, Y among "
+                   + ", ".join(FORMATS) + " (e.g. tf2of, of2tf)")
+    c.add_argument("src", metavar="SRC", help="source checkpoint (directory, or a TF checkpoint prefix)")
+    c.add_argument("dst", nargs="?", help=argparse.SUPPRESS)  # the old positional DST
+    output_option(c, "destination directory (must not exist unless --overwrite)", metavar="DST")
+    c.add_argument("--config", metavar="FILE", help="config file if not beside SRC (bert_config.json for tf)")
+    c.add_argument("--vocab", metavar="FILE", help="vocab.txt if not beside SRC")
     c.add_argument("--with-optimizer", action="store_true", help="convert optimizer state and step too")
     c.add_argument("--skip-unknown", action="store_true", help="drop (and report) non-BERT tensors instead of failing")
-    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="cast floating tensors")
+    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                   help="cast floating tensors (default: keep each tensor's dtype)")
     c.add_argument("--numerics", choices=("tf1", "lazy", "hf"),
                    help="override the activation/LayerNorm-eps provenance recorded for the source")
     c.add_argument("--no-meta", action="store_true", help="of2lazy: oldest snapshot layout (no meta files)")
     c.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    c.add_argument("--verify", action="store_true", help="then check forward equality SRC vs DST")
-    c.add_argument("--tol", type=float, default=DEFAULT_TOL, help="verification tolerance (max |diff|)")
+    c.add_argument("--verify", action="store_true",
+                   help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
+    c.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="verification tolerance (max |diff|)")
     c.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
                    help="precision of the TF reference the tolerance applies to (both are reported)")
-    c.add_argument("-v", "--verbose", action="store_true", help="list every tensor in the report")
     c.set_defaults(fn=cmd_convert)
 
-    v = sub.add_parser("verify", help="forward equality of two checkpoints (eager + graph vs TF reference)")
-    v.add_argument("a")
-    v.add_argument("b")
-    v.add_argument("--tol", type=float, default=DEFAULT_TOL)
-    v.add_argument("--modes", default="eager,graph", help="bert_of modes to run (eager,graph)")
-    v.add_argument("--batch-size", type=int, default=3)
-    v.add_argument("--seq-len", type=int, default=None)
-    v.add_argument("--config", help="config for A if not beside it")
-    v.add_argument("--vocab", help="vocab for A if not beside it")
+    v = sub.add_parser("verify", help="forward equality of two checkpoints (eager + graph vs TF reference)",
+                       description="Run A and B on the same padded two-segment batch and compare every output. A "
+                                   "TF1 checkpoint runs through the TensorFlow reference (float64 and float32), "
+                                   "anything else through bert_of in eager and graph mode. Exit 1 above --tol.",
+                       epilog=examples("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
+                                       "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
+    v.add_argument("a", metavar="A", help="reference checkpoint (any format)")
+    v.add_argument("b", metavar="B", help="checkpoint to compare with A (any format)")
+    v.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
+    v.add_argument("--modes", default="eager,graph", help="bert_of modes to run, comma-separated (eager, graph)")
+    v.add_argument("--batch-size", type=int, default=3, metavar="N", help="rows of the test batch")
+    option(v, "--max-seq-length", old=("--seq-len",), type=int, default=None, metavar="N", dest="seq_len",
+           help="padded length of the test batch (default: 16, at most max_position_embeddings)")
+    v.add_argument("--config", metavar="FILE", help="config for A if not beside it")
+    v.add_argument("--vocab", metavar="FILE", help="vocab for A if not beside it")
     v.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
                    help="precision of the TF reference the tolerance applies to (both are reported)")
-    v.add_argument("--json", help="also write the JSON report here")
+    output_option(v, "also write the JSON report to this file", metavar="FILE", old=("--json",))
     v.set_defaults(fn=cmd_verify)
 
-    i = sub.add_parser("inspect", help="format, tensors, shapes, dtypes, parameter count")
-    i.add_argument("path")
-    i.add_argument("--json", action="store_true")
+    i = sub.add_parser("inspect", help="format, tensors, shapes, dtypes, parameter count",
+                       description="What a checkpoint in any format holds: its format, config (with the numerics "
+                                   "of its provenance), every tensor as bert_of reads it, the parameter count.",
+                       epilog=examples("bert-of inspect uncased_L-12_H-768_A-12/",
+                                       "bert-of inspect hf/ --json | jq .parameters"))
+    i.add_argument("path", metavar="PATH", help="checkpoint directory or TF checkpoint prefix (any format)")
+    i.add_argument("--json", action="store_true", help="print everything as JSON on stdout")
     i.set_defaults(fn=cmd_inspect)
 
     # Subcommands owned by other packages (zoo, eval, ...) register themselves.
@@ -208,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "bert_of.eval.finetune_cli", "bert_of.align.cli"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
-    return p
+    return finish(p)
 
 
 DEBUG_ENV = "BERT_OF_DEBUG"
@@ -224,6 +272,7 @@ def dispatch(args) -> int:
     else is a bug in bert_of: one line says so and how to see the traceback (``--debug`` or
     ``BERT_OF_DEBUG=1``, which re-raise)."""
     try:
+        configure(args)
         return args.fn(args)
     except BertOfError as e:
         return _err(" ".join(str(e).split("\n")))
@@ -264,7 +313,7 @@ def _take_debug(argv):
 def parse(parser: argparse.ArgumentParser, argv=None):
     """Parsed arguments; ``args.argv`` keeps the command line (``--nproc`` runs it again as ranks)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args = finish(parser).parse_args(argv)
     args.argv = argv
     return args
 

@@ -20,7 +20,6 @@ import errno
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import shutil
 import stat
@@ -28,8 +27,8 @@ import tempfile
 import time
 
 from bert_of.errors import BertOfError, OutputError
+from bert_of.progress import log
 
-log = logging.getLogger("bert_of")
 
 STAGING_MARK = ".bert_of-staging"  # inside every staging folder: who owns it
 _STAGE_TAG = ".tmp-"  # staging folders are named .<dst name>.tmp-<pid>-<random>

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import sys
 from dataclasses import fields, replace
 from typing import Optional
 
@@ -32,6 +31,7 @@ from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
+from bert_of.progress import log
 from bert_of.tensors import check_fit, check_role
 
 nn = flow.nn
@@ -322,8 +322,7 @@ class _PreTrained(nn.Module):
         model = cls(config)
         info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
         if info["missing"]:
-            print(f"bert-of: {path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}",
-                  file=sys.stderr)
+            log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}")
         model.loading_info = info
         model.vocab_file = ckpt.vocab_file
         model.eval()

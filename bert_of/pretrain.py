@@ -1,6 +1,6 @@
 """``bert-of pretrain``: OFRecord data -> a trained bert_of checkpoint (-> the zoo).
 
-    bert-of pretrain --data DATA --output RUN --config bert_config.json --steps 1000
+    bert-of pretrain --data DATA -o RUN --config bert_config.json --steps 1000
     bert-of pretrain ... --nproc 2               # 2 ranks, global tensors (graph or eager)
     bert-of pretrain ... --nproc 2 --ddp --mode eager
     bert-of pretrain ... --resume                # continue RUN exactly where it stopped
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.data.reader import PretrainingDataset, read_meta
+from bert_of.data.reader import PretrainingDataset, dataset_vocab, read_meta
 from bert_of.errors import ConfigError
-from bert_of.fs import read_json, write_json
+from bert_of.fs import read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
 from bert_of.training.loop import METRICS_NAME, fit
 from bert_of.training.optim import TrainConfig
@@ -87,21 +87,31 @@ class PretrainingBatches:
         self.dataset.load_state_dict(state)
 
 
+def _same_file(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b) or sha256_file(a) == sha256_file(b)
+
+
 def _model_config(opts: PretrainOptions, resume_from: str | None) -> tuple:
-    """(config, vocab file, initial tensors or None) of the model to train."""
+    """(config, vocab file, initial tensors or None) of the model to train. The vocabulary: --vocab,
+    else the run's (resume), else the one the data was made with, else the checkpoint's."""
+    data_vocab = dataset_vocab(opts.data)
     if resume_from:
         config = BertConfig.from_json_file(os.path.join(resume_from, "config.json"))
         vocab = os.path.join(resume_from, "vocab.txt")
-        return config, opts.vocab or (vocab if os.path.isfile(vocab) else None), None
+        return config, opts.vocab or (vocab if os.path.isfile(vocab) else data_vocab), None
     if opts.init_checkpoint:
         ck = load_checkpoint(resolve_for("--init-checkpoint", opts.init_checkpoint, vocab=opts.vocab).path)
-        return ck.config, opts.vocab or ck.vocab_file, ck.tensors
+        if not opts.vocab and data_vocab and ck.vocab_file and not _same_file(data_vocab, ck.vocab_file):
+            raise ConfigError(f"{opts.data} was made with another vocabulary than {opts.init_checkpoint}'s "
+                              f"({data_vocab} differs from {ck.vocab_file}): token ids would mean other words; "
+                              "pass --vocab to choose one anyway")
+        return ck.config, opts.vocab or data_vocab or ck.vocab_file, ck.tensors
     if opts.config:
         raw = read_json(opts.config, "model config")
         config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
             BertConfig.from_google_dict(raw, opts.config)
         config.provenance = "bert_of"
-        return config, opts.vocab, None
+        return config, opts.vocab or data_vocab, None
     raise ConfigError("pass --config (a new model), --init-checkpoint (continue one) or --resume")
 
 
@@ -113,8 +123,10 @@ def run(opts: PretrainOptions) -> int:
     config, vocab_file, tensors = _model_config(opts, resume_from)
     if opts.no_dropout:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
-    if vocab_file is None or not os.path.isfile(vocab_file):
-        raise ConfigError("no vocab.txt: pass --vocab")
+    if vocab_file is None:
+        raise ConfigError(f"no vocab.txt: {opts.data} does not record the one it was made with; pass --vocab")
+    if not os.path.isfile(vocab_file):
+        raise ConfigError(f"{vocab_file}: vocab file not found")
     with open(vocab_file, encoding="utf-8") as f:
         n_vocab = sum(1 for _ in f)
     if n_vocab > config.vocab_size:
@@ -136,7 +148,7 @@ def run(opts: PretrainOptions) -> int:
     seq_len = opts.seq_length or options.get("max_seq_length")
     max_pred = opts.max_predictions or options.get("max_predictions_per_seq")
     if not seq_len or not max_pred:
-        raise ConfigError(f"{opts.data}: no bert_of_data.json: pass --seq-length and --max-predictions")
+        raise ConfigError(f"{opts.data}: no bert_of_data.json: pass --max-seq-length and --max-predictions-per-seq")
     if seq_len > config.max_position_embeddings:
         raise ConfigError(f"{opts.data}: sequences of {seq_len} exceed max_position_embeddings "
                           f"{config.max_position_embeddings}")
@@ -165,7 +177,7 @@ def run(opts: PretrainOptions) -> int:
                              "metrics": os.path.join(opts.output, METRICS_NAME)}}
         meta_path = os.path.join(opts.output, "zoo_metadata.json")
         write_json(meta_path, meta)
-        return zoo_main(["add", final, "--name", opts.zoo_name, "--metadata", meta_path, "--force"])
+        return zoo_main(["add", final, "--name", opts.zoo_name, "--metadata", meta_path, "--overwrite"])
     return 0
 
 

@@ -26,8 +26,9 @@ from typing import Callable, Optional
 
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.fs import publishing
+from bert_of.fs import publishing, read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
+from bert_of.tokenization import read_vocab_lines
 
 
 @dataclass
@@ -114,6 +115,31 @@ def summarize(report: list, verbose: bool = False) -> str:
         else:
             lines.append(f"  dropped   {len(names)} tensors, e.g. {names[0]}, {names[-1]}  ({note})")
     return "\n".join(lines)
+
+
+def vocab_looks_cased(vocab) -> bool:
+    """A cased vocabulary (Google's cased models) holds capitalised whole words; an uncased one none."""
+    caps = sum(1 for t in vocab if t[:1].isupper() and not t.startswith("["))
+    return caps >= max(10, len(vocab) // 50)
+
+
+def lower_case_of(source: Source) -> bool:
+    """Whether text is lower-cased for this checkpoint: what its folder records (HF's
+    tokenizer_config.json, a fine-tuned bert_of folder's train_args.json, a ``do_lower_case``
+    config key), else what its vocabulary says (:func:`vocab_looks_cased`); True without one."""
+    recorded = source.config.extra.get("do_lower_case")
+    if isinstance(recorded, bool):
+        return recorded
+    folder = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
+    for name in ("tokenizer_config.json", "train_args.json"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            value = read_json(path, name, CheckpointError).get("do_lower_case")
+            if isinstance(value, bool):
+                return value
+    if source.vocab_file:
+        return not vocab_looks_cased(read_vocab_lines(source.vocab_file))
+    return True
 
 
 def cast_spec(spec: TensorSpec, producer: Callable, dtype: Optional[str]):

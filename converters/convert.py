@@ -6,6 +6,7 @@ Adding a format means one module in ``FORMATS``; no pairwise code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -13,6 +14,7 @@ import re
 from bert_of.errors import BertOfError, CheckpointError, OutputError
 from bert_of.fs import publishing
 from bert_of.converters.common import Options, Source, summarize
+from bert_of.progress import Progress
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
 FORMATS = {
@@ -65,6 +67,30 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
     return module(fmt or detect(path)).read(path, opts or Options())
 
 
+@contextlib.contextmanager
+def _counted(source: Source, desc: str):
+    """Progress of a conversion: the bytes of the tensors the writer has read (a bar on a terminal,
+    else a line every few seconds of a long conversion)."""
+    items = {"tensors": source.tensors, "optimizer": source.optimizer}
+    total = sum(s.nbytes for group in items.values() for s, _ in group)
+    with Progress(desc, total=total, unit="B", unit_scale=True) as bar:
+        def counting(spec, produce):
+            def produce_counted():
+                arr = produce()
+                bar.update(spec.nbytes)
+                return arr
+            produce_counted.checked = getattr(produce, "checked", False)
+            return produce_counted
+
+        for key, group in items.items():
+            setattr(source, key, [(s, counting(s, p)) for s, p in group])
+        try:
+            yield
+        finally:
+            for key, group in items.items():
+                setattr(source, key, group)
+
+
 def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
     """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
 
@@ -80,7 +106,8 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     stage = None
     try:
         with publishing(dst, overwrite=opts.overwrite) as stage:
-            notes = module(b).write_files(source, stage, opts) or []
+            with _counted(source, direction):
+                notes = module(b).write_files(source, stage, opts) or []
             if check is not None:
                 check(stage)
     except OutputError as e:  # name the file as the user will know it, not its staging path

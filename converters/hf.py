@@ -50,14 +50,19 @@ import numpy as np
 from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config, copy_file, write_safetensors
 from bert_of.config import HF_ACT, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import read_json, writes_to
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
+from bert_of.fs import read_json, write_json, writes_to
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, lower_case_of, write_with
 from bert_of.converters.mapping import Table
 from bert_of.converters.torch_zip import TorchZipFile
+from bert_of.tokenization import read_vocab_lines
 
 NAME = "hf"
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                  "mask_token": "[MASK]"}
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PT_BIN = "pytorch_model.bin"
@@ -552,4 +557,20 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     if source.vocab_file:
         copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
+        _write_tokenizer_files(source, d)
     return notes
+
+
+def _write_tokenizer_files(source: Source, d: str) -> None:
+    """tokenizer_config.json and special_tokens_map.json as transformers' BertTokenizer saves them,
+    so AutoTokenizer lower-cases exactly when the checkpoint's own tokenizer does (its default
+    would lower-case a cased model's text)."""
+    vocab = set(read_vocab_lines(source.vocab_file))
+    specials = {k: t for k, t in SPECIAL_TOKENS.items() if t in vocab}
+    cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case_of(source), "do_basic_tokenize": True,
+           "never_split": None, "tokenize_chinese_chars": True, "strip_accents": None,
+           "model_max_length": source.config.max_position_embeddings, "clean_up_tokenization_spaces": True,
+           **specials}
+    for name, obj in ((TOKENIZER_CONFIG_FILE, cfg), (SPECIAL_TOKENS_FILE, specials)):
+        with writes_to(os.path.join(d, name)):
+            write_json(os.path.join(d, name), obj)

@@ -16,6 +16,7 @@ import numpy as np
 from bert_of.converters import tf1
 from bert_of.converters.common import Options
 from bert_of.converters.convert import detect, read
+from bert_of.progress import Progress
 
 DEFAULT_TOL = 1e-5
 
@@ -111,6 +112,10 @@ def _diffs(ref: dict, outs: dict) -> dict:
     return {k: max_abs_diff(ref[k], outs[k]) for k in ref if k in outs}
 
 
+def _runs_of(fmt: str, modes) -> str:
+    return "TF reference, float64 + float32" if fmt == "tf" else "bert_of " + " + ".join(modes)
+
+
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
            seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64") -> dict:
     """Run both sides on one batch and compare every bert_of run to the reference.
@@ -124,12 +129,20 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
     """
     opts = opts or Options()
     fa, fb = detect(a), detect(b)
-    # Both sides read (and checked) before anything runs: a broken B fails before A's work.
-    src_a = checked_tf(a, opts) if fa == "tf" else read(a, fa, Options(vocab=opts.vocab, config=opts.config))
-    src_b = checked_tf(b, Options()) if fb == "tf" else read(b, fb, Options())
-    batch = make_batch(src_a.config, batch_size, seq_len)
-    runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts, src_a).items()}
-    runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options(), src_b).items()})
+    with Progress("verify: reading A", total=4, unit="stage") as bar:
+        # Both sides read (and checked) before anything runs: a broken B fails before A's work.
+        src_a = checked_tf(a, opts) if fa == "tf" else read(a, fa, Options(vocab=opts.vocab, config=opts.config))
+        bar.describe("verify: reading B")
+        bar.update(1)
+        src_b = checked_tf(b, Options()) if fb == "tf" else read(b, fb, Options())
+        batch = make_batch(src_a.config, batch_size, seq_len)
+        bar.describe(f"verify: running A ({_runs_of(fa, modes)})")
+        bar.update(1)
+        runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts, src_a).items()}
+        bar.describe(f"verify: running B ({_runs_of(fb, modes)})")
+        bar.update(1)
+        runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options(), src_b).items()})
+        bar.update(1)
     tf_runs = [k for k in runs if ":tf-" in k]
     ref_key = next((k for k in tf_runs if k.endswith(reference_dtype)), next(iter(runs)))
     ours = [k for k in runs if k != ref_key and ":tf-" not in k]

@@ -1,6 +1,6 @@
 """``bert-of eval ...`` and ``bert-of results``.
 
-    bert-of eval squad-score DATA.json PREDICTIONS.json [--na-prob-file F] [--na-prob-thresh T]
+    bert-of eval squad-score --data DATA.json --predictions PREDICTIONS.json [--na-prob-file F] [-t T]
     bert-of eval glue-score --task T --data dev.tsv --predictions preds.tsv
     bert-of eval squad --model NAME_OR_DIR --data dev.json      (predict + score + record)
     bert-of eval glue --model NAME_OR_DIR --task T --data dev.tsv
@@ -14,12 +14,14 @@ and appends a record to the results store (``--no-record`` skips it); notes go t
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
 import sys
 
 from bert_of.cli import dispatch, parse
+from bert_of.cli_grammar import examples, option, output_option
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.finetune_cli import add_eval_commands
@@ -28,6 +30,8 @@ from bert_of.eval.glue import (TASK_CHOICES, compute_metrics, read_examples, rea
 from bert_of.eval.results import (append_result, checkpoint_identity, file_identity, format_table, load_published,
                                   load_results, make_record, select)
 from bert_of.eval.squad_metrics import squad_score
+from bert_of.fs import atomic_write
+from bert_of.progress import log
 
 
 def _parse_hparams(items) -> dict:
@@ -44,11 +48,22 @@ def _parse_hparams(items) -> dict:
 
 
 def _checkpoint(args):
-    if args.checkpoint:
-        return checkpoint_identity(args.checkpoint, name=args.model)
-    if args.model:
-        return {"name": args.model, "path": None, "format": None, "sha256": None}
+    """The record's model: --model's folder (hashed) or name, labelled --name."""
+    if args.model and os.path.exists(args.model):
+        return checkpoint_identity(args.model, name=args.name)
+    if args.model or args.name:
+        return {"name": args.name or args.model, "path": None, "format": None, "sha256": None}
     return None
+
+
+def _one(args, flag: str, dest: str, positional: str | None = None) -> str:
+    """A required file given as a flag (or, squad-score, positionally as the official scripts take it)."""
+    value, pos = getattr(args, dest), getattr(args, positional, None) if positional else None
+    if value and pos and value != pos:
+        raise BertOfError(f"{flag} {value} and a positional {pos}: give it once")
+    if not (value or pos):
+        raise BertOfError(f"{flag} is required")
+    return value or pos
 
 
 def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_path: str, tool: str,
@@ -58,27 +73,26 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
     rec = make_record(task, metrics, split=split, checkpoint=_checkpoint(args), hparams=_parse_hparams(args.hparam),
                       data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
     path = append_result(rec, args.results)
-    print(f"recorded in {path}", file=sys.stderr)
+    log.info(f"recorded in {path}")
 
 
 # --------------------------------------------------------------------------- commands
 
 
 def cmd_squad_score(args) -> int:
-    if args.version is not None and args.version not in ("1.1", "2.0"):
-        raise BertOfError(f"--version {args.version!r}: expected 1.1 or 2.0")
+    args.data = _one(args, "--data", "data", "data_pos")
+    args.predictions = _one(args, "--predictions", "predictions", "pred_pos")
     score = squad_score(args.data, args.predictions, na_prob_file=args.na_prob_file,
                         na_prob_thresh=args.na_prob_thresh, version=args.version,
                         ignore_unknown_ids=args.ignore_unknown_ids, check_spans=not args.skip_span_check)
     for note in score.notes:
-        print(note, file=sys.stderr)
+        log.info(note)
     if score.version == "1.1":
         text = json.dumps(score.result)
     else:
         text = json.dumps(score.result, indent=2)
-    if args.out_file:
-        with open(args.out_file, "w") as f:
-            json.dump(score.result, f)
+    if args.output:
+        atomic_write(args.output, json.dumps(score.result))
     else:
         print(text)
     settings = {"missing_predictions": len(score.missing)}
@@ -99,8 +113,7 @@ def cmd_glue_score(args) -> int:
     metrics = {}
     for k, v in compute_metrics(args.task, [e.label for e in examples], preds).items():
         if math.isnan(v):  # e.g. Pearson of constant predictions
-            print(f"note: {k} is undefined for these predictions (constant values); reported as null",
-                  file=sys.stderr)
+            log.warning(f"note: {k} is undefined for these predictions (constant values); reported as null")
             metrics[k] = None
         else:
             metrics[k] = 100.0 * v
@@ -115,12 +128,25 @@ def cmd_glue_score(args) -> int:
     return 0
 
 
+def _check_task(task: str, records: list) -> None:
+    """An unknown --task is an error (a typo would print an empty table)."""
+    known = {"squad-v1.1", "squad-v2.0", *(result_task_name(t, "") for t in TASK_CHOICES), "mnli-m", "mnli-mm"}
+    known |= {r.get("task") for r in records}
+    if task in known or task.startswith("xnli-"):
+        return
+    close = difflib.get_close_matches(task, sorted(k for k in known if k), n=1)
+    raise BertOfError(f"--task {task!r}: unknown task" + (f" (did you mean {close[0]}?)" if close else "")
+                      + f"; known: {', '.join(sorted(k for k in known if k))}")
+
+
 def cmd_results(args) -> int:
     records = []
     if not args.published_only:
         records += load_results(args.results)
     if not args.measured_only:
         records += load_published()
+    if args.task:
+        _check_task(args.task, records)
     records = select(records, task=args.task)
     print(format_table(records, args.format))
     return 0
@@ -134,10 +160,24 @@ def _add_record_options(p) -> None:
     g.add_argument("--results", metavar="FILE",
                    help="results store (default: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
     g.add_argument("--no-record", action="store_true", help="do not append this evaluation to the results store")
-    g.add_argument("--checkpoint", metavar="PATH", help="checkpoint that produced the predictions (hashed)")
-    g.add_argument("--model", metavar="NAME", help="model name for the table (default: checkpoint directory name)")
+    option(g, "--model", old=("--checkpoint",), metavar="NAME_OR_DIR",
+           help="the checkpoint that produced the predictions: a folder is hashed into the record, "
+                "anything else is recorded as a name")
+    g.add_argument("--name", metavar="NAME", help="the model's name in the table (default: --model's folder name)")
     g.add_argument("--hparam", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter to record (repeatable; VALUE parsed as JSON when it is)")
+
+
+def _data_and_predictions(p, data_meta: str, pred_meta: str, legacy_positionals: bool) -> None:
+    """``--data`` and ``--predictions`` (squad-score also takes them as positionals, the official
+    scripts' order)."""
+    p.add_argument("--data", required=not legacy_positionals, metavar=data_meta,
+                   help="the labeled data file the predictions answer")
+    p.add_argument("--predictions", required=not legacy_positionals, metavar=pred_meta,
+                   help="the predictions file to score")
+    if legacy_positionals:
+        p.add_argument("data_pos", nargs="?", help=argparse.SUPPRESS)
+        p.add_argument("pred_pos", nargs="?", help=argparse.SUPPRESS)
 
 
 def add_parser(subparsers):
@@ -146,20 +186,35 @@ def add_parser(subparsers):
     Returns the ``eval`` command's own subparsers so later commands (``eval squad --model``)
     can join it.
     """
-    e = subparsers.add_parser("eval", help="score SQuAD / GLUE predictions (official-equivalent metrics)",
-                              description="Score predictions; every evaluation is appended to the results store.")
+    e = subparsers.add_parser("eval", help="evaluate a model on SQuAD / GLUE, or score predictions (official "
+                                           "metrics)",
+                              description="Evaluate a model on a labeled file (eval squad / eval glue: predict, "
+                                          "score, record) or score predictions made elsewhere (squad-score, "
+                                          "glue-score). Every evaluation is appended to the results store.",
+                              epilog=examples("bert-of eval squad --model squad-model/ --data dev-v1.1.json",
+                                              "bert-of eval glue --model mrpc-model/ --data MRPC/dev.tsv",
+                                              "bert-of eval squad-score --data dev-v1.1.json --predictions "
+                                              "predictions.json",
+                                              "bert-of results --task squad-v1.1"))
     esub = e.add_subparsers(dest="eval_command", required=True, metavar="EVAL_COMMAND")
 
     s = esub.add_parser("squad-score", help="drop-in for the official SQuAD evaluate-v1.1.py / evaluate-v2.0.py",
                         description="Score predictions.json like the official SQuAD script of the data file's "
-                                    "version; prints the same JSON object on stdout.")
-    s.add_argument("data", metavar="DATA.json", help="SQuAD v1.1 or v2.0 data file (dev-v1.1.json, dev-v2.0.json)")
-    s.add_argument("predictions", metavar="PREDICTIONS.json", help="question id -> answer text")
+                                    "version; prints the same JSON object on stdout.",
+                        epilog=examples(
+                            "bert-of eval squad-score --data dev-v1.1.json --predictions predictions.json",
+                            "bert-of eval squad-score --data dev-v2.0.json --predictions predictions.json "
+                            "--na-prob-file null_odds.json",
+                            "bert-of eval squad-score dev-v1.1.json predictions.json   # the official scripts' order",
+                            "bert-of eval squad-score --data dev-v1.1.json --predictions p.json --model squad-model/ "
+                            "--name my-bert"))
+    _data_and_predictions(s, "DATA.json", "PREDICTIONS.json", legacy_positionals=True)
     s.add_argument("--na-prob-file", "-n", metavar="F", help="v2.0: question id -> probability of no answer")
     s.add_argument("--na-prob-thresh", "-t", type=float, default=1.0, metavar="T",
-                   help='v2.0: predict "" if the no-answer probability exceeds this (default 1.0)')
-    s.add_argument("--out-file", "-o", metavar="F", help="write the JSON here instead of stdout")
-    s.add_argument("--version", help="score as 1.1 or 2.0 regardless of the data file's version field")
+                   help='v2.0: predict "" if the no-answer probability exceeds this')
+    output_option(s, "write the JSON here instead of stdout", metavar="FILE", old=("--out-file",))
+    option(s, "--squad-version", old=("--version",), dest="version", choices=("1.1", "2.0"),
+           help="score as 1.1 or 2.0 regardless of the data file's version field")
     s.add_argument("--ignore-unknown-ids", action="store_true",
                    help="ignore prediction ids that are not in the data (default: error)")
     s.add_argument("--skip-span-check", action="store_true",
@@ -170,10 +225,13 @@ def add_parser(subparsers):
     g = esub.add_parser("glue-score", help="score GLUE / XNLI predictions against a labeled TSV",
                         description="Metrics: CoLA Matthews; MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; "
                                     "accuracy elsewhere (percent). Predictions: one label per line, or a GLUE "
-                                    "submission file (header 'index<TAB>prediction').")
+                                    "submission file (header 'index<TAB>prediction').",
+                        epilog=examples("bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions "
+                                        "preds/predictions.tsv",
+                                        "bert-of eval glue-score --task xnli --language de --data xnli.dev.tsv "
+                                        "--predictions p.tsv"))
     g.add_argument("--task", required=True, metavar="T", help=f"one of {', '.join(TASK_CHOICES)}")
-    g.add_argument("--data", required=True, metavar="dev.tsv", help="labeled TSV in the task's official layout")
-    g.add_argument("--predictions", required=True, metavar="preds.tsv")
+    _data_and_predictions(g, "dev.tsv", "preds.tsv", legacy_positionals=False)
     g.add_argument("--language", help="XNLI: score only this language's rows (e.g. zh)")
     _add_record_options(g)
     g.set_defaults(fn=cmd_glue_score)
@@ -181,10 +239,12 @@ def add_parser(subparsers):
     add_eval_commands(esub)  # eval squad / eval glue: run a model, then score and record
 
     r = subparsers.add_parser("results", help="the results table (measured and published)",
-                              description="Print the results store with the published reference numbers.")
+                              description="Print the results store with the published reference numbers.",
+                              epilog=examples("bert-of results", "bert-of results --task squad-v1.1 --format csv",
+                                              "bert-of results --measured-only --format json"))
     r.add_argument("--results", metavar="FILE", help="results store (default $BERT_OF_HOME/results.jsonl)")
-    r.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown")
-    r.add_argument("--task", help="only this task (e.g. squad-v1.1, mrpc)")
+    r.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown", help="table format")
+    r.add_argument("--task", help="only this task (e.g. squad-v1.1, squad-v2.0, mrpc, mnli-m, xnli-de)")
     which = r.add_mutually_exclusive_group()
     which.add_argument("--measured-only", action="store_true", help="leave out the published reference rows")
     which.add_argument("--published-only", action="store_true", help="only the published reference rows")

@@ -19,7 +19,6 @@ import csv
 import hashlib
 import io
 import json
-import logging
 import os
 import platform
 import shutil
@@ -27,8 +26,8 @@ import subprocess
 
 from bert_of.eval.errors import ResultsError
 from bert_of.fs import append_jsonl, bert_of_home, read_json, read_jsonl, sha256_file, utc_now
+from bert_of.progress import log
 
-log = logging.getLogger("bert_of")
 
 SCHEMA = 1
 PUBLISHED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "published.json")

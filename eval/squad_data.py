@@ -25,7 +25,6 @@ import collections
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -34,6 +33,7 @@ import numpy as np
 from bert_of.eval._basic_tokenizer import BasicTokenizer
 from bert_of.eval.errors import EvalDataError
 from bert_of.fs import atomic_write, read_json
+from bert_of.progress import log, progress_iter
 
 # --------------------------------------------------------------------------- reading the JSON
 
@@ -248,7 +248,7 @@ def read_squad_examples(source, is_training: bool, version_2_with_negative: bool
     v2 = sd.is_v2 if version_2_with_negative is None else version_2_with_negative
     if warn is None:
         def warn(msg):
-            print(f"warning: {msg}", file=sys.stderr)
+            log.warning(msg)
     examples = []
     for article in sd.data:
         for p in article["paragraphs"]:
@@ -370,7 +370,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, ma
         raise EvalDataError(f"doc_stride must be positive, got {doc_stride}")
     features = []
     unique_id = unique_id_start
-    for example_index, ex in enumerate(examples):
+    for example_index, ex in enumerate(progress_iter(examples, "SQuAD features", unit="question")):
         query_tokens = list(tokenizer.tokenize(ex.question_text))[:max_query_length]
 
         tok_to_orig_index = []

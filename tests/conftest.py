@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from bert_of.progress import setup_logging
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Odd sizes on purpose: a transposed or mislabelled dimension cannot hide.
@@ -13,6 +15,13 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_he
             intermediate_size=37, hidden_act="gelu", hidden_dropout_prob=0.1,
             attention_probs_dropout_prob=0.1, max_position_embeddings=40, type_vocab_size=3,
             initializer_range=0.02)
+
+
+@pytest.fixture(autouse=True)
+def notes_on_stderr():
+    """Library notes go to the bert_of logger; tests see them on stderr as a `bert-of` command shows
+    them (capsys), at the default level whatever an earlier in-process command set."""
+    setup_logging(0)
 
 
 @pytest.fixture

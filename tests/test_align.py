@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("align")
-    rc = cli.main(["all", "--steps", str(STEPS), "--size", "tiny", "--out", str(out), "--quiet"])
+    rc = cli.main(["all", "--steps", str(STEPS), "--size", "tiny", "--output", str(out), "--quiet"])
     with open(out / "summary.json") as f:
         summary = json.load(f)
     reports = {}
@@ -57,6 +57,10 @@ def test_reduced_suite_passes_and_writes_reports(suite):
             assert c["passed"] and c["max_rel_diff_first_10"] <= 1e-5, (name, c["other"])
     md = (out / "README.md").read_text()
     assert all(f"[{name}.png]({name}.png)" in md for name in reports)
+    # --replot redraws the plots from the reports alone
+    before = {name: (out / f"{name}.png").stat().st_mtime_ns for name in reports}
+    assert cli.main(["all", "-o", str(out), "--replot"]) == 0
+    assert all((out / f"{name}.png").stat().st_mtime_ns > before[name] for name in reports)
     assert not [p for p in os.listdir(out) if p.startswith(".work") or ".tmp" in p]  # nothing half-written
 
 
@@ -111,7 +115,7 @@ def test_amp_is_skipped_on_cpu_with_the_reason(suite):
 
 def test_a_different_learning_rate_fails_through_the_cli(tmp_path):
     """The check has teeth: graph trained with lr x 1.01 is not 'the same training'."""
-    r = run_cli("align", "eager-graph", "--steps", 8, "--size", "tiny", "--out", tmp_path,
+    r = run_cli("align", "eager-graph", "--steps", 8, "--size", "tiny", "-o", tmp_path,
                 "--perturb-lr", "0.01", check=False)
     assert r.returncode == 1, r.stdout + r.stderr
     rep = json.loads((tmp_path / "eager-graph.json").read_text())
@@ -163,7 +167,7 @@ def test_list_and_unknown_experiment(capsys):
     assert cli.main(["list"]) == 0
     listed = capsys.readouterr().out
     assert "1 eager-graph" in listed and "8 amp" in listed
-    assert cli.main(["nine", "--out", "/nonexistent/never-written"]) == 1
+    assert cli.main(["nine", "-o", "/nonexistent/never-written"]) == 1
     assert "unknown experiment 'nine'" in capsys.readouterr().err
     with pytest.raises(align_data.AlignError, match="unknown experiment 'nine'"):
         plans.resolve_experiments(["nine"])

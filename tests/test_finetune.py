@@ -124,7 +124,7 @@ def squad(env):
     before = json.loads(out.strip().splitlines()[-1])
     ft = str(env.root / "squad-ft")
     r = run_cli("finetune", "squad", "--model", env.base, "--train", TRAIN11, "--output", ft, *LENGTHS,
-                "--batch-size", 32, "--max-steps", 40, "--lr", 3e-3, "--log-every", 10, "--eval-data", DEV11)
+                "--batch-size", 32, "--steps", 40, "--lr", 3e-3, "--log-every", 10, "--eval-data", DEV11)
     after = json.loads(r.stdout.strip().splitlines()[-1])
     print(f"\nSQuAD v1.1 fixture, tiny BERT: untrained head EM {before['exact_match']:.2f} F1 {before['f1']:.2f}"
           f" -> fine-tuned EM {after['exact_match']:.2f} F1 {after['f1']:.2f}")
@@ -238,7 +238,7 @@ def test_squad_v2_finetune_predict_and_null_odds(env, tmp_path):
     ft = tmp_path / "v2"
     store = tmp_path / "v2.jsonl"
     out, err = ok("finetune", "squad", "--model", env.base, "--train", TRAIN20, "--output", ft, *LENGTHS,
-                  "--batch-size", 16, "--max-steps", 12, "--lr", 3e-3, "--mode", "eager", "--eval-data", DEV20,
+                  "--batch-size", 16, "--steps", 12, "--lr", 3e-3, "--mode", "eager", "--eval-data", DEV20,
                   "--results", store)
     assert "finetune squad-v2.0: 12 examples" in err
     res = json.loads(out[out.index("{"):])
@@ -271,7 +271,7 @@ def test_finetune_glue_lifts_accuracy(env, tmp_path):
     before = json.loads(out)["accuracy"]
     ft = tmp_path / "sst2"
     r = run_cli("finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--output", ft,
-                "--max-seq-length", 32, "--batch-size", 10, "--max-steps", 30, "--lr", 1e-3, "--log-every", 10,
+                "--max-seq-length", 32, "--batch-size", 10, "--steps", 30, "--lr", 1e-3, "--log-every", 10,
                 "--eval-data", SST_TRAIN)
     after = json.loads(r.stdout[r.stdout.index("{"):])
     print(f"\nSST-2 fixture (20 sentences, memorised): accuracy {before:.1f} -> {after['accuracy']:.1f}")
@@ -288,10 +288,10 @@ def test_finetune_glue_lifts_accuracy(env, tmp_path):
     assert f"| sst2 | accuracy {after['accuracy']:.2f} | measured |" in out
 
     # a test file (no labels): predict writes a GLUE submission file; the task comes from train_args.json
-    preds = tmp_path / "SST-2.tsv"
-    ok("predict", "glue", "--model", ft, "--data", os.path.join(GL, "sst-2-test.tsv"), "--output", preds,
+    preds = tmp_path / "SST-2"
+    ok("predict", "glue", "--model", ft, "--data", os.path.join(GL, "sst-2-test.tsv"), "-o", preds,
        "--mode", "eager")
-    lines = preds.read_text().splitlines()
+    lines = (preds / "predictions.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and [l.split("\t")[0] for l in lines[1:]] == ["0", "1"]
     assert all(l.split("\t")[1] in ("0", "1") for l in lines[1:])
     rc, _, err = cli("eval", "glue", "--model", ft, "--data", os.path.join(GL, "sst-2-test.tsv"), "--mode", "eager")
@@ -304,7 +304,7 @@ def test_stsb_trains_a_regression_head(env, tmp_path):
     dev = os.path.join(GL, "sts-b-dev.tsv")
     # (no dropout: six pairs are too few for the tiny model to get past predicting their mean otherwise)
     out, _ = ok("finetune", "glue", "--task", "sts-b", "--model", env.base_nodrop, "--train", dev, "--output", ft,
-                "--max-seq-length", 32, "--batch-size", 6, "--max-steps", 25, "--lr", 2e-3, "--mode", "eager",
+                "--max-seq-length", 32, "--batch-size", 6, "--steps", 25, "--lr", 2e-3, "--mode", "eager",
                 "--eval-data", dev, "--no-record")
     res = json.loads(out[out.index("{"):])
     assert res["task"] == "sts-b" and res["pearson"] > 50  # 6 pairs, memorised
@@ -312,10 +312,10 @@ def test_stsb_trains_a_regression_head(env, tmp_path):
 
     ck = load_checkpoint(str(ft))
     assert ck.config.num_labels == 1 and ck.tensors["classifier.weight"].shape == (1, 32)
-    preds = tmp_path / "STS-B.tsv"
-    ok("predict", "glue", "--model", ft, "--data", os.path.join(GL, "sts-b-test.tsv"), "--output", preds,
+    preds = tmp_path / "STS-B"
+    ok("predict", "glue", "--model", ft, "--data", os.path.join(GL, "sts-b-test.tsv"), "-o", preds,
        "--mode", "eager")
-    vals = [float(l.split("\t")[1]) for l in preds.read_text().splitlines()[1:]]
+    vals = [float(l.split("\t")[1]) for l in (preds / "predictions.tsv").read_text().splitlines()[1:]]
     assert len(vals) == 2 and all(np.isfinite(vals))
     # a regression head cannot serve a two-class task
     rc, _, err = cli("eval", "glue", "--task", "sst-2", "--model", ft, "--data", SST_TRAIN)
@@ -346,7 +346,7 @@ def test_eager_and_graph_finetune_agree(env, tmp_path):
     results = {}
     for mode in ("eager", "graph"):
         ok("finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN, "--output",
-           tmp_path / mode, "--max-seq-length", 32, "--batch-size", 10, "--max-steps", 6, "--lr", 1e-3,
+           tmp_path / mode, "--max-seq-length", 32, "--batch-size", 10, "--steps", 6, "--lr", 1e-3,
            "--warmup-proportion", 0.5, "--clip-grad-norm", 0.5, "--mode", mode, "--no-record")
         results[mode] = (json.load(open(tmp_path / mode / "train_args.json")), load_checkpoint(str(tmp_path / mode)))
     (ea, ec), (ga, gc) = results["eager"], results["graph"]
@@ -408,7 +408,7 @@ def test_two_ranks_train_like_one(env, tmp_path):
     tensors: parameters broadcast, batch split over the ranks) takes the same steps as one process. Eager
     here to keep the test short; the graph path is the same code with global inputs (checked by hand)."""
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN,
-            "--max-seq-length", 32, "--batch-size", 10, "--max-steps", 4, "--lr", 1e-3, "--no-record",
+            "--max-seq-length", 32, "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--no-record",
             "--mode", "eager"]
     ok(*base, "--output", tmp_path / "one")
     e = dict(os.environ, PYTHONPATH=ROOT)
@@ -445,7 +445,7 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
     from bert_of.checkpoint import load_checkpoint
 
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
-            "--batch-size", 10, "--max-steps", 6, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
+            "--batch-size", 10, "--steps", 6, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
     ok(*base, "--output", tmp_path / "a", "--run-dir", tmp_path / "run-a", "--save-every", 3)
     ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--stop-after", 3)
     assert not os.path.exists(tmp_path / "b")  # "killed" after step 3: nothing published
@@ -474,7 +474,7 @@ def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
     """`bert-of finetune ... --nproc 2` relaunches itself under OneFlow's launcher (graph mode, global
     tensors) and trains like one process; `predict --nproc 2` writes the same predictions."""
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN,
-            "--max-seq-length", 32, "--batch-size", 10, "--max-steps", 4, "--lr", 1e-3, "--no-record",
+            "--max-seq-length", 32, "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--no-record",
             "--mode", "graph"]
     ok(*base, "--output", tmp_path / "one")
     run_cli(*base, "--output", tmp_path / "two", "--nproc", 2)
@@ -489,6 +489,7 @@ def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
     for name, t in a.tensors.items():
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
     pred = ["predict", "glue", "--model", tmp_path / "one", "--data", SST_TRAIN, "--mode", "graph"]
-    ok(*pred, "--output", tmp_path / "p1.tsv")
-    run_cli(*pred, "--output", tmp_path / "p2.tsv", "--nproc", 2)
-    assert (tmp_path / "p1.tsv").read_text() == (tmp_path / "p2.tsv").read_text()
+    ok(*pred, "-o", tmp_path / "p1")
+    r = run_cli(*pred, "--output", tmp_path / "p2.tsv", "--nproc", 2)  # the old meaning (a file) still works
+    assert "a file name is deprecated" in r.stderr
+    assert (tmp_path / "p1" / "predictions.tsv").read_text() == (tmp_path / "p2.tsv").read_text()

@@ -80,7 +80,7 @@ def of_dirs(root):
     """Each fixture converted once with the real CLI."""
     out = {}
     for name in FIXTURES:
-        r = run_cli("convert", "h52of", root / name, root / f"{name}-of", "--vocab", root / "vocab.txt")
+        r = run_cli("convert", "h52of", root / name, "-o", root / f"{name}-of", "--vocab", root / "vocab.txt")
         out[name] = (root / f"{name}-of", r.stdout)
     return out
 
@@ -122,7 +122,7 @@ def test_wrong_numerics_are_visible(root):
 
 
 def test_verify_h5_against_of(root, of_dirs, tmp_path):
-    r = run_cli("verify", root / "pretraining", of_dirs["pretraining"][0], "--json", tmp_path / "r.json")
+    r = run_cli("verify", root / "pretraining", of_dirs["pretraining"][0], "-o", tmp_path / "r.json")
     report = json.loads((tmp_path / "r.json").read_text())
     assert r.returncode == 0 and report["ok"] and report["a"]["format"] == "h5" and report["b"]["format"] == "of"
     assert set(report["max_abs_diff"]) == {"A:graph", "B:eager", "B:graph"}
@@ -139,13 +139,13 @@ def test_round_trip_h5_of_h5_is_bit_exact(root, of_dirs, tmp_path, name):
               "qa": "55 source tensors: 55 mapped"}
     assert counts[name] in stdout
     if name == "qa":  # TFBertForQuestionAnswering has no pooler: zeros fill bert_of's, said in the report
-        r = run_cli("convert", "h52of", root / "qa", tmp_path / "qa-of", "--vocab", root / "vocab.txt", "-v")
+        r = run_cli("convert", "h52of", root / "qa", "-o", tmp_path / "qa-of", "--vocab", root / "vocab.txt", "-v")
         assert "qa_outputs.weight  (transposed; no pooler in the source (TFBertForQuestionAnswering has none)" \
             in r.stdout
         from bert_of.checkpoint import load_safetensors
         pooler = load_safetensors(str(of / "model.safetensors"))["bert.pooler.dense.weight"]
         assert pooler.shape == (32, 32) and not pooler.any()
-    r = run_cli("convert", "of2h5", of, tmp_path / "back")
+    r = run_cli("convert", "of2h5", of, "-o", tmp_path / "back")
     a, b = describe(root / name / "tf_model.h5"), describe(tmp_path / "back" / "tf_model.h5")
     assert list(a) == list(b)
     for k in a:
@@ -161,7 +161,7 @@ def test_round_trip_h5_of_h5_is_bit_exact(root, of_dirs, tmp_path, name):
 
 def test_classifier_round_trip_keeps_every_weight(root, of_dirs, tmp_path):
     """HF's own file lists a weightless dropout_NN layer (its name is a Keras counter); we write none."""
-    run_cli("convert", "of2h5", of_dirs["classifier"][0], tmp_path / "back")
+    run_cli("convert", "of2h5", of_dirs["classifier"][0], "-o", tmp_path / "back")
     a, b = describe(root / "classifier" / "tf_model.h5"), describe(tmp_path / "back" / "tf_model.h5")
     dropout = [k for k in a if k.startswith("dropout_")]
     assert len(dropout) == 1 and a[dropout[0]]["weight_names"][2] == []
@@ -173,11 +173,11 @@ def test_classifier_round_trip_keeps_every_weight(root, of_dirs, tmp_path):
 
 def test_h5_tf_h5_through_the_hub(root, tmp_path):
     """h52tf --verify (bert_of on the h5 vs the TF reference on what we wrote), then tf2h5: bit-exact."""
-    r = run_cli("convert", "h52tf", root / "pretraining", tmp_path / "tf", "--vocab", root / "vocab.txt", "--verify")
+    r = run_cli("convert", "h52tf", root / "pretraining", "-o", tmp_path / "tf", "--vocab", root / "vocab.txt", "--verify")
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["ok"] and report["reference"] == "B:tf-float64" and report["worst"] <= 1e-5
     exp = expected("pretraining")
-    run_cli("convert", "tf2h5", tmp_path / "tf", tmp_path / "h5")
+    run_cli("convert", "tf2h5", tmp_path / "tf", "-o", tmp_path / "h5")
     a, b = describe(root / "pretraining" / "tf_model.h5"), describe(tmp_path / "h5" / "tf_model.h5")
     assert a == b
     assert json.loads((tmp_path / "h5" / "config.json").read_text()) == \
@@ -209,13 +209,13 @@ def test_fp16_kept_through_the_round_trip_unless_dtype(root, tmp_path):
     from bert_of.checkpoint import SafetensorsFile
 
     src = _fp16_copy(str(root / "pretraining"), str(tmp_path / "fp16"))
-    run_cli("convert", "h52of", src, tmp_path / "of", "--vocab", root / "vocab.txt")
+    run_cli("convert", "h52of", src, "-o", tmp_path / "of", "--vocab", root / "vocab.txt")
     with SafetensorsFile(str(tmp_path / "of" / "model.safetensors")) as f:
         assert {str(f.dtype(k)) for k in f.keys()} == {"float16"}
-    run_cli("convert", "of2h5", tmp_path / "of", tmp_path / "back")
+    run_cli("convert", "of2h5", tmp_path / "of", "-o", tmp_path / "back")
     a, b = describe(os.path.join(src, "tf_model.h5")), describe(tmp_path / "back" / "tf_model.h5")
     assert {k: v for k, v in a.items() if k != "/"} == {k: v for k, v in b.items() if k != "/"}
-    run_cli("convert", "of2h5", tmp_path / "of", tmp_path / "f32", "--dtype", "float32")
+    run_cli("convert", "of2h5", tmp_path / "of", "-o", tmp_path / "f32", "--dtype", "float32")
     with h5py.File(os.path.join(src, "tf_model.h5"), "r") as a, h5py.File(tmp_path / "f32" / "tf_model.h5", "r") as b:
         k = "bert/tf_bert_for_pre_training/bert/encoder/layer_._2/output/dense/kernel:0"
         assert b[k].dtype == np.float32 and np.array_equal(b[k][()], a[k][()].astype(np.float32))
@@ -284,7 +284,7 @@ def test_keras_loads_h5_written_from_a_tf1_checkpoint(tmp_path):
                         with_optimizer=True, global_step=7)
     (d / "bert_config.json").write_text(json.dumps(TINY))
     write_vocab(d / "vocab.txt", TINY["vocab_size"])
-    r = run_cli("convert", "tf2h5", d, tmp_path / "h5", "--with-optimizer")
+    r = run_cli("convert", "tf2h5", d, "-o", tmp_path / "h5", "--with-optimizer")
     assert "optimizer state is not representable in HF Keras h5" in r.stdout
     n_opt = sum(1 for n in tf1_bundle.read_index(str(d / "bert_model.ckpt")) if n.endswith(("adam_m", "adam_v")))
     assert f"{n_opt + 1} optimizer tensor(s) not written" in r.stdout  # + global_step
@@ -382,7 +382,7 @@ def test_bad_input_one_line_nonzero_no_output(root, tmp_path, case):
     out = tmp_path / "out"
     out.mkdir()
     vocab = [] if case == "missing vocab" else ["--vocab", root / "vocab.txt"]
-    r = run_cli("convert", "h52of", src, out / "of", *vocab, check=False)
+    r = run_cli("convert", "h52of", src, "-o", out / "of", *vocab, check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1, r.stdout + r.stderr
     assert len(lines) == 1 and lines[0].startswith("bert-of: error: "), lines
@@ -391,10 +391,10 @@ def test_bad_input_one_line_nonzero_no_output(root, tmp_path, case):
 
 
 def test_of2h5_refuses_bfloat16_and_leaves_nothing(of_dirs, tmp_path):
-    run_cli("convert", "of2of", of_dirs["bare"][0], tmp_path / "bf16", "--dtype", "bfloat16")
+    run_cli("convert", "of2of", of_dirs["bare"][0], "-o", tmp_path / "bf16", "--dtype", "bfloat16")
     out = tmp_path / "out"
     out.mkdir()
-    r = run_cli("convert", "of2h5", tmp_path / "bf16", out / "h5", check=False)
+    r = run_cli("convert", "of2h5", tmp_path / "bf16", "-o", out / "h5", check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1 and len(lines) == 1 and "--dtype float32" in lines[0], lines
     assert os.listdir(out) == []

@@ -146,8 +146,39 @@ def reference():
 @pytest.fixture(scope="module")
 def tiny_of(tmp_path_factory):
     dst = tmp_path_factory.mktemp("of") / "tiny"
-    run_cli("convert", "hf2of", TINY_PT, dst)
+    run_cli("convert", "hf2of", TINY_PT, "-o", dst)
     return dst
+
+
+# --------------------------------------------------------------------------- tokenizer files
+
+
+SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]"}
+
+
+def test_of2hf_writes_tokenizer_files_that_keep_the_case(tmp_path, tiny_of):
+    """AutoTokenizer reads do_lower_case from tokenizer_config.json and lower-cases without one: a
+    cased checkpoint must say so. The answer comes from what the folder records, else the vocabulary."""
+    def tokenizer_config(src, dst):
+        run_cli("convert", "of2hf", src, "-o", tmp_path / dst)
+        assert json.loads((tmp_path / dst / "special_tokens_map.json").read_text()) == SPECIALS
+        return json.loads((tmp_path / dst / "tokenizer_config.json").read_text())
+
+    cfg = tokenizer_config(tiny_of, "uncased")  # w0 w1 ...: no capitalised words
+    assert cfg == dict(SPECIALS, tokenizer_class="BertTokenizer", do_lower_case=True, do_basic_tokenize=True,
+                       never_split=None, tokenize_chinese_chars=True, strip_accents=None, model_max_length=40,
+                       clean_up_tokenization_spaces=True)
+    cased = tmp_path / "cased-of"
+    shutil.copytree(tiny_of, cased)
+    words = (cased / "vocab.txt").read_text().splitlines()
+    (cased / "vocab.txt").write_text("\n".join(w if w.startswith("[") else w.capitalize() for w in words) + "\n")
+    assert tokenizer_config(cased, "cased")["do_lower_case"] is False  # a cased vocabulary
+    (cased / "train_args.json").write_text(json.dumps({"task": "squad-v1.1", "do_lower_case": True}))
+    assert tokenizer_config(cased, "recorded")["do_lower_case"] is True  # what fine-tuning used wins
+    back = tmp_path / "again"  # hf -> hf: the HF folder's own tokenizer_config.json is the record
+    run_cli("convert", "hf2hf", tmp_path / "recorded", "-o", back)
+    assert json.loads((back / "tokenizer_config.json").read_text())["do_lower_case"] is True
 
 
 # --------------------------------------------------------------------------- forward equality vs HF torch
@@ -165,7 +196,7 @@ def test_hf2of_reproduces_hf_torch_outputs_eager_and_graph(tiny_of, reference):
 
 def test_numerics_override_changes_the_function(tmp_path, reference):
     """--numerics tf1 = tanh GELU: on these realistic weights that is visibly not what HF computes."""
-    run_cli("convert", "hf2of", TINY_PT, tmp_path / "of", "--numerics", "tf1")
+    run_cli("convert", "hf2of", TINY_PT, "-o", tmp_path / "of", "--numerics", "tf1")
     cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_tanh"
     out = run_forward(tmp_path / "of", reference, modes=("eager",))["eager"]
@@ -185,10 +216,10 @@ def test_bin_restricted_loader_equals_safetensors(tmp_path):
         b = ref[tied.get(k, k)]
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), k
     # the CLI: same bert_of checkpoint from either file; tied tensors reported as dropped
-    r = run_cli("convert", "hf2of", TINY_BIN, tmp_path / "from_bin", "--vocab", os.path.join(TINY_PT, "vocab.txt"))
+    r = run_cli("convert", "hf2of", TINY_BIN, "-o", tmp_path / "from_bin", "--vocab", os.path.join(TINY_PT, "vocab.txt"))
     assert "64 source tensors: 2 dropped, 62 mapped" in r.stdout
     assert "cls.predictions.decoder.weight  (tied to the word embeddings, equal" in r.stdout
-    run_cli("convert", "hf2of", TINY_PT, tmp_path / "from_st")
+    run_cli("convert", "hf2of", TINY_PT, "-o", tmp_path / "from_st")
     assert_same_tensors(st(tmp_path / "from_bin"), st(tmp_path / "from_st"))
 
 
@@ -208,13 +239,13 @@ def test_round_trip_hf_of_hf_bit_exact(tmp_path, name):
                                 {"architectures": ["BertModel"]}),
         "mlm": lambda: variant(tmp_path / "src", mlm_head, {"architectures": ["BertForMaskedLM"]}),
     }[name]()
-    run_cli("convert", "hf2of", src, tmp_path / "of")
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
     of_cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     if name == "classifier3":
         assert of_cfg["num_labels"] == 3
     if name == "qa_no_pooler":  # filled so bert_of's backbone is complete; QA never reads it
         assert not st(tmp_path / "of")["bert.pooler.dense.weight"].any()
-    r = run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    r = run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     assert "error" not in r.stdout
     assert_same_tensors(st(src), st(tmp_path / "back"))
     with open(os.path.join(src, "config.json")) as a, open(tmp_path / "back" / "config.json") as b:
@@ -226,19 +257,19 @@ def test_round_trip_hf_of_hf_bit_exact(tmp_path, name):
 
 def test_tied_and_buffer_tensors_checked_and_dropped(tmp_path):
     src = variant(tmp_path / "src", with_tied)
-    r = run_cli("convert", "hf2of", src, tmp_path / "of")
+    r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
     assert "65 source tensors: 3 dropped, 62 mapped" in r.stdout
     assert "bert.embeddings.position_ids  (buffer" in r.stdout
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     assert_same_tensors(st(TINY_PT), st(tmp_path / "back"))  # written as transformers writes: no tied copies
 
 
 def test_old_layernorm_names_read(tmp_path):
     src = variant(tmp_path / "src", old_names)
-    run_cli("convert", "hf2of", src, tmp_path / "of")
-    run_cli("convert", "hf2of", TINY_PT, tmp_path / "ref")
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
+    run_cli("convert", "hf2of", TINY_PT, "-o", tmp_path / "ref")
     assert_same_tensors(st(tmp_path / "of"), st(tmp_path / "ref"))
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")  # written with today's names
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")  # written with today's names
     assert_same_tensors(st(TINY_PT), st(tmp_path / "back"))
 
 
@@ -254,8 +285,8 @@ def test_sharded_safetensors_index(tmp_path):
         {"metadata": {"total_size": 0}, "weight_map": {k: fn for fn, keys in shards.items() for k in keys}}))
     for f in ("config.json", "vocab.txt"):
         shutil.copy(os.path.join(TINY_PT, f), src)
-    run_cli("convert", "hf2of", src, tmp_path / "of")
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     assert_same_tensors(t, st(tmp_path / "back"))
 
 
@@ -298,11 +329,11 @@ def test_half_dtypes_kept_unless_dtype(tmp_path, dtype):
 
     np_dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     src = variant(tmp_path / "src", lambda t: {k: v.astype(np_dt) for k, v in t.items()}, {"dtype": dtype})
-    run_cli("convert", "hf2of", src, tmp_path / "of")
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
     assert {v.dtype for v in st(tmp_path / "of").values()} == {np_dt}
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     assert_same_tensors(st(src), st(tmp_path / "back"))
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "f32", "--dtype", "float32")
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "f32", "--dtype", "float32")
     back = st(tmp_path / "f32")
     assert {v.dtype for v in back.values()} == {np.dtype("float32")}
     assert json.loads((tmp_path / "f32" / "config.json").read_text())["dtype"] == "float32"
@@ -312,10 +343,10 @@ def test_half_dtypes_kept_unless_dtype(tmp_path, dtype):
 
 def test_hf_tf_hf_through_the_hub(tmp_path):
     """hf2tf then tf2hf: every tensor bit-exact, config.json identical, erf GELU recorded in between."""
-    run_cli("convert", "hf2tf", TINY_PT, tmp_path / "tf")
+    run_cli("convert", "hf2tf", TINY_PT, "-o", tmp_path / "tf")
     google = json.loads((tmp_path / "tf" / "bert_config.json").read_text())
     assert google["hidden_act"] == "gelu" and google["bert_of_hidden_act"] == "gelu_erf"
-    run_cli("convert", "tf2hf", tmp_path / "tf", tmp_path / "back")
+    run_cli("convert", "tf2hf", tmp_path / "tf", "-o", tmp_path / "back")
     assert_same_tensors(st(TINY_PT), st(tmp_path / "back"))
     with open(os.path.join(TINY_PT, "config.json")) as a:
         assert a.read() == (tmp_path / "back" / "config.json").read_text()
@@ -323,9 +354,9 @@ def test_hf_tf_hf_through_the_hub(tmp_path):
 
 def test_hidden_act_spelling_round_trips(tmp_path):
     src = variant(tmp_path / "src", config={"hidden_act": "gelu_pytorch_tanh"})
-    run_cli("convert", "hf2of", src, tmp_path / "of")
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
     assert json.loads((tmp_path / "of" / "config.json").read_text())["hidden_act"] == "gelu_tanh"
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     assert json.loads((tmp_path / "back" / "config.json").read_text())["hidden_act"] == "gelu_pytorch_tanh"
 
 
@@ -352,7 +383,7 @@ def test_minilm_cosine_and_round_trip(tmp_path):
     from bert_of.tokenization import FullTokenizer
 
     src = minilm_dir()
-    r = run_cli("convert", "hf2of", src, tmp_path / "of")
+    r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
     assert "104 source tensors: 1 dropped, 103 mapped" in r.stdout  # embeddings.position_ids buffer
     model = BertModel.from_pretrained(str(tmp_path / "of"))
     tok = FullTokenizer(model.vocab_file, do_lower_case=True)
@@ -368,7 +399,7 @@ def test_minilm_cosine_and_round_trip(tmp_path):
     cos = float(emb[0] @ emb[1])
     assert abs(cos - 0.7553) < 5e-4, cos
 
-    run_cli("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     orig = st(src)
     assert orig.pop("embeddings.position_ids").tolist() == [list(range(512))]  # a buffer, not written back
     assert_same_tensors(orig, st(tmp_path / "back"))
@@ -411,7 +442,7 @@ def test_malicious_pickle_refused_nothing_executed(tmp_path, payload):
     shutil.copy(os.path.join(TINY_PT, "vocab.txt"), src)
     _torch_zip(src / "pytorch_model.bin", pkl)
     (tmp_path / "out").mkdir()
-    line = fails("convert", "hf2of", src, tmp_path / "out" / "of", needle="refusing to unpickle global",
+    line = fails("convert", "hf2of", src, "-o", tmp_path / "out" / "of", needle="refusing to unpickle global",
                  out_parent=tmp_path / "out")
     want = {"os.system": ("os.system", "posix.system"), "builtins.eval": ("builtins.eval",),
             "nested in a state dict": ("os.system", "posix.system"), "torch.load": ("torch.load",)}[payload]
@@ -425,7 +456,7 @@ def test_legacy_torch_pickle_refused(tmp_path):
     shutil.copy(os.path.join(TINY_PT, "config.json"), src)
     (src / "pytorch_model.bin").write_bytes(pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2) + b"junk")
     (tmp_path / "out").mkdir()
-    fails("convert", "hf2of", src, tmp_path / "out" / "of", needle="legacy (pre-1.6, non-zip) PyTorch pickle",
+    fails("convert", "hf2of", src, "-o", tmp_path / "out" / "of", needle="legacy (pre-1.6, non-zip) PyTorch pickle",
           out_parent=tmp_path / "out")
 
 
@@ -522,17 +553,17 @@ def test_bad_input_one_line_nonzero_no_output(tmp_path, case):
     src = shutil.copytree(TINY_PT, tmp_path / "src")
     breaker(str(src))
     (tmp_path / "out").mkdir()
-    fails("convert", "hf2of", src, tmp_path / "out" / "of", needle=needle, out_parent=tmp_path / "out")
+    fails("convert", "hf2of", src, "-o", tmp_path / "out" / "of", needle=needle, out_parent=tmp_path / "out")
 
 
 def test_skip_unknown_drops_and_reports(tmp_path):
     src = shutil.copytree(TINY_PT, tmp_path / "src")
     _unknown_tensor(str(src))
-    r = run_cli("convert", "hf2of", src, tmp_path / "of", "--skip-unknown")
+    r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of", "--skip-unknown")
     assert "63 source tensors: 1 dropped, 62 mapped" in r.stdout and "distance_embedding" in r.stdout
 
 
 def test_of_dir_is_not_read_as_hf(tiny_of, tmp_path):
     (tmp_path / "out").mkdir()
-    fails("convert", "hf2of", tiny_of, tmp_path / "out" / "x", needle="this is a bert_of config.json",
+    fails("convert", "hf2of", tiny_of, "-o", tmp_path / "out" / "x", needle="this is a bert_of config.json",
           out_parent=tmp_path / "out")

@@ -236,7 +236,7 @@ def test_safetensors_the_library_accepts_are_accepted(src, tmp_path):
     _st_text(edit)(d)
     with SafetensorsFile(p) as f:
         assert f.metadata == {} and f.get(LN_GAMMA).shape == (8,)
-    rc, _, err = inproc("convert", "hf2of", d, tmp_path / "of")
+    rc, _, err = inproc("convert", "hf2of", d, "-o", tmp_path / "of")
     assert rc == 0, err
 
 
@@ -378,7 +378,7 @@ def test_from_pretrained_refuses_a_config_that_does_not_fit(src, tmp_path):
     needle = "is layer 1 but the config has num_hidden_layers 1"
     with pytest.raises(CheckpointError, match=needle):
         BertModel.from_pretrained(d)
-    rc, _, err = inproc("convert", "of2hf", d, tmp_path / "hf")
+    rc, _, err = inproc("convert", "of2hf", d, "-o", tmp_path / "hf")
     one_line(rc, err, needle)
     one_layer = hi.SMALL.__class__(**{**hi.SMALL.to_dict(), "num_hidden_layers": 1})
     with pytest.raises(CheckpointError, match=needle):
@@ -393,12 +393,12 @@ def test_convert_verify_failure_publishes_nothing(src, tmp_path):
     with 1e-5: verification fails, so DST never appears, and an existing DST stays as it was."""
     out = tmp_path / "out"
     out.mkdir()
-    r = run_cli("convert", "lazy2of", src["lazy"], out / "dst", "--verify", "--numerics", "tf1", check=False)
+    r = run_cli("convert", "lazy2of", src["lazy"], "-o", out / "dst", "--verify", "--numerics", "tf1", check=False)
     one_line(r.returncode, r.stderr, "verification failed: max |diff|", out)
     assert '"ok": false' in r.stdout
-    run_cli("convert", "lazy2of", src["lazy"], out / "dst")
+    run_cli("convert", "lazy2of", src["lazy"], "-o", out / "dst")
     before = {n: (out / "dst" / n).read_bytes() for n in os.listdir(out / "dst")}
-    r = run_cli("convert", "lazy2of", src["lazy"], out / "dst", "--verify", "--numerics", "tf1", "--overwrite",
+    r = run_cli("convert", "lazy2of", src["lazy"], "-o", out / "dst", "--verify", "--numerics", "tf1", "--overwrite",
                 check=False)
     assert r.returncode == 1 and "not written" in error_lines(r.stderr)[0]
     assert {n: (out / "dst" / n).read_bytes() for n in os.listdir(out / "dst")} == before
@@ -409,7 +409,7 @@ def test_kill_9_leaves_a_staging_folder_the_next_write_removes(src, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "convert", "of2hf", src["of"], out / "dst", "--verify"],
+    p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "convert", "of2hf", src["of"], "-o", out / "dst", "--verify"],
                          env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -424,7 +424,7 @@ def test_kill_9_leaves_a_staging_folder_the_next_write_removes(src, tmp_path):
         p.wait()
     assert p.returncode == -signal.SIGKILL, "finished before the kill: the test did not test anything"
     assert os.listdir(out) == staged and os.path.isfile(out / staged[0] / ".bert_of-staging")
-    rc, _, err = inproc("convert", "of2hf", src["of"], out / "other")  # the next write into the same parent
+    rc, _, err = inproc("convert", "of2hf", src["of"], "-o", out / "other")  # the next write into the same parent
     assert rc == 0, err
     assert os.listdir(out) == ["other"]
 
@@ -440,7 +440,7 @@ def test_job_name_from_metadata_cannot_name_a_path(src, tmp_path):
                      metadata={"optimizer": "adamw", "lazy_job_name": "../../../escaped"})
     out = tmp_path / "out"
     out.mkdir()
-    rc, _, err = inproc("convert", "of2lazy", d, out / "snap", "--with-optimizer")
+    rc, _, err = inproc("convert", "of2lazy", d, "-o", out / "snap", "--with-optimizer")
     one_line(rc, err, "lazy_job_name '../../../escaped' is not a job name", out)
     assert not any("escaped" in n for n in os.listdir(tmp_path)) and not os.path.exists(tmp_path.parent / "escaped")
 
@@ -531,9 +531,9 @@ def test_hf_config_extra_keys_and_nulls(src, tmp_path):
                 "transformers_version": "4.57.1", "use_cache": True, "pad_token_id": 0, "torch_dtype": "float32",
                 "gradient_checkpointing": False, "model_type": None, "num_labels": None, "bos_token_id": None})
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
-    rc, _, err = inproc("convert", "hf2of", d, tmp_path / "of")
+    rc, _, err = inproc("convert", "hf2of", d, "-o", tmp_path / "of")
     assert rc == 0, err
-    rc, _, err = inproc("convert", "of2hf", tmp_path / "of", tmp_path / "back")
+    rc, _, err = inproc("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
     back = json.load(open(tmp_path / "back" / "config.json"))
     assert rc == 0 and back["classifier_dropout"] is None and back["_name_or_path"] == "someone/bert", err
 
@@ -545,7 +545,7 @@ def test_google_config_as_modeling_py_reads_it(src, tmp_path):
     cfg.update({"hidden_act": "GELU", "hidden_dropout_prob": None, "num_labels": None})
     cfg.pop("bert_of_hidden_act", None)  # bert_of's own exact name would take precedence
     json.dump(cfg, open(os.path.join(d, "bert_config.json"), "w"))
-    rc, _, err = inproc("convert", "tf2of", d, tmp_path / "of")
+    rc, _, err = inproc("convert", "tf2of", d, "-o", tmp_path / "of")
     assert rc == 0, err
     got = json.load(open(tmp_path / "of" / "config.json"))
     assert got["hidden_act"] == "gelu_tanh" and got["hidden_dropout_prob"] == 0.0 and got["num_labels"] == 2

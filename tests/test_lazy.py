@@ -224,7 +224,7 @@ def test_lazy_of_lazy_bit_exact_with_optimizer(snaps, tmp_path):
     src = snaps["adam"]
     n = len(_vars(src))
     n_model = sum(1 for k in _vars(src) if not _is_optimizer(k))
-    r = run_cli("convert", "lazy2of", src, tmp_path / "of", "--with-optimizer")
+    r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of", "--with-optimizer")
     assert _counts(r.stdout) == f"{n} source tensors: {n_model} mapped, {n - n_model} optimizer"
     with safetensors.safe_open(str(tmp_path / "of" / "optimizer.safetensors"), "numpy") as f:
         meta = f.metadata()
@@ -235,7 +235,7 @@ def test_lazy_of_lazy_bit_exact_with_optimizer(snaps, tmp_path):
         assert len(f.keys()) == n - n_model
     assert meta["optimizer"] == "adamw" and meta["bias_correction"] == "false" and meta["eps"] == "1e-06"
     assert meta["lazy_job_name"] == JOB and meta["source"] == "legacy lazy OneFlow"
-    run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "back", "--with-optimizer")
+    run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "back", "--with-optimizer")
     _assert_same_snapshot(src, tmp_path / "back")
     # the snapshot carries its config and vocab (the legacy loaders skip plain files)
     cfg = json.loads((tmp_path / "back" / "bert_config.json").read_text())
@@ -247,18 +247,18 @@ def test_optimizer_dropped_by_default_and_not_written(snaps, tmp_path):
     src = snaps["adam"]
     names = _vars(src)
     n_model = sum(1 for k in names if not _is_optimizer(k))
-    r = run_cli("convert", "lazy2of", src, tmp_path / "of")
+    r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of")
     assert _counts(r.stdout) == f"{len(names)} source tensors: {len(names) - n_model} dropped, {n_model} mapped"
     assert "--with-optimizer" in r.stdout
     assert not (tmp_path / "of" / "optimizer.safetensors").exists()
-    run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "back", "--with-optimizer")
+    run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "back", "--with-optimizer")
     assert sorted(_vars(tmp_path / "back")) == sorted(k for k in names if not _is_optimizer(k))
     _assert_same_snapshot(src, tmp_path / "back", names={k for k in names if not _is_optimizer(k)})
 
 
 def test_mapping_checked_independently_with_numpy(snaps, tmp_path):
     src = snaps["adam"]
-    run_cli("convert", "lazy2of", src, tmp_path / "of", "--with-optimizer")
+    run_cli("convert", "lazy2of", src, "-o", tmp_path / "of", "--with-optimizer")
     w = safetensors.numpy.load_file(str(tmp_path / "of" / "model.safetensors"))
     o = safetensors.numpy.load_file(str(tmp_path / "of" / "optimizer.safetensors"))
     H, I, P = TINY["hidden_size"], TINY["intermediate_size"], TINY["max_position_embeddings"]
@@ -285,7 +285,7 @@ def test_mapping_checked_independently_with_numpy(snaps, tmp_path):
 
 def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     src = snaps["adam"]
-    run_cli("convert", "lazy2of", src, tmp_path / "of")
+    run_cli("convert", "lazy2of", src, "-o", tmp_path / "of")
     cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_erf" and cfg["layer_norm_eps"] == 1e-5 and cfg["provenance"] == "lazy"
     r = run_cli("verify", src, tmp_path / "of")
@@ -294,7 +294,7 @@ def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     assert set(report["max_abs_diff"]) == {"A:graph", "B:eager", "B:graph"}
     assert "prediction_logits" in report["outputs"] and report["worst"] <= 1e-5
     # The lazy side really computes erf GELU with eps 1e-5: a copy recorded with tf1 numerics differs.
-    r = run_cli("convert", "lazy2of", src, tmp_path / "of_tf1", "--numerics", "tf1")
+    r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of_tf1", "--numerics", "tf1")
     cfg = json.loads((tmp_path / "of_tf1" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_tanh" and cfg["layer_norm_eps"] == 1e-12 and cfg["provenance"] == "tf1"
     r = run_cli("verify", src, tmp_path / "of_tf1", "--modes", "eager", check=False)
@@ -350,7 +350,7 @@ def test_lazy_read_computes_erf_gelu_and_eps_1e5(snaps, tmp_path):
     from bert_of._flow import flow
 
     src = snaps["adam"]
-    run_cli("convert", "lazy2of", src, tmp_path / "of")
+    run_cli("convert", "lazy2of", src, "-o", tmp_path / "of")
     model = BertModel.from_pretrained(str(tmp_path / "of"))
     rng = np.random.default_rng(0)
     ids = rng.integers(0, TINY["vocab_size"], (2, 12))
@@ -369,22 +369,22 @@ def test_no_meta_snapshot_needs_config_and_round_trips(snaps, tmp_path):
     src, cfg = snaps["nometa"], snaps["nometa_config"]
     out = tmp_path / "out"
     out.mkdir()
-    r = run_cli("convert", "lazy2of", src, out / "of", check=False)
+    r = run_cli("convert", "lazy2of", src, "-o", out / "of", check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("bert-of: error: "), lines
     assert "no bert_config.json" in lines[0] and "no meta" in lines[0] and "--config" in lines[0]
     assert os.listdir(out) == []
     vocab = write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"])
-    r = run_cli("convert", "lazy2of", src, out / "of", "--config", cfg, "--vocab", vocab, "--with-optimizer")
+    r = run_cli("convert", "lazy2of", src, "-o", out / "of", "--config", cfg, "--vocab", vocab, "--with-optimizer")
     of_cfg = json.loads((out / "of" / "config.json").read_text())
     assert of_cfg["num_hidden_layers"] == 2 and of_cfg["hidden_act"] == "relu" and of_cfg["layer_norm_eps"] == 1e-5
     with safetensors.safe_open(str(out / "of" / "optimizer.safetensors"), "numpy") as f:
         assert int(f.get_tensor("step")) == 77
-    run_cli("convert", "of2lazy", out / "of", out / "back", "--with-optimizer", "--no-meta")
+    run_cli("convert", "of2lazy", out / "of", "-o", out / "back", "--with-optimizer", "--no-meta")
     _assert_same_snapshot(src, out / "back")
     assert not any(os.path.exists(os.path.join(out / "back", k, "meta")) for k in _vars(out / "back"))
     # the written snapshot carries its bert_config.json, so it reads back without --config
-    run_cli("convert", "lazy2of", out / "back", out / "of2")
+    run_cli("convert", "lazy2of", out / "back", "-o", out / "of2")
     a = safetensors.numpy.load_file(str(out / "of" / "model.safetensors"))
     b = safetensors.numpy.load_file(str(out / "of2" / "model.safetensors"))
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
@@ -393,7 +393,7 @@ def test_no_meta_snapshot_needs_config_and_round_trips(snaps, tmp_path):
 def test_lamb_and_dynamic_loss_scale(snaps, tmp_path):
     src = snaps["lamb"]
     n = len(_vars(src))
-    r = run_cli("convert", "lazy2of", src, tmp_path / "of", "--with-optimizer")
+    r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of", "--with-optimizer")
     n_model = sum(1 for k in _vars(src) if not _is_optimizer(k))
     assert _counts(r.stdout) == f"{n} source tensors: {n_model} mapped, {n - n_model} optimizer"
     o = safetensors.numpy.load_file(str(tmp_path / "of" / "optimizer.safetensors"))
@@ -408,14 +408,14 @@ def test_lamb_and_dynamic_loss_scale(snaps, tmp_path):
     with safetensors.safe_open(str(tmp_path / "of" / "optimizer.safetensors"), "numpy") as f:
         meta = f.metadata()
     assert meta["optimizer"] == "lamb" and meta["lazy_job_name"] == "LambJob"
-    run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "back", "--with-optimizer")
+    run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "back", "--with-optimizer")
     _assert_same_snapshot(src, tmp_path / "back")
 
 
 def test_convert_tf_ckpt_to_of_output(snaps, tmp_path):
     src = snaps["tfconv"]
     names = _vars(src)
-    r = run_cli("convert", "lazy2of", src, tmp_path / "of", "--with-optimizer", "-v")
+    r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of", "--with-optimizer", "-v")
     n_model = sum(1 for k in names if not _is_optimizer(k))
     assert _counts(r.stdout) == f"{len(names)} source tensors: {n_model} mapped, {len(names) - n_model} optimizer"
     assert "convert_tf_ckpt_to_of.py output" in r.stdout and "tf1 numerics" in r.stdout
@@ -434,7 +434,7 @@ def test_convert_tf_ckpt_to_of_output(snaps, tmp_path):
         assert f.metadata()["optimizer"] == "adamw" and "lazy_job_name" not in f.metadata()
     # of2lazy writes the genuine lazy layout: [1,P,H] positions, -m/-v slots, a TrainStep, same bytes,
     # and warns that the legacy code would compute erf/1e-5 where these weights were made with tanh/1e-12
-    r = run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "lazy", "--with-optimizer")
+    r = run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "lazy", "--with-optimizer")
     assert "note: the legacy lazy OneFlow BERT would compute differently: activation gelu_tanh" in r.stdout
     assert "--numerics tf1" in r.stdout
     back = _vars(tmp_path / "lazy")
@@ -444,11 +444,11 @@ def test_convert_tf_ckpt_to_of_output(snaps, tmp_path):
         names["bert-encoder-layer_0-attention-self-key-kernel-adam_m"][0]
     assert np.frombuffer(back[f"System-Train-TrainStep-{JOB}"][0], np.int64).tolist() == [1234]
     # read back, that genuine lazy snapshot records lazy numerics; --numerics tf1 restores the TF ones
-    run_cli("convert", "lazy2of", tmp_path / "lazy", tmp_path / "of_back", "--numerics", "tf1")
+    run_cli("convert", "lazy2of", tmp_path / "lazy", "-o", tmp_path / "of_back", "--numerics", "tf1")
     assert json.loads((tmp_path / "of_back" / "config.json").read_text()) == \
         json.loads((tmp_path / "of" / "config.json").read_text())
     # --numerics overrides the guess
-    run_cli("convert", "lazy2of", src, tmp_path / "of_lazy", "--numerics", "lazy")
+    run_cli("convert", "lazy2of", src, "-o", tmp_path / "of_lazy", "--numerics", "lazy")
     cfg = json.loads((tmp_path / "of_lazy" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_erf" and cfg["layer_norm_eps"] == 1e-5 and cfg["provenance"] == "lazy"
 
@@ -457,7 +457,7 @@ def test_convert_tf_ckpt_to_of_output(snaps, tmp_path):
 def test_fine_tuned_heads(snaps, tmp_path, name):
     src = snaps[name]
     vocab = write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"])
-    run_cli("convert", "lazy2of", src, tmp_path / "of", "--vocab", vocab)
+    run_cli("convert", "lazy2of", src, "-o", tmp_path / "of", "--vocab", vocab)
     w = safetensors.numpy.load_file(str(tmp_path / "of" / "model.safetensors"))
     cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     H = TINY["hidden_size"]
@@ -477,7 +477,7 @@ def test_fine_tuned_heads(snaps, tmp_path, name):
         assert np.array_equal(w["classifier.bias"], disk("output_bia-output_bias", (3,)))
         assert cfg["provenance"] == "tf1"
         return
-    run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "back", *(["--no-meta"] if name == "glue" else []))
+    run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "back", *(["--no-meta"] if name == "glue" else []))
     _assert_same_snapshot(src, tmp_path / "back")
 
 
@@ -485,7 +485,7 @@ def test_lazy_tf_lazy_through_the_hub(snaps, tmp_path):
     from bert_of.converters import tf1_bundle
 
     src = snaps["adam"]
-    run_cli("convert", "lazy2tf", src, tmp_path / "tf", "--with-optimizer")
+    run_cli("convert", "lazy2tf", src, "-o", tmp_path / "tf", "--with-optimizer")
     prefix = tf1_bundle.resolve_prefix(str(tmp_path / "tf"))
     entries = tf1_bundle.read_index(prefix)
     H, P = TINY["hidden_size"], TINY["max_position_embeddings"]
@@ -494,7 +494,7 @@ def test_lazy_tf_lazy_through_the_hub(snaps, tmp_path):
     pos = tf1_bundle.read_tensor(prefix, entries["bert/embeddings/position_embeddings"])
     assert pos.shape == (P, H) and pos.tobytes() == _vars(src)["bert-embeddings-position_embeddings"][0]
     assert int(tf1_bundle.read_tensor(prefix, entries["global_step"])) == STEP
-    run_cli("convert", "tf2lazy", tmp_path / "tf", tmp_path / "back", "--with-optimizer")
+    run_cli("convert", "tf2lazy", tmp_path / "tf", "-o", tmp_path / "back", "--with-optimizer")
     _assert_same_snapshot(src, tmp_path / "back")
 
 
@@ -502,8 +502,8 @@ def test_flow_load_reads_our_snapshots(snaps, tmp_path):
     """OneFlow 0.9's legacy loader accepts what of2lazy writes: same names, shapes, dtypes, values."""
     from bert_of._flow import flow
 
-    run_cli("convert", "lazy2of", snaps["lamb"], tmp_path / "of", "--with-optimizer")
-    run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "snap", "--with-optimizer")
+    run_cli("convert", "lazy2of", snaps["lamb"], "-o", tmp_path / "of", "--with-optimizer")
+    run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "snap", "--with-optimizer")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = flow.load(str(tmp_path / "snap"))
@@ -524,7 +524,7 @@ def test_flow_load_reads_our_snapshots(snaps, tmp_path):
     assert np.array_equal(loaded["bert-embeddings-position_embeddings"].numpy()[0],
                           w["bert.embeddings.position_embeddings.weight"])
     # The facts the writer relies on: flow.load needs snapshot_done and meta everywhere.
-    run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "nometa", "--no-meta")
+    run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "nometa", "--no-meta")
     with pytest.raises(RuntimeError, match="meta info"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # our bert_config.json / vocab.txt
         flow.load(str(tmp_path / "nometa"))
@@ -539,8 +539,8 @@ def test_detect(snaps, tmp_path):
 
     for k in ("adam", "nometa", "tfconv", "tfheads", "lamb"):
         assert detect(str(snaps[k])) == "lazy", k
-    run_cli("convert", "lazy2of", snaps["adam"], tmp_path / "of")
-    run_cli("convert", "lazy2tf", snaps["adam"], tmp_path / "tf")
+    run_cli("convert", "lazy2of", snaps["adam"], "-o", tmp_path / "of")
+    run_cli("convert", "lazy2tf", snaps["adam"], "-o", tmp_path / "tf")
     assert not lazy.detect(str(tmp_path / "of")) and not lazy.detect(str(tmp_path / "tf"))
     assert not lazy.detect(str(snaps["adam"].parent))  # the model_save_dir above a snapshot
     other = tmp_path / "other"  # a non-BERT variable folder, no snapshot_done
@@ -593,27 +593,27 @@ def test_bad_input_one_line_nonzero_no_output(snaps, tmp_path, case):
     breaker(src)
     out = tmp_path / "out"
     out.mkdir()
-    r = run_cli("convert", "lazy2of", src, out / "of", check=False)
+    r = run_cli("convert", "lazy2of", src, "-o", out / "of", check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1, r.stdout + r.stderr
     assert len(lines) == 1 and lines[0].startswith("bert-of: error: "), lines
     assert needle in lines[0], lines[0]
     assert os.listdir(out) == []  # no partial output, no temp leftovers
     if case == "unknown variable":  # --skip-unknown drops it and says so
-        r = run_cli("convert", "lazy2of", src, out / "of", "--skip-unknown", "--vocab",
+        r = run_cli("convert", "lazy2of", src, "-o", out / "of", "--skip-unknown", "--vocab",
                     write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"]))
         assert "dropped   my_extra_head-weight  (not a BERT variable (--skip-unknown))" in r.stdout
 
 
 def test_of2lazy_refuses_existing_destination_and_leaves_nothing_on_error(snaps, tmp_path):
-    run_cli("convert", "lazy2of", snaps["squad"], tmp_path / "of", "--vocab",
+    run_cli("convert", "lazy2of", snaps["squad"], "-o", tmp_path / "of", "--vocab",
             write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"]))
     (tmp_path / "dst").mkdir()
-    r = run_cli("convert", "of2lazy", tmp_path / "of", tmp_path / "dst", check=False)
+    r = run_cli("convert", "of2lazy", tmp_path / "of", "-o", tmp_path / "dst", check=False)
     assert r.returncode == 1 and "already exists" in error_lines(r.stderr)[0]
     out = tmp_path / "out"
     out.mkdir()
-    r = run_cli("convert", "of2lazy", tmp_path / "of", out / "snap", "--no-meta", "--dtype", "float16", check=False)
+    r = run_cli("convert", "of2lazy", tmp_path / "of", "-o", out / "snap", "--no-meta", "--dtype", "float16", check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1 and len(lines) == 1 and "--no-meta records no dtype" in lines[0], lines
     assert os.listdir(out) == []

@@ -3,9 +3,12 @@ graph, 2 ranks), the run landing in the zoo, plots, and bad input."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from tests.conftest import ROOT, error_lines, run_cli
 
@@ -35,7 +38,7 @@ def _metrics(run):
 def _args(setup, run, *extra):
     return ["pretrain", "--data", setup["data"], "--output", run, "--config", setup["config"], "--vocab", VOCAB,
             "--steps", "8", "--batch-size", "8", "--save-every", "4", "--log-every", "1", "--warmup-steps", "2",
-            "--lr", "1e-3", "--quiet", *extra]
+            "--lr", "1e-3", "-q", *extra]
 
 
 def _straight_vs_resumed(setup, tmp_path, *extra):
@@ -80,9 +83,11 @@ def test_two_ranks_resume_exactly_and_land_in_the_zoo(setup, tmp_path, monkeypat
     assert "tiny-run" in listing
     path = run_cli("zoo", "path", "tiny-run").stdout.strip()
     assert os.path.isfile(os.path.join(path, "model.safetensors"))
-    png = tmp_path / "curves.png"
-    run_cli("plot", a, b, "--out", png)
+    png = tmp_path / "both.png"
+    run_cli("plot", a, b, "-o", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run_cli("plot", a)  # one run: the plot lands in its directory
+    assert open(os.path.join(a, "curves.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_input_one_line(setup, tmp_path):
@@ -109,3 +114,28 @@ def test_bad_input_one_line(setup, tmp_path):
         (bad / name).write_bytes(data[:-7] if name.startswith("part-00001") else data)
     fails(*_args(setup, str(tmp_path / "r4"), "--data", bad), needle="part-00001")
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == before  # nothing overwritten
+
+
+def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tmp_path):
+    """The data keeps the vocab.txt it was made with (bert_of.data.reader.dataset_vocab): pretrain
+    takes it without --vocab. Piped, training progress is plain log lines (no carriage returns)."""
+    data = setup["data"]
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "bert_of.cli", "pretrain", "--data", data, "-o", run, "--config",
+                        setup["config"], "--steps", "4", "--batch-size", "8", "--log-every", "2", "--mode", "eager"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=ROOT, BERT_OF_PROGRESS_EVERY="0"))
+    assert r.returncode == 0, r.stderr
+    assert open(run / "final" / "vocab.txt", "rb").read() == open(VOCAB, "rb").read()
+    assert "\r" not in r.stderr and "\r" not in r.stdout
+    steps = [ln for ln in r.stderr.splitlines() if ln.startswith("train: ")]
+    assert len(steps) >= 4 and "4 of 4 steps (100%)" in steps[-1] and "loss" in steps[-1], r.stderr
+    # a checkpoint whose vocabulary is not the data's: an error unless --vocab chooses
+    other = tmp_path / "other-vocab.txt"
+    other.write_text(open(VOCAB).read().replace("the\n", "thee\n", 1))
+    write_checkpoint(str(tmp_path / "ck"), list(load_checkpoint(str(run / "final")).tensors.items()),
+                     load_checkpoint(str(run / "final")).config, str(other))
+    r = run_cli("pretrain", "--data", data, "-o", tmp_path / "run2", "--init-checkpoint", tmp_path / "ck",
+                "--steps", "2", "--batch-size", "8", check=False)
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1 and len(lines) == 1 and "was made with another vocabulary" in lines[0], r.stderr

@@ -226,8 +226,8 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
         BertModel.from_pretrained(str(broken))
 
 
-MODEL_AND_BASE = ("errors", "version", "fs", "config", "hooks", "tensors", "checkpoint", "tokenization", "_flow", "outputs",
-                  "modeling")
+MODEL_AND_BASE = ("errors", "version", "fs", "progress", "config", "hooks", "tensors", "checkpoint", "tokenization",
+                  "_flow", "outputs", "modeling")
 
 
 def test_model_layer_never_imports_zoo_converters_or_eval(formats):

@@ -103,7 +103,7 @@ def test_damaged_store_degrades_not_dies(tmp_path, caplog):
     r = run_eval("results", "--results", store, "--measured-only", "--format", "csv")
     assert r.returncode == 0, r.stderr
     assert [row[0] for row in csv.reader(io.StringIO(r.stdout))] == ["task", "rte", "mrpc"]
-    assert r.stderr.splitlines() == [l.getMessage() for l in caplog.records]
+    assert r.stderr.splitlines() == ["warning: " + l.getMessage() for l in caplog.records]
     # appending after the torn tail: the fragment is cut (with a warning), the new record is whole
     caplog.clear()
     with caplog.at_level("WARNING", logger="bert_of"):
@@ -141,12 +141,13 @@ def test_every_evaluation_appends_a_record(tmp_path):
     ck.mkdir()
     (ck / "model.safetensors").write_bytes(b"\x00" * 64)
     env = {"BERT_OF_HOME": str(home)}
+    # the official scripts' positional order and the old --checkpoint still work
     r = run_eval("eval", "squad-score", V11, P11, "--checkpoint", ck, "--hparam", "learning_rate=3e-5",
                  "--hparam", "note=first run", env=env)
     assert r.returncode == 0, r.stderr
     assert f"recorded in {home / 'results.jsonl'}" in r.stderr
-    r = run_eval("eval", "squad-score", V20, P20, "--na-prob-file", NA20, "--na-prob-thresh", "0.5",
-                 "--model", "my-v2-model", env=env)
+    r = run_eval("eval", "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", NA20,
+                 "--na-prob-thresh", "0.5", "--name", "my-v2-model", env=env)
     assert r.returncode == 0, r.stderr
     recs = [json.loads(l) for l in (home / "results.jsonl").read_text().splitlines()]
     assert [x["task"] for x in recs] == ["squad-v1.1", "squad-v2.0"]

@@ -52,7 +52,7 @@ def _bundle(path):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tf2of_verify_within_1e5_eager_and_graph(tf_dirs, tmp_path, name):
     dst = tmp_path / "of"
-    r = run_cli("convert", "tf2of", tf_dirs[name], dst, "--verify")
+    r = run_cli("convert", "tf2of", tf_dirs[name], "-o", dst, "--verify")
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["ok"] and report["reference"] == "A:tf-float64"
     assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"}
@@ -75,11 +75,11 @@ def test_tf2of_verify_within_1e5_eager_and_graph(tf_dirs, tmp_path, name):
 def test_verify_catches_an_activation_mismatch(tf_dirs, tmp_path):
     """Realistic weights make erf vs tanh GELU visible: the check has teeth."""
     dst = tmp_path / "of"
-    run_cli("convert", "tf2of", tf_dirs["tiny3"], dst)
+    run_cli("convert", "tf2of", tf_dirs["tiny3"], "-o", dst)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["hidden_act"] = "gelu_erf"
     (dst / "config.json").write_text(json.dumps(cfg))
-    r = run_cli("verify", tf_dirs["tiny3"], dst, "--json", tmp_path / "report.json", check=False)
+    r = run_cli("verify", tf_dirs["tiny3"], dst, "-o", tmp_path / "report.json", check=False)
     assert r.returncode == 1
     report = json.loads((tmp_path / "report.json").read_text())
     assert not report["ok"] and report["worst"] > 1e-4
@@ -88,10 +88,10 @@ def test_verify_catches_an_activation_mismatch(tf_dirs, tmp_path):
 
 def test_round_trip_tf_of_tf_is_bit_exact_with_optimizer(tf_dirs, tmp_path):
     src = tf_dirs["tiny3"]
-    r = run_cli("convert", "tf2of", src, tmp_path / "of", "--with-optimizer")
+    r = run_cli("convert", "tf2of", src, "-o", tmp_path / "of", "--with-optimizer")
     n_src = len(_bundle(src))
     assert f"{n_src} source tensors:" in r.stdout and "optimizer" in r.stdout
-    run_cli("convert", "of2tf", tmp_path / "of", tmp_path / "tf", "--with-optimizer")
+    run_cli("convert", "of2tf", tmp_path / "of", "-o", tmp_path / "tf", "--with-optimizer")
     a, b = _bundle(src), _bundle(tmp_path / "tf")
     assert list(a) == list(b) and "global_step" in b and int(b["global_step"]) == 1234
     for k in a:
@@ -108,14 +108,14 @@ def test_round_trip_tf_of_tf_is_bit_exact_with_optimizer(tf_dirs, tmp_path):
 
 
 def test_optimizer_state_dropped_by_default_and_reported(tf_dirs, tmp_path):
-    r = run_cli("convert", "tf2of", tf_dirs["tiny3"], tmp_path / "of")
+    r = run_cli("convert", "tf2of", tf_dirs["tiny3"], "-o", tmp_path / "of")
     n = len(_bundle(tf_dirs["tiny3"]))
     n_model = sum(1 for k in _bundle(tf_dirs["tiny3"]) if not k.endswith(("adam_m", "adam_v")) and k != "global_step")
     assert f"{n} source tensors: {n - n_model} dropped, {n_model} mapped" in r.stdout
     assert "--with-optimizer" in r.stdout
     assert not (tmp_path / "of" / "optimizer.safetensors").exists()
     # of2tf of a checkpoint with no optimizer state writes exactly the model tensors
-    run_cli("convert", "of2tf", tmp_path / "of", tmp_path / "tf")
+    run_cli("convert", "of2tf", tmp_path / "of", "-o", tmp_path / "tf")
     assert len(_bundle(tmp_path / "tf")) == n_model
 
 
@@ -127,7 +127,7 @@ def test_inspect_counts_parameters(tf_dirs, tmp_path):
     cfg = BertConfig.from_google_dict(CONFIGS["tiny3"][0])
     assert info["format"] == "tf" and info["parameters"] == cfg.num_parameters()
     assert {t["kind"] for t in info["tensors"]} == {"model", "optimizer", "step"}
-    run_cli("convert", "tf2of", tf_dirs["tiny3"], tmp_path / "of")
+    run_cli("convert", "tf2of", tf_dirs["tiny3"], "-o", tmp_path / "of")
     info = json.loads(run_cli("inspect", tmp_path / "of", "--json").stdout)
     assert info["format"] == "of" and info["parameters"] == cfg.num_parameters()
     text = run_cli("inspect", tmp_path / "of").stdout
@@ -218,7 +218,7 @@ def test_bad_input_one_line_nonzero_no_output(tf_dirs, tmp_path, case):
     breaker(src)
     out = tmp_path / "out"
     out.mkdir()
-    r = run_cli("convert", "tf2of", src, out / "of", check=False)
+    r = run_cli("convert", "tf2of", src, "-o", out / "of", check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1, r.stdout + r.stderr
     assert len(lines) == 1 and lines[0].startswith("bert-of: error: "), lines

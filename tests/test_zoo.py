@@ -625,7 +625,7 @@ def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
     local.write_text(cut)
     r = run_zoo("list", env=env)
     assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
-        f"{local}: damaged (not a whole registry); using the 1 entry readable before the damage (the next "
+        f"warning: {local}: damaged (not a whole registry); using the 1 entry readable before the damage (the next "
         "`bert-of zoo add` or `remove` rewrites it, keeping a copy)"]
     assert run_zoo("info", "first", env=env).returncode == 0 and run_zoo("info", "bert-base", env=env).returncode == 0
     local.write_bytes(b"\x00\xff\xfe garbage \x00")
@@ -636,7 +636,7 @@ def test_damaged_local_registry_never_disables_the_zoo(home, local_ckpt):
     local.write_text(json.dumps({"schema_version": 1, "entries": [good[0], dict(good[1], name="x/../y")]}))
     r = run_zoo("list", env=env)
     assert listed(r) == ["first"] and zoo_lines(r.stderr) == [
-        f"{local}: entries[1]: entry name 'x/../y' must match {zreg.NAME_RE.pattern} (it becomes a directory "
+        f"warning: {local}: entries[1]: entry name 'x/../y' must match {zreg.NAME_RE.pattern} (it becomes a directory "
         "name); entry skipped"]
     # the next `zoo add` keeps a copy of the damaged file and rewrites a whole registry
     local.write_text(cut)

@@ -3,7 +3,7 @@
 ``add_parser(subparsers)`` adds ``zoo`` to the ``bert-of`` parser; ``main(argv)``
 runs the same commands standalone (``python -m bert_of.zoo list``). Every command's
 function takes the parsed ``args`` and returns an exit code; zoo errors are
-:class:`bert_of.errors.BertOfError`, printed as one ``bert-of: error:`` line.
+bert_of errors, printed as one ``bert-of: error:`` line by ``bert_of.cli.dispatch``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import json
 import os
 import sys
 
-from bert_of.errors import BertOfError
+from bert_of.cli import dispatch, parse
+from bert_of.cli_grammar import examples, option
+from bert_of.progress import log
 from bert_of.zoo.core import FORMATS, Zoo
 from bert_of.zoo.download import DownloadOptions, human_size
 from bert_of.zoo.errors import ChecksumError
@@ -29,6 +31,8 @@ ENV_HELP = """environment:
   BERT_OF_REGISTRY   extra registry files, separated by '%s' (later ones override earlier, by name)
   BERT_OF_DOWNLOAD_TIMEOUT / _RETRIES / _BACKOFF   download timeout (s), retries, first backoff (s)
 """ % os.pathsep
+EPILOG = examples("bert-of zoo list", "bert-of zoo download bert-base-uncased", "bert-of zoo info bert-base",
+                  "bert-of zoo add run/final --name my-mini-bert") + "\n\n" + ENV_HELP
 
 
 def _zoo(args) -> Zoo:
@@ -36,7 +40,7 @@ def _zoo(args) -> Zoo:
                download_options=DownloadOptions.from_env(timeout=getattr(args, "timeout", None),
                                                          retries=getattr(args, "retries", None),
                                                          progress=getattr(args, "progress", None)),
-               quiet=getattr(args, "quiet", False))
+               quiet=False)  # -q: the bert_of logger's level
 
 
 def _params(n) -> str:
@@ -152,8 +156,12 @@ def cmd_info(args) -> int:
 
 def cmd_download(args) -> int:
     z = _zoo(args)
-    path = z.download(args.name, args.format, verify=not args.no_verify, force=args.force,
-                      keep_archive=args.keep_archive)
+    try:
+        path = z.download(args.name, args.format, verify=not args.no_verify, force=args.force,
+                          keep_archive=args.keep_archive)
+    except KeyboardInterrupt:
+        log.warning("a partial download is kept and resumes next time")
+        raise
     print(path)
     return 0
 
@@ -215,58 +223,70 @@ def _fill(p: argparse.ArgumentParser) -> None:
                    help="never touch the network (as BERT_OF_OFFLINE=1)")
     g.add_argument("--endpoint", metavar="URL",
                    help="mirror replacing https://storage.googleapis.com/ in registry URLs (as BERT_OF_ENDPOINT)")
+    name_help = "registry name or alias (case-insensitive), e.g. bert-base-uncased, bert-base"
+    fmt_help = "of: bert_of checkpoint; tf: Google's files as published; lazy/hf: converted"
 
     sub = p.add_subparsers(dest="zoo_command", required=True, metavar="ZOO_COMMAND")
 
     s = sub.add_parser("list", parents=[common], help="table of entries: params, size, format, downloaded?, SQuAD",
-                       description="List every registry entry.")
+                       description="List every registry entry.",
+                       epilog=examples("bert-of zoo list", "bert-of zoo list --downloaded",
+                                       "bert-of zoo list --json | jq '.entries[].name'"))
     s.add_argument("--downloaded", action="store_true", help="only entries in the cache (or local)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the entries as JSON on stdout")
     s.set_defaults(fn=cmd_list)
 
     s = sub.add_parser("info", parents=[common], help="everything about one entry",
                        description="URLs, hashes, config, license, provenance, evaluation results with sources, "
-                                   "cache state, and which registry the entry came from.")
-    s.add_argument("name")
-    s.add_argument("--json", action="store_true")
+                                   "cache state, and which registry the entry came from.",
+                       epilog=examples("bert-of zoo info bert-base-uncased", "bert-of zoo info bert-large --json"))
+    s.add_argument("name", metavar="NAME", help=name_help)
+    s.add_argument("--json", action="store_true", help="print the entry as JSON on stdout")
     s.set_defaults(fn=cmd_info)
 
     s = sub.add_parser("download", parents=[common], help="download, verify, extract, convert, cache; print the path",
                        description="Download NAME (resuming a partial download), verify SHA-256, extract safely, "
                                    "convert (tf2of by default) with a forward-equality check, publish into the "
-                                   "cache atomically, and print the folder. Cached entries return at once.")
-    s.add_argument("name")
-    s.add_argument("--format", choices=FORMATS, default="of",
-                   help="of: bert_of checkpoint (default); tf: Google's files as published; lazy/hf: converted")
+                                   "cache atomically, and print the folder. Cached entries return at once. "
+                                   "Ctrl-C keeps the partial download; the next call resumes it.",
+                       epilog=examples("bert-of zoo download bert-base-uncased",
+                                       "bert-of zoo download bert-large-cased --format tf    # Google's files",
+                                       "MODEL=$(bert-of zoo download bert-base -q)          # just the path"))
+    s.add_argument("name", metavar="NAME", help=name_help)
+    s.add_argument("--format", choices=FORMATS, default="of", help=fmt_help)
     s.add_argument("--no-verify", action="store_true", help="skip the forward-equality check after converting")
     s.add_argument("--force", action="store_true", help="download and build again even if cached")
     s.add_argument("--keep-archive", action="store_true", help="keep the downloaded archive in the cache")
-    s.add_argument("--timeout", type=float, help="seconds for the connection and each read (default 30)")
-    s.add_argument("--retries", type=int, help="retries without progress before giving up (default 5)")
-    s.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="always show the progress bar (default: when stderr is a terminal)")
-    s.add_argument("--no-progress", dest="progress", action="store_false")
-    s.add_argument("-q", "--quiet", action="store_true", help="print only the path (and errors)")
+    s.add_argument("--timeout", type=float, metavar="S",
+                   help="seconds for the connection and each read (default 30, or BERT_OF_DOWNLOAD_TIMEOUT)")
+    s.add_argument("--retries", type=int, metavar="N",
+                   help="retries without progress before giving up (default 5, or BERT_OF_DOWNLOAD_RETRIES)")
+    s.add_argument("--progress", dest="progress", action="store_true", default=None, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_download)
 
-    s = sub.add_parser("path", parents=[common], help="print the cached folder (error if not downloaded)")
-    s.add_argument("name")
-    s.add_argument("--format", choices=FORMATS, default="of")
+    s = sub.add_parser("path", parents=[common], help="print the cached folder (error if not downloaded)",
+                       description="Print NAME's folder in the cache; an error (exit 1) when it is not there. "
+                                   "Never downloads.",
+                       epilog=examples("bert-of zoo path bert-base-uncased", "ls $(bert-of zoo path bert-base --format tf)"))
+    s.add_argument("name", metavar="NAME", help=name_help)
+    s.add_argument("--format", choices=FORMATS, default="of", help=fmt_help)
     s.set_defaults(fn=cmd_path)
 
     s = sub.add_parser("verify", parents=[common], help="re-hash the cached files against their manifest",
                        description="Re-hash every cached file of NAME against the SHA-256 recorded when it was "
                                    "published (and, for Google's files, against the registry). Exit 1 on any "
-                                   "difference.")
-    s.add_argument("name")
-    s.add_argument("--format", choices=FORMATS)
+                                   "difference.",
+                       epilog=examples("bert-of zoo verify bert-base-uncased", "bert-of zoo verify bert-base --format tf"))
+    s.add_argument("name", metavar="NAME", help=name_help)
+    s.add_argument("--format", choices=FORMATS, help="only this cached format (default: every cached one)")
     s.set_defaults(fn=cmd_verify)
 
     s = sub.add_parser("remove", parents=[common], help="delete cached folders; unregister a `zoo add` entry",
                        description="Delete NAME's cached folders and partial downloads (all formats, or --format). "
-                                   "For an entry made by `zoo add`, also unregister it; its folder is not touched.")
-    s.add_argument("name")
-    s.add_argument("--format", choices=FORMATS)
+                                   "For an entry made by `zoo add`, also unregister it; its folder is not touched.",
+                       epilog=examples("bert-of zoo remove bert-large-uncased", "bert-of zoo remove bert-base --format hf"))
+    s.add_argument("name", metavar="NAME", help=name_help)
+    s.add_argument("--format", choices=FORMATS, help="only this cached format (default: all)")
     s.set_defaults(fn=cmd_remove)
 
     s = sub.add_parser("add", parents=[common], help="register a local checkpoint folder (e.g. from pretraining)",
@@ -274,51 +294,35 @@ def _fill(p: argparse.ArgumentParser) -> None:
                                    "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
                                    "its files. Every tensor is read: one holding NaN or inf (a diverged run) is "
                                    "refused. --metadata FILE: JSON with optional description, aliases, license, "
-                                   "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.")
-    s.add_argument("dir")
-    s.add_argument("--name", required=True)
-    s.add_argument("--alias", action="append", default=[], help="another name for it (repeatable)")
+                                   "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.",
+                       epilog=examples("bert-of zoo add run/final --name my-mini-bert",
+                                       "bert-of zoo add run/final --name my-mini-bert --alias mini --overwrite"))
+    s.add_argument("dir", metavar="DIR", help="the checkpoint folder (any format bert-of convert reads)")
+    s.add_argument("--name", required=True, metavar="NAME", help="the entry's name in the zoo")
+    s.add_argument("--alias", action="append", default=[], metavar="NAME", help="another name for it (repeatable)")
     s.add_argument("--metadata", metavar="FILE", help="JSON: training metadata and evaluation results")
-    s.add_argument("--description")
-    s.add_argument("--force", action="store_true", help="replace an entry or alias of the same name")
+    s.add_argument("--description", metavar="TEXT", help="one line shown by zoo info")
+    option(s, "--overwrite", old=("--force",), dest="force", action="store_true",
+           help="replace an entry or alias of the same name")
     s.set_defaults(fn=cmd_add)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``zoo`` command (and its sub-commands) to ``bert-of``'s subparsers."""
     p = subparsers.add_parser("zoo", help="model zoo: list, download (verified, resumable), cache, add your own",
-                              description=DESCRIPTION, epilog=ENV_HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=DESCRIPTION, epilog=EPILOG)
     _fill(p)
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of zoo", description=DESCRIPTION, epilog=ENV_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="bert-of zoo", description=DESCRIPTION, epilog=EPILOG)
     _fill(p)
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except BertOfError as e:
-        print(f"bert-of: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bert-of: error: interrupted (a partial download is kept and resumes next time)", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `bert-of zoo list | head`: the reader left; not an error
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        except OSError:
-            pass
-        return 0
-    except OSError as e:  # unreadable input, unwritable cache, disk full
-        print(f"bert-of: error: {e.filename or 'I/O'}: {e.strerror or e}", file=sys.stderr)
-        return 1
+    return dispatch(parse(build_parser(), argv))
 
 
 if __name__ == "__main__":

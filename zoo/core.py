@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import urllib.parse
 
 from bert_of.fs import bert_of_home
+from bert_of.progress import log
 import bert_of.zoo.build as _build
 import bert_of.zoo.listing as _listing
 import bert_of.zoo.local as _local
@@ -89,8 +89,9 @@ class Zoo:
         return self.registry.get(name)
 
     def log(self, msg: str) -> None:
+        """A progress note (the ``bert_of`` logger; ``quiet=True`` drops it)."""
         if not self.quiet:
-            print(f"bert-of: {msg}", file=sys.stderr, flush=True)
+            log.info(msg)
 
     # ------------------------------------------------------------------ cache
     def downloads_dir(self, name: str) -> str:

@@ -27,8 +27,9 @@ when it is complete and, if a SHA-256 is given, matches it.
   resumed part is hashed first. Google's zips have no published hash of their
   own (their *contents* are hashed, during extraction), so for them nothing is
   hashed here.
-- **Progress**: a tqdm bar on stderr (size, rate, ETA) when stderr is a
-  terminal, or always with ``progress=True``.
+- **Progress**: :class:`bert_of.progress.Progress`: a bar on stderr (size, rate,
+  ETA) when stderr is a terminal, else a log line every few seconds of a long
+  download; none with ``progress=False``.
 - **Proxies**: the usual ``http(s)_proxy``/``no_proxy`` variables apply, except
   for loopback hosts, which are always reached directly.
 """
@@ -44,7 +45,6 @@ import queue
 import random
 import socket
 import ssl
-import sys
 import threading
 import time
 import urllib.error
@@ -55,6 +55,7 @@ from typing import Callable, Optional
 
 from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write, read_json
+from bert_of.progress import Progress, log
 from bert_of.zoo.errors import ChecksumError, DiskSpaceError, DownloadError
 
 USER_AGENT = "bert_of-zoo/0.1"
@@ -70,7 +71,7 @@ class DownloadOptions:
     timeout: float = 30.0  # seconds, connect and each read
     retries: int = 5  # consecutive attempts without progress allowed after the first
     backoff: float = 1.0  # first wait between attempts; doubles each time
-    progress: Optional[bool] = None  # None: a bar when stderr is a terminal
+    progress: Optional[bool] = None  # False: none; else bert_of.progress decides (a bar on a terminal)
     chunk_size: int = 512 << 10
 
     @classmethod
@@ -117,14 +118,7 @@ def human_size(n) -> str:
 
 
 def _progress_bar(total, initial, label, enabled):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
-                file=sys.stderr, mininterval=0.25, dynamic_ncols=True, leave=True)
+    return Progress(label, total=total, unit="B", unit_scale=True, initial=initial, enabled=enabled is not False)
 
 
 def _opener(url: str):
@@ -377,8 +371,7 @@ class _Http:
                     raise DownloadError(msg) from None
                 wait = min(MAX_BACKOFF, self.opts.backoff * 2 ** max(0, failures - 1))
                 wait *= 1 + 0.1 * random.random()  # jitter: concurrent clients do not retry in lockstep
-                print(f"bert-of: {self.label}: {e}; retrying in {wait:.1f} s (resuming at {self.have} bytes)",
-                      file=sys.stderr, flush=True)
+                log.warning(f"{self.label}: {e}; retrying in {wait:.1f} s (resuming at {self.have} bytes)")
                 time.sleep(wait)
 
     def _attempt(self):
@@ -411,8 +404,7 @@ class _Http:
                     raise _Transient(f"server answered range {start}- instead of {self.have}-")
             elif resp.status == 200:
                 if self.have:  # Range ignored, or the file changed (If-Range): restart from zero
-                    print(f"bert-of: {self.label}: the server sent the whole file; restarting from 0",
-                          file=sys.stderr, flush=True)
+                    log.warning(f"{self.label}: the server sent the whole file; restarting from 0")
                     self._reset()
                 length = resp.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None

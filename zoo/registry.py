@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
 
 from bert_of.fs import read_json, write_json
+from bert_of.progress import log
 from bert_of.zoo.errors import RegistryError, UnknownEntryError
 
-log = logging.getLogger("bert_of")
 
 SCHEMA_VERSION = 1
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registry.json")

@@ -7,11 +7,21 @@ import argparse
 import os
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
-from bert_of.align.report import format_summary
+from bert_of.align.report import format_summary, plot_report, plot_skipped
 from bert_of.cli import dispatch, parse
+from bert_of.cli_grammar import examples, output_option
+from bert_of.errors import BertOfError
+from bert_of.fs import read_json
 
 _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and converted checkpoints "
         "train the same.")
+
+
+EXAMPLES = examples("bert-of align list                              # the experiments",
+                    "bert-of align all --steps 1000 -o docs/align      # everything (~25 min on 2 cores)",
+                    "bert-of align eager-graph data-parallel --steps 30 --size tiny -o align-out",
+                    "bert-of align 3 5 --jobs 2",
+                    "bert-of align all -o docs/align --replot          # redraw the plots from the reports")
 
 
 def _add_arguments(p):
@@ -19,23 +29,25 @@ def _add_arguments(p):
                    help="all, list, or names / numbers: " + ", ".join(f"{n} {m}" for n, m, _, _ in EXPERIMENTS))
     p.add_argument("--steps", type=int, default=1000, help="training steps per run (default 1000); controls run "
                    f"min(steps, {CONTROL_STEPS}), experiment 7 min(steps, {TF_STEPS})")
-    p.add_argument("--out", default="align-out", help="report directory (default align-out/)")
+    output_option(p, "report directory: EXPERIMENT.json + .png, summary.json, README.md", default="align-out",
+                  metavar="DIR", old=("--out",))
     p.add_argument("--size", choices=tuple(SIZES), default="small",
                    help="model/data preset: tiny (tests), small (default: 2 layers, hidden 32, seq 32), mini "
                         "(4 layers, hidden 256, seq 128: for real hardware)")
     p.add_argument("--jobs", type=int, default=1, help="1-process runs in J worker processes (default 1: in this "
                    "process); multi-rank runs always launch their own processes")
-    p.add_argument("--data-dir", help="dataset cache (default OUT/data)")
-    p.add_argument("--corpus", nargs="+", help="text files for the pretraining data (default: the repository's "
+    p.add_argument("--data-dir", metavar="DIR", help="dataset and finished-run cache (default: OUTPUT/data)")
+    p.add_argument("--corpus", nargs="+", metavar="FILE", help="text files for the pretraining data (default: the repository's "
                    "tests/data/text/sample_text.txt and classics.txt)")
-    p.add_argument("--vocab", help="vocab.txt for --corpus (default tests/data/text/vocab.txt)")
+    p.add_argument("--vocab", metavar="FILE", help="vocab.txt for --corpus (default tests/data/text/vocab.txt)")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     p.add_argument("--perturb-lr", type=float, default=0.0, metavar="REL",
                    help="self-test: train the compared side of every equal comparison with lr x (1 + REL); the "
                         "experiments should then fail")
+    p.add_argument("--replot", action="store_true", help="only redraw OUTPUT/EXPERIMENT.png from the reports "
+                   "already in OUTPUT (no training)")
     p.add_argument("--fresh", action="store_true", help="re-run everything (default: runs finished by an earlier "
                    "invocation with the same spec and code are reused from DATA_DIR/runs/)")
-    p.add_argument("--quiet", action="store_true", help="only the summary table")
     p.set_defaults(fn=cmd_align)
 
 
@@ -44,27 +56,47 @@ def cmd_align(args) -> int:
         for num, name, title, _ in EXPERIMENTS:
             print(f"{num} {name:<15} {title}")
         return 0
+    if args.replot:
+        return replot(args.output, args.experiments)
     from bert_of.align.runner import run_experiments
 
-    summary = run_experiments(args.experiments, steps=args.steps, out=args.out, size=args.size, jobs=args.jobs,
+    summary = run_experiments(args.experiments, steps=args.steps, out=args.output, size=args.size, jobs=args.jobs,
                               data_dir=args.data_dir, corpus=args.corpus, vocab=args.vocab, seed=args.seed,
                               perturb_lr=args.perturb_lr, quiet=args.quiet, fresh=args.fresh)
     print(format_summary(summary))
-    print(f"reports: {os.path.join(args.out, 'summary.json')}")
+    print(f"reports: {os.path.join(args.output, 'summary.json')}")
     return 0 if summary["passed"] else 1
+
+
+def replot(out: str, experiments: list) -> int:
+    """Redraw the plots of the reports in ``out`` (all, or the named experiments)."""
+    wanted = {e.lower() for e in experiments} - {"all"}
+    done = 0
+    for num, name, _, _ in EXPERIMENTS:
+        path = os.path.join(out, f"{name}.json")
+        if (wanted and name not in wanted and str(num) not in wanted) or not os.path.isfile(path):
+            continue
+        rep = read_json(path, "align report")
+        (plot_skipped if rep.get("status") in ("skipped", "error") else plot_report)(rep, path[:-5] + ".png")
+        print(f"wrote {path[:-5]}.png")
+        done += 1
+    if not done:
+        raise BertOfError(f"{out}: no reports to replot")
+    return 0
 
 
 def add_parser(subparsers):
     """Register ``bert-of align`` on the main command line."""
     p = subparsers.add_parser("align", help="alignment suite: eager/graph/multi-rank/accumulation/TF train the same",
-                              description=_DOC + " Writes OUT/EXPERIMENT.json + .png and "
-                              "OUT/summary.json; exit 1 if an experiment fails its tolerance.")
+                              description=_DOC + " Writes OUTPUT/EXPERIMENT.json + .png and "
+                              "OUTPUT/summary.json; exit 1 if an experiment fails its tolerance. -q: only the "
+                              "summary table.", epilog=EXAMPLES)
     _add_arguments(p)
     return p
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="bert-of align", description=_DOC)
+    p = argparse.ArgumentParser(prog="bert-of align", description=_DOC, epilog=EXAMPLES)
     _add_arguments(p)
     return p
 

@@ -17,6 +17,7 @@ from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_record
 from bert_of.data.reader import PretrainingDataset
 from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write, read_json, write_json
+from bert_of.progress import log
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,8 +35,9 @@ class AlignError(BertOfError):
 
 
 def _log(msg: str, quiet: bool = False) -> None:
+    """A progress note on stderr (the bert_of logger), unless ``quiet``."""
     if not quiet:
-        print(f"[align] {msg}", flush=True)
+        log.info(f"[align] {msg}")
 
 
 # --------------------------------------------------------------------------- files

@@ -3,10 +3,13 @@ reports, the summary (JSON, markdown, text) and the plots."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from bert_of.align.plans import BY_NAME, CLIP_NORM, CONTROL_STEPS, FIRST_STEPS, TF_STEPS, TOL_ALL, TOL_FIRST, _tolerance
 from bert_of.fs import atomic_open
+from bert_of.plots import FONT, draw, styles
 
 # --------------------------------------------------------------------------- comparisons
 
@@ -225,86 +228,90 @@ def format_summary(summary: dict) -> str:
 # --------------------------------------------------------------------------- plots
 
 
-def _run_colors(report):
-    """A color per run; the compared side of an "equal" comparison shares its reference's color
-    (a coinciding curve then shows as a dashed line on a solid one)."""
-    palette = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "C7"]
-    colors = {}
+def _smooth(y, window: int):
+    """Running mean over ``window`` steps (the first steps average what there is)."""
+    y = np.asarray(y, dtype=np.float64)
+    if window <= 1 or len(y) < 2 * window:
+        return y
+    c = np.cumsum(np.insert(y, 0, 0.0))
+    out = np.empty_like(y)
+    out[window - 1:] = (c[window:] - c[:-window]) / window
+    out[:window - 1] = c[1:window] / np.arange(1, window)
+    return out
 
-    def new():
-        return palette[len(set(colors.values())) % len(palette)]
 
-    for c in report["comparisons"]:
-        if c["reference"] not in colors:
-            colors[c["reference"]] = new()
-        if c["other"] not in colors:
-            colors[c["other"]] = colors[c["reference"]] if c["expect"] == "equal" else new()
-    for label in report["runs"]:
-        colors.setdefault(label, new())
-    return colors
+def _legend(ax, width: int = 62) -> None:
+    """The legend right of the plot, long labels wrapped."""
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, [textwrap.fill(t, width, subsequent_indent="  ") for t in labels], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def plot_report(report: dict, path: str) -> None:
+    """Top: every run's loss (long runs: a running mean, the reference's raw steps faint behind),
+    each run its own colour, a run lying on another dashed over it and named so in the legend.
+    Bottom: per-step relative differences of every comparison (dots) and their running maximum."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = {k: v for k, v in report["runs"].items() if "loss" in v}
-    colors = _run_colors(report)
-    eq_others = {c["other"] for c in report["comparisons"] if c["expect"] == "equal"}
-    refs = {c["reference"] for c in report["comparisons"]} - eq_others
+    refs = [c["reference"] for c in report["comparisons"]]
+    order = sorted(runs, key=lambda k: (k not in refs, refs.index(k) if k in refs else 0))
     n_max = max((len(r["loss"]) for r in runs.values()), default=1)
-    thin = 0.55 if n_max > 200 else 1.0  # long runs: thinner lines
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    dashes = ["--", ":", "-."]
-    k = 0
-    for label, r in runs.items():
-        if label in eq_others:  # drawn over its reference: dashed
-            style, lw = dashes[k % 2], 1.4 * thin
-            k += 1
-        elif label in refs:
-            style, lw = "-", 2.4 * thin
-        else:  # controls / info runs
-            style, lw = dashes[2], 1.2 * thin
-        ax1.plot(np.arange(len(r["loss"])), r["loss"], style, color=colors[label], lw=lw, label=label, alpha=0.9)
-    ax1.set_ylabel("loss (MLM + NSP)")
-    ax1.legend(fontsize=7, loc="best")
-    ax1.grid(alpha=0.3)
-    ax1.set_title(f"{report['number']}. {report['title']}: {report['status'].upper()}", fontsize=10)
-    # per-step relative differences as dots (0 cannot be drawn on a log axis: counted in the
-    # legend instead), and their running maximum as a line
-    for c in report["comparisons"]:
-        rel = np.asarray(c["rel_diff"], dtype=np.float64)
-        steps = np.arange(len(rel))
-        tag = {"equal": "", "differ": " [control: must differ]", "info": " [info]"}[c["expect"]]
-        zeros = int(c["identical_steps"])
-        ident = f"; identical at {zeros}/{c['steps']} steps" if zeros else ""
-        color = colors[c["other"]]
-        nz = rel > 0
-        ax2.plot(steps[nz], rel[nz], ".", color=color, ms=2.5 if len(rel) > 200 else 4, alpha=0.35)
-        if nz.any():
-            style = "-" if c["expect"] == "equal" else ":"
-            run_max = np.maximum.accumulate(np.where(nz, rel, 0.0))
-            ax2.plot(steps, np.where(run_max > 0, run_max, np.nan), style, color=color, lw=1.2,
-                     label=f"{c['other']} vs {c['reference']}{tag}: running max{ident}")
-        else:
-            ax2.plot([], [], "-", color=color, label=f"{c['other']} vs {c['reference']}{tag}: identical at every step")
-    ax2.set_yscale("log")
-    tol = report["tolerance"]
-    if tol.get("rel_all") is not None:
-        ax2.axhline(tol["rel_all"], color="k", ls="--", lw=0.8, label=f"tolerance {tol['rel_all']:g}")
-        if tol.get("rel_first") is not None:
-            ax2.hlines(tol["rel_first"], 0, tol["first_steps"] - 1, color="r", lw=1.5,
-                       label=f"{tol['rel_first']:g} (first {tol['first_steps']} steps)")
-    ax2.set_ylabel("|diff| / |reference loss|")
-    ax2.set_xlabel("step")
-    ax2.legend(fontsize=6, loc="best")
-    ax2.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, dpi=110, format="png")
-    plt.close(fig)
+    window = 25 if n_max > 200 else 1
+    drawn = {k: _smooth(runs[k]["loss"], window) for k in order}
+    st = styles(drawn, order)  # what coincides on the plot is what the legend explains
+    with plt.rc_context(FONT):
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(14, 10), sharex=True, gridspec_kw={"height_ratios": [3, 2]},
+                                       layout="constrained")
+        if window > 1 and order:
+            first = runs[order[0]]["loss"]
+            ax1.plot(np.arange(len(first)), first, color="0.6", lw=0.5, alpha=0.35, zorder=1,
+                     label=f"{order[0]}: every step")
+        for label in order:
+            draw(ax1, np.arange(len(drawn[label])), drawn[label], st[label])
+        ax1.set_ylabel("loss (MLM + NSP)" + (f", {window}-step mean" if window > 1 else ""))
+        _legend(ax1)
+        ax1.grid(alpha=0.3)
+        ax1.set_title(f"{report['number']}. {report['title']}: {report['status'].upper()}")
+        # per-step relative differences as dots (0 cannot be drawn on a log axis: counted in the
+        # legend instead), and their running maximum as a line
+        maxima, meta = {}, {}
+        for c in report["comparisons"]:
+            rel = np.asarray(c["rel_diff"], dtype=np.float64)
+            tag = {"equal": "", "differ": " [control: must differ]", "info": " [info]"}[c["expect"]]
+            zeros = int(c["identical_steps"])
+            ident = f"; identical at {zeros}/{c['steps']} steps" if zeros else ""
+            label = f"{c['other']} vs {c['reference']}{tag}"
+            nz = rel > 0
+            color = st.get(c["other"], {}).get("color", "k")
+            ax2.plot(np.arange(len(rel))[nz], rel[nz], ".", color=color, ms=2.5 if len(rel) > 200 else 4, alpha=0.35)
+            if nz.any():
+                maxima[label] = np.maximum.accumulate(np.where(nz, rel, 0.0))
+                meta[label] = (color, ident)
+            else:
+                ax2.plot([], [], "-", color=color, label=f"{label}: identical at every step")
+        mst = styles(maxima)
+        for label, run_max in maxima.items():
+            kw = dict(mst[label], color=meta[label][0], lw=min(mst[label]["lw"], 2.0))
+            kw["label"] = kw["label"].replace(label, f"{label}: running max{meta[label][1]}", 1)
+            draw(ax2, np.arange(len(run_max)), np.where(run_max > 0, run_max, np.nan), kw)
+        ax2.set_yscale("log")
+        tol = report["tolerance"]
+        if tol.get("rel_all") is not None:
+            ax2.axhline(tol["rel_all"], color="k", ls="--", lw=1.0, label=f"tolerance {tol['rel_all']:g}")
+            if tol.get("rel_first") is not None:
+                ax2.hlines(tol["rel_first"], 0, tol["first_steps"] - 1, color="k", lw=2.5,
+                           label=f"tolerance {tol['rel_first']:g} (first {tol['first_steps']} steps)")
+        ax2.set_ylabel("|diff| / |reference loss|")
+        ax2.set_xlabel("step")
+        ax2.grid(alpha=0.3, which="both")
+        _legend(ax2)
+        with atomic_open(path, "wb") as f:
+            fig.savefig(f, dpi=110, format="png")
+        plt.close(fig)
 
 
 def plot_skipped(report: dict, path: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from bert_of.errors import BertOfError
 from bert_of.fs import append_jsonl
+from bert_of.progress import Progress, log
 from bert_of.training.state import save_checkpoint
 
 METRICS_NAME = "metrics.jsonl"
@@ -32,9 +32,10 @@ class FitResult:
 
 
 def note(rt, msg: str) -> None:
-    """A line on stderr, from rank 0 only."""
+    """A note for the user (the ``bert_of`` logger: stderr, -q silences it), from rank 0 only; a
+    message starting "warning:" is a warning."""
     if rt is None or rt.is_main:
-        print(msg, file=sys.stderr, flush=True)
+        (log.warning if msg.startswith("warning:") else log.info)(msg)
 
 
 def fit(trainer, data, steps: int, *, batch_size: int, run_dir: str | None = None, log_every: int = 10,
@@ -45,7 +46,8 @@ def fit(trainer, data, steps: int, *, batch_size: int, run_dir: str | None = Non
     Every ``log_every`` steps (and at the last) rank 0 appends a record to
     ``run_dir/metrics.jsonl`` (step, the step's outputs, samples/s over ``batch_size`` global
     rows per step, mode, world) and, with ``progress="lines"``, prints the loss; ``"bar"``
-    shows a tqdm bar instead. Every ``save_every`` steps a checkpoint goes to
+    shows progress instead (:class:`bert_of.progress.Progress`: a bar on a terminal, else a line
+    every few seconds). Every ``save_every`` steps a checkpoint goes to
     ``run_dir/checkpoints/``. ``check_finite``: a non-finite loss stops training with an error.
     """
     rt = trainer.rt
@@ -54,9 +56,7 @@ def fit(trainer, data, steps: int, *, batch_size: int, run_dir: str | None = Non
         os.makedirs(run_dir, exist_ok=True)
     bar = None
     if progress == "bar" and rt.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, initial=trainer.global_step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        bar = Progress(what, total=steps, initial=trainer.global_step, unit="step")
     res = FitResult(trainer.global_step)
     t0 = t_last = time.perf_counter()
     first, n_last, window = trainer.global_step, trainer.global_step, []
@@ -66,8 +66,7 @@ def fit(trainer, data, steps: int, *, batch_size: int, run_dir: str | None = Non
         res.losses.append(out["loss"])
         window.append(out["loss"])
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
+            bar.update(1, loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
         if step % log_every == 0 or step == steps:
             if check_finite and not all(math.isfinite(v) for v in window):
                 raise BertOfError(f"{what}: the loss is not finite at step {step} (lower --lr?)")

@@ -15,12 +15,14 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.checkpoint import WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
+from bert_of.converters.common import vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.fs import bert_of_home, publishing, read_json, read_jsonl, utc_now, write_json
 from bert_of.modeling import truncated_normal
+from bert_of.progress import Progress
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
 from bert_of.training.loop import METRICS_NAME, ShuffledRows, fit, note
@@ -187,12 +189,6 @@ def read_train_args(path: str) -> dict:
     return read_json(p, "train_args.json", error=CheckpointError)
 
 
-def vocab_looks_cased(vocab) -> bool:
-    """A cased vocabulary (Google's cased models) holds capitalised whole words."""
-    caps = sum(1 for t in vocab if t[:1].isupper() and not t.startswith("["))
-    return caps >= max(10, len(vocab) // 50)
-
-
 def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None):
     vocab_file = vocab_file or os.path.join(path, "vocab.txt")
     if not os.path.isfile(vocab_file):
@@ -281,7 +277,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     batch_size = -(-batch_size // rt.world) * rt.world
     graph = _PredictGraph(model, outputs) if mode == "graph" else None
     results = [[] for _ in outputs]
-    with flow.no_grad():
+    with flow.no_grad(), Progress("predict", total=n, unit="row") as bar:
         for lo in range(0, n, batch_size):
             rows = [a[lo:lo + batch_size] for a in inputs]
             real = len(rows[0])
@@ -295,6 +291,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
                 vals = tuple(getattr(out, k) for k in outputs)
             for acc, v in zip(results, vals):
                 acc.append(to_numpy(v)[:real].astype(np.float32))
+            bar.update(real)
     return [np.concatenate(r, axis=0) for r in results]
 
 

@@ -24,11 +24,13 @@ from bert_of.eval.tasks.common import (COMMON_DEFAULTS, ModelOptions, RecordOpti
                                        infer, load_model, make_tokenizer, model_display_name, model_folder,
                                        read_train_args, record, save_finetuned, train)
 from bert_of.fs import atomic_open
+from bert_of.progress import log, progress_iter
 from bert_of.modeling import BertForSequenceClassification
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime
 
 GLUE_TRAIN_DEFAULTS = dict(lr=2e-5, batch_size=32, epochs=3.0, warmup_proportion=0.1, max_seq_length=128)
+PREDICTIONS_FILE = "predictions.tsv"
 
 
 @dataclass(kw_only=True)
@@ -50,12 +52,12 @@ class GluePredictOptions(ModelOptions, GlueDataOptions):
     """``bert-of predict glue``."""
 
     data: str
-    output: str | None = None  # the predictions file (GLUE submission format)
+    output: str | None = None  # the folder for predictions.tsv (GLUE submission format); "*.tsv": the file itself
 
 
 @dataclass(kw_only=True)
 class GlueEvalOptions(GluePredictOptions, RecordOptions):
-    """``bert-of eval glue``: output None = $BERT_OF_HOME/eval/MODEL/TASK-DATA-TIME/predictions.tsv."""
+    """``bert-of eval glue``: output None = $BERT_OF_HOME/eval/MODEL/TASK-DATA-TIME/."""
 
 
 @dataclass
@@ -73,7 +75,8 @@ class GlueRun:
 
 def _glue_arrays(examples, labels, max_seq_length, tok) -> dict:
     """Features named like the classifier's forward arguments (``labels``: class ids, or floats for STS-B)."""
-    feats = [convert_example_to_features(e, labels, max_seq_length, tok) for e in examples]
+    feats = [convert_example_to_features(e, labels, max_seq_length, tok)
+             for e in progress_iter(examples, "GLUE features", unit="example")]
     out = {name: np.array([f[k] for f in feats], dtype=np.int64)
            for name, k in (("input_ids", "input_ids"), ("token_type_ids", "segment_ids"),
                            ("attention_mask", "input_mask"))}
@@ -142,6 +145,15 @@ def _after_training(opts: GlueTrainOptions, data: str) -> GlueEvalOptions:
     return GlueEvalOptions(**dict(keep, data=data, output=None, model=opts.output, name=None))
 
 
+def predictions_file(output: str) -> str:
+    """``OUTPUT/predictions.tsv``; an ``--output`` ending in .tsv names the file (deprecated)."""
+    if output.endswith(".tsv"):
+        log.warning(f"--output {output}: a file name is deprecated; --output names a folder "
+                    f"(predictions.tsv inside)")
+        return output
+    return os.path.join(output, PREDICTIONS_FILE)
+
+
 def _glue_task(opts: GlueDataOptions, train_args: dict) -> str:
     task = opts.task or train_args.get("task")
     if not task:
@@ -152,11 +164,13 @@ def _glue_task(opts: GlueDataOptions, train_args: dict) -> str:
 def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=None,
                  rt: Runtime | None = None) -> GlueRun | None:
     """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
-    file (``index<TAB>prediction``) to ``opts.output``. ``trained``/``model``: the folder just
+    file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output`` (a path ending
+    in ``.tsv`` is the file itself: the old meaning, deprecated). ``trained``/``model``: the folder just
     written by fine-tuning and its model in memory."""
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
-        raise ConfigError("predict glue: no --output file")
+        raise ConfigError("predict glue: no --output folder")
+    out_file = predictions_file(opts.output)
     with model_folder(opts, trained) as (path, name, ident):
         train_args = read_train_args(path)
         task = _glue_task(opts, train_args)
@@ -194,12 +208,13 @@ def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=Non
             settings["language"] = opts.language
         if not rt.is_main:
             return None
-        with atomic_open(opts.output) as f:
+        os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
+        with atomic_open(out_file) as f:
             f.write("index\tprediction\n")
             for i, p in enumerate(preds):
                 f.write(f"{i}\t{p!r}\n" if labels is None else f"{i}\t{p}\n")
-        note(rt, f"predicted {len(examples)} {spec.name} examples; wrote {opts.output}")
-        return GlueRun(examples, preds, opts.output, settings, path, name, ident, train_args, new_head)
+        note(rt, f"predicted {len(examples)} {spec.name} examples; wrote {out_file}")
+        return GlueRun(examples, preds, out_file, settings, path, name, ident, train_args, new_head)
 
 
 def eval_glue(opts: GlueEvalOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
@@ -209,7 +224,7 @@ def eval_glue(opts: GlueEvalOptions, trained: str | None = None, model=None, rt:
         train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
         task = _glue_task(opts, train_args)
         d = default_eval_dir(model_display_name(opts.model), opts.data, task)
-        opts.output = os.path.join(d, "predictions.tsv")
+        opts.output = d
     run = predict_glue(opts, trained=trained, model=model, rt=rt)
     if run is None:
         return None

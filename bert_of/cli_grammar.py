@@ -1,0 +1,177 @@
+"""One grammar for every ``bert-of`` command line: the same flag for the same concept, help with
+defaults and examples, and the options every command takes (-q, -v, --no-progress, --debug).
+
+Each command module builds its parser with :func:`option` (new spelling first, old spellings
+accepted but not shown), :class:`HelpFormatter` (shows defaults) and :func:`examples` (the
+epilog). :func:`finish` walks the finished parser tree and adds the common options to every
+command; :func:`configure` applies them before a command runs. ``GRAMMAR`` is the table the
+README shows and ``tests/test_cli.py`` enforces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import textwrap
+
+from bert_of.progress import DISABLE_ENV, allow_bars, bars_enabled, setup_logging
+
+# (flag, meaning, where, old spellings): an old spelling is (spelling, the commands that took it); it
+# still works there for a release, hidden from help. "DST"/"DATA.json"/...: a positional form.
+GRAMMAR = [
+    ("-o, --output", "where the command writes: a folder (checkpoint, run, dataset, predictions) or a file "
+                     "(plot, JSON report, scores)",
+     "convert, verify, pretrain, plot, finetune, predict, eval, align, data create-pretraining",
+     (("DST", "convert"), ("--json", "verify"), ("--out", "plot, align"), ("--out-file", "eval squad-score"))),
+    ("--model", "the checkpoint to run or score: a folder in any format or a zoo name",
+     "finetune, predict, eval", (("--checkpoint", "eval squad-score, eval glue-score"),)),
+    ("--name", "the model's label: results table (finetune, eval), registry entry (zoo add)",
+     "finetune, eval, zoo add", (("--model NAME", "eval squad-score, eval glue-score"),)),
+    ("--data", "input data: OFRecord folder (pretrain), labeled or unlabeled file (predict, eval)",
+     "pretrain, predict, eval", (("DATA.json", "eval squad-score"),)),
+    ("--predictions", "a predictions file to score", "eval squad-score, eval glue-score",
+     (("PREDICTIONS.json", "eval squad-score"),)),
+    ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included", "data, pretrain, finetune, predict, eval, verify",
+     (("--seq-length", "pretrain"), ("--seq-len", "verify"))),
+    ("--max-predictions-per-seq", "masked positions per sequence", "data, pretrain",
+     (("--max-predictions", "pretrain"),)),
+    ("--grad-accum-steps", "micro-batches per optimizer step", "pretrain, finetune", (("--grad-accum", "pretrain"),)),
+    ("--steps", "optimizer steps to train", "pretrain, finetune, align", (("--max-steps", "finetune"),)),
+    ("--batch-size", "the global batch (all ranks together)", "pretrain, finetune", ()),
+    ("--lr --seed --log-every --save-every --resume --mode --amp --nproc --vocab --config --task --json",
+     "one meaning wherever they appear", "pretrain, finetune, predict, eval, align, convert, inspect, zoo", ()),
+    ("--overwrite", "replace an existing output", "every command that writes", (("--force", "zoo add"),)),
+    ("--squad-version", "read / score SQuAD as 1.1 or 2.0", "eval squad-score, finetune/predict/eval squad",
+     (("--version", "eval squad-score, finetune squad, predict squad, eval squad"),)),
+    ("-q, --quiet", "errors only: no notes, no progress", "every command", ()),
+    ("-v, --verbose", "debug messages too (convert: every tensor in the report)", "every command", ()),
+    ("--no-progress", "no progress bars (as BERT_OF_DISABLE_PROGRESS_BARS=1); bars show only on a terminal, "
+                      "logs get a plain line every BERT_OF_PROGRESS_EVERY seconds (10)", "every command",
+     (("--progress", "zoo download"),)),
+    ("--debug", "the traceback of an unexpected error (as BERT_OF_DEBUG=1)", "every command", ()),
+    ("--version", "print bert-of's version", "bert-of", ()),
+]
+
+
+def grammar_markdown() -> str:
+    """GRAMMAR as the README's table."""
+    rows = ["| flag | meaning | commands | old spellings (still accepted, hidden) |", "|---|---|---|---|"]
+    for flag, meaning, where, old in GRAMMAR:
+        olds = "; ".join(f"`{o}` ({w})" for o, w in old) or "-"
+        rows.append(f"| `{flag}` | {meaning} | {where} | {olds} |")
+    return "\n".join(rows)
+
+
+DEBUG_HELP = "show the traceback of an unexpected error (also: BERT_OF_DEBUG=1)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Prose paragraphs wrapped, indented blocks (examples, tables) kept as written; every option's
+    default shown unless its help already says it; old spellings (:func:`option`) not shown."""
+
+    def _fill_text(self, text, width, indent):
+        out = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if len(lines) > 1 and all(ln.startswith("  ") or ln.endswith(":") for ln in lines):
+                out.append("\n".join(indent + ln for ln in lines))  # a block: examples, environment
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent, break_on_hyphens=False))
+        return "\n\n".join(out)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if not action.option_strings or "default" in text.lower() or d is None or isinstance(d, bool) \
+                or d is argparse.SUPPRESS or d == [] or isinstance(action, (argparse._StoreConstAction,
+                                                                            argparse._HelpAction)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _format_action_invocation(self, action):
+        old = getattr(action, "old_spellings", ())
+        if not old:
+            return super()._format_action_invocation(action)
+        shown = copy.copy(action)
+        shown.option_strings = [s for s in action.option_strings if s not in old]
+        return super()._format_action_invocation(shown)
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def option(p, *flags, old=(), **kw) -> argparse.Action:
+    """``p.add_argument(*flags, **kw)`` that also accepts the ``old`` spellings (kept for a release,
+    not shown in help)."""
+    action = p.add_argument(*flags, *old, **kw)
+    action.old_spellings = tuple(old)
+    return action
+
+
+def output_option(p, help: str, *, required: bool = False, default=None, metavar: str = "PATH", old=()):
+    """``-o/--output``: where the command writes (the grammar's one output flag)."""
+    return option(p, "-o", "--output", old=old, required=required, default=default, metavar=metavar, help=help)
+
+
+def examples(*lines: str) -> str:
+    """An epilog: ``examples:`` and one command per line (``#`` starts a comment)."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def subparsers(p):
+    """The subparsers action of a parser, or None."""
+    return next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def walk(p, path=()):
+    """(command path, parser) for ``p`` and every parser below it."""
+    yield path, p
+    sub = subparsers(p)
+    if sub is not None:
+        seen = set()
+        for name, child in sub.choices.items():
+            if id(child) not in seen:  # aliases share a parser
+                seen.add(id(child))
+                yield from walk(child, path + (name,))
+
+
+def _add_common(p, top: bool) -> None:
+    """-q / -v / --no-progress / --debug on ``p`` (below the top level they default to "not given",
+    so ``bert-of -q convert ...`` and ``bert-of convert ... -q`` mean the same)."""
+    unset = {} if top else {"default": argparse.SUPPRESS}
+    have = p._option_string_actions
+    g = p.add_argument_group("output control") if not top else p
+    if "-q" not in have and "--quiet" not in have:
+        g.add_argument("-q", "--quiet", action="store_true", help="errors only: no notes, no progress", **unset)
+    if "-v" not in have and "--verbose" not in have:
+        g.add_argument("-v", "--verbose", action="store_true", help="debug messages too", **unset)
+    if "--no-progress" not in have:
+        g.add_argument("--no-progress", action="store_true", help=f"no progress bars (as {DISABLE_ENV}=1; "
+                       "bars show only on a terminal)", **unset)
+    if "--debug" not in have:
+        g.add_argument("--debug", action="store_true", help=DEBUG_HELP, **unset)
+
+
+def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The common options and the help formatter on ``parser`` and every command below it."""
+    if getattr(parser, "_bert_of_finished", False):
+        return parser
+    for path, p in walk(parser):
+        p.formatter_class = HelpFormatter
+        _add_common(p, top=not path)
+    parser._bert_of_finished = True
+    return parser
+
+
+def configure(args) -> None:
+    """Apply the common options of a parsed command line: logging level, progress bars."""
+    quiet, verbose = getattr(args, "quiet", False), getattr(args, "verbose", False)
+    setup_logging(-1 if quiet else 1 if verbose else 0)
+    allow_bars(not getattr(args, "no_progress", False))
+    if not bars_enabled():
+        args.no_progress = True  # commands drawing a bar of their own draw none either
+
+
+__all__ = ["GRAMMAR", "HelpFormatter", "configure", "examples", "finish", "grammar_markdown", "option", "output_option",
+           "walk"]

@@ -1,0 +1,283 @@
+"""The command-line grammar (bert_of/cli_grammar.py) and what the user sees on stderr.
+
+Every command's --help: help text for every option, defaults shown, examples, no old spelling of
+a concept in the README grammar, no markup. Old spellings still parse to the same options.
+--version. -q leaves errors only; progress is a bar on a terminal and plain lines in a pipe (no
+carriage returns); OneFlow's start-up line is gone.
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+
+from bert_of.cli import build_parser
+from bert_of.cli_grammar import GRAMMAR, HelpFormatter, walk
+from bert_of.version import __version__
+from tests.conftest import ROOT, run_cli
+
+HF_TINY = os.path.join(ROOT, "tests", "data", "hf", "tiny_pt")
+SQUAD = os.path.join(ROOT, "tests", "data", "squad")
+
+# bert_of/data/cli.py belongs to the data pipeline's branch; its help is completed there (see the
+# xfail below): until then these commands are checked separately.
+DATA_COMMANDS = {("data",), ("data", "create-pretraining"), ("data", "inspect"), ("data", "reshard")}
+MARKUP = re.compile(r"``|:(mod|class|func|meth|attr):`|\*\*\w")
+
+
+def commands():
+    return {path: p for path, p in walk(build_parser())}
+
+
+def problems(path, p) -> list:
+    """What is missing or wrong in one command's help."""
+    name = " ".join(("bert-of",) + path)
+    out = []
+    if not p.epilog or "examples:" not in p.epilog:
+        out.append(f"{name}: no examples in its help")
+    formatter = HelpFormatter(prog=name)
+    for a in p._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+            continue
+        if a.help == argparse.SUPPRESS:
+            continue  # an old spelling or a test-only option
+        shown = a.option_strings or [a.dest]
+        if not (a.help or "").strip():
+            out.append(f"{name} {shown[0]}: no help text")
+            continue
+        default = a.default
+        if a.option_strings and default is not None and not isinstance(default, bool) \
+                and default is not argparse.SUPPRESS and default != [] \
+                and "default" not in formatter._get_help_string(a).lower():
+            out.append(f"{name} {shown[0]}: default {default!r} not shown")
+    text = p.format_help()
+    if MARKUP.search(text):
+        out.append(f"{name}: markup in the help text: {MARKUP.search(text).group(0)!r}")
+    return out
+
+
+def test_every_command_has_help_for_every_option_defaults_and_examples():
+    found = [msg for path, p in commands().items() if path not in DATA_COMMANDS for msg in problems(path, p)]
+    assert not found, "\n".join(found)
+    assert len(commands()) >= 30  # the walk reaches the nested commands (zoo download, eval squad, ...)
+
+
+@pytest.mark.xfail(strict=True, reason="bert_of/data/cli.py (data branch): reshard/inspect options lack help "
+                                       "and the data commands lack examples; see the cli branch's report")
+def test_data_commands_have_help_and_examples():
+    found = [msg for path, p in commands().items() if path in DATA_COMMANDS for msg in problems(path, p)]
+    assert not found, "\n".join(found)
+
+
+def _where(spec: str, cmds) -> list:
+    """The command paths a GRAMMAR "where" names ("plot, align", "eval squad-score"); a group
+    (finetune) stands for the commands below it."""
+    out = []
+    for item in (w.strip() for w in spec.split(",")):
+        path = tuple(item.split())
+        below = [c for c in cmds if c[:len(path)] == path and not any(
+            isinstance(a, argparse._SubParsersAction) for a in cmds[c]._actions)]
+        assert below, f"GRAMMAR names {item!r}, which is not a command"
+        out += below
+    return out
+
+
+def _visible(p) -> set:
+    return {s for a in p._actions if a.help != argparse.SUPPRESS
+            for s in a.option_strings if s not in getattr(a, "old_spellings", ())}
+
+
+def test_no_command_shows_an_old_spelling_and_every_old_spelling_still_parses():
+    cmds = commands()
+    for flag, _, _, old in GRAMMAR:
+        for spelling, where in old:
+            if not spelling.startswith("-"):
+                continue  # a positional form (DST, DATA.json): see test_old_command_lines_mean_the_same
+            opt = spelling.split()[0]
+            for path in _where(where, cmds):
+                p = cmds[path]
+                assert opt in p._option_string_actions, f"bert-of {' '.join(path)}: {opt} no longer accepted"
+                assert opt not in _visible(p) or flag.startswith("--name"), \
+                    f"bert-of {' '.join(path)} shows the old spelling {opt} of {flag}"
+    # spellings that are old everywhere must not show anywhere (--json, --force, --version, --model
+    # are canonical for other concepts elsewhere)
+    never = {o for _, _, _, old in GRAMMAR for o, _ in old if o.startswith("--") and " " not in o} - \
+        {"--json", "--force", "--version"}
+    shown = {(" ".join(path), s) for path, p in cmds.items() for s in _visible(p) & never}
+    assert not shown, shown
+
+
+def _parsed(argv):
+    args = vars(build_parser().parse_args(argv))
+    return {k: v for k, v in args.items() if k not in ("fn",)}
+
+
+@pytest.mark.parametrize("old, new", [
+    (["convert", "tf2of", "src", "dst"], ["convert", "tf2of", "src", "-o", "dst"]),
+    (["verify", "a", "b", "--json", "r.json", "--seq-len", "8"], ["verify", "a", "b", "-o", "r.json",
+                                                                  "--max-seq-length", "8"]),
+    (["pretrain", "--data", "d", "--output", "r", "--grad-accum", "2", "--seq-length", "64", "--max-predictions", "5"],
+     ["pretrain", "--data", "d", "-o", "r", "--grad-accum-steps", "2", "--max-seq-length", "64",
+      "--max-predictions-per-seq", "5"]),
+    (["plot", "run", "--out", "x.png"], ["plot", "run", "-o", "x.png"]),
+    (["align", "eager-graph", "--out", "a", "--quiet"], ["align", "eager-graph", "-o", "a", "-q"]),
+    (["eval", "squad-score", "d.json", "p.json", "--out-file", "s.json", "--checkpoint", "ck", "--version", "2.0"],
+     ["eval", "squad-score", "--data", "d.json", "--predictions", "p.json", "-o", "s.json", "--model", "ck",
+      "--squad-version", "2.0"]),
+    (["finetune", "squad", "--model", "m", "--train", "t.json", "--output", "o", "--max-steps", "9"],
+     ["finetune", "squad", "--model", "m", "--train", "t.json", "-o", "o", "--steps", "9"]),
+    (["zoo", "add", "dir", "--name", "n", "--force"], ["zoo", "add", "dir", "--name", "n", "--overwrite"]),
+    (["zoo", "download", "n", "--progress", "-q"], ["zoo", "download", "n", "--quiet"]),
+])
+def test_old_command_lines_mean_the_same(old, new):
+    a, b = _parsed(old), _parsed(new)
+    if "progress" in a:  # zoo download --progress: accepted, no longer does anything
+        a["progress"] = b["progress"]
+    # the positional forms land in their own hidden slots; the commands merge them (tested below)
+    for slot, flag in (("dst", "output"), ("data_pos", "data"), ("pred_pos", "predictions")):
+        if a.get(slot):
+            a[flag], a[slot] = a[slot], None
+    assert a == b
+
+
+def test_version_and_top_level_examples():
+    r = subprocess.run([sys.executable, "-m", "bert_of.cli", "--version"], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0 and r.stdout.strip() == f"bert-of {__version__}" and not r.stderr
+    top = build_parser().format_help()
+    assert "examples:" in top and "bert-of eval squad" in top and "bert-of convert tf2of" in top
+
+
+def test_the_readme_table_lists_every_concept():
+    from bert_of.cli_grammar import grammar_markdown
+
+    table = grammar_markdown().splitlines()
+    assert len(table) == len(GRAMMAR) + 2 and all(row.count("|") >= 5 for row in table)
+
+
+# --------------------------------------------------------------------------- what stderr shows
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_OF_")}
+    env.update(PYTHONPATH=ROOT, **extra)
+    return env
+
+
+def test_piped_progress_is_plain_lines_without_carriage_returns(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", HF_TINY, "-o", tmp_path / "of"],
+                       capture_output=True, env=_env(BERT_OF_PROGRESS_EVERY="0"), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    assert "\r" not in err and "\r" not in r.stdout.decode()
+    lines = [ln for ln in err.splitlines() if ln.startswith("hf2of: ")]
+    assert lines and lines[-1].endswith("(done)") and "(100%)" in lines[-1], err
+
+
+def test_a_terminal_gets_a_bar_and_no_progress_turns_it_off(tmp_path):
+    def on_a_terminal(*extra, env=None):
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a size
+        p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", HF_TINY, *extra],
+                             stdout=subprocess.PIPE, stderr=follower, env=env or _env(), cwd=ROOT)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                data = os.read(leader, 1 << 16)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        p.wait(timeout=120)
+        os.close(leader)
+        assert p.returncode == 0, b"".join(chunks)
+        return b"".join(chunks).decode(errors="replace")
+
+    assert "\r" in on_a_terminal("-o", tmp_path / "a")  # tqdm redraws in place
+    assert "\r" not in on_a_terminal("-o", tmp_path / "b", "--no-progress")
+    assert "\r" not in on_a_terminal("-o", tmp_path / "c", env=_env(BERT_OF_DISABLE_PROGRESS_BARS="1"))
+    assert "\r" not in on_a_terminal("-o", tmp_path / "d", "-q")
+
+
+def test_quiet_leaves_only_errors(tmp_path):
+    data, preds = os.path.join(SQUAD, "dev-v1.1-mini.json"), os.path.join(SQUAD, "predictions-v1.1.json")
+    home = tmp_path / "home"
+    loud = run_cli("eval", "squad-score", "--data", data, "--predictions", preds, "--results", home / "r.jsonl")
+    assert "recorded in" in loud.stderr
+    quiet = run_cli("-q", "eval", "squad-score", "--data", data, "--predictions", preds, "--results", home / "r.jsonl")
+    assert quiet.stderr == "" and json.loads(quiet.stdout) == json.loads(loud.stdout)
+    # a command that loads OneFlow and converts: results on stdout, nothing on stderr
+    r = subprocess.run([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", HF_TINY, "-o", tmp_path / "of",
+                        "--verify", "-q"], capture_output=True, text=True, env=_env(BERT_OF_PROGRESS_EVERY="0"),
+                       cwd=ROOT)
+    assert r.returncode == 0 and r.stderr == "" and "wrote" in r.stdout, r.stderr
+    # errors still show, as one line
+    r = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "of", "-q", check=False)
+    assert r.returncode == 1 and r.stderr.splitlines() == [f"bert-of: error: {tmp_path / 'of'}: already exists "
+                                                           "(use --overwrite to replace it)"]
+
+
+def test_verbose_lists_every_tensor(tmp_path):
+    short = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "a").stdout
+    long = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "b", "-v").stdout
+    assert "  mapped    " not in short and long.count("  mapped    ") > 20
+
+
+def test_oneflow_start_up_line_is_gone():
+    r = subprocess.run([sys.executable, "-c", "import bert_of._flow; import sys; print('real error', file=sys.stderr)"],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT)
+    assert r.returncode == 0 and "libibverbs" not in r.stderr and "real error" in r.stderr
+
+
+def test_results_with_an_unknown_task_is_an_error(tmp_path):
+    r = run_cli("results", "--task", "squad-v1", "--results", tmp_path / "r.jsonl", check=False)
+    assert r.returncode == 1 and r.stderr.splitlines()[0].startswith(
+        "bert-of: error: --task 'squad-v1': unknown task (did you mean squad-v1.1?)")
+    assert run_cli("results", "--task", "mrpc", "--results", tmp_path / "r.jsonl").returncode == 0
+
+
+def test_ctrl_c_leaves_nothing_partial(tmp_path):
+    """SIGINT while `convert --verify` checks the staged files: one line, nothing at DST, no staging
+    folder left behind."""
+    from tests.test_hf import minilm_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", minilm_dir(), "-o", out / "of",
+                          "--verify"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not os.listdir(out) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the staging folder appears: conversion under way
+    time.sleep(1.0)  # converting or verifying
+    assert p.poll() is None, "finished before it could be interrupted"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0 and "interrupted" in err.strip().splitlines()[-1], err
+    assert "Traceback" not in err and os.listdir(out) == []
+
+
+def test_coinciding_curves_get_their_own_colours_dashed_over_solid():
+    from bert_of.plots import styles
+
+    eager = [7.5, 7.2, 7.0, 6.8, 6.7]
+    curves = {"eager": eager, "graph": list(eager), "2 ranks": [x + 1e-4 for x in eager],
+              "no clipping": [x - 0.5 for x in eager]}
+    st = styles(curves)
+    assert len({s["color"] for s in st.values()}) == 4
+    assert st["eager"]["ls"] == "-" and st["no clipping"]["ls"] == "-"
+    assert st["graph"]["label"] == "graph (identical to eager)"
+    assert st["2 ranks"]["label"] == "2 ranks (coincides with eager)"
+    assert st["graph"]["ls"] != "-" and st["2 ranks"]["ls"] != "-" and st["graph"]["ls"] != st["2 ranks"]["ls"]
+    assert min(st["graph"]["zorder"], st["2 ranks"]["zorder"]) > st["eager"]["zorder"]  # drawn over it
