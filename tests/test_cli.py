@@ -29,9 +29,6 @@ from tests.conftest import ROOT, run_cli
 HF_TINY = os.path.join(ROOT, "tests", "data", "hf", "tiny_pt")
 SQUAD = os.path.join(ROOT, "tests", "data", "squad")
 
-# bert_of/data/cli.py belongs to the data pipeline's branch; its help is completed there (see the
-# xfail below): until then these commands are checked separately.
-DATA_COMMANDS = {("data",), ("data", "create-pretraining"), ("data", "inspect"), ("data", "reshard")}
 MARKUP = re.compile(r"``|:(mod|class|func|meth|attr):`|\*\*\w")
 
 
@@ -67,16 +64,9 @@ def problems(path, p) -> list:
 
 
 def test_every_command_has_help_for_every_option_defaults_and_examples():
-    found = [msg for path, p in commands().items() if path not in DATA_COMMANDS for msg in problems(path, p)]
+    found = [msg for path, p in commands().items() for msg in problems(path, p)]
     assert not found, "\n".join(found)
     assert len(commands()) >= 30  # the walk reaches the nested commands (zoo download, eval squad, ...)
-
-
-@pytest.mark.xfail(strict=True, reason="bert_of/data/cli.py (data branch): reshard/inspect options lack help "
-                                       "and the data commands lack examples; see the cli branch's report")
-def test_data_commands_have_help_and_examples():
-    found = [msg for path, p in commands().items() if path in DATA_COMMANDS for msg in problems(path, p)]
-    assert not found, "\n".join(found)
 
 
 def _where(spec: str, cmds) -> list:

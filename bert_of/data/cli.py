@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 
+from bert_of.cli_grammar import examples, output_option
 from bert_of.fs import publishing, write_json
 
 from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, PretrainingOptions, _check_output,
@@ -162,10 +163,16 @@ def cmd_reshard(args) -> int:
 
 # --------------------------------------------------------------------------- parsers
 
+EPILOG = examples("bert-of data create-pretraining --input corpus.txt --vocab vocab.txt -o data/",
+                  "bert-of data inspect data/ --check", "bert-of data reshard data/ data-4/ --num-parts 4")
+
 
 def _add_commands(sub) -> None:
     c = sub.add_parser(
         "create-pretraining", help="text -> masked-LM/next-sentence OFRecord parts (Google's semantics)",
+        epilog=examples("bert-of data create-pretraining --input corpus/*.txt --vocab vocab.txt -o data/ --num-parts 8",
+                        "bert-of data create-pretraining --input a.txt --input b.txt --vocab vocab.txt -o data/ "
+                        "--combine-files  # record for record as Google's script"),
         description="Make BERT pretraining data as google-research/bert's create_pretraining_data.py does: "
                     "one sentence per line, blank lines between documents. Writes OFRecord part files "
                     "part-00000 ..., vocab.txt (a copy of --vocab) and bert_of_data.json into OUTPUT "
@@ -174,7 +181,7 @@ def _add_commands(sub) -> None:
                    help="text files (also comma-separated lists, glob patterns, directories); "
                         "repeat to add more (--input a.txt --input b.txt)")
     c.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
-    c.add_argument("--output", required=True, help="output directory (must be new or empty unless --overwrite)")
+    output_option(c, "output directory (must be new or empty unless --overwrite)", required=True, metavar="DIR")
     c.add_argument("--max-seq-length", type=int, default=128, help="tokens per instance, [CLS]/[SEP] included "
                    "(default 128)")
     c.add_argument("--max-predictions-per-seq", type=int, default=20, help="masked positions per instance at most "
@@ -209,30 +216,33 @@ def _add_commands(sub) -> None:
     c.add_argument("--json", action="store_true", help="print the summary as JSON")
     c.set_defaults(fn=cmd_create_pretraining)
 
-    i = sub.add_parser("inspect", help="part files, record counts and features of an OFRecord dataset")
-    i.add_argument("path")
-    i.add_argument("--check", action="store_true", help="parse every record (default: framing + first record)")
-    i.add_argument("--json", action="store_true")
+    i = sub.add_parser("inspect", help="part files, record counts and features of an OFRecord dataset",
+                       epilog=examples("bert-of data inspect data/", "bert-of data inspect data/ --check --json"))
+    i.add_argument("path", metavar="DIR", help="an OFRecord dataset directory (part files, bert_of_data.json)")
+    i.add_argument("--check", action="store_true", help="parse and range-check every record "
+                   "(default: framing + first record)")
+    i.add_argument("--json", action="store_true", help="print the report as JSON")
     i.set_defaults(fn=cmd_inspect)
 
-    r = sub.add_parser("reshard", help="re-deal an OFRecord dataset into N part files (e.g. one per rank)")
-    r.add_argument("src")
-    r.add_argument("dst")
-    r.add_argument("--num-parts", type=int, required=True)
-    r.add_argument("--overwrite", action="store_true")
+    r = sub.add_parser("reshard", help="re-deal an OFRecord dataset into N part files (e.g. one per rank)",
+                       epilog=examples("bert-of data reshard data/ data-8/ --num-parts 8"))
+    r.add_argument("src", metavar="SRC", help="the dataset to re-deal (left unchanged)")
+    r.add_argument("dst", metavar="DST", help="the new dataset directory (may not be, contain or lie inside SRC)")
+    r.add_argument("--num-parts", type=int, required=True, help="part files to write, >= the ranks that will read them")
+    r.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     r.set_defaults(fn=cmd_reshard)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``bert-of data ...`` on the main command line."""
     d = subparsers.add_parser("data", help="pretraining data: create-pretraining, inspect, reshard",
-                              description="Pretraining data in OFRecord form.")
+                              description="Pretraining data in OFRecord form.", epilog=EPILOG)
     _add_commands(d.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
     return d
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of data", description="Pretraining data in OFRecord form.")
+    p = argparse.ArgumentParser(prog="bert-of data", description="Pretraining data in OFRecord form.", epilog=EPILOG)
     _add_commands(p.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
     return p
 
