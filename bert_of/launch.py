@@ -46,6 +46,8 @@ from bert_of.errors import BertOfError, ConfigError
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 PARENT_ENV = "BERT_OF_PARENT_PID"  # set in ranks started here: they die with that process
+CPUS_ENV = "BERT_OF_RANK_CPUS"  # the CPUs a rank started here runs on ("0,1"), set before OneFlow starts
+PIN_ENV = "BERT_OF_PIN"  # 0: do not pin ranks to CPUs
 ERROR_PREFIX = "bert-of: error: "
 GRACE_S = 5.0  # after SIGTERM, ranks get this long to stop before SIGKILL
 # Rank output that never says why it failed: start-up notes, glog info/warnings, stack frames.
@@ -143,11 +145,26 @@ def rank_envs(topo: Topology) -> list:
     base[PARENT_ENV] = str(os.getpid())
     base.setdefault("OMP_NUM_THREADS", "1")  # as OneFlow's launcher: ranks share the cores
     envs = []
+    cpus = rank_cpus(topo.nproc)
     for local in range(topo.nproc):
         env = dict(base, RANK=str(topo.node_rank * topo.nproc + local))
         # No LOCAL_RANK: OneFlow derives it from the ranks it sees per host (see the module doc).
+        if cpus:
+            env[CPUS_ENV] = ",".join(map(str, cpus[local]))
         envs.append(env)
     return envs
+
+
+def rank_cpus(nproc: int) -> list | None:
+    """This process's CPUs split into ``nproc`` equal groups, one per rank; None when they cannot be
+    split (fewer CPUs than ranks) or BERT_OF_PIN=0."""
+    if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    per = len(cpus) // nproc
+    if per < 1:
+        return None
+    return [cpus[i * per:(i + 1) * per] for i in range(nproc)]
 
 
 # --------------------------------------------------------------------------- in a rank
@@ -171,6 +188,8 @@ def rank_main(argv: list) -> None:
     """``python -m bert_of.launch [-m MODULE | SCRIPT] ARGS...``: one rank: set up, then run the target
     as ``python`` would."""
     _die_with_parent()
+    if os.environ.get(CPUS_ENV):  # before OneFlow starts: its threads inherit the mask
+        os.sched_setaffinity(0, {int(c) for c in os.environ[CPUS_ENV].split(",")})
     if argv[:1] == ["-m"] and len(argv) >= 2:
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
