@@ -6,8 +6,9 @@
 
 Used by bench/pretrain_worker.py --thread-report: where a rank's CPU time goes, thread by thread.
 Roles come from the frames of ``gdb -batch -ex "thread apply all bt"`` (OneFlow 0.9's symbols):
-VirtualMachine::ScheduleLoop is the VM scheduler, WorkerLoop the stream worker that runs the
-kernels, ThreadPool / EpollLoop / PollMsgChannel / CommNet its pools and transport threads.
+VirtualMachine::ScheduleLoop is the VM scheduler, WorkerLoop (CreateThreadCtx) a stream worker that
+runs eager kernels, oneflow::Thread / Actor an nn.Graph actor thread that runs the graph's kernels,
+ThreadPool / EpollLoop / Transport / CommNet its pools and transport threads.
 """
 
 import os
@@ -18,6 +19,9 @@ ROLES = (  # first match in a thread's frames wins
     ("vm-scheduler", "VirtualMachine::ScheduleLoop"),
     ("vm-worker", "WorkerLoop"),
     ("vm-worker", "ThreadCtx::TryReceiveAndRun"),
+    ("vm-worker", "VirtualMachine::CreateThreadCtx"),
+    ("graph-actor", "oneflow::Thread::"),  # nn.Graph's actor threads: its kernels run here
+    ("graph-actor", "oneflow::Actor::"),
     ("thread-pool", "ThreadPool::ThreadPool"),
     ("io-poller", "IOEventPoller::EpollLoop"),
     ("transport", "Transport::PollMsgChannel"),

@@ -91,11 +91,13 @@ class Topology:
         return self
 
 
-def add_arguments(parser, what: str = "ranks") -> None:
-    """``--nproc --nnodes --node-rank --master-addr --master-port`` on a command's parser."""
+def add_arguments(parser, nproc: bool = True) -> None:
+    """``--nproc --nnodes --node-rank --master-addr --master-port`` on a command's parser (``nproc``
+    False: the command decides its ranks, the nodes are what the user says)."""
     g = parser.add_argument_group("ranks (data parallel; under an external launcher give none of these)")
-    g.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help=f"{what} on this machine (the command runs itself again as N ranks; default 1)")
+    if nproc:
+        g.add_argument("--nproc", type=int, default=1, metavar="N",
+                       help="ranks on this machine (the command runs itself again as N ranks; default 1)")
     g.add_argument("--nnodes", type=int, default=1, metavar="M",
                    help="machines in the job; every node runs the same command with its own --node-rank")
     g.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's index, 0..M-1 (0 = master)")
@@ -105,8 +107,8 @@ def add_arguments(parser, what: str = "ranks") -> None:
                    help="a free TCP port on node 0, the same on every node (default: any free port; one node)")
 
 
-def topology(args) -> Topology:
-    return Topology(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port).check()
+def topology(args, nproc: int | None = None) -> Topology:
+    return Topology(nproc or args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port).check()
 
 
 def in_rank() -> bool:
@@ -368,20 +370,28 @@ def maybe_relaunch(args) -> int | None:
 # --------------------------------------------------------------------------- background launches (align)
 
 
-def spawn(target: list, nproc: int, **popen) -> subprocess.Popen:
-    """Start ``target`` as ``nproc`` ranks of this machine in the background: a process whose exit
-    status is the job's (``python -m bert_of.launch --job N TARGET...``)."""
-    if nproc <= 1:
+def spawn(target: list, world: int, nodes: Topology | None = None, **popen) -> subprocess.Popen:
+    """Start ``target`` as ``world`` ranks in the background, spread over ``nodes`` (this node's share;
+    the other nodes run theirs): a process whose exit status is the job's, 1 with one error line
+    on stderr when a rank failed (``python -m bert_of.launch --job ...``)."""
+    if world <= 1:
         return subprocess.Popen([sys.executable, *target], env=child_env(), **popen)
+    nodes = nodes or Topology()
+    if world % nodes.nnodes:
+        raise ConfigError(f"{world} ranks cannot be spread evenly over --nnodes {nodes.nnodes}")
+    job = ["--job", str(world // nodes.nnodes), str(nodes.nnodes), str(nodes.node_rank), nodes.master_addr,
+           str(nodes.master_port or 0)]
     env = dict(child_env(), **{PARENT_ENV: str(os.getpid())})
-    return subprocess.Popen([sys.executable, "-m", "bert_of.launch", "--job", str(nproc), *target], env=env, **popen)
+    return subprocess.Popen([sys.executable, "-m", "bert_of.launch", *job, *target], env=env, **popen)
 
 
-def _job_main(nproc: int, target: list) -> int:
+def _job_main(argv: list) -> int:
     _die_with_parent()  # and the ranks with this process
+    nproc, nnodes, node_rank, addr, port = argv[:5]
+    topo = Topology(int(nproc), int(nnodes), int(node_rank), addr, int(port) or None)
     try:
-        return run_ranks(target, Topology(nproc).check())
-    except RankFailed as e:
+        return run_ranks(argv[5:], topo.check())
+    except BertOfError as e:
         print(f"{ERROR_PREFIX}{e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -390,6 +400,6 @@ def _job_main(nproc: int, target: list) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--job"]:
-        sys.exit(_job_main(int(sys.argv[2]), sys.argv[3:]))
+    if sys.argv[1:2] == ["--job"]:  # --job NPROC NNODES NODE_RANK MASTER_ADDR MASTER_PORT TARGET...
+        sys.exit(_job_main(sys.argv[2:]))
     rank_main(sys.argv[1:])

@@ -207,3 +207,25 @@ def test_the_ranks_die_with_the_parent(setup, tmp_path, sig):
     n = len(_losses(run))
     time.sleep(1.5)
     assert len(_losses(run)) == n  # nobody writes into the run directory any more
+
+
+def test_align_runs_its_two_rank_runs_over_two_nodes(tmp_path):
+    """`bert-of align data-parallel --nnodes 2`: node 0 runs the suite, node 1 lends the second rank
+    of its 2-rank runs (same OUT: the filesystem the nodes share)."""
+    out, port = tmp_path / "align", free_port()
+    nodes = [_start(["align", "data-parallel", "--size", "tiny", "--steps", 4, "--out", out, "--nnodes", 2,
+                     "--node-rank", r, "--master-port", port]) for r in (1, 0)]
+    try:
+        (_, err1), (_, err0) = [p.communicate(timeout=400) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    assert [p.returncode for p in nodes] == [0, 0], (err0, err1)
+    assert "over 2 nodes" in err0 and "node 1: 4 run(s) on ranks of a 2-rank launch" in err1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"] and summary["experiments"]["data-parallel"]["status"] == "pass"
+    report = json.loads((out / "data-parallel.json").read_text())
+    two_rank = [r for r in report["runs"].values() if r.get("world") == 2]
+    assert len(two_rank) == 4 and all(len(r["loss"]) == 4 for r in two_rank)
+    runs = next((out / "data" / "runs").iterdir())
+    assert len(list(runs.glob("*-r1.json"))) == 4  # written by node 1's rank
