@@ -216,12 +216,12 @@ def test_align_runs_its_two_rank_runs_over_two_nodes(tmp_path):
     nodes = [_start(["align", "data-parallel", "--size", "tiny", "--steps", 4, "--out", out, "--nnodes", 2,
                      "--node-rank", r, "--master-port", port]) for r in (1, 0)]
     try:
-        (_, err1), (_, err0) = [p.communicate(timeout=400) for p in nodes]
+        (out1, err1), (out0, err0) = [p.communicate(timeout=400) for p in nodes]
     finally:
         for p in nodes:
             p.kill()
     assert [p.returncode for p in nodes] == [0, 0], (err0, err1)
-    assert "over 2 nodes" in err0 and "node 1: 4 run(s) on ranks of a 2-rank launch" in err1
+    assert "over 2 nodes" in out0 and "node 1: 4 run(s) on ranks of a 2-rank launch" in out1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["passed"] and summary["experiments"]["data-parallel"]["status"] == "pass"
     report = json.loads((out / "data-parallel.json").read_text())
