@@ -24,7 +24,7 @@ from dataclasses import MISSING, fields
 from bert_of.errors import ConfigError
 from bert_of.eval.glue import TASK_CHOICES
 from bert_of.launch import add_arguments as add_rank_arguments
-from bert_of.launch import maybe_relaunch
+from bert_of.launch import in_rank, maybe_relaunch, topology
 
 FINETUNE_EPILOG = ("defaults are google-research/bert's (AdamW without bias correction, eps 1e-6, weight decay "
                    "0.01 not on LayerNorm/bias, linear warmup then linear decay to 0, clip 1.0); steps = "
@@ -147,13 +147,16 @@ def options(cls, args):
 
 def _ranks(args):
     """--nproc N (--nnodes ...): this command line again as ranks; None when this process is to do
-    the work. What can be refused without OneFlow is refused here first, once."""
-    for name in ("train", "data", "eval_data"):
-        path = getattr(args, name, None)
-        if path and not os.path.exists(path):
-            raise ConfigError(f"--{name.replace('_', '-')} {path}: no such file")
-    if getattr(args, "vocab", None) and not os.path.isfile(args.vocab):
-        raise ConfigError(f"--vocab {args.vocab}: no such file")
+    the work. What can be refused without OneFlow is refused here first, once, before ranks start
+    (one process refuses as it always did)."""
+    if topology(args).world > 1 and not in_rank():
+        for name in ("train", "data", "eval_data"):
+            value = getattr(args, name, None)
+            for path in value if isinstance(value, list) else [value] if value else []:  # --eval-data repeats
+                if not os.path.exists(path):
+                    raise ConfigError(f"--{name.replace('_', '-')} {path}: no such file")
+        if getattr(args, "vocab", None) and not os.path.isfile(args.vocab):
+            raise ConfigError(f"--vocab {args.vocab}: no such file")
     return maybe_relaunch(args)
 
 

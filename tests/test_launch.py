@@ -155,6 +155,14 @@ def test_refusals_are_made_once_before_ranks_start(setup, tmp_path):
     assert r.returncode == 1 and error_lines(r.stderr) == ["bert-of: error: --node-rank 2 is not in 0..1 (--nnodes 2)"]
     r = run_cli(*_args(setup, setup["two"], tmp_path / "r"), "--nnodes", 2, check=False)
     assert r.returncode == 1 and "--master-port" in error_lines(r.stderr)[0]
+    # finetune: a missing file among repeated --eval-data is refused in the parent, once
+    squad = os.path.join(ROOT, "tests", "data", "squad")
+    missing = str(tmp_path / "no-dev.json")
+    r = run_cli("finetune", "squad", "--model", setup["root"] / "no-model", "--train",
+                os.path.join(squad, "train-v1.1-finetune.json"), "--output", tmp_path / "ft", "--eval-data",
+                os.path.join(squad, "dev-v1.1-finetune.json"), "--eval-data", missing, "--nproc", 2, check=False)
+    assert r.returncode == 1 and error_lines(r.stderr) == [f"bert-of: error: --eval-data {missing}: no such file"], \
+        r.stderr
 
 
 def test_a_failing_rank_ends_the_job_with_its_one_line(setup, tmp_path):
