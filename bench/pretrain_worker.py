@@ -26,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+from threads import by_role, thread_cpu, thread_roles  # noqa: E402
+
 # The benchmark's model: 4 layers, hidden 256, 4 heads, intermediate 1024, BERT vocab.
 CONFIG = dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
               max_position_embeddings=512, type_vocab_size=2, hidden_dropout_prob=0.1,
@@ -71,6 +73,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--experiment", action="append", default=[], choices=EXPERIMENTS,
                     help="an nn.Graph config switch bert_of does not set (repeatable)")
+    ap.add_argument("--thread-report", action="store_true",
+                    help="per-thread CPU seconds of the timed steps by OneFlow thread role (gdb snapshot)")
+    ap.add_argument("--nice-scheduler", type=int, default=None, metavar="N",
+                    help="experiment: after warm-up, nice the VM scheduler thread (found by gdb) to N (20: SCHED_IDLE)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -112,8 +118,18 @@ def main():
             first = time.perf_counter() - t0  # graph: includes compilation
     barrier()
     warm = time.perf_counter() - t0
+    roles = thread_roles(os.getpid()) if a.thread_report or a.nice_scheduler is not None else {}
+    if a.nice_scheduler is not None:
+        for tid, role in roles.items():
+            if role == "vm-scheduler":
+                if a.nice_scheduler >= 20:
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                else:
+                    os.setpriority(os.PRIO_PROCESS, tid, a.nice_scheduler)
+    barrier()
 
     times, losses = [], []
+    tc0 = thread_cpu()
     ru0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for i in range(a.steps):
         ts = time.perf_counter()
@@ -123,9 +139,13 @@ def main():
     barrier()
     wall = time.perf_counter() - c0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    tc1 = thread_cpu()
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     used = {"rank": rank, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "os_threads": threads_now(),
-            "cpu_s_per_wall_s": round(cpu / wall, 2), "cpu_s_per_step": round(cpu / a.steps, 3)}
+            "cpu_s_per_wall_s": round(cpu / wall, 2), "cpu_s_per_step": round(cpu / a.steps, 3),
+            "affinity": sorted(os.sched_getaffinity(0))}
+    if a.thread_report:
+        used["cpu_s_per_step_by_thread_role"] = {k: round(v / a.steps, 3) for k, v in by_role(tc0, tc1, roles).items()}
     # Gather each rank's usage on rank 0 (small: through a file next to --out).
     if world > 1:
         with open(f"{a.out}.rank{rank}", "w") as f:

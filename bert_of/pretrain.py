@@ -23,12 +23,13 @@ from bert_of.data.reader import PretrainingDataset, dataset_vocab, read_meta
 from bert_of.errors import ConfigError
 from bert_of.fs import read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
+from bert_of.tokenization import vocab_size
 from bert_of.training.loop import METRICS_NAME, fit
 from bert_of.training.optim import TrainConfig
-from bert_of.zoo import resolve_for
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import prepare_run_dir, restore
 from bert_of.training.trainer import Trainer
+from bert_of.zoo import resolve_for
 from bert_of.zoo.cli import main as zoo_main
 
 
@@ -127,8 +128,7 @@ def run(opts: PretrainOptions) -> int:
         raise ConfigError(f"no vocab.txt: {opts.data} does not record the one it was made with; pass --vocab")
     if not os.path.isfile(vocab_file):
         raise ConfigError(f"{vocab_file}: vocab file not found")
-    with open(vocab_file, encoding="utf-8") as f:
-        n_vocab = sum(1 for _ in f)
+    n_vocab = vocab_size(vocab_file)
     if n_vocab > config.vocab_size:
         raise ConfigError(f"{vocab_file} has {n_vocab} tokens but the config's vocab_size is {config.vocab_size}")
 

@@ -9,10 +9,13 @@ import sys
 from dataclasses import fields
 
 from bert_of.cli_grammar import examples, option, output_option
+from bert_of.data.reader import dataset_vocab, read_meta
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.fs import atomic_open, read_jsonl
-from bert_of.launch import is_rank_of, relaunch
+from bert_of.fs import atomic_open, read_json, read_jsonl
+from bert_of.launch import add_arguments as add_rank_arguments
+from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.plots import FONT, draw, styles
+from bert_of.tokenization import vocab_size
 
 
 def _add_arguments(p):
@@ -55,11 +58,10 @@ def _add_arguments(p):
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --output from its last checkpoint, exactly")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="ranks on this machine (relaunches itself under OneFlow's launcher)")
     p.add_argument("--ddp", action="store_true", help="eager DDP with local tensors instead of global tensors")
     p.add_argument("--zoo-name", metavar="NAME", help="register the final checkpoint in the local zoo under NAME")
     p.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
+    add_rank_arguments(p)
 
 
 def _set_blas(args) -> None:
@@ -67,12 +69,46 @@ def _set_blas(args) -> None:
         os.environ["BERT_OF_BLAS"] = args.blas
 
 
+def _preflight(args, world: int) -> None:
+    """The refusals ``run`` would make on every rank, made once here before ranks start (no OneFlow)."""
+    if args.batch_size < 1 or args.batch_size % world:
+        raise ConfigError(f"global batch {args.batch_size} is not divisible by {world} ranks")
+    if not os.path.isdir(args.data):
+        raise ConfigError(f"--data {args.data}: no such directory")
+    options = (read_meta(args.data) or {}).get("options", {})
+    if not (args.seq_length or options.get("max_seq_length")) or \
+            not (args.max_predictions or options.get("max_predictions_per_seq")):
+        raise ConfigError(f"{args.data}: no bert_of_data.json: pass --seq-length and --max-predictions")
+    checkpoints = os.path.join(args.output, "checkpoints")
+    if args.resume:
+        if not os.path.isdir(checkpoints) or not any(n.startswith("step-") for n in os.listdir(checkpoints)):
+            raise BertOfError(f"{args.output}: nothing to resume (no checkpoints/step-*/trainer_state.json)")
+        return
+    if os.path.isdir(checkpoints) and not args.overwrite:
+        raise BertOfError(f"{args.output}: already holds a run (use --resume to continue or --overwrite)")
+    if args.vocab and not os.path.isfile(args.vocab):
+        raise ConfigError(f"--vocab {args.vocab}: no such file")
+    if args.init_checkpoint:
+        return  # the resolver (zoo names, downloads) runs in the ranks
+    if not args.config:
+        raise ConfigError("pass --config (a new model), --init-checkpoint (continue one) or --resume")
+    vocab = args.vocab or dataset_vocab(args.data)
+    if not vocab:
+        raise ConfigError("no vocab.txt: pass --vocab (the data does not record the one it was made with)")
+    limit = read_json(args.config, "model config").get("vocab_size")
+    n_vocab = vocab_size(vocab)
+    if isinstance(limit, int) and n_vocab > limit:
+        raise ConfigError(f"{vocab} has {n_vocab} tokens but the config's vocab_size is {limit}")
+
+
 def cmd_pretrain(args) -> int:
     _set_blas(args)
-    if args.nproc > 1 and not is_rank_of(args.nproc):
-        if args.batch_size % args.nproc:  # say it once here, not once per rank
-            raise ConfigError(f"global batch {args.batch_size} is not divisible by {args.nproc} ranks")
-        return relaunch(args.argv, args.nproc)
+    topo = topology(args)
+    if topo.world > 1 and not in_rank():
+        _preflight(args, topo.world)  # once, here, not once per rank
+    code = maybe_relaunch(args)
+    if code is not None:
+        return code
     from bert_of.pretrain import PretrainOptions, run
 
     return run(PretrainOptions(**{f.name: getattr(args, f.name) for f in fields(PretrainOptions)}))

@@ -46,8 +46,8 @@ def make_batch(config, batch_size: int = 3, seq_len: int | None = None, seed: in
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-def run_bert_of(source, batch: dict, modes=("eager", "graph")) -> dict:
-    """{mode: {output: np.ndarray}} for bert_of on a Source's tensors."""
+def run_bert_of(source, batch: dict, modes=("eager", "graph"), device: str = "cpu") -> dict:
+    """{mode: {output: np.ndarray}} for bert_of on a Source's tensors, on ``device`` (cpu / cuda)."""
     from bert_of._flow import flow
     from bert_of.modeling import BertGraph, model_class_for
 
@@ -58,13 +58,16 @@ def run_bert_of(source, batch: dict, modes=("eager", "graph")) -> dict:
                           np.asarray(v).dtype.name == "bfloat16" else v for k, v in tensors.items()},
                          strict_heads=True)
     model.eval()
-    args = [flow.tensor(batch[k], dtype=flow.int64) for k in ("input_ids", "token_type_ids", "attention_mask")]
+    if device != "cpu":
+        model.to(device)
+    args = [flow.tensor(batch[k], dtype=flow.int64, device=device)
+            for k in ("input_ids", "token_type_ids", "attention_mask")]
     out = {}
     with flow.no_grad():
         if "eager" in modes:
-            out["eager"] = {k: v.numpy() for k, v in model(*args).to_dict().items()}
+            out["eager"] = {k: v.to("cpu").numpy() for k, v in model(*args).to_dict().items()}
         if "graph" in modes:
-            out["graph"] = {k: v.numpy() for k, v in BertGraph(model)(*args).to_dict().items()}
+            out["graph"] = {k: v.to("cpu").numpy() for k, v in BertGraph(model)(*args).to_dict().items()}
     return out
 
 
@@ -79,7 +82,7 @@ def checked_tf(path: str, opts: Options):
     return source
 
 
-def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None) -> dict:
+def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None, device: str = "cpu") -> dict:
     """{run name: {output: array}} for one checkpoint, run where it is native."""
     if fmt == "tf":
         import os
@@ -90,7 +93,8 @@ def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None
         source = source or checked_tf(path, opts)
         return {f"tf-{dt}": tf_reference.run_reference(source.path, source.config.to_google_dict(), batch, dtype=dt)
                 for dt in ("float64", "float32")}
-    return run_bert_of(source or read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes)
+    return run_bert_of(source or read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes,
+                       device)
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -117,8 +121,9 @@ def _runs_of(fmt: str, modes) -> str:
 
 
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
-           seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64") -> dict:
-    """Run both sides on one batch and compare every bert_of run to the reference.
+           seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64",
+           device: str = "cpu") -> dict:
+    """Run both sides on one batch and compare every bert_of run (on ``device``) to the reference.
 
     With a TF1 side, the reference is Google's graph in TensorFlow. It runs in
     float64 (Google's function without rounding: what remains is bert_of's own
@@ -138,10 +143,10 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
         batch = make_batch(src_a.config, batch_size, seq_len)
         bar.describe(f"verify: running A ({_runs_of(fa, modes)})")
         bar.update(1)
-        runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts, src_a).items()}
+        runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts, src_a, device).items()}
         bar.describe(f"verify: running B ({_runs_of(fb, modes)})")
         bar.update(1)
-        runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options(), src_b).items()})
+        runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options(), src_b, device).items()})
         bar.update(1)
     tf_runs = [k for k in runs if ":tf-" in k]
     ref_key = next((k for k in tf_runs if k.endswith(reference_dtype)), next(iter(runs)))
@@ -150,7 +155,7 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
     worst = max((v for r in results.values() for v in r.values()), default=float("inf"))
     report = {
         "a": {"path": a, "format": fa}, "b": {"path": b, "format": fb},
-        "reference": ref_key, "tolerance": tol,
+        "reference": ref_key, "tolerance": tol, "device": device,
         "batch": {"size": int(batch["input_ids"].shape[0]), "seq_len": int(batch["input_ids"].shape[1]),
                   "tokens": int(batch["attention_mask"].sum())},
         "outputs": sorted({k for r in results.values() for k in r}),

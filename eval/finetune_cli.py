@@ -24,12 +24,13 @@ from dataclasses import MISSING, fields
 from bert_of.cli_grammar import examples, option, output_option
 from bert_of.errors import ConfigError
 from bert_of.eval.glue import TASK_CHOICES
-from bert_of.launch import is_rank_of, relaunch
+from bert_of.launch import add_arguments as add_rank_arguments
+from bert_of.launch import in_rank, maybe_relaunch, topology
 
 FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correction, eps 1e-6, weight decay "
                  "0.01 not on LayerNorm/bias, linear warmup then linear decay to 0, clip 1.0); steps = "
-                 "int(examples / batch * epochs). --nproc N: N ranks on this machine (--batch-size is the global "
-                 "batch).")
+                 "int(examples / batch * epochs). --nproc N: N ranks on this machine; --nnodes M --node-rank R "
+                 "--master-addr A --master-port P: across machines (--batch-size is the global batch).")
 
 
 # --------------------------------------------------------------------------- option groups
@@ -49,10 +50,9 @@ def add_model_options(p, predict: bool = True) -> None:
     g.add_argument("--mode", choices=("graph", "eager"), default=None, help="nn.Graph (default) or eager execution")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="default: cuda when OneFlow sees a GPU, else cpu")
-    g.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="ranks on this machine (relaunches itself under OneFlow's launcher; global tensors)")
     if predict:
         g.add_argument("--predict-batch-size", type=int, metavar="N", help="prediction batch (default 32)")
+    add_rank_arguments(p)
 
 
 def add_train_options(p, defaults: dict) -> None:
@@ -151,11 +151,18 @@ def options(cls, args):
 
 
 def _ranks(args):
-    """--nproc N: this command line again as N ranks; None when this process is to do the work."""
-    _positive(args, "nproc")
-    if args.nproc > 1 and not is_rank_of(args.nproc):
-        return relaunch(args.argv, args.nproc)
-    return None
+    """--nproc N (--nnodes ...): this command line again as ranks; None when this process is to do
+    the work. What can be refused without OneFlow is refused here first, once, before ranks start
+    (one process refuses as it always did)."""
+    if topology(args).world > 1 and not in_rank():
+        for name in ("train", "data", "eval_data"):
+            value = getattr(args, name, None)
+            for path in value if isinstance(value, list) else [value] if value else []:  # --eval-data repeats
+                if not os.path.exists(path):
+                    raise ConfigError(f"--{name.replace('_', '-')} {path}: no such file")
+        if getattr(args, "vocab", None) and not os.path.isfile(args.vocab):
+            raise ConfigError(f"--vocab {args.vocab}: no such file")
+    return maybe_relaunch(args)
 
 
 TRAIN_CHECKS = ("batch_size", "max_steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size")

@@ -12,6 +12,8 @@ from bert_of.cli import dispatch, parse
 from bert_of.cli_grammar import examples, output_option
 from bert_of.errors import BertOfError
 from bert_of.fs import read_json
+from bert_of.launch import add_arguments as add_rank_arguments
+from bert_of.launch import topology
 
 _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and converted checkpoints "
         "train the same.")
@@ -48,6 +50,7 @@ def _add_arguments(p):
                    "already in OUTPUT (no training)")
     p.add_argument("--fresh", action="store_true", help="re-run everything (default: runs finished by an earlier "
                    "invocation with the same spec and code are reused from DATA_DIR/runs/)")
+    add_rank_arguments(p, nproc=False)  # multi-rank runs over several machines: same OUTPUT (shared) on each
     p.set_defaults(fn=cmd_align)
 
 
@@ -58,11 +61,15 @@ def cmd_align(args) -> int:
         return 0
     if args.replot:
         return replot(args.output, args.experiments)
-    from bert_of.align.runner import run_experiments
+    from bert_of.align.runner import follow, run_experiments
 
+    nodes = topology(args, nproc=1)
+    if nodes.node_rank > 0:  # node 0 runs the suite; this node lends its ranks to the multi-rank runs
+        return follow(args.output, nodes, quiet=args.quiet)
     summary = run_experiments(args.experiments, steps=args.steps, out=args.output, size=args.size, jobs=args.jobs,
                               data_dir=args.data_dir, corpus=args.corpus, vocab=args.vocab, seed=args.seed,
-                              perturb_lr=args.perturb_lr, quiet=args.quiet, fresh=args.fresh)
+                              perturb_lr=args.perturb_lr, quiet=args.quiet, fresh=args.fresh,
+                              nodes=nodes if nodes.nnodes > 1 else None)
     print(format_summary(summary))
     print(f"reports: {os.path.join(args.output, 'summary.json')}")
     return 0 if summary["passed"] else 1

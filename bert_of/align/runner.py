@@ -24,7 +24,7 @@ from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, 
 from bert_of.checkpoint import load_checkpoint
 from bert_of.config import BertConfig
 from bert_of.fs import atomic_write, read_json
-from bert_of.launch import spawn
+from bert_of.launch import Topology, run_ranks, spawn
 from bert_of.modeling import BertForPreTraining
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
@@ -155,13 +155,40 @@ def worker_main(batch_file: str, results_dir: str) -> int:
     return 0
 
 
-def _spawn(items, work, results_dir, tag, world):
-    batch_file = os.path.join(work, f"batch-{tag}.json")
-    _atomic_json(batch_file, {"runs": items})
+def _spawn(items, work, results_dir, tag, world, nodes=None, batch_file=None):
+    batch_file = batch_file or os.path.join(work, f"batch-{tag}.json")
+    _atomic_json(batch_file, {"runs": items, "results_dir": results_dir, "world": world})
     log = open(os.path.join(work, f"log-{tag}.txt"), "w")
-    proc = spawn(["-m", "bert_of.align.runner", batch_file, results_dir], world, stdout=log,
+    proc = spawn(["-m", "bert_of.align.runner", batch_file, results_dir], world, nodes, stdout=log,
                  stderr=subprocess.STDOUT)
     return proc, log
+
+
+# Several nodes: node 0 runs the suite; its multi-rank launch spans the nodes. It publishes the
+# launch's batch file under OUT (a filesystem the nodes share); the other nodes wait for it, run
+# their ranks of that launch (results into the shared results folder) and exit.
+
+
+def launch_file(out: str, nodes: Topology) -> str:
+    return os.path.join(out, ".launch", f"port{nodes.master_port}.json")
+
+
+def follow(out: str, nodes: Topology, timeout: float = 3600, quiet: bool = False) -> int:
+    """Node ``nodes.node_rank`` > 0: run this node's ranks of node 0's multi-rank launch."""
+    path, t0 = launch_file(out, nodes), time.time()
+    _log(f"node {nodes.node_rank}: waiting for node 0's launch ({path})", quiet)
+    while not (os.path.isfile(path) and os.path.getmtime(path) >= t0 - 60):  # not a stale one
+        if time.time() - t0 > timeout:
+            raise AlignError(f"node {nodes.node_rank}: node 0 published no launch in {timeout:.0f} s ({path})")
+        time.sleep(0.5)
+    batch = read_json(path, "align launch")
+    if not batch["runs"]:
+        _log("node 0 has no multi-rank runs: nothing to do", quiet)
+        return 0
+    world = batch["world"]
+    _log(f"node {nodes.node_rank}: {len(batch['runs'])} run(s) on ranks of a {world}-rank launch", quiet)
+    topo = Topology(world // nodes.nnodes, nodes.nnodes, nodes.node_rank, nodes.master_addr, nodes.master_port)
+    return run_ranks(["-m", "bert_of.align.runner", path, batch["results_dir"]], topo.check())
 
 
 def _log_tail(work, tag, n=3000) -> str:
@@ -183,10 +210,12 @@ def _load_result(results_dir, key, world):
     return res
 
 
-def execute_all(specs: dict, work: str, results_dir: str, jobs: int = 1, quiet: bool = False) -> dict:
+def execute_all(specs: dict, work: str, results_dir: str, jobs: int = 1, quiet: bool = False,
+                nodes: Topology | None = None, out: str | None = None) -> dict:
     """{key: spec} -> {key: result or {"error": ...}}; multi-rank results carry "ranks".
 
-    Results already in ``results_dir`` (same spec, same code fingerprint) are reused."""
+    Results already in ``results_dir`` (same spec, same code fingerprint) are reused. ``nodes``
+    (several): multi-rank runs span them (see :func:`follow`)."""
     results = {}
     multi = {}
     single = []
@@ -212,11 +241,25 @@ def execute_all(specs: dict, work: str, results_dir: str, jobs: int = 1, quiet: 
     # Multi-rank launches start first and run beside the 1-process runs (3+ busy processes
     # keep 2 cores full through graph compilation and start-up).
     launches = []
+    many = nodes is not None and nodes.nnodes > 1
+    if many and len(multi) > 1:
+        raise AlignError(f"runs on {' and '.join(map(str, sorted(multi)))} ranks: over several nodes one "
+                         "multi-rank launch at a time (pick the experiments)")
+    if many and not multi:
+        os.makedirs(os.path.dirname(launch_file(out, nodes)), exist_ok=True)
+        _atomic_json(launch_file(out, nodes), {"runs": [], "world": 0, "results_dir": results_dir})
     for world, keys in sorted(multi.items()):
         steps = sum(specs[k]["steps"] for k in keys)
-        _log(f"{len(keys)} run(s) on {world} ranks ({steps} steps in all): one launch, in the background", quiet)
-        launches.append((keys, world, f"world{world}") + _spawn([{"key": k, "spec": specs[k]} for k in keys], work,
-                                                                results_dir, f"world{world}", world))
+        _log(f"{len(keys)} run(s) on {world} ranks ({steps} steps in all): one launch, in the background"
+             + (f", over {nodes.nnodes} nodes" if many else ""), quiet)
+        items = [{"key": k, "spec": specs[k]} for k in keys]
+        if many:
+            path = launch_file(out, nodes)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            launches.append((keys, world, f"world{world}") + _spawn(items, work, results_dir, f"world{world}", world,
+                                                                    nodes, batch_file=path))
+        else:
+            launches.append((keys, world, f"world{world}") + _spawn(items, work, results_dir, f"world{world}", world))
 
     def finish_launches():
         for keys, world, tag, proc, log in launches:
@@ -263,8 +306,10 @@ def execute_all(specs: dict, work: str, results_dir: str, jobs: int = 1, quiet: 
 
 
 def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, data_dir=None, corpus=None,
-                    vocab=None, seed=0, perturb_lr=0.0, quiet=False, fresh=False) -> dict:
-    """Plan, run and report ``names``; returns the summary (also written to OUT/summary.json)."""
+                    vocab=None, seed=0, perturb_lr=0.0, quiet=False, fresh=False, nodes=None) -> dict:
+    """Plan, run and report ``names``; returns the summary (also written to OUT/summary.json).
+    ``nodes``: a :class:`~bert_of.launch.Topology` of several nodes, this one node 0: multi-rank
+    runs span them (the others run :func:`follow`)."""
     if steps < 1:
         raise AlignError("--steps must be at least 1")
     if size not in SIZES:
@@ -302,7 +347,7 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
         if fresh:
             shutil.rmtree(results_dir, ignore_errors=True)
         os.makedirs(results_dir, exist_ok=True)
-        results = execute_all(specs, work, results_dir, jobs=jobs, quiet=quiet)
+        results = execute_all(specs, work, results_dir, jobs=jobs, quiet=quiet, nodes=nodes, out=out)
         summary = {"steps": steps, "size": size, "model": ctx.model, "batch_size": BATCH,
                    "data": {"corpus": [os.path.basename(p) for p in corpus], "vocab": os.path.basename(vocab),
                             "seq_length": SIZES[size]["seq_length"],

@@ -1,0 +1,40 @@
+"""``bert-of selftest``: its command line. Cheap to import (no OneFlow); the checks are
+:mod:`bert_of.selftest.checks`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from bert_of.cli_grammar import examples, output_option
+from bert_of.fs import atomic_write
+
+
+def cmd_selftest(args) -> int:
+    from bert_of.selftest.checks import selftest
+
+    summary = selftest(steps=args.steps, quick=args.quick)
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.output:
+        atomic_write(args.output, text + "\n")
+    if not summary["cuda"]:
+        print("selftest: CUDA is not available: ran the CPU parts only (verify, kernels)", file=sys.stderr)
+    if not summary["ok"]:
+        failed = [k for k, c in summary["checks"].items() if c["status"] == "fail"]
+        print(f"bert-of: error: selftest failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("selftest", help="check this machine in one command (every CUDA path on a GPU machine)",
+                       description="verify (cpu, cuda) vs the TF reference, fused CUDA kernels vs the CPU formulas, "
+                                   "align amp, BERT-base samples/s (fp32/AMP, eager/graph, 2-GPU global vs DDP). "
+                                   "One JSON summary on stdout; exit 1 if a check fails. Without CUDA: the CPU "
+                                   "parts, exit 0.",
+                       epilog=examples("bert-of selftest", "bert-of selftest --quick -o selftest.json"))
+    p.add_argument("--steps", type=int, default=50, metavar="N", help="align amp steps")
+    p.add_argument("--quick", action="store_true", help="skip the throughput measurements")
+    output_option(p, "also write the JSON summary to this file", metavar="FILE", old=("--json",))
+    p.set_defaults(fn=cmd_selftest)

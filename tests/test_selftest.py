@@ -1,0 +1,26 @@
+"""`bert-of selftest` on a machine without CUDA: it runs its CPU parts (verify of a Google TF1
+checkpoint against TF's reference in eager and graph mode, the model's LayerNorm and GELU against
+float64 formulas), says CUDA was not available, skips the CUDA parts with that reason and exits 0."""
+
+import json
+
+from tests.conftest import error_lines, run_cli
+
+
+def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):
+    report = tmp_path / "selftest.json"
+    r = run_cli("selftest", "-o", report, timeout=300)
+    summary = json.loads(r.stdout)
+    assert summary == json.loads(report.read_text())
+    assert summary["cuda"] is False and summary["gpus"] == 0 and summary["ok"] is True
+    checks = summary["checks"]
+    verify = checks["verify"]
+    assert verify["status"] == "pass" and list(k for k in verify if k in ("cpu", "cuda")) == ["cpu"]
+    assert verify["cpu"]["reference"] == "A:tf-float64" and verify["cpu"]["runs"] == ["B:eager", "B:graph"]
+    assert 0 < verify["cpu"]["worst"] <= 1e-5
+    kernels = checks["kernels"]["max_abs_diff"]["cpu"]
+    assert checks["kernels"]["status"] == "pass" and 0 < kernels["layer_norm"] < 1e-4 and 0 < kernels["gelu_tanh"] < 1e-4
+    for name in ("amp", "throughput"):
+        assert checks[name] == {"status": "skipped", "reason": "CUDA is not available"}
+    assert "CUDA is not available: ran the CPU parts only" in r.stderr
+    assert not [l for l in error_lines(r.stderr) if "error" in l]
