@@ -11,7 +11,7 @@ import os
 import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError
-from bert_of.fs import publishing
+from bert_of.fs import check_destination, publishing
 from bert_of.converters.common import Options, Source, summarize
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
@@ -68,18 +68,21 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
 def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
     """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
 
+    ``dst`` is never the source, inside it or around it (nor ``opts.config`` / ``opts.vocab``);
+    ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.fs.check_destination`).
+
     ``check(staged_dir)``, when given, runs on the finished files before they are published
     (``convert --verify``): if it raises, ``dst`` is never created (or, with ``overwrite``, the
     old ``dst`` stays as it was).
     """
     opts = opts or Options()
     a, b = parse_direction(direction)
-    if os.path.lexists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
+    sources = (src, opts.config, opts.vocab)  # never written over, into or around
+    check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
     source = module(a).read(src, opts)
     stage = None
     try:
-        with publishing(dst, overwrite=opts.overwrite) as stage:
+        with publishing(dst, overwrite=opts.overwrite, sources=sources) as stage:
             notes = module(b).write_files(source, stage, opts) or []
             if check is not None:
                 check(stage)

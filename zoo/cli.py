@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+from bert_of.cli import install_signal_handlers, stopped
 from bert_of.errors import BertOfError
 from bert_of.zoo.core import FORMATS, Zoo
 from bert_of.zoo.download import DownloadOptions, human_size
@@ -301,15 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    install_signal_handlers()
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except BertOfError as e:
         print(f"bert-of: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("bert-of: error: interrupted (a partial download is kept and resumes next time)", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: 130 / 143
+        return stopped(e, " (a partial download is kept and resumes next time)")
     except BrokenPipeError:  # `bert-of zoo list | head`: the reader left; not an error
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

@@ -8,7 +8,7 @@ import os
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
 from bert_of.align.report import format_summary
-from bert_of.cli import dispatch, parse
+from bert_of.cli import run_command
 
 _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and converted checkpoints "
         "train the same.")
@@ -70,4 +70,4 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    return dispatch(parse(build_parser(), argv))
+    return run_command(build_parser(), argv)
