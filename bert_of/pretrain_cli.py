@@ -9,7 +9,7 @@ import sys
 from dataclasses import fields
 
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.fs import atomic_open, read_jsonl
+from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_jsonl
 from bert_of.launch import is_rank_of, relaunch
 
 
@@ -60,6 +60,7 @@ def cmd_pretrain(args) -> int:
     if args.nproc > 1 and not is_rank_of(args.nproc):
         if args.batch_size % args.nproc:  # say it once here, not once per rank
             raise ConfigError(f"global batch {args.batch_size} is not divisible by {args.nproc} ranks")
+        check_unlocked(os.path.join(args.output, LOCK_NAME), os.path.abspath(args.output))  # a run's one writer
         return relaunch(args.argv, args.nproc)
     from bert_of.pretrain import PretrainOptions, run
 

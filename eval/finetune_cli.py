@@ -22,6 +22,7 @@ import os
 from dataclasses import MISSING, fields
 
 from bert_of.errors import ConfigError
+from bert_of.fs import LOCK_NAME, check_unlocked
 from bert_of.eval.glue import TASK_CHOICES
 from bert_of.launch import is_rank_of, relaunch
 
@@ -149,6 +150,8 @@ def _ranks(args):
     """--nproc N: this command line again as N ranks; None when this process is to do the work."""
     _positive(args, "nproc")
     if args.nproc > 1 and not is_rank_of(args.nproc):
+        if getattr(args, "run_dir", None):  # a run's one writer: say so once, before any rank starts
+            check_unlocked(os.path.join(args.run_dir, LOCK_NAME), os.path.abspath(args.run_dir))
         return relaunch(args.argv, args.nproc)
     return None
 
