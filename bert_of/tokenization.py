@@ -23,6 +23,12 @@ stay whole instead of being split into ``[``, ``cl``, ``##s``, ``]``
 (``keep_special_tokens=False`` restores Google's behaviour). HuggingFace's
 slow tokenizer cuts words at 100 characters; pass
 ``max_input_chars_per_word=100`` for id-for-id parity on such words.
+
+:class:`FastTokenizer` gives :class:`FullTokenizer`'s exact output for bulk text (pretraining
+data) about 20x faster, in C string operations plus a per-word cache; the classes above stay
+the reference it is tested against. (HuggingFace ``tokenizers``' BERT pipeline is not used: it
+disagrees with Google's rules on ~138,000 code points, private-use characters and punctuation
+added after its Unicode tables among them, and measured slower than ``FastTokenizer``.)
 """
 
 from __future__ import annotations
@@ -308,4 +314,116 @@ class FullTokenizer:
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-__all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "load_vocab", "read_vocab_lines", "vocab_size"]
+# --------------------------------------------------------------------------- fast path
+
+
+class _CharTable(dict):
+    """A ``str.translate`` table filled on first sight of each character by ``rule(ch)``
+    (None: delete, else the replacement string). Lookups after the first are C dict hits."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, cp: int):
+        value = self[cp] = self.rule(chr(cp))
+        return value
+
+
+def _clean_cjk(ch: str):
+    """BasicTokenizer._clean and ._space_cjk for one character."""
+    cp = ord(ch)
+    if cp == 0 or cp == 0xFFFD or _is_control(ch):
+        return None
+    if _is_whitespace(ch):
+        return " "
+    return f" {ch} " if _is_cjk(cp) else ch
+
+
+def _clean_cjk_punct(ch: str):
+    out = _clean_cjk(ch)
+    return f" {ch} " if out == ch and _is_punctuation(ch) else out
+
+
+def _drop_mn_punct(ch: str):
+    if unicodedata.category(ch) == "Mn":
+        return None
+    return f" {ch} " if _is_punctuation(ch) else ch
+
+
+class FastTokenizer:
+    """:class:`FullTokenizer`'s exact tokens and ids, a whole line at a time in C string code.
+
+    The reference walks every character in Python; this runs the same steps over the line with
+    ``str.translate``/``lower``/``normalize``/``split`` and caches WordPiece per distinct word:
+
+    1. clean + CJK spacing are rules per character, so one translate table does both (filled
+       lazily from the reference's own predicates); without lowercasing it spaces punctuation too;
+    2. ``lower()`` of the line equals ``lower()`` per whitespace token: the only context rule
+       (final sigma) never looks across whitespace;
+    3. NFD of the line equals NFD per token (whitespace is a starter); a second table drops Mn
+       marks and spaces punctuation, judged after NFD as the reference does;
+    4. ``str.split()`` is ``whitespace_tokenize``; each word goes through the reference WordPiece
+       once and its ids are cached (at most ``cache_size`` words; the cache restarts when full).
+
+    tests/test_tokenization.py proves equality with :class:`FullTokenizer` on every code point, on
+    the shipped corpora and on long, unknown-heavy and mixed-script text.
+    """
+
+    def __init__(self, reference: "FullTokenizer", cache_size: int = 1 << 20):
+        self.reference = reference
+        self.vocab = reference.vocab
+        self.lower = reference.do_lower_case
+        self.cache_size = cache_size
+        self._line_table = _CharTable(_clean_cjk_punct)  # cased lines, and ASCII lines in either mode
+        self._clean_table = _CharTable(_clean_cjk)
+        self._mark_table = _CharTable(_drop_mn_punct)
+        self._ids = {}
+        self._pieces = {}
+
+    def words(self, text: str) -> List[str]:
+        """``BasicTokenizer.tokenize(text)`` of the reference (special tokens are not split out)."""
+        if not self.lower:
+            return text.translate(self._line_table).split()
+        if text.isascii():  # ASCII: lower() stays ASCII, nothing decomposes
+            return text.translate(self._line_table).lower().split()
+        text = text.translate(self._clean_table).lower()
+        if not text.isascii():
+            text = unicodedata.normalize("NFD", text)
+        return text.translate(self._mark_table).split()
+
+    def _convert(self, cache: dict, word: str, as_ids: bool) -> list:
+        pieces = self.reference.wordpiece.tokenize(word)
+        value = [self.vocab[t] for t in pieces] if as_ids else pieces
+        if len(cache) >= self.cache_size:
+            cache.clear()
+        cache[word] = value
+        return value
+
+    def _run(self, text: str, as_ids: bool) -> list:
+        cache = self._ids if as_ids else self._pieces
+        if self.reference.special_tokens:
+            parts = self.reference._split_special(text)
+        else:
+            parts = ((text, False),)
+        out = []
+        for part, is_special in parts:
+            if is_special:
+                out.append(self.vocab[part] if as_ids else part)
+                continue
+            for word in self.words(part):
+                value = cache.get(word)
+                out += value if value is not None else self._convert(cache, word, as_ids)
+        return out
+
+    def tokenize(self, text: str) -> List[str]:
+        """The reference's ``tokenize(text)``."""
+        return self._run(text, False)
+
+    def ids(self, text: str) -> List[int]:
+        """The reference's ``convert_tokens_to_ids(tokenize(text))`` ([UNK] must be in the vocabulary)."""
+        return self._run(text, True)
+
+
+__all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "FastTokenizer", "load_vocab", "read_vocab_lines",
+           "vocab_size"]

@@ -4,8 +4,8 @@ Real files throughout: tests/data/text/sample_text.txt (Google's sample) and
 tests/data/text/classics.txt (public-domain prose + UDHR article 1 in 9 languages);
 tests/data/text/vocab.txt is the subset of bert-base-uncased's vocabulary those texts
 use (plus every ASCII letter/digit and "##" letter/digit, so any ASCII word segments).
-google_golden.npz is the output of Google's own create_pretraining_data.py on them
-(tests/data/text/make_google_golden.py).
+google_golden.npz is the output of Google's own create_pretraining_data.py on them and on
+tests/data/text/hostile.txt (tests/data/text/make_google_golden.py).
 """
 
 import collections
@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 from bert_of.data import cli as data_cli
-from bert_of.data.create_pretraining import (PretrainingOptions, create_masked_lm_predictions,
-                                             create_pretraining_data, make_tokenizer, read_documents)
+from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data, make_tokenizer
+from bert_of.data.instances import KEEP, Instances, MaskingVocab, assemble, mask_positions
+from bert_of.data.text import read_corpus
+from bert_of.tokenization import FastTokenizer
 from bert_of.data.ofrecord import OFRecordWriter, decode_record, encode_record, iter_raw_records, iter_records
 from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
 
@@ -122,7 +124,8 @@ def test_reads_existing_oneflow_datasets(tmp_path, vocab):
         with open(tmp_path / f"part-{p}", "wb") as f:
             for i in range(5):
                 r = record_pb2.OFRecord()
-                row = {k: rng.integers(0, 900, 16 if "input" in k or k == "segment_ids" else 4)
+                top = {"input_ids": 900, "masked_lm_ids": 900, "masked_lm_positions": 16}  # values in range
+                row = {k: rng.integers(0, top.get(k, 2), 16 if "input" in k or k == "segment_ids" else 4)
                        for k in FEATURES if k not in ("masked_lm_weights", "next_sentence_labels")}
                 row["masked_lm_weights"] = rng.random(4).astype(np.float32)
                 row["next_sentence_labels"] = rng.integers(0, 2, 1)
@@ -145,7 +148,8 @@ def test_reads_existing_oneflow_datasets(tmp_path, vocab):
 
 def test_combined_mode_equals_googles_script_record_for_record(tmp_path):
     """--combine-files reproduces google-research/bert's create_pretraining_data.py exactly
-    (defaults; and whole-word masking, seq 64, 12 predictions, other probabilities and seed)."""
+    (defaults; whole-word masking, seq 64, 12 predictions, other probabilities and seed; and
+    hostile.txt, cased and uncased: controls, CJK, accents, 230-character words, CRLF, a BOM)."""
     sys.path.insert(0, TEXT)
     try:
         from make_google_golden import CASES, FEATURES as GF
@@ -195,7 +199,7 @@ def test_same_seed_same_bytes_for_any_worker_count(tmp_path):
     create_pretraining_data(inputs, VOCAB, tmp_path / "w3", workers=3, **opts)
     create_pretraining_data(inputs, VOCAB, tmp_path / "w2", workers=2, **opts)
     one, three, two = (file_bytes(tmp_path / d) for d in ("w1", "w3", "w2"))
-    assert one == three == two and len(one) == 4  # 3 parts + bert_of_data.json
+    assert one == three == two and len(one) == 5  # 3 parts + bert_of_data.json + vocab.txt
     other = PretrainingOptions(dupe_factor=3, random_seed=1)
     create_pretraining_data(inputs, VOCAB, tmp_path / "s1", options=other, num_parts=3, progress=False)
     assert file_bytes(tmp_path / "s1")["part-00000"] != one["part-00000"]
@@ -221,9 +225,9 @@ def test_records_have_googles_invariants(dataset, vocab):
     meta = json.load(open(os.path.join(dataset, "bert_of_data.json")))
     assert meta["num_records"] == len(recs) > 200 and sum(meta["records_per_part"]) == len(recs)
     # every document's token stream, to check that A and B (with masked_lm_ids put back) are real text
-    tok = make_tokenizer(VOCAB, True)
-    streams = [" " + " ".join(str(tok2id[t]) for s in d for t in s) + " " for d in read_documents([SAMPLE], tok)]
-    streams += [" " + " ".join(str(tok2id[t]) for s in d for t in s) + " " for d in read_documents([CLASSICS], tok)]
+    ids = FastTokenizer(make_tokenizer(VOCAB, True)).ids
+    streams = [" " + " ".join(str(t) for s in d for t in s) + " "
+               for path in (SAMPLE, CLASSICS) for d in read_corpus([path], ids).documents()]
     kinds = collections.Counter()
     nsp = []
     for r in recs:
@@ -258,16 +262,42 @@ def test_records_have_googles_invariants(dataset, vocab):
     assert 0.45 < np.mean(nsp) < 0.7, np.mean(nsp)
 
 
-def test_masked_lm_predictions_label_the_original_tokens(vocab):
+def test_masking_follows_googles_rules(vocab):
+    """mask_positions + assemble: count, sorted positions never on [CLS]/[SEP], 80/10/10 kinds,
+    labels = the original tokens, every other token untouched."""
     tok2id, _ = vocab
-    vocab_words = list(tok2id)
-    tok = make_tokenizer(VOCAB, True)
-    tokens = ["[CLS]"] + tok.tokenize(open(CLASSICS, encoding="utf-8").read())[:120] + ["[SEP]"]
+    words = list(tok2id.values())
+    masking = MaskingVocab(tok2id["[MASK]"], words)
+    ids = np.asarray(FastTokenizer(make_tokenizer(VOCAB, True)).ids(open(CLASSICS, encoding="utf-8").read())[:200],
+                     dtype=np.int32)
     rng = random.Random(3)
-    for _ in range(50):
-        out, pos, labels = create_masked_lm_predictions(tokens, PretrainingOptions(), vocab_words, rng)
-        assert labels == [tokens[p] for p in pos] and pos == sorted(pos) and len(pos) == 18
-        assert all(out[i] == tokens[i] for i in range(len(tokens)) if i not in set(pos))
+    la, lb, num = 70, 55, 19
+    rows, kinds = [], collections.Counter()
+    for _ in range(300):
+        masks = mask_positions(la, lb, num, rng, masking)
+        pos = [p for p, _ in masks]
+        assert len(masks) == num and pos == sorted(set(pos)) and not {0, la + 1, la + lb + 2} & set(pos)
+        kinds.update("mask" if new == tok2id["[MASK]"] else "keep" if new == KEEP else "random" for _, new in masks)
+        rows.append(masks)
+    total = sum(kinds.values())
+    assert abs(kinds["mask"] / total - 0.8) < 0.03 and abs(kinds["keep"] / total - 0.1) < 0.03, kinds
+    n = len(rows)
+    inst = Instances(np.zeros(n, np.int64), np.full(n, la), np.full(n, 100), np.full(n, lb), np.zeros(n, np.uint8),
+                     np.full(n, num), np.arange(n) * num, np.array([p for m in rows for p, _ in m], np.int32),
+                     np.array([x for m in rows for _, x in m], np.int32))
+    f = assemble(ids, inst, np.arange(n)[::-1], 128, 20, tok2id["[CLS]"], tok2id["[SEP]"])
+    plain = np.concatenate(([tok2id["[CLS]"]], ids[:la], [tok2id["[SEP]"]], ids[100:100 + lb], [tok2id["[SEP]"]]))
+    for r, masks in zip(range(n), rows[::-1]):
+        pos = np.array([p for p, _ in masks])
+        assert (f["masked_lm_positions"][r] == np.pad(pos, (0, 20 - num))).all()
+        assert (f["masked_lm_ids"][r, :num] == plain[pos]).all() and not f["masked_lm_ids"][r, num:].any()
+        assert (f["masked_lm_weights"][r] == [1.0] * num + [0.0] * (20 - num)).all()
+        row = f["input_ids"][r, :la + lb + 3]
+        untouched = np.setdiff1d(np.arange(la + lb + 3), pos)
+        assert (row[untouched] == plain[untouched]).all() and not f["input_ids"][r, la + lb + 3:].any()
+        for p, new in masks:
+            assert row[p] == (plain[p] if new == KEEP else new)
+    assert (f["segment_ids"][0] == [0] * (la + 2) + [1] * (lb + 1) + [0] * (128 - la - lb - 3)).all()
 
 
 def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path, vocab):
@@ -304,8 +334,8 @@ def test_document_reading_follows_googles_rules(tmp_path):
     p = tmp_path / "t.txt"
     p.write_bytes(b"The rain.\r\nGold ring.\r\n \r\n\r\nA star.\n\x07\nHe had\xc2\xa0gold.\r\n"
                   b"last line, no newline")
-    docs = read_documents([str(p)], tok)
-    assert [[" ".join(s) for s in d] for d in docs] == [
+    docs = read_corpus([str(p)], FastTokenizer(tok).ids).documents()
+    assert [[" ".join(tok.convert_ids_to_tokens(s)) for s in d] for d in docs] == [
         ["the rain .", "gold ring ."], ["a star .", "he had gold .", "last line , no n ##e ##w ##l ##i ##n ##e"]]
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\nnot \xff utf-8\n")
@@ -508,7 +538,7 @@ def test_failed_create_overwrites_nothing(dataset, tmp_path):
     assert file_bytes(out) == before
     r = run_data("create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", out, "--overwrite",
                  "--dupe-factor", 1, "--no-progress")
-    assert file_bytes(out) != before and sorted(os.listdir(out)) == ["bert_of_data.json", "part-00000"]
+    assert file_bytes(out) != before and sorted(os.listdir(out)) == ["bert_of_data.json", "part-00000", "vocab.txt"]
 
 
 def test_vocab_and_config_must_agree(tmp_path):
@@ -565,3 +595,292 @@ def test_reshard_and_cli_registration(dataset, tmp_path):
                             str(tmp_path / "c"), "--whole-word-mask", "--seed", "9", "--no-progress"])
     assert args.do_whole_word_mask if hasattr(args, "do_whole_word_mask") else args.whole_word_mask
     assert args.random_seed == 9 and args.fn(args) == 0
+
+
+# --------------------------------------------------------------------------- speed path: same draws, same bytes
+
+
+def test_inlined_shuffle_and_randint_draw_exactly_like_random():
+    from bert_of.data.instances import randint, shuffle
+
+    ours, theirs = random.Random(11), random.Random(11)
+    for n in list(range(0, 260)) + [1000, 4097, 65537]:
+        a, b = list(range(n)), list(range(n))
+        shuffle(a, ours.getrandbits)
+        theirs.shuffle(b)
+        assert a == b
+        lo = -n // 3
+        assert [randint(lo, n, ours.getrandbits) for _ in range(5)] == [theirs.randint(lo, n) for _ in range(5)]
+    assert randint(0, 2**40 + 5, ours.getrandbits) == theirs.randint(0, 2**40 + 5)  # > 32 bits: several words
+    assert ours.getstate() == theirs.getstate()
+
+
+def test_encode_records_is_encode_record_for_every_row():
+    from bert_of.data.ofrecord import _LEN, encode_records
+
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        R = int(rng.integers(0, 7))
+        feats = {}
+        for j in range(int(rng.integers(1, 6))):
+            kind = ["int32", "int64", "float", "double"][int(rng.integers(0, 4))]
+            L, big = int(rng.integers(0, 40)), rng.random() < 0.4
+            if kind == "int32":
+                v = rng.integers(-2**31, 2**31, (R, L)) if big else rng.integers(0, 40000, (R, L))
+            elif kind == "int64":
+                v = rng.integers(-2**63, 2**63 - 1, (R, L), dtype=np.int64) if big else rng.integers(0, 2**30, (R, L))
+            else:
+                v = rng.normal(size=(R, L)).astype(np.float32 if kind == "float" else np.float64)
+            feats[f"f{j}{'é' if big else ''}"] = (kind, v)
+        want = [encode_record({k: (kind, v[r]) for k, (kind, v) in feats.items()}) for r in range(R)]
+        buf, lengths = encode_records(feats)
+        assert buf.tobytes() == b"".join(want) and lengths.tolist() == [len(w) for w in want]
+        buf, lengths = encode_records(feats, framed=True)
+        assert buf.tobytes() == b"".join(_LEN.pack(len(w)) + w for w in want)
+    with pytest.raises(OverflowError):
+        encode_records({"x": ("int32", np.array([[2**31]]))})
+
+
+# --------------------------------------------------------------------------- pathological text
+
+
+def _one_line(path, n_chars, seed=0):
+    words = [w for w in open(VOCAB, encoding="utf-8").read().split() if w.isalpha()]
+    r = random.Random(seed)
+    out, n = [], 0
+    while n < n_chars:
+        out.append(r.choice(words))
+        n += len(out[-1]) + 1
+    path.write_text(" ".join(out) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_creation_is_linear_in_line_length(tmp_path):
+    """One huge line: Google's truncation deletes list heads one token at a time (a 2 MB line took
+    36 s, 50 MB never finished). Ours moves range ends: 8x the text takes ~8x the time, not 64x."""
+    import time
+
+    opts = PretrainingOptions(dupe_factor=2)
+    times = {}
+    for mb in (0.5, 4):
+        p = _one_line(tmp_path / f"line{mb}.txt", int(mb * 1e6))
+        t = time.perf_counter()
+        s = create_pretraining_data([p], VOCAB, tmp_path / f"o{mb}", options=opts, progress=False,
+                                    max_line_chars=5_000_000)
+        times[mb] = time.perf_counter() - t
+        assert s["sentences"] == 1 and s["instances"] == 2  # one instance per pass: A and B from the same line
+        recs = read_dir(tmp_path / f"o{mb}")
+        assert all(int(r["input_mask"].sum()) == 128 for r in recs)
+    assert times[4] < 24 * times[0.5] + 1.0, times
+
+
+def test_a_line_over_the_limit_is_refused_without_reading_it(tmp_path):
+    """A 50 MB line: one error naming file and line, after reading ~4x the limit, memory bounded."""
+    import tracemalloc
+
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.write(b"A normal first line.\n\n")
+        chunk = b"lorem ipsum dolor sit amet " * 40000
+        for _ in range(50_000_000 // len(chunk)):
+            f.write(chunk)
+        f.write(b"\nthe end.\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(Exception) as e:
+            create_pretraining_data([str(big)], VOCAB, tmp_path / "o", progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value) == (f"{big}: line 3 is longer than 1,000,000 characters: expected one sentence per line "
+                            "(raise --max-line-chars to accept it)")
+    assert peak < 40e6, peak  # a few blocks of 4 MB, never the 50 MB line
+    assert not os.path.exists(tmp_path / "o")
+    small = tmp_path / "small.txt"
+    small.write_text("short line\n" + "x" * 101 + "\n", encoding="utf-8")
+    r = run_data("create-pretraining", "--input", small, "--vocab", VOCAB, "--output", tmp_path / "o2",
+                 "--max-line-chars", 100, check=False)
+    assert r.returncode == 1 and user_lines(r.stderr) == [
+        f"bert-of: error: {small}: line 2 is longer than 100 characters: expected one sentence per line "
+        "(raise --max-line-chars to accept it)"]
+
+
+def test_per_file_memory_is_bounded_by_the_largest_file(tmp_path):
+    """Default mode: 4 files take no more memory than 1 (each is its own corpus, records stream to disk)."""
+    import tracemalloc
+
+    text = open(CLASSICS, encoding="utf-8").read() + "\n"
+    files = []
+    for i in range(4):
+        files.append(tmp_path / f"c{i}.txt")
+        files[-1].write_text(text * 40, encoding="utf-8")
+    peaks, counts = {}, {}
+    for n in (1, 4):
+        tracemalloc.start()
+        try:
+            s = create_pretraining_data(files[:n], VOCAB, tmp_path / f"o{n}", options=PretrainingOptions(dupe_factor=3),
+                                        workers=1, progress=False)
+            peaks[n], counts[n] = tracemalloc.get_traced_memory()[1], s["instances"]
+        finally:
+            tracemalloc.stop()
+    assert counts[4] > 3.5 * counts[1] > 3000
+    assert peaks[4] < 1.3 * peaks[1], peaks
+
+
+# --------------------------------------------------------------------------- inputs and outputs
+
+
+def test_repeated_input_flags_append(tmp_path):
+    out = tmp_path / "o"
+    r = run_data("create-pretraining", "--input", SAMPLE, "--input", CLASSICS, "--vocab", VOCAB, "--output", out,
+                 "--dupe-factor", 1, "--no-progress", "--json")
+    s = json.loads(r.stdout)
+    assert s["files"] == 2 and [j["files"] for j in s["per_job"]] == [["sample_text.txt"], ["classics.txt"]]
+    meta = json.load(open(out / "bert_of_data.json"))
+    assert [i["file"] for i in meta["inputs"]] == ["sample_text.txt", "classics.txt"]
+
+
+def test_outputs_never_destroy_inputs(tmp_path, dataset, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(SAMPLE, corpus / "a.txt")
+    shutil.copy(VOCAB, corpus / "vocab.txt")
+    before = file_bytes(corpus)
+    cases = [  # (inputs, vocab, output, what the output is to the input)
+        ([corpus], VOCAB, corpus, f"is the input {corpus}"),
+        ([corpus / "a.txt"], VOCAB, corpus, f"contains the input {corpus / 'a.txt'}"),
+        ([corpus], VOCAB, corpus / "out", f"lies inside the input {corpus}"),
+        ([SAMPLE], corpus / "vocab.txt", corpus, f"contains the vocabulary {corpus / 'vocab.txt'}"),
+    ]
+    for k, (inputs, vocab, out, what) in enumerate(cases):
+        args = ["create-pretraining", *[a for p in inputs for a in ("--input", p)], "--vocab", vocab, "--output", out,
+                "--overwrite", "--no-progress"]
+        if k == 0:  # the real command line once; the same dispatch in-process for the rest
+            r = run_data(*args, check=False)
+            code, err = r.returncode, r.stderr
+        else:
+            code, err = data_cli.main([str(a) for a in args]), capsys.readouterr().err
+        assert code == 1 and user_lines(err) == [
+            f"bert-of: error: {out}: the output directory {what}: choose another output directory "
+            "(inputs are never overwritten)"], err
+        assert file_bytes(corpus) == before and sorted(os.listdir(tmp_path)) == ["corpus"]
+    # reshard: the destination is, contains or lies inside the source
+    src = tmp_path / "ds"
+    shutil.copytree(dataset, src)
+    before = file_bytes(src)
+    for dst, rel in ((src, "is"), (src / "sub", "lies inside"), (tmp_path, "contains")):
+        assert data_cli.main(["reshard", str(src), str(dst), "--num-parts", "2", "--overwrite"]) == 1
+        assert user_lines(capsys.readouterr().err) == [
+            f"bert-of: error: {dst}: the output directory {rel} the source dataset {src}: choose another output "
+            "directory (inputs are never overwritten)"]
+        assert file_bytes(src) == before
+
+
+def test_data_directory_keeps_its_vocabulary(dataset, tmp_path):
+    from bert_of.data.reader import dataset_vocab
+
+    v = dataset_vocab(dataset)
+    assert v == os.path.join(dataset, "vocab.txt") and open(v, "rb").read() == open(VOCAB, "rb").read()
+    meta = json.load(open(os.path.join(dataset, "bert_of_data.json")))
+    assert meta["vocab"] == {"file": "vocab.txt", "source": "vocab.txt", "size": 966,
+                             "sha256": hashlib.sha256(open(VOCAB, "rb").read()).hexdigest()}
+    assert data_cli.main(["reshard", dataset, str(tmp_path / "r"), "--num-parts", "2"]) == 0
+    assert open(dataset_vocab(str(tmp_path / "r")), "rb").read() == open(VOCAB, "rb").read()
+    with open(tmp_path / "r" / "vocab.txt", "a") as f:
+        f.write("extra\n")
+    with pytest.raises(Exception, match=r"r/vocab.txt: vocabulary changed since the data was made"):
+        dataset_vocab(str(tmp_path / "r"))
+    os.remove(tmp_path / "r" / "vocab.txt")
+    assert dataset_vocab(str(tmp_path / "r")) is None  # data made before the copy was kept
+    os.remove(tmp_path / "r" / "bert_of_data.json")
+    assert dataset_vocab(str(tmp_path / "r")) is None  # e.g. written by OneFlow itself
+
+
+# --------------------------------------------------------------------------- the reader checks every value
+
+
+def _rewrite_record(src_dir, dst_dir, part, index, **changes):
+    """A copy of the dataset whose record ``index`` of ``part`` has features replaced."""
+    shutil.copytree(src_dir, dst_dir)
+    path = os.path.join(dst_dir, part)
+    recs = list(iter_raw_records(path))
+    rec = decode_record(recs[index])
+    for name, (pos, value) in changes.items():
+        rec[name] = rec[name].copy()
+        rec[name][pos] = value
+    recs[index] = encode_record({k: ("float" if v.dtype == np.float32 else "int32", v) for k, v in rec.items()})
+    with OFRecordWriter(path) as w:
+        for r in recs:
+            w.write(r)
+    return path
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(masked_lm_positions=(0, 128)), "masked_lm_positions has 128, outside the sequence of 128 tokens"),
+    (dict(masked_lm_positions=(3, -1)), "masked_lm_positions has -1, outside the sequence of 128 tokens"),
+    (dict(segment_ids=(5, 7)), "segment_ids has 7, outside 0..1 (type_vocab_size 2)"),
+    (dict(next_sentence_labels=(0, 9)), "next_sentence_labels is 9, expected 0 or 1"),
+    (dict(masked_lm_weights=(0, np.nan)), "masked_lm_weights has nan, expected a finite weight in [0, 1]"),
+    (dict(masked_lm_weights=(1, 2.0)), "masked_lm_weights has 2.0, expected a finite weight in [0, 1]"),
+    (dict(input_mask=(2, 3)), "input_mask has 3, expected 0 or 1"),
+    (dict(input_ids=(1, 966)), "input_ids has id 966 outside the model's vocabulary (vocab_size 966): "
+                               "data and model vocab disagree"),
+    (dict(masked_lm_ids=(0, 5000)), "masked_lm_ids has id 5000 outside the model's vocabulary (vocab_size 966): "
+                                    "data and model vocab disagree"),
+], ids=lambda x: next(iter(x)) if isinstance(x, dict) else "")
+def test_reader_names_the_record_with_a_value_out_of_range(dataset, tmp_path, capsys, change, message):
+    path = _rewrite_record(dataset, tmp_path / "bad", "part-00001", 4, **change)
+    ds = PretrainingDataset(str(tmp_path / "bad"), 16, 128, 20, shuffle=True, seed=1)
+    with pytest.raises(Exception) as e:
+        for _ in range(2 * len(ds) // 16 + 2):
+            ds.next_batch()
+    assert str(e.value) == f"{path}: record 4: {message}"
+    assert data_cli.main(["inspect", "--check", str(tmp_path / "bad")]) == 1
+    assert user_lines(capsys.readouterr().err) == [f"bert-of: error: {path}: record 4: {message}"]
+
+
+def test_reader_limits_come_from_the_model(dataset, tmp_path):
+    path = _rewrite_record(dataset, tmp_path / "seg2", "part-00000", 0, segment_ids=(1, 2))
+    with pytest.raises(Exception, match=r"record 0: segment_ids has 2, outside 0..1 \(type_vocab_size 2\)"):
+        PretrainingDataset(str(tmp_path / "seg2"), 1, 128, 20).validate()
+    assert PretrainingDataset(str(tmp_path / "seg2"), 1, 128, 20, type_vocab_size=3).validate() > 0
+    os.remove(tmp_path / "seg2" / "bert_of_data.json")  # no metadata: ids are checked against the model's only
+    path = _rewrite_record(tmp_path / "seg2", tmp_path / "big_id", "part-00000", 1, input_ids=(1, 30000))
+    assert PretrainingDataset(str(tmp_path / "big_id"), 1, 128, 20, type_vocab_size=3).validate() > 0
+    with pytest.raises(Exception, match=rf"{path}: record 1: input_ids has id 30000 outside the model's vocabulary "
+                                        r"\(vocab_size 966\)"):
+        PretrainingDataset(str(tmp_path / "big_id"), 1, 128, 20, vocab_size=966, type_vocab_size=3).validate()
+
+
+def test_oneflow_reader_refuses_a_bad_record_instead_of_aborting(dataset, tmp_path):
+    """Out-of-range masked_lm_positions used to reach a OneFlow gather: SIGABRT and a glog stack."""
+    from bert_of.data.reader import OneFlowPretrainingReader
+
+    _rewrite_record(dataset, tmp_path / "bad", "part-00000", 2, masked_lm_positions=(0, 500))
+    reader = OneFlowPretrainingReader(str(tmp_path / "bad"), 8, 128, 20, shuffle=False)
+    with pytest.raises(Exception, match=r"a record read by OneFlow's reader: masked_lm_positions has 500, outside "
+                                        r"the sequence of 128 tokens \(`bert-of data inspect --check .*` names it\)"):
+        reader.next_batch()
+
+
+def test_empty_part_files_are_errors(dataset, tmp_path, capsys):
+    shutil.copytree(dataset, tmp_path / "d")
+    empty = tmp_path / "d" / "part-00002"
+    open(empty, "wb").close()
+    msg = f"{empty}: empty part file (0 bytes): a reader would skip it silently; remove it and renumber, or re-create the data"
+    for rank in (0, 1):  # every rank refuses, not only the one that reads it
+        with pytest.raises(Exception) as e:
+            PretrainingDataset(str(tmp_path / "d"), 4, 128, 20, rank=rank, world_size=2)
+        assert str(e.value) == msg
+    r = run_data("inspect", tmp_path / "d", check=False)
+    assert r.returncode == 1 and user_lines(r.stderr) == [f"bert-of: error: {msg}"]
+    # nothing makes one: more parts than records is refused
+    assert data_cli.main(["create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", str(tmp_path / "o"),
+                          "--dupe-factor", "1", "--max-seq-length", "512", "--num-parts", "1000",
+                          "--no-progress"]) == 1
+    err = user_lines(capsys.readouterr().err)
+    n = int(err[0].split(": ")[2].split()[0])
+    assert err == [f"bert-of: error: {n} instance(s) cannot fill 1000 part files (an empty part is an error for "
+                   f"readers): use --num-parts {n} or fewer"] and not os.path.exists(tmp_path / "o")
+    assert data_cli.main(["reshard", dataset, str(tmp_path / "r"), "--num-parts", "100000"]) == 1
+    assert "cannot fill 100000 part files" in capsys.readouterr().err and not os.path.exists(tmp_path / "r")

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from bert_of.tokenization import BasicTokenizer, FullTokenizer, WordpieceTokenizer
+from bert_of.tokenization import BasicTokenizer, FastTokenizer, FullTokenizer, WordpieceTokenizer
 from tests.conftest import ROOT
 from tests.test_hf import DATA, minilm_dir
 
@@ -113,3 +113,62 @@ def test_no_oneflow_import(uncased):
             f"FullTokenizer({uncased!r}).encode('hi there'); "
             "assert 'oneflow' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+# --------------------------------------------------------------------------- FastTokenizer == FullTokenizer
+
+
+def _code_points(step_above_bmp: int):
+    """Every BMP code point and every ``step_above_bmp``-th one above, surrogates excluded: all
+    scripts and categories, private use and unassigned included."""
+    return [cp for cp in list(range(0x10000)) + list(range(0x10000, 0x110000, step_above_bmp))
+            if not 0xD800 <= cp <= 0xDFFF]
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_fast_tokenizer_equals_reference_on_every_code_point(uncased, lower):
+    """Each code point alone and between letters; every 4th also in final-sigma context."""
+    ref = FullTokenizer(uncased, do_lower_case=lower, keep_special_tokens=False)
+    fast = FastTokenizer(ref)
+    cps = _code_points(61)
+    for i in range(0, len(cps), 512):
+        chars = [chr(c) for c in cps[i:i + 512]]
+        where = f"code points {cps[i]:#x}.."
+        text = " ".join("a" + c + "b" for c in chars)
+        assert fast.ids(text) == ref.convert_tokens_to_ids(ref.tokenize(text)), where
+        for text in ("".join(chars), "".join("Σ" + c + "AΣ " for c in chars[::4])):
+            assert fast.tokenize(text) == ref.tokenize(text), where
+
+
+HOSTILE = [
+    "ΟΔΟΣ ΟΔΟΣ. ὈΔΌΣ's ΣΑΣ ΣΑΣ\u0301",  # final sigma in and out of context, with marks
+    "Crème brûlée, naïve façade; İstanbul ǅemal Æsir ß ﬁ ﬂ",  # accents, İ (lower -> i + U+0307), ligatures
+    "中文字符测试 日本語のテキスト 한국어 텍스트 漢字かな交じり文 㐀𠀀𪜀",  # CJK (incl. extensions), kana, Hangul
+    "zero\u200bwidth\u200cjoin\u200dnon\ufeffbreak \u2060word \u00adsoft\u00adhyphen",  # zero-width, Cf
+    "ctl\x00nul\x01\x07\x1b[31m\x7f\x85\u2028line\u2029para\x1c\x1f\ufffd\ue000\U000f0000",  # controls, PUA
+    "tabs\tand\u00a0nbsp\u2003em\u3000ideographic\u202fnarrow  spaces\r\n",
+    "x" * 199 + " " + "y" * 200 + " " + "z" * 201 + " " + "ab" * 150,  # the 200-character word limit
+    "qzxv wkjf ȸȹ ɂɃ ʬʭ ᚠᚡᚢ ⴰⴱⴲ ꙮ 𐌰𐌱 🜁🜂 ✓✗ ⅷ ①② ㏒",  # words no vocabulary piece covers: [UNK]
+    "[CLS] [SEP]x[MASK][PAD][UNK]][[ [cls] [ SEP ]",  # literal special tokens
+    "$5^2`x~y|z <html>&amp;</html> e-mail@host.com (a) [b] {c} ¿¡«»„“”‘’‹›—–…·•",
+    "١٢٣ عربي مع التشكيل: مُحَمَّد ह‍िन्दी देवनागरी ไทย ภาษา ཀཁག",  # Arabic marks, Devanagari, Thai, Tibetan
+]
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+@pytest.mark.parametrize("special", [False, True], ids=["google", "keep-special"])
+def test_fast_tokenizer_equals_reference_on_corpora_and_hostile_text(uncased, small_vocab, lower, special):
+    texts = list(HOSTILE)
+    data = os.path.join(ROOT, "tests", "data")
+    for name in ("text/sample_text.txt", "text/classics.txt", "glue/xnli-dev.tsv", "glue/mnli-dev_matched.tsv",
+                 "glue/cola-dev.tsv", "squad/dev-v1.1-finetune.json"):
+        with open(os.path.join(data, name), encoding="utf-8") as f:
+            texts += f.read().split("\n")
+    for vocab in (uncased, small_vocab):  # the small vocabulary makes nearly every word [UNK]
+        ref = FullTokenizer(vocab, do_lower_case=lower, keep_special_tokens=special)
+        fast = FastTokenizer(ref, cache_size=64)  # a small cache: restarts many times
+        for text in texts:
+            assert fast.tokenize(text) == ref.tokenize(text), text[:80]
+        fast = FastTokenizer(ref)
+        for text in texts + texts:  # second pass from the cache
+            assert fast.ids(text) == ref.convert_tokens_to_ids(ref.tokenize(text)), text[:80]

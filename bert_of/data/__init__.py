@@ -2,12 +2,15 @@
 
 * :mod:`bert_of.data.create_pretraining` — google-research/bert's ``create_pretraining_data.py``
   semantics (documents, sentence pairs, 50% random next, masking 80/10/10, whole-word
-  masking), parallel over input files, deterministic for any number of workers.
+  masking), parallel over input files, deterministic for any number of workers; built on
+  :mod:`bert_of.data.text` (text -> token-id corpus, bounded lines) and
+  :mod:`bert_of.data.instances` (Google's instances as corpus ranges, assembled with NumPy).
 * :mod:`bert_of.data.ofrecord` — OFRecord files read and written in pure Python + NumPy
-  (byte-identical to protobuf's serialization; no OneFlow import).
+  (byte-identical to protobuf's serialization; no OneFlow import), many records at a time.
 * :mod:`bert_of.data.reader` — :class:`PretrainingDataset`: each data-parallel rank reads
-  its own parts, shuffled from ``(seed, epoch, rank)``, resumable with ``state_dict``;
-  :class:`OneFlowPretrainingReader` reads the same files through ``flow.nn.OFRecordReader``.
+  its own parts, shuffled from ``(seed, epoch, rank)``, resumable with ``state_dict``, every
+  batch range-checked; :class:`OneFlowPretrainingReader` reads the same files through
+  ``flow.nn.OFRecordReader``; :func:`dataset_vocab` is the vocab.txt the data was made with.
 * :mod:`bert_of.data.cli` — ``bert-of data create-pretraining | inspect | reshard``.
 
 Nothing here imports OneFlow except :class:`OneFlowPretrainingReader`.
@@ -16,10 +19,13 @@ Nothing here imports OneFlow except :class:`OneFlowPretrainingReader`.
 _LAZY = {
     "PretrainingDataset": "bert_of.data.reader",
     "OneFlowPretrainingReader": "bert_of.data.reader",
+    "dataset_vocab": "bert_of.data.reader",
+    "check_batch": "bert_of.data.reader",
     "create_pretraining_data": "bert_of.data.create_pretraining",
     "PretrainingOptions": "bert_of.data.create_pretraining",
     "iter_records": "bert_of.data.ofrecord",
     "encode_record": "bert_of.data.ofrecord",
+    "encode_records": "bert_of.data.ofrecord",
     "decode_record": "bert_of.data.ofrecord",
     "OFRecordWriter": "bert_of.data.ofrecord",
     "OFRecordError": "bert_of.data.ofrecord",

@@ -13,23 +13,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 
+from bert_of.fs import publishing, write_json
 
+from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, PretrainingOptions, _check_output,
+                                 check_output_spares_inputs, create_pretraining_data)
+from .ofrecord import OFRecordError, OFRecordWriter, RecordFile, iter_raw_records
+from .reader import FEATURES, META_FILE, PretrainingDataset, list_part_files, read_meta
+from .text import MAX_LINE_CHARS
 
 # --------------------------------------------------------------------------- create-pretraining
 
 
 def cmd_create_pretraining(args) -> int:
-    from .create_pretraining import PretrainingOptions, create_pretraining_data
-
     opts = PretrainingOptions(
         max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
         masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
         random_seed=args.random_seed, do_lower_case=args.do_lower_case, do_whole_word_mask=args.whole_word_mask)
     s = create_pretraining_data(args.input, args.vocab, args.output, options=opts, num_parts=args.num_parts,
                                 workers=args.workers, combine_files=args.combine_files, config=args.config,
-                                overwrite=args.overwrite, progress=not args.no_progress)
+                                overwrite=args.overwrite, progress=not args.no_progress,
+                                max_line_chars=args.max_line_chars)
     if args.json:
         print(json.dumps(s, indent=2))
     else:
@@ -45,9 +51,8 @@ def cmd_create_pretraining(args) -> int:
 
 
 def inspect_dataset(data_dir: str, check: bool = False) -> dict:
-    from .ofrecord import OFRecordError, RecordFile
-    from .reader import list_part_files, read_meta
-
+    """Parts, record counts and features of a dataset. ``check``: parse every record, and range-check
+    the values of pretraining records as a reader would (naming the part file and record)."""
     paths, suffix = list_part_files(data_dir)
     info = {"path": data_dir, "parts": [], "num_records": 0, "part_name_suffix_length": suffix,
             "meta": read_meta(data_dir), "features": None}
@@ -70,6 +75,12 @@ def inspect_dataset(data_dir: str, check: bool = False) -> dict:
                 rec = f.record(0)
                 info["features"] = {k: {"dtype": str(getattr(v, "dtype", "bytes")), "shape": [len(v)]}
                                     for k, v in sorted(rec.items())}
+    feats = info["features"] or {}
+    if check and set(FEATURES) <= set(feats):
+        S, P = feats["input_ids"]["shape"][0], feats["masked_lm_ids"]["shape"][0]
+        with PretrainingDataset(data_dir, 1024, S, P, shuffle=False) as ds:
+            ds.validate()
+        info["values_checked"] = True
     return info
 
 
@@ -79,7 +90,8 @@ def cmd_inspect(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{info['path']}: {len(info['parts'])} part file(s), {info['num_records']} records"
-          + (" (all records parsed)" if args.check else ""))
+          + (" (all records parsed" + (", values in range)" if info.get("values_checked") else ")")
+             if args.check else ""))
     for part in info["parts"]:
         print(f"  {part['file']}  {part['records']:>8} records  {part['bytes']:>12,} bytes")
     for name, f in (info["features"] or {}).items():
@@ -90,6 +102,10 @@ def cmd_inspect(args) -> int:
         print(f"  made by bert_of: max_seq_length {o.get('max_seq_length')}, max_predictions_per_seq "
               f"{o.get('max_predictions_per_seq')}, seed {o.get('random_seed')}, dupe_factor {o.get('dupe_factor')}, "
               f"whole_word_mask {o.get('do_whole_word_mask')}, vocab {meta.get('vocab', {}).get('size')} tokens")
+        vocab = meta.get("vocab", {})
+        if os.path.isfile(os.path.join(args.path, str(vocab.get("file")))):
+            print(f"  vocabulary: {vocab.get('file')} (a copy of {vocab.get('source')}, sha256 "
+                  f"{str(vocab.get('sha256'))[:12]}...)")
     return 0
 
 
@@ -97,18 +113,20 @@ def cmd_inspect(args) -> int:
 
 
 def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict:
-    """Deal the records of SRC (part order, then record order) round-robin into NUM_PARTS parts."""
-    from bert_of.fs import publishing
-
-    from .create_pretraining import DataError, PART_FORMAT, _check_output
-    from .ofrecord import OFRecordWriter, iter_raw_records
-    from .reader import META_FILE, list_part_files, read_meta
-
+    """Deal the records of SRC (part order, then record order) round-robin into NUM_PARTS parts;
+    the metadata and the vocabulary copy come along."""
     if num_parts < 1:
         raise DataError(f"num_parts must be at least 1, got {num_parts}")
     paths, _ = list_part_files(src)
-    if os.path.abspath(src) == os.path.abspath(dst):
-        raise DataError(f"{dst}: destination is the source directory")
+    check_output_spares_inputs(dst, [src], "source dataset")
+    meta = read_meta(src)
+    total = 0
+    for p in paths:  # checks every record's framing before anything is written
+        with RecordFile(p) as f:
+            total += len(f)
+    if total < num_parts:
+        raise DataError(f"{src}: {total} record(s) cannot fill {num_parts} part files (an empty part is an error "
+                        f"for readers): use --num-parts {total} or fewer")
     writers = []
     try:
         with publishing(dst, overwrite=_check_output(dst, overwrite)) as tmp:
@@ -120,12 +138,13 @@ def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict
                     k += 1
             for w in writers:
                 w.close()
-            meta = read_meta(src)
             if meta:
-                meta.update(num_parts=num_parts, records_per_part=[w.count for w in writers],
+                vocab = meta.get("vocab") if isinstance(meta.get("vocab"), dict) else {}
+                if vocab.get("file") == DATASET_VOCAB and os.path.isfile(os.path.join(src, DATASET_VOCAB)):
+                    shutil.copyfile(os.path.join(src, DATASET_VOCAB), os.path.join(tmp, DATASET_VOCAB))
+                meta.update(num_parts=num_parts, num_records=k, records_per_part=[w.count for w in writers],
                             part_name_suffix_length=5, resharded_from=os.path.basename(os.path.abspath(src)))
-                with open(os.path.join(tmp, META_FILE), "w") as f:
-                    f.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+                write_json(os.path.join(tmp, META_FILE), meta)
     finally:
         for w in writers:
             try:
@@ -149,9 +168,11 @@ def _add_commands(sub) -> None:
         "create-pretraining", help="text -> masked-LM/next-sentence OFRecord parts (Google's semantics)",
         description="Make BERT pretraining data as google-research/bert's create_pretraining_data.py does: "
                     "one sentence per line, blank lines between documents. Writes OFRecord part files "
-                    "part-00000 ... and bert_of_data.json into OUTPUT (atomically).")
-    c.add_argument("--input", nargs="+", required=True, metavar="FILE",
-                   help="text files (also comma-separated lists, glob patterns, directories)")
+                    "part-00000 ..., vocab.txt (a copy of --vocab) and bert_of_data.json into OUTPUT "
+                    "(atomically). OUTPUT may not be, contain or lie inside an input.")
+    c.add_argument("--input", nargs="+", action="extend", required=True, metavar="FILE",
+                   help="text files (also comma-separated lists, glob patterns, directories); "
+                        "repeat to add more (--input a.txt --input b.txt)")
     c.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
     c.add_argument("--output", required=True, help="output directory (must be new or empty unless --overwrite)")
     c.add_argument("--max-seq-length", type=int, default=128, help="tokens per instance, [CLS]/[SEP] included "
@@ -181,6 +202,8 @@ def _add_commands(sub) -> None:
                         "(single process); default: each file is a corpus with its own seed, in parallel")
     c.add_argument("--config", help="model config (config.json / bert_config.json / checkpoint dir): "
                                     "check vocab_size and max_position_embeddings against it")
+    c.add_argument("--max-line-chars", type=int, default=MAX_LINE_CHARS,
+                   help=f"refuse a line longer than this many characters (default {MAX_LINE_CHARS:,}; 0: no limit)")
     c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -3,63 +3,73 @@
 Semantics (each checked against Google's script; ``combine_files=True`` reproduces its
 output record for record, tested on a golden file made by running it):
 
-* **Input**: one sentence per line, blank line = document boundary; a line whose
-  tokens are empty is skipped (it does not end a document). Lines end at ``\\n`` only
-  and are ``str.strip()``-ed. Documents without sentences are dropped, the list of
-  documents is shuffled.
-* **Instances** (per document, ``dupe_factor`` passes over all documents):
-  ``max_num_tokens = max_seq_length - 3``; with probability ``short_seq_prob`` the
-  target length is ``randint(2, max_num_tokens)``. Sentences are gathered until the
-  target is reached; segment A takes ``randint(1, len(chunk) - 1)`` of them; B is
-  the rest (actual next) or, with probability 0.5 or when the chunk has one sentence,
-  text from a random other document (random next, label 1) and the unused sentences
-  are put back. The pair is truncated to ``max_num_tokens`` by removing, from the
-  longer side, the first or last token (coin flip). ``[CLS] A [SEP] B [SEP]``, segment
-  ids 0 through the first ``[SEP]``, 1 after.
-* **Masking**: candidates are all positions but ``[CLS]``/``[SEP]`` (with whole-word
-  masking, ``##`` pieces join the preceding word), shuffled; ``num_to_predict =
-  min(max_predictions_per_seq, max(1, round(len(tokens) * masked_lm_prob)))``; a word
-  that would exceed it is skipped; each chosen position becomes ``[MASK]`` (80%),
-  stays (10%) or becomes a uniformly random vocabulary entry (10%). Positions are
-  sorted; labels are the original tokens.
-* **Records**: ``input_ids``/``input_mask``/``segment_ids`` padded with 0 to
-  ``max_seq_length``; ``masked_lm_positions``/``masked_lm_ids`` padded with 0 and
-  ``masked_lm_weights`` 1.0 for real predictions, 0.0 for padding, to
-  ``max_predictions_per_seq``; ``next_sentence_labels`` 1 for random next. All instances
-  are shuffled and dealt round-robin into the part files.
+* **Input** (:mod:`bert_of.data.text`): one sentence per line, blank line = document
+  boundary; a line whose tokens are empty is skipped. Lines end at ``\\n`` only and are
+  ``str.strip()``-ed. Documents without sentences are dropped, the list of documents is
+  shuffled. Tokens are Google's FullTokenizer's (:class:`bert_of.tokenization.FastTokenizer`
+  computes them at C string speed, proven equal to the reference).
+* **Instances** (:mod:`bert_of.data.instances`, per document, ``dupe_factor`` passes over all
+  documents): ``max_num_tokens = max_seq_length - 3``; with probability ``short_seq_prob`` the
+  target length is ``randint(2, max_num_tokens)``. Sentences are gathered until the target is
+  reached; segment A takes ``randint(1, len(chunk) - 1)`` of them; B is the rest (actual next)
+  or, with probability 0.5 or when the chunk has one sentence, text from a random other
+  document (random next, label 1) and the unused sentences are put back. The pair is
+  truncated to ``max_num_tokens`` by removing, from the longer side, the first or last token
+  (coin flip). ``[CLS] A [SEP] B [SEP]``, segment ids 0 through the first ``[SEP]``, 1 after.
+* **Masking**: candidates are all positions but ``[CLS]``/``[SEP]`` (with whole-word masking,
+  ``##`` pieces join the preceding word), shuffled; ``num_to_predict = min(max_predictions_per_seq,
+  max(1, round(len(tokens) * masked_lm_prob)))``; a word that would exceed it is skipped; each
+  chosen position becomes ``[MASK]`` (80%), stays (10%) or becomes a uniformly random
+  vocabulary entry (10%). Positions are sorted; labels are the original tokens.
+* **Records**: ``input_ids``/``input_mask``/``segment_ids`` padded with 0 to ``max_seq_length``;
+  ``masked_lm_positions``/``masked_lm_ids`` padded with 0 and ``masked_lm_weights`` 1.0 for real
+  predictions, 0.0 for padding, to ``max_predictions_per_seq``; ``next_sentence_labels`` 1 for
+  random next. All instances are shuffled and dealt round-robin into the part files. Records
+  are assembled and serialized thousands at a time with NumPy (:func:`~bert_of.data.ofrecord.encode_records`).
 * The random stream is Python's ``random.Random`` used in exactly Google's call order.
 
-Parallelism: by default every input file is its own corpus processed by a worker
-process with its own generator, seeded from ``(random_seed, file index)``; results are
-gathered in file order, so the output is the same bytes for any number of workers.
+Parallelism: by default every input file is its own corpus processed by a worker process with
+its own generator, seeded from ``(random_seed, file index)``; each worker writes its records to a
+file in the staging folder and the parent deals them, in file order, into the parts: the output
+is the same bytes for any number of workers, and memory is bounded by the largest input file.
 ``combine_files=True`` treats all files as one corpus with one generator seeded by
-``random_seed`` exactly as Google's script does (random next sentences may then come
-from any file; a single process).
+``random_seed`` exactly as Google's script does (random next sentences may then come from any
+file; a single process holding the whole corpus).
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-from bert_of.errors import BertOfError
-from bert_of.fs import publishing, sha256_file
+import numpy as np
 
-from .ofrecord import OFRecordWriter, encode_record
+from bert_of.config import BertConfig
+from bert_of.errors import ConfigError, OutputError
+from bert_of.fs import publishing, sha256_file, write_json
+from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
+
+from .instances import MaskingVocab, assemble, create_instances, shuffle
+from .ofrecord import OFRecordWriter, encode_records, iter_raw_records
+from .text import MAX_LINE_CHARS, DataError, read_corpus
 
 DATASET_META = "bert_of_data.json"
+DATASET_VOCAB = "vocab.txt"  # the copy of the vocabulary kept beside the parts
 PART_FORMAT = "part-{:05d}"
+FEATURE_KINDS = {"input_ids": "int32", "input_mask": "int32", "segment_ids": "int32",
+                 "masked_lm_positions": "int32", "masked_lm_ids": "int32", "masked_lm_weights": "float",
+                 "next_sentence_labels": "int32"}
+_CHUNK = 4096  # records assembled and serialized at a time
 
-
-class DataError(BertOfError):
-    """Input text, vocabulary, config or output directory problems for data creation."""
+__all__ = ["DataError", "PretrainingOptions", "create_pretraining_data", "make_tokenizer", "expand_inputs",
+           "check_output_spares_inputs", "DATASET_META", "DATASET_VOCAB", "PART_FORMAT"]
 
 
 @dataclass
@@ -87,186 +97,6 @@ class PretrainingOptions:
             raise DataError(f"dupe_factor must be at least 1, got {self.dupe_factor}")
 
 
-@dataclass
-class TrainingInstance:
-    tokens: List[str]
-    segment_ids: List[int]
-    masked_lm_positions: List[int]
-    masked_lm_labels: List[str]
-    is_random_next: bool
-
-
-# --------------------------------------------------------------------------- reading text
-
-
-def _read_lines(path: str, on_bytes: Optional[Callable[[int], None]] = None) -> Iterable[str]:
-    """Lines split at b"\\n" only (as TensorFlow's GFile), decoded as UTF-8."""
-    try:
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if on_bytes is not None:
-                    on_bytes(len(raw))
-                try:
-                    yield raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}: line {lineno} is not valid UTF-8 (byte {e.start})") from None
-    except FileNotFoundError:
-        raise DataError(f"{path}: input file not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected a text file") from None
-
-
-def read_documents(paths: Sequence[str], tokenizer, documents: Optional[list] = None,
-                   on_bytes: Optional[Callable[[int], None]] = None) -> list:
-    """Documents (lists of tokenized sentences) of text files read in order, as Google does.
-
-    A file boundary is not a document boundary (Google's reader keeps appending to the
-    current document), so pass all files of one corpus in one call.
-    """
-    docs = documents if documents is not None else [[]]
-    for path in paths:
-        for line in _read_lines(path, on_bytes):
-            line = line.strip()
-            if not line:
-                docs.append([])
-            tokens = tokenizer.tokenize(line)
-            if tokens:
-                docs[-1].append(tokens)
-    return [d for d in docs if d]
-
-
-# --------------------------------------------------------------------------- instances
-
-
-def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int, rng: random.Random) -> None:
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del longer[0]
-        else:
-            longer.pop()
-
-
-def create_masked_lm_predictions(tokens: List[str], opts: PretrainingOptions, vocab_words: List[str],
-                                 rng: random.Random):
-    """(output tokens, sorted masked positions, original tokens at those positions)."""
-    candidates: List[List[int]] = []
-    for i, tok in enumerate(tokens):
-        if tok == "[CLS]" or tok == "[SEP]":
-            continue
-        if opts.do_whole_word_mask and candidates and tok.startswith("##"):
-            candidates[-1].append(i)
-        else:
-            candidates.append([i])
-    rng.shuffle(candidates)
-
-    output = list(tokens)
-    num_to_predict = min(opts.max_predictions_per_seq, max(1, int(round(len(tokens) * opts.masked_lm_prob))))
-    chosen: List[int] = []
-    covered = set()
-    for word in candidates:
-        if len(chosen) >= num_to_predict:
-            break
-        if len(chosen) + len(word) > num_to_predict:
-            continue  # a whole word that would not fit is skipped, not cut
-        if (word[0] in covered) if len(word) == 1 else any(i in covered for i in word):
-            continue
-        for i in word:
-            covered.add(i)
-            if rng.random() < 0.8:
-                output[i] = "[MASK]"
-            elif rng.random() < 0.5:
-                output[i] = tokens[i]
-            else:
-                output[i] = vocab_words[rng.randint(0, len(vocab_words) - 1)]
-            chosen.append(i)
-    chosen.sort()
-    return output, chosen, [tokens[i] for i in chosen]
-
-
-def create_instances_from_document(all_documents: list, document_index: int, opts: PretrainingOptions,
-                                   vocab_words: List[str], rng: random.Random) -> List[TrainingInstance]:
-    document = all_documents[document_index]
-    max_num_tokens = opts.max_seq_length - 3
-    target_seq_length = max_num_tokens
-    if rng.random() < opts.short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
-
-    instances = []
-    chunk: List[List[str]] = []
-    chunk_len = 0
-    i = 0
-    while i < len(document):
-        sentence = document[i]
-        chunk.append(sentence)
-        chunk_len += len(sentence)
-        if i == len(document) - 1 or chunk_len >= target_seq_length:
-            if chunk:
-                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                tokens_a = [t for s in chunk[:a_end] for t in s]
-                tokens_b: List[str] = []
-                if len(chunk) == 1 or rng.random() < 0.5:
-                    is_random_next = True
-                    target_b_length = target_seq_length - len(tokens_a)
-                    for _ in range(10):  # try to avoid the current document
-                        random_index = rng.randint(0, len(all_documents) - 1)
-                        if random_index != document_index:
-                            break
-                    random_document = all_documents[random_index]
-                    start = rng.randint(0, len(random_document) - 1)
-                    for j in range(start, len(random_document)):
-                        tokens_b.extend(random_document[j])
-                        if len(tokens_b) >= target_b_length:
-                            break
-                    i -= len(chunk) - a_end  # the unused sentences go back into the stream
-                else:
-                    is_random_next = False
-                    tokens_b = [t for s in chunk[a_end:] for t in s]
-                truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                assert tokens_a and tokens_b
-
-                tokens = ["[CLS]", *tokens_a, "[SEP]", *tokens_b, "[SEP]"]
-                segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-                tokens, positions, labels = create_masked_lm_predictions(tokens, opts, vocab_words, rng)
-                instances.append(TrainingInstance(tokens, segment_ids, positions, labels, is_random_next))
-            chunk = []
-            chunk_len = 0
-        i += 1
-    return instances
-
-
-def create_training_instances(all_documents: list, opts: PretrainingOptions, vocab_words: List[str],
-                              rng: random.Random, on_document: Optional[Callable[[], None]] = None
-                              ) -> List[TrainingInstance]:
-    """Shuffle documents, ``dupe_factor`` passes of instance creation, shuffle instances."""
-    rng.shuffle(all_documents)
-    instances = []
-    for _ in range(opts.dupe_factor):
-        for index in range(len(all_documents)):
-            instances.extend(create_instances_from_document(all_documents, index, opts, vocab_words, rng))
-            if on_document is not None:
-                on_document()
-    rng.shuffle(instances)
-    return instances
-
-
-def instance_to_record(inst: TrainingInstance, vocab: dict, opts: PretrainingOptions) -> bytes:
-    S, P = opts.max_seq_length, opts.max_predictions_per_seq
-    ids = [vocab[t] for t in inst.tokens]
-    n, m = len(ids), len(inst.masked_lm_positions)
-    assert n <= S and m <= P
-    pad_s, pad_p = [0] * (S - n), [0] * (P - m)
-    return encode_record({
-        "input_ids": ("int32", ids + pad_s),
-        "input_mask": ("int32", [1] * n + pad_s),
-        "segment_ids": ("int32", list(inst.segment_ids) + pad_s),
-        "masked_lm_positions": ("int32", list(inst.masked_lm_positions) + pad_p),
-        "masked_lm_ids": ("int32", [vocab[t] for t in inst.masked_lm_labels] + pad_p),
-        "masked_lm_weights": ("float", [1.0] * m + [0.0] * len(pad_p)),
-        "next_sentence_labels": ("int32", [1 if inst.is_random_next else 0]),
-    })
-
-
 # --------------------------------------------------------------------------- vocabulary / config
 
 REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
@@ -274,8 +104,6 @@ REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 
 def make_tokenizer(vocab_file: str, do_lower_case: bool):
     """Google's FullTokenizer semantics (literal "[CLS]" etc. in text are split, as Google does)."""
-    from bert_of.tokenization import FullTokenizer
-
     if not os.path.isfile(vocab_file):
         raise DataError(f"{vocab_file}: vocabulary file not found")
     try:
@@ -289,16 +117,8 @@ def make_tokenizer(vocab_file: str, do_lower_case: bool):
     return tok
 
 
-def vocab_line_count(vocab_file: str) -> int:
-    with open(vocab_file, "rb") as f:
-        return sum(1 for _ in f)
-
-
 def load_model_config(path: str):
     """A bert_of config.json, Google's bert_config.json, or a directory holding either."""
-    from bert_of.config import BertConfig
-    from bert_of.errors import ConfigError
-
     if os.path.isdir(path):
         for name in ("config.json", "bert_config.json"):
             if os.path.isfile(os.path.join(path, name)):
@@ -314,7 +134,7 @@ def load_model_config(path: str):
 
 def check_vocab_against_config(vocab_file: str, config_path: str, max_seq_length: int) -> None:
     cfg, where = load_model_config(config_path)
-    n = vocab_line_count(vocab_file)
+    n = vocab_size(vocab_file)
     if cfg.vocab_size != n:
         raise DataError(f"{vocab_file} has {n} tokens but {where} says vocab_size {cfg.vocab_size}: "
                         f"use the vocabulary the model was trained with")
@@ -359,6 +179,22 @@ def file_seed(random_seed: int, index: int) -> int:
     return int.from_bytes(h[:8], "little")
 
 
+def _inside(path: str, folder: str) -> bool:
+    return path != folder and os.path.commonpath([path, folder]) == folder
+
+
+def check_output_spares_inputs(output_dir: str, inputs: Sequence[str], what: str = "input") -> None:
+    """Refuse an output directory that is, contains or lies inside one of ``inputs`` (files or
+    folders, symlinks resolved): publishing it would replace or bury them."""
+    out = os.path.realpath(output_dir)
+    for p in inputs:
+        q = os.path.realpath(p)
+        rel = "is" if q == out else "contains" if _inside(q, out) else "lies inside" if _inside(out, q) else None
+        if rel:
+            raise OutputError(f"{output_dir}: the output directory {rel} the {what} {p}: choose another output "
+                              f"directory (inputs are never overwritten)")
+
+
 # --------------------------------------------------------------------------- workers
 
 _WORKER = {}
@@ -387,37 +223,69 @@ class _SharedProgress:
         self.pending = 0.0
 
 
-def _init_worker(vocab_file: str, opts_dict: dict, counter=None) -> None:
+def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, counter=None, tok=None) -> None:
     opts = PretrainingOptions(**opts_dict)
-    tok = make_tokenizer(vocab_file, opts.do_lower_case)
+    tok = tok or make_tokenizer(vocab_file, opts.do_lower_case)
+    vocab = tok.vocab
+    is_subword = None
+    if opts.do_whole_word_mask:
+        is_subword = np.zeros(max(vocab.values()) + 1, dtype=bool)
+        is_subword[[i for t, i in vocab.items() if t.startswith("##")]] = True
+    masking = MaskingVocab(vocab["[MASK]"], [vocab[t] for t in vocab], is_subword)
     report = _SharedProgress(counter) if counter is not None else None
-    _WORKER.update(tok=tok, opts=opts, vocab_words=list(tok.vocab.keys()), report=report)
+    _WORKER.update(encode=FastTokenizer(tok).ids, opts=opts, masking=masking, cls=vocab["[CLS]"],
+                   sep=vocab["[SEP]"], max_line_chars=max_line_chars, report=report)
 
 
 def _process(job):
-    """(job index, serialized records, stats) for one corpus (one file, or all files combined)."""
-    index, paths, seed = job
-    tok, opts, vocab_words = _WORKER["tok"], _WORKER["opts"], _WORKER["vocab_words"]
-    report = _WORKER.get("report")
-    t0 = time.perf_counter()
+    """Make one corpus's records (one file, or all files combined) into the framed OFRecord file
+    ``out``; returns (job index, out, record count, stats)."""
+    index, paths, seed, out = job
+    W = _WORKER
+    opts, report = W["opts"], W.get("report")
+    t0, c0 = time.perf_counter(), time.process_time()
     on_bytes = on_document = None
     if report is not None:
         on_bytes = lambda n: report(n * _READ_SHARE)  # noqa: E731
-    docs = read_documents(paths, tok, on_bytes=on_bytes)
+    corpus = read_corpus(paths, W["encode"], W["max_line_chars"], on_bytes)
     size = sum(os.path.getsize(p) for p in paths)
-    if report is not None and docs:
-        per_doc = size * _CREATE_SHARE / (len(docs) * opts.dupe_factor)
+    if report is not None and corpus.num_documents:
+        per_doc = size * _CREATE_SHARE / (corpus.num_documents * opts.dupe_factor)
         on_document = lambda: report(per_doc)  # noqa: E731
     rng = random.Random(seed)
-    instances = create_training_instances(docs, opts, vocab_words, rng, on_document) if docs else []
-    records = [instance_to_record(inst, tok.vocab, opts) for inst in instances]
+    inst = create_instances(corpus, opts.max_seq_length, opts.max_predictions_per_seq, opts.masked_lm_prob,
+                            opts.short_seq_prob, opts.dupe_factor, rng, W["masking"], on_document)
+    order = list(range(len(inst)))
+    shuffle(order, rng.getrandbits)  # Google shuffles the instances
+    order = np.asarray(order, dtype=np.int64)
+    write_share = size * (1 - _READ_SHARE - (_CREATE_SHARE if corpus.num_documents else 0))
+    with open(out, "wb") as f:
+        for lo in range(0, len(order), _CHUNK):
+            feats = assemble(corpus.ids, inst, order[lo:lo + _CHUNK], opts.max_seq_length,
+                             opts.max_predictions_per_seq, W["cls"], W["sep"])
+            buf, _ = encode_records({k: (FEATURE_KINDS[k], v) for k, v in feats.items()}, framed=True)
+            f.write(buf.data)
+            if report is not None:
+                report(write_share * min(_CHUNK, len(order) - lo) / len(order))
     if report is not None:
-        report(size * (1 - _READ_SHARE - (_CREATE_SHARE if docs else 0)))
+        if not len(order):
+            report(write_share)
         report.flush()
-    stats = {"documents": len(docs), "sentences": sum(len(d) for d in docs),
-             "tokens": sum(len(s) for d in docs for s in d), "instances": len(records),
-             "seconds": time.perf_counter() - t0}
-    return index, records, stats
+    stats = {"documents": corpus.num_documents, "sentences": corpus.num_sentences, "tokens": corpus.num_tokens,
+             "instances": len(order), "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0}
+    return index, out, len(order), stats
+
+
+def _deal(path: str, count: int, writers: List[OFRecordWriter], k: int) -> int:
+    """Deal the ``count`` framed records of ``path`` round-robin into ``writers``, starting at
+    global record number ``k``; returns the next number. The file is removed."""
+    if len(writers) == 1:
+        writers[0].append_framed(path, count)
+    else:
+        for i, rec in enumerate(iter_raw_records(path)):
+            writers[(k + i) % len(writers)].write(rec)
+    os.remove(path)
+    return k + count
 
 
 # --------------------------------------------------------------------------- driver
@@ -438,19 +306,28 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
                             options: Optional[PretrainingOptions] = None, num_parts: int = 1,
                             workers: Optional[int] = None, combine_files: bool = False,
                             config: Optional[str] = None, overwrite: bool = False,
-                            progress: bool = True) -> dict:
-    """Write ``output_dir/part-00000 ...`` (OFRecord) + ``bert_of_data.json``; returns the summary.
+                            progress: bool = True, max_line_chars: int = MAX_LINE_CHARS) -> dict:
+    """Write ``output_dir/part-00000 ...`` (OFRecord), ``vocab.txt`` (a copy of ``vocab_file``) and
+    ``bert_of_data.json``; returns the summary.
 
     Everything is written to a staging folder and swapped in at the end (:mod:`bert_of.fs`): on
     any error the previous ``output_dir`` (if any) is untouched and no partial output remains.
+    An ``output_dir`` that is, contains or lies inside an input (text, folder, vocab, config) is
+    refused. A line over ``max_line_chars`` characters (0: no limit) is an error.
     """
     opts = options or PretrainingOptions()
     opts.validate()
     if num_parts < 1:
         raise DataError(f"num_parts must be at least 1, got {num_parts}")
+    inputs = [inputs] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
+    vocab_file, output_dir = os.fspath(vocab_file), os.fspath(output_dir)
     files = expand_inputs(inputs)
-    tok = make_tokenizer(vocab_file, opts.do_lower_case)  # fail early on a bad vocabulary
-    del tok
+    check_output_spares_inputs(output_dir, [p for arg in inputs for p in arg.split(",") if os.path.exists(p)]
+                               + files)
+    check_output_spares_inputs(output_dir, [vocab_file], "vocabulary")
+    if config:
+        check_output_spares_inputs(output_dir, [config], "config")
+    tok = make_tokenizer(vocab_file, opts.do_lower_case)  # fails early on a bad vocabulary
     if config:
         check_vocab_against_config(vocab_file, config, opts.max_seq_length)
 
@@ -465,6 +342,7 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
     writers, bar = [], None
     try:
         with publishing(output_dir, overwrite=_check_output(output_dir, overwrite)) as tmp:
+            jobs = [(i, paths, seed, os.path.join(tmp, f".job-{i:05d}")) for i, paths, seed in jobs]
             writers = [OFRecordWriter(os.path.join(tmp, PART_FORMAT.format(p))) for p in range(num_parts)]
             totals = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0}
             per_file = []
@@ -473,10 +351,9 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
             bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                        disable=not progress, desc="create-pretraining", dynamic_ncols=True)
             k = 0
-            for index, records, stats in _run_jobs(jobs, vocab_file, opts, n_workers, bar):
-                for rec in records:  # round-robin over the parts, in a fixed global order
-                    writers[k % num_parts].write(rec)
-                    k += 1
+            results = _run_jobs(jobs, vocab_file, tok, opts, max_line_chars, n_workers, bar)
+            for index, path, count, stats in results:
+                k = _deal(path, count, writers, k)  # round-robin over the parts, in a fixed global order
                 for key in totals:
                     totals[key] += stats[key]
                 per_file.append({"files": [os.path.basename(p) for p in jobs[index][1]], **stats})
@@ -487,7 +364,11 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
                 w.close()
             if totals["instances"] == 0:
                 raise DataError(f"{', '.join(files)}: no text to make instances from (no non-empty lines)")
-            meta = {
+            if totals["instances"] < num_parts:
+                raise DataError(f"{totals['instances']} instance(s) cannot fill {num_parts} part files (an empty part "
+                                f"is an error for readers): use --num-parts {totals['instances']} or fewer")
+            shutil.copyfile(vocab_file, os.path.join(tmp, DATASET_VOCAB))
+            write_json(os.path.join(tmp, DATASET_META), {
                 "format": "bert_of pretraining OFRecord",
                 "version": 1,
                 "num_parts": num_parts,
@@ -495,25 +376,17 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
                 "part_name_suffix_length": 5,
                 "records_per_part": [w.count for w in writers],
                 "num_records": totals["instances"],
-                "features": {
-                    "input_ids": ["int32", [opts.max_seq_length]],
-                    "input_mask": ["int32", [opts.max_seq_length]],
-                    "segment_ids": ["int32", [opts.max_seq_length]],
-                    "masked_lm_positions": ["int32", [opts.max_predictions_per_seq]],
-                    "masked_lm_ids": ["int32", [opts.max_predictions_per_seq]],
-                    "masked_lm_weights": ["float", [opts.max_predictions_per_seq]],
-                    "next_sentence_labels": ["int32", [1]],
-                },
+                "features": {k2: [kind, [opts.max_seq_length if k2 in ("input_ids", "input_mask", "segment_ids")
+                                         else 1 if k2 == "next_sentence_labels" else opts.max_predictions_per_seq]]
+                             for k2, kind in FEATURE_KINDS.items()},
                 "options": asdict(opts),
                 "combine_files": combine_files,
-                "vocab": {"file": os.path.basename(vocab_file), "size": vocab_line_count(vocab_file),
-                          "sha256": sha256_file(vocab_file)},
+                "vocab": {"file": DATASET_VOCAB, "source": os.path.basename(vocab_file),
+                          "size": vocab_size(vocab_file), "sha256": sha256_file(vocab_file)},
                 "inputs": [{"file": os.path.basename(p), "bytes": os.path.getsize(p), "sha256": sha256_file(p)}
                            for p in files],
                 "stats": {k2: totals[k2] for k2 in ("documents", "sentences", "tokens")},
-            }
-            with open(os.path.join(tmp, DATASET_META), "w") as f:
-                f.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            })
     except BaseException:
         if bar is not None:  # clear the bar so the error is the last thing on the terminal
             bar.leave = False
@@ -530,33 +403,43 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
             "num_parts": num_parts, "seconds": seconds, **totals, "per_job": per_file}
 
 
-def _run_jobs(jobs, vocab_file: str, opts: PretrainingOptions, n_workers: int, bar):
+def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
     """Job results in job order, whatever the number of workers; progress goes to ``bar``."""
     if n_workers == 1:
-        _init_worker(vocab_file, asdict(opts))
+        _init_worker(vocab_file, asdict(opts), max_line_chars, tok=tok)
         if not bar.disable:
             _WORKER["report"] = lambda amount: bar.update(amount)
             _WORKER["report"].flush = lambda: None
-        for job in jobs:
-            yield _process(job)
-        _WORKER.pop("report", None)
+        try:
+            for job in jobs:
+                yield _process(job)
+        finally:
+            _WORKER.clear()
         return
     import multiprocessing as mp
 
     # fork is cheap, but not safe once OneFlow's threads exist in this process.
-    ctx = mp.get_context("spawn" if "oneflow" in sys.modules else "fork")
+    method = "spawn" if "oneflow" in sys.modules else "fork"
+    ctx = mp.get_context(method)
     counter = ctx.Value("d", 0.0) if not bar.disable else None
-    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(vocab_file, asdict(opts), counter)) as pool:
-        results = pool.imap(_process, jobs, chunksize=1)
-        while True:
-            try:
-                item = results.next(timeout=0.2)
-            except mp.TimeoutError:
-                item = None
-            except StopIteration:
-                return
-            if counter is not None:
-                bar.n = min(bar.total, counter.value)
-                bar.refresh()
-            if item is not None:
-                yield item
+    init = (vocab_file, asdict(opts), max_line_chars, counter)
+    if method == "fork":  # forked workers inherit the tokenizer instead of each loading it
+        _init_worker(*init, tok=tok)
+    try:
+        with ctx.Pool(n_workers, initializer=_init_worker if method == "spawn" else None,
+                      initargs=init if method == "spawn" else ()) as pool:
+            results = pool.imap(_process, jobs, chunksize=1)
+            while True:
+                try:
+                    item = results.next(timeout=0.2)
+                except mp.TimeoutError:
+                    item = None
+                except StopIteration:
+                    return
+                if counter is not None:
+                    bar.n = min(bar.total, counter.value)
+                    bar.refresh()
+                if item is not None:
+                    yield item
+    finally:
+        _WORKER.clear()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import operator
 import os
+import shutil
 import struct
 from typing import Dict, Iterator, List, Sequence, Tuple, Union
 
@@ -32,7 +33,7 @@ import numpy as np
 from bert_of.errors import BertOfError
 
 __all__ = [
-    "OFRecordError", "encode_record", "decode_record", "parse_record", "decode_varints",
+    "OFRecordError", "encode_record", "encode_records", "decode_record", "parse_record", "decode_varints",
     "OFRecordWriter", "RecordFile", "index_records", "iter_records", "iter_raw_records",
 ]
 
@@ -176,6 +177,155 @@ def encode_record(features: Dict[str, Tuple[str, object]]) -> bytes:
     return b"".join(out)
 
 
+# --------------------------------------------------------------------------- encode many
+
+
+def _varint_len(u: np.ndarray) -> np.ndarray:
+    """Bytes of the varint of each value of ``u`` (unsigned), 1..10, as int64."""
+    n = np.ones(u.shape, dtype=np.int64)
+    top = int(u.max()) if u.size else 0
+    k = 1
+    while k < 10 and top >= (1 << (7 * k)):
+        n += u >= u.dtype.type(1 << (7 * k))
+        k += 1
+    return n
+
+
+def _varint_bytes(u: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The varints of ``u`` (unsigned, C order) back to back as uint8; ``n`` = their lengths.
+
+    Each value's varint is built inside one little-endian word (4 or 8 bytes, or a 10-byte row
+    for the rare huge/negative values), then the used bytes of all words are kept in order.
+    """
+    u, n = u.reshape(-1), n.reshape(-1)
+    width = int(n.max()) if n.size else 1
+    if width == 1:
+        return u.astype(np.uint8)
+    if width <= 8:
+        word = np.dtype("<u4") if width <= 4 else np.dtype("<u8")
+        t = word.type
+        w = np.zeros(u.size, dtype=word)
+        for j in range(width):
+            w |= ((u >> t(7 * j)) & t(0x7F)).astype(word) << t(8 * j)
+            w |= (n > j + 1).astype(word) << t(8 * j + 7)
+        cols = w.view(np.uint8).reshape(u.size, word.itemsize)
+    else:
+        cols = np.zeros((u.size, width), dtype=np.uint8)
+        for j in range(width):
+            cols[:, j] = ((u >> u.dtype.type(7 * j)) & u.dtype.type(0x7F)).astype(np.uint8)
+            cols[:, j] |= (n > j + 1).astype(np.uint8) << np.uint8(7)
+    keep = np.zeros(cols.shape, dtype=bool)
+    for j in range(width):  # column by column: a broadcast compare over [values, 1] is slow
+        keep[:, j] = n > j
+    return cols[keep]
+
+
+def _unsigned(values: np.ndarray) -> np.ndarray:
+    """Integers as the unsigned values protobuf writes as varints (uint32 when they fit)."""
+    v = values.astype(np.int64, copy=False)
+    if v.size == 0 or (v.min() >= 0 and v.max() < (1 << 32)):
+        return v.astype(np.uint32)
+    return v.view(np.uint64)  # negative: the 10-byte two's complement, as protobuf
+
+
+class _Segments:
+    """Byte segments of R records, each record the concatenation of its segments in order."""
+
+    def __init__(self, rows: int):
+        self.rows, self.parts = rows, []  # (bytes per record [R], their bytes back to back)
+
+    def const(self, data: bytes) -> None:
+        self.parts.append((np.full(self.rows, len(data), dtype=np.int64),
+                           np.tile(np.frombuffer(data, dtype=np.uint8), self.rows)))
+
+    def varint(self, values: np.ndarray) -> np.ndarray:
+        u = _unsigned(values)
+        n = _varint_len(u)
+        self.parts.append((n, _varint_bytes(u, n)))
+        return n
+
+    def raw(self, lengths: np.ndarray, data: np.ndarray) -> None:
+        self.parts.append((lengths, data))
+
+    def join(self, framed: bool) -> Tuple[np.ndarray, np.ndarray]:
+        """(all records' bytes back to back, record lengths); ``framed``: each preceded by its
+        int64 little-endian length, as in an OFRecord file (the lengths then include the 8 bytes)."""
+        body = sum(n for n, _ in self.parts) if self.parts else np.zeros(self.rows, dtype=np.int64)
+        parts = list(self.parts)
+        if framed:
+            parts.insert(0, (np.full(self.rows, 8, dtype=np.int64),
+                             body.astype("<i8").view(np.uint8)))
+        total = body + (8 if framed else 0)
+        out = np.empty(int(total.sum()), dtype=np.uint8)
+        start = np.zeros(self.rows, dtype=np.int64)  # where each record's next segment goes
+        start[1:] = np.cumsum(total)[:-1]
+        for n, data in parts:
+            if data.size:
+                first = np.cumsum(n) - n  # each record's first byte within `data`
+                out[np.repeat(start - first, n) + np.arange(data.size)] = data
+            start += n
+        return out, total
+
+
+def encode_records(features: Dict[str, Tuple[str, np.ndarray]], framed: bool = False
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+    """Serialize R records at once, without a Python loop over values or records.
+
+    ``features``: ``{name: (kind, values [R, L])}`` with kind int32/int64/float/double; every
+    record has the same features and list lengths (as pretraining records do). Returns
+    (bytes of all records back to back as uint8, length of each record); record ``r`` equals
+    ``encode_record({name: (kind, values[r])})`` byte for byte. ``framed=True`` puts each
+    record's int64 length before it, as :class:`OFRecordWriter` writes it.
+    """
+    rows = {v.shape[0] for _, v in features.values()}
+    if len(rows) > 1:
+        raise ValueError(f"features have different numbers of records: {sorted(rows)}")
+    R = rows.pop() if rows else 0
+    seg = _Segments(R)
+    for name in sorted(features, key=lambda s: s.encode("utf-8")):
+        kind, values = features[name]
+        values = np.asarray(values)
+        if values.ndim != 2:
+            raise ValueError(f"{name}: values must be [records, length], got shape {values.shape}")
+        L = values.shape[1]
+        if kind in ("int32", "int64"):
+            if values.size and not np.issubdtype(values.dtype, np.integer):
+                raise TypeError(f"{kind} feature needs integers, got {values.dtype}")
+            v = values.astype(np.int64)
+            if kind == "int32" and v.size and (v.min() < -(1 << 31) or v.max() >= (1 << 31)):
+                raise OverflowError(f"{name}: a value is out of int32 range")
+            u = _unsigned(v)
+            n = _varint_len(u)
+            payload_len = n.sum(axis=1)
+            payload = _varint_bytes(u, n)
+        elif kind in ("float", "double"):
+            dt = KIND_DTYPE[kind]
+            payload = np.ascontiguousarray(values, dtype=dt).view(np.uint8).reshape(-1)
+            payload_len = np.full(R, L * dt.itemsize, dtype=np.int64)
+        else:
+            raise ValueError(f"encode_records cannot encode kind {kind!r} ({name!r})")
+        key = name.encode("utf-8")
+        key_part = b"\x0a" + _varint(len(key)) + key + b"\x12"
+        tag = bytes([(KIND_FIELD[kind] << 3) | 2])
+        if L:  # list = 0x0a varint(payload) payload; protobuf writes an empty list as nothing
+            lst_len = 1 + _varint_len(_unsigned(payload_len)) + payload_len
+        else:
+            lst_len = np.zeros(R, dtype=np.int64)
+        feat_len = 1 + _varint_len(_unsigned(lst_len)) + lst_len
+        entry_len = len(key_part) + _varint_len(_unsigned(feat_len)) + feat_len
+        seg.const(b"\x0a")
+        seg.varint(entry_len)
+        seg.const(key_part)
+        seg.varint(feat_len)
+        seg.const(tag)
+        seg.varint(lst_len)
+        if L:
+            seg.const(b"\x0a")
+            seg.varint(payload_len)
+            seg.raw(payload_len, payload)
+    return seg.join(framed)
+
+
 # --------------------------------------------------------------------------- decode
 
 
@@ -306,9 +456,29 @@ class OFRecordWriter:
         self.count = 0
 
     def write(self, record: bytes) -> None:
-        self._f.write(_LEN.pack(len(record)))
-        self._f.write(record)
+        self._f.write(_LEN.pack(len(record)) + record)
         self.count += 1
+
+    def append_framed(self, path: str, count: int) -> None:
+        """Append the ``count`` records of ``path``, a file already in this framing (copied by
+        the kernel where it can)."""
+        self._f.flush()
+        with open(path, "rb") as src:
+            size, done = os.fstat(src.fileno()).st_size, 0
+            try:
+                while done < size:
+                    sent = os.sendfile(self._f.fileno(), src.fileno(), done, size - done)
+                    if sent == 0:
+                        break
+                    done += sent
+            except OSError:
+                pass
+            if done < size:  # no sendfile here: the rest through Python
+                src.seek(done)
+                self._f.seek(0, os.SEEK_END)
+                shutil.copyfileobj(src, self._f, 1 << 22)
+        self._f.seek(0, os.SEEK_END)
+        self.count += count
 
     def close(self) -> None:
         if not self._f.closed:

@@ -20,7 +20,6 @@ gap, so every batch is full and records are never dropped.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -28,13 +27,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_of.errors import BertOfError
+from bert_of.fs import read_json, sha256_file
 
 from .ofrecord import OFRecordError, RecordFile, decode_values, decode_varint_runs, parse_record
 
-__all__ = ["PretrainingDataset", "OneFlowPretrainingReader", "list_part_files", "shard_parts", "FEATURES"]
+__all__ = ["PretrainingDataset", "OneFlowPretrainingReader", "list_part_files", "shard_parts", "FEATURES",
+           "check_batch", "dataset_vocab", "read_meta"]
 
 _PART_RE = re.compile(r"^part-(\d+)$")
 META_FILE = "bert_of_data.json"
+DEFAULT_TYPE_VOCAB_SIZE = 2  # BERT's: segment A = 0, B = 1
 
 # name -> (output dtype, length: "seq" | "pred" | 1)
 FEATURES = {
@@ -73,6 +75,10 @@ def list_part_files(data_dir: str) -> Tuple[List[str], int]:
     if missing:
         raise DatasetError(f"{data_dir}: part files are not numbered 0..{n - 1}: part {missing[0]} is missing "
                            f"(highest is {max(found)})")
+    for i in range(n):
+        if os.path.getsize(os.path.join(data_dir, found[i])) == 0:
+            raise DatasetError(f"{os.path.join(data_dir, found[i])}: empty part file (0 bytes): a reader would "
+                               f"skip it silently; remove it and renumber, or re-create the data")
     widths = {len(d) for d in digits}
     if all(d == str(int(d)) for d in digits):
         suffix = -1
@@ -100,14 +106,68 @@ def shard_parts(num_parts: int, rank: int, world_size: int, shard: str = "contig
 
 
 def read_meta(data_dir: str) -> Optional[dict]:
+    """``bert_of_data.json`` of a dataset made by bert_of, or None (e.g. data written by OneFlow)."""
     p = os.path.join(data_dir, META_FILE)
     if not os.path.isfile(p):
         return None
-    try:
-        with open(p, encoding="utf-8") as f:
-            return json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{p}: not valid JSON ({e})") from None
+    return read_json(p, "dataset metadata", DatasetError)
+
+
+def dataset_vocab(data_dir: str) -> Optional[str]:
+    """The vocab.txt the dataset was made with (its copy beside the parts), or None when the
+    data does not record one. A copy that no longer matches its recorded SHA-256 is an error."""
+    vocab = (read_meta(data_dir) or {}).get("vocab")
+    name = vocab.get("file") if isinstance(vocab, dict) else None
+    if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
+        return None
+    path = os.path.join(data_dir, name)
+    if not os.path.isfile(path):
+        return None  # data made before the copy was kept: the name is the original file's
+    want = vocab.get("sha256")
+    if want and sha256_file(path) != want:
+        raise DatasetError(f"{path}: vocabulary changed since the data was made (SHA-256 differs from "
+                           f"{os.path.join(data_dir, META_FILE)})")
+    return path
+
+
+def check_batch(batch: Dict[str, np.ndarray], seq_length: int, vocab_size: Optional[int] = None,
+                type_vocab_size: Optional[int] = DEFAULT_TYPE_VOCAB_SIZE) -> Optional[Tuple[int, str]]:
+    """(row, what is wrong) for the first record of a decoded batch whose values a model cannot
+    take, or None. Vectorised over the batch; ``batch`` holds [b, ...] arrays as
+    :meth:`PretrainingDataset.next_batch` returns them.
+
+    input_ids/masked_lm_ids in [0, vocab_size); input_mask 0/1; segment_ids in
+    [0, type_vocab_size); masked_lm_positions in [0, seq_length); masked_lm_weights finite
+    in [0, 1]; next_sentence_labels 0/1. (OneFlow aborts the process on an out-of-range
+    gather; segment or label values out of range would train silently.)
+    """
+    ids_top = f" (vocab_size {vocab_size}): data and model vocab disagree" if vocab_size else ""
+    checks = [
+        ("input_ids", 0, vocab_size, lambda v: f"input_ids has id {v} outside the model's vocabulary{ids_top}"),
+        ("masked_lm_ids", 0, vocab_size,
+         lambda v: f"masked_lm_ids has id {v} outside the model's vocabulary{ids_top}"),
+        ("input_mask", 0, 2, lambda v: f"input_mask has {v}, expected 0 or 1"),
+        ("segment_ids", 0, type_vocab_size,
+         lambda v: f"segment_ids has {v}, outside 0..{type_vocab_size - 1} (type_vocab_size {type_vocab_size})"),
+        ("masked_lm_positions", 0, seq_length,
+         lambda v: f"masked_lm_positions has {v}, outside the sequence of {seq_length} tokens"),
+        ("next_sentence_labels", 0, 2, lambda v: f"next_sentence_labels is {v}, expected 0 or 1"),
+    ]
+    first = None
+    for name, lo, hi, say in checks:
+        v = batch[name].reshape(len(batch[name]), -1)
+        out = v < lo if hi is None else (v < lo) | (v >= hi)
+        rows = np.flatnonzero(out.any(axis=1))
+        if rows.size and (first is None or rows[0] < first[0]):
+            r = int(rows[0])
+            first = (r, say(int(v[r][out[r]][0])))
+    w = batch["masked_lm_weights"].reshape(len(batch["masked_lm_weights"]), -1)
+    out = ~(np.isfinite(w) & (w >= 0) & (w <= 1))
+    rows = np.flatnonzero(out.any(axis=1))
+    if rows.size and (first is None or rows[0] < first[0]):
+        r = int(rows[0])
+        first = (r, f"masked_lm_weights has {float(w[r][out[r]][0])}, expected a finite weight in [0, 1]")
+    return first
 
 
 class PretrainingDataset:
@@ -119,13 +179,15 @@ class PretrainingDataset:
     >>> state = ds.state_dict()         # {"epoch": .., "position": .., ...}: save with the checkpoint
     >>> ds.load_state_dict(state)       # the next batches are the ones that followed the save
 
-    ``batch_size`` is per rank. ``vocab_size`` (the model's) makes an ``input_ids`` or
-    ``masked_lm_ids`` value outside the vocabulary an error naming file and record.
+    ``batch_size`` is per rank. Every batch is range-checked (:func:`check_batch`) before it is
+    returned: a value the model cannot take is an error naming the part file and record.
+    ``vocab_size`` and ``type_vocab_size`` are the model's (defaults: the vocabulary size in
+    the data's ``bert_of_data.json`` if any, and 2).
     """
 
     def __init__(self, data_dir: str, batch_size: int, seq_length: int, max_predictions: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = True, seed: int = 0, *, vocab_size: Optional[int] = None,
-                 shard: str = "contiguous"):
+                 type_vocab_size: Optional[int] = None, shard: str = "contiguous"):
         if batch_size < 1:
             raise DatasetError(f"batch_size must be at least 1, got {batch_size}")
         if seed < 0:
@@ -137,6 +199,7 @@ class PretrainingDataset:
         self.rank, self.world_size = int(rank), int(world_size)
         self.shuffle, self.seed, self.shard = bool(shuffle), int(seed), shard
         self.vocab_size = vocab_size
+        self.type_vocab_size = int(type_vocab_size) if type_vocab_size is not None else DEFAULT_TYPE_VOCAB_SIZE
         paths, self.part_name_suffix_length = list_part_files(data_dir)
         self._check_meta()
         self.part_indices = shard_parts(len(paths), self.rank, self.world_size, shard)
@@ -171,10 +234,13 @@ class PretrainingDataset:
             shape = feats.get(name, [None, [want]])[1]
             if shape and shape[0] != want:
                 raise DatasetError(f"{where}: records have {what} {shape[0]}, the reader was asked for {want}")
-        vocab = meta.get("vocab", {})
-        if self.vocab_size is not None and vocab.get("size") not in (None, self.vocab_size):
-            raise DatasetError(f"{where}: the data was made with a {vocab['size']}-token vocabulary "
-                               f"({vocab.get('file')}), the model has vocab_size {self.vocab_size}")
+        vocab = meta.get("vocab") if isinstance(meta.get("vocab"), dict) else {}
+        size = vocab.get("size")
+        if self.vocab_size is not None and size not in (None, self.vocab_size):
+            raise DatasetError(f"{where}: the data was made with a {size}-token vocabulary "
+                               f"({vocab.get('source') or vocab.get('file')}), the model has vocab_size {self.vocab_size}")
+        if self.vocab_size is None and isinstance(size, int) and size > 0:
+            self.vocab_size = size  # the data's own: ids must be below it
 
     # ------------------------------------------------------------------ order
     def _epoch_order(self, epoch: int) -> np.ndarray:
@@ -261,16 +327,10 @@ class PretrainingDataset:
             if np.issubdtype(arr.dtype, np.integer) and "int32" in kinds:
                 arr = arr.astype(np.int32)  # protobuf's int32: low 32 bits
             batch[name] = arr.astype(dtype, copy=False)
-        if self.vocab_size is not None:
-            for name in ("input_ids", "masked_lm_ids"):
-                v = batch[name]
-                bad_rows = np.flatnonzero(((v < 0) | (v >= self.vocab_size)).any(axis=1))
-                if bad_rows.size:
-                    path, i = self.record_location(int(idx[bad_rows[0]]))
-                    row = v[bad_rows[0]]
-                    worst = int(row.max()) if row.max() >= self.vocab_size else int(row.min())
-                    raise OFRecordError(f"{path}: record {i}: {name} has id {worst} outside the model's vocabulary "
-                                        f"(vocab_size {self.vocab_size}): data and model vocab disagree")
+        bad = check_batch(batch, self.seq_length, self.vocab_size, self.type_vocab_size)
+        if bad is not None:
+            path, i = self.record_location(int(idx[bad[0]]))
+            raise OFRecordError(f"{path}: record {i}: {bad[1]}")
         batch["next_sentence_labels"] = batch["next_sentence_labels"].reshape(-1)
         return batch
 
@@ -284,7 +344,7 @@ class PretrainingDataset:
         return self._files[int(self._file_of[k])].path, int(self._index_in_file[k])
 
     def validate(self) -> int:
-        """Decode and check every record of this shard (shapes, features, vocab); returns the count."""
+        """Decode and check every record of this shard (shapes, features, value ranges); returns the count."""
         for lo in range(0, self.num_records, 1024):
             self._decode_batch(range(lo, min(lo + 1024, self.num_records)))
         return self.num_records
@@ -358,10 +418,15 @@ class OneFlowPretrainingReader:
     """
 
     def __init__(self, data_dir: str, batch_size: int, seq_length: int, max_predictions: int,
-                 shuffle: bool = False, seed: int = 0, placement=None):
+                 shuffle: bool = False, seed: int = 0, placement=None, *, vocab_size: Optional[int] = None,
+                 type_vocab_size: Optional[int] = None):
         from bert_of._flow import flow
 
         paths, suffix = list_part_files(data_dir)
+        meta_vocab = ((read_meta(data_dir) or {}).get("vocab") or {}).get("size")
+        self.data_dir, self.seq_length = data_dir, seq_length
+        self.vocab_size = vocab_size or (meta_vocab if isinstance(meta_vocab, int) else None)
+        self.type_vocab_size = type_vocab_size or DEFAULT_TYPE_VOCAB_SIZE
         self.flow = flow
         world = flow.env.get_world_size()
         if placement is None and world > 1:
@@ -384,9 +449,16 @@ class OneFlowPretrainingReader:
             self.decoders[name] = flow.nn.OFRecordRawDecoder(name, shape=(n,), dtype=fdtype)
 
     def next_tensors(self) -> dict:
-        """The next batch as OneFlow tensors (global split(0) when placed), int32/float32."""
+        """The next batch as OneFlow tensors (global split(0) when placed), int32/float32, after
+        this rank's rows passed :func:`check_batch` (a bad value never reaches a OneFlow kernel)."""
         records = self.reader()
-        return {name: dec(records) for name, dec in self.decoders.items()}
+        tensors = {name: dec(records) for name, dec in self.decoders.items()}
+        local = {name: (t.to_local() if t.is_global else t).numpy() for name, t in tensors.items()}
+        bad = check_batch(local, self.seq_length, self.vocab_size, self.type_vocab_size)
+        if bad is not None:  # OneFlow's reader does not say which record this was
+            raise OFRecordError(f"{self.data_dir}: a record read by OneFlow's reader: {bad[1]} "
+                                f"(`bert-of data inspect --check {self.data_dir}` names it)")
+        return tensors
 
     def next_batch(self) -> Dict[str, np.ndarray]:
         """This rank's rows of the next batch, as :meth:`PretrainingDataset.next_batch` returns them."""

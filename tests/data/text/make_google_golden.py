@@ -24,6 +24,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "sample_text.txt")  # a copy of google-research/bert's sample_text.txt
 CLASSICS = os.path.join(HERE, "classics.txt")
+HOSTILE = os.path.join(HERE, "hostile.txt")  # controls, CJK, accents, 230-char words, CRLF, BOM, literal [CLS]
 VOCAB = os.path.join(HERE, "vocab.txt")
 
 # name -> (input files, flags). Small dupe factors keep the file small.
@@ -31,6 +32,10 @@ CASES = {
     "defaults": ([SAMPLE], dict(dupe_factor=2)),
     "wwm": ([SAMPLE, CLASSICS], dict(do_whole_word_mask=True, max_seq_length=64, max_predictions_per_seq=12,
                                      short_seq_prob=0.25, masked_lm_prob=0.2, dupe_factor=2, random_seed=7)),
+    "hostile": ([HOSTILE, SAMPLE], dict(do_whole_word_mask=True, max_seq_length=48, max_predictions_per_seq=9,
+                                        short_seq_prob=0.3, masked_lm_prob=0.25, dupe_factor=2, random_seed=5)),
+    "hostile_cased": ([HOSTILE], dict(do_lower_case=False, max_seq_length=24, max_predictions_per_seq=4,
+                                      dupe_factor=1, random_seed=11)),
 }
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
