@@ -226,7 +226,8 @@ def test_one_writer_per_run_and_sigterm_then_resume(setup, tmp_path):
     assert "bert-of: error: terminated" in err and "Traceback" not in err
     logged = [r["step"] for r in _metrics(run)]
     last = max(int(n[5:]) for n in os.listdir(run / "checkpoints"))
-    assert logged[-1] > last >= 10 and not [n for n in os.listdir(run / "checkpoints") if n.startswith(".")]
-    # resumed: the steps after the last checkpoint are logged once, not twice
+    assert logged[-1] >= last >= 10 and not [n for n in os.listdir(run / "checkpoints") if n.startswith(".")]
+    # resumed: the steps after the last checkpoint (if the signal came between saves) are logged once, not twice
+    # (test_a_damaged_latest_checkpoint_falls_back_and_resumes_exactly pins that case deterministically)
     run_cli(*[a for a in long], "--resume", "--stop-after", str(last + 2))
     assert [r["step"] for r in _metrics(run)] == list(range(1, last + 3))
