@@ -387,8 +387,13 @@ def test_bad_input_is_one_line_naming_the_record(env, tmp_path):
         "(`bert-of zoo list` shows the names)"
     assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, *out, "--max-seq-length", 512]) == \
         f"--max-seq-length 512 exceeds the model's max_position_embeddings 128 ({env.base})"
-    assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, "--output", env.base]) == \
-        f"{env.base}: already exists (use --overwrite to replace it)"
+    for extra in ((), ("--overwrite",)):  # the base model is an input: never replaced, even with --overwrite
+        assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, "--output", env.base, *extra]) == \
+            f"{env.base}: is the source {env.base}; choose another destination"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, "--output", existing]) == \
+        f"{existing}: already exists (use --overwrite to replace it)"
     assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, *out, "--batch-size", 0]) == \
         "--batch-size must be at least 1, got 0"
     assert not os.path.exists(tmp_path / "out")
