@@ -4,10 +4,26 @@ Importing ``bert_of`` is cheap: OneFlow (~1 s, ~400 MB) loads only when a model
 class is first touched, so converters and ``bert-of inspect`` stay light.
 """
 
-from bert_of.config import BertConfig
-from bert_of.errors import BertOfError, CheckpointError, ConfigError
-from bert_of.hooks import register_resolver
-from bert_of.version import __version__
+import os as _os
+import signal as _signal
+import sys as _sys
+
+# `bert-of` and `python -m bert_of...`: until a command runs there is nothing to clean up, so
+# Ctrl-C during start-up ends the process at once and quietly, as for any program (Python's own
+# handler would print a KeyboardInterrupt traceback from whichever import it interrupted).
+# bert_of.cli installs the command's handlers when it starts.
+_argv = getattr(_sys, "orig_argv", None) or _sys.argv
+if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "bert-of" or \
+        any(a == "-m" and b.startswith("bert_of") for a, b in zip(_argv, _argv[1:])):
+    try:
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    except ValueError:  # not the main thread: not a command line's start-up
+        pass
+
+from bert_of.config import BertConfig  # noqa: E402 - after the start-up signal disposition
+from bert_of.errors import BertOfError, CheckpointError, ConfigError  # noqa: E402
+from bert_of.hooks import register_resolver  # noqa: E402
+from bert_of.version import __version__  # noqa: E402
 
 _LAZY = {
     "BertModel": "bert_of.modeling",

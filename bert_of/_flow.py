@@ -8,8 +8,10 @@ dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
 
 import ctypes
 import os
+import signal
 import sys
 import tempfile
+import threading
 
 _LIBS = (
     "nvidia/cublas/lib/libcublasLt.so.11",
@@ -94,6 +96,12 @@ _preload()
 _choose_blas()
 # glog's "CUDA driver version is insufficient" on CPU-only machines is noise.
 os.environ.setdefault("GLOG_minloglevel", "3")
+_sigint = signal.getsignal(signal.SIGINT)
 flow = _import_oneflow()
+# liboneflow's static initialiser installs a C handler for SIGINT that calls exit(-1): Ctrl-C would
+# end the process with status 255, skipping Python's clean-up (staging folders, the one-line
+# message, exit 130). Python still reports its own handler, so set it again to take SIGINT back.
+if _sigint is not None and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, _sigint)
 
 __all__ = ["flow"]

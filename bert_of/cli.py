@@ -9,7 +9,8 @@ The grammar every subcommand follows (flags, help, common options) is :mod:`bert
 Errors in the user's input print one line and exit 1; nothing half-written is
 left behind (writers go through temp paths and renames). Anything unexpected is a
 bug: it prints one line saying so; ``--debug`` (or ``BERT_OF_DEBUG=1``) shows the
-traceback.
+traceback. Ctrl-C and SIGTERM remove what the command was writing, print one line
+and end the process by that signal (the shell sees 130 / 143).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -29,8 +31,8 @@ from bert_of.converters.common import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
-from bert_of.errors import BertOfError
-from bert_of.fs import atomic_write
+from bert_of.errors import BertOfError, Terminated
+from bert_of.fs import atomic_write, defer_signal
 from bert_of.version import __version__
 
 
@@ -95,7 +97,7 @@ def _verify_staged(args, opts, reports: list):
 
 
 def cmd_verify(args) -> int:
-    modes = tuple(m for m in args.modes.split(",") if m)
+    modes = tuple(m for item in args.modes or ["eager,graph"] for m in item.split(",") if m)
     report = verify(args.a, args.b, tol=args.tol, modes=modes, batch_size=args.batch_size,
                     seq_len=args.seq_len, opts=Options(config=args.config, vocab=args.vocab),
                     reference_dtype=args.reference_dtype)
@@ -230,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("a", metavar="A", help="reference checkpoint (any format)")
     v.add_argument("b", metavar="B", help="checkpoint to compare with A (any format)")
     v.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
-    v.add_argument("--modes", default="eager,graph", help="bert_of modes to run, comma-separated (eager, graph)")
+    v.add_argument("--modes", action="append", metavar="MODES",
+                   help="bert_of modes to run, comma-separated or repeated (default: eager,graph)")
     v.add_argument("--batch-size", type=int, default=3, metavar="N", help="rows of the test batch")
     option(v, "--max-seq-length", old=("--seq-len",), type=int, default=None, metavar="N", dest="seq_len",
            help="padded length of the test batch (default: 16, at most max_position_embeddings)")
@@ -267,13 +270,18 @@ def _debug(args) -> bool:
 
 
 def dispatch(args) -> int:
-    """Run a parsed subcommand. bert_of's errors, I/O errors and Ctrl-C become one line on stderr
-    and exit status 1; a reader leaving the pipe (`bert-of ... | head`) is not an error. Anything
-    else is a bug in bert_of: one line says so and how to see the traceback (``--debug`` or
-    ``BERT_OF_DEBUG=1``, which re-raise)."""
+    """Run a parsed subcommand. bert_of's errors and I/O errors become one line on stderr and exit
+    status 1; Ctrl-C / SIGTERM one line and 130 / 143 (see :func:`install_signal_handlers`); a
+    reader leaving the pipe (`bert-of ... | head`) is not an error. Anything else is a bug in
+    bert_of: one line says so and how to see the traceback (``--debug`` or ``BERT_OF_DEBUG=1``,
+    which re-raise)."""
+    install_signal_handlers()
+    _SIGNALS["running"] = True
     try:
         configure(args)
         return args.fn(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); the with-blocks have cleaned up
+        return _stopped(e, getattr(args, "interrupt_note", ""))
     except BertOfError as e:
         return _err(" ".join(str(e).split("\n")))
     except BrokenPipeError:
@@ -285,8 +293,6 @@ def dispatch(args) -> int:
         if e.filename:
             return _err(f"{e.filename}: {what}")
         return _err(f"I/O error: {what} (run with --debug or {DEBUG_ENV}=1 to see where)")
-    except KeyboardInterrupt:
-        return _err("interrupted")
     except MemoryError:
         if _debug(args):
             raise
@@ -295,6 +301,77 @@ def dispatch(args) -> int:
         if _debug(args):
             raise
         return _internal(e)
+    finally:
+        _SIGNALS["running"] = False
+
+
+# --------------------------------------------------------------------------- signals
+#
+# Ctrl-C (SIGINT) and SIGTERM stop a command the same way: an exception raised in the main thread
+# (KeyboardInterrupt, Terminated) unwinds every ``with publishing(...)`` and run directory, so no
+# staging folder stays behind; then one line, and the process ends BY that signal. The shell
+# reports 130 / 143 either way, but only a death by the signal stops a shell loop: bash treats a
+# child that exits normally with 130 as having handled Ctrl-C and runs the next command.
+# Outside a command (start-up, shutdown), in a forked worker (its parent reports), and at a
+# second signal while unwinding, the process ends by the signal at once.
+
+_SIGNALS = {"pid": None, "running": False, "stopping": None}
+_SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
+def install_signal_handlers() -> None:
+    """Handle SIGINT and SIGTERM in this process as described above (idempotent; main thread)."""
+    if _SIGNALS["pid"] == os.getpid():
+        return
+    _SIGNALS.update(pid=os.getpid(), running=False, stopping=None)
+    for sig in _SIGNAL_WORDS:
+        signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum, frame):
+    if os.getpid() != _SIGNALS["pid"]:  # a forked worker: its parent unwinds and reports
+        _die(signum)
+    if defer_signal(signum):  # inside a step a signal must not split: raised again at its end
+        return
+    if not _SIGNALS["running"] or _SIGNALS["stopping"]:
+        _err(_SIGNAL_WORDS[signum])
+        _die(signum)
+    _SIGNALS["stopping"] = signum
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _stopped(e: KeyboardInterrupt, note: str = "") -> int:
+    """One line for a command stopped by Ctrl-C or SIGTERM; its exit status (130 / 143)."""
+    signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+    _SIGNALS["stopping"] = signum
+    _err(_SIGNAL_WORDS[signum] + note)
+    return 128 + signum
+
+
+def _die(signum: int) -> None:
+    """End this process by ``signum`` (default action), with stdout/stderr flushed."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached
+
+
+def run_command(parser: argparse.ArgumentParser, argv=None, debug: bool = False) -> int:
+    """A command line's whole life: signals handled from the start, parse, :func:`dispatch`; a
+    command stopped by a signal ends the process by that signal (it does not return)."""
+    install_signal_handlers()
+    args = parse(parser, argv)
+    if debug:
+        args.debug = True
+    code = dispatch(args)
+    if _SIGNALS["stopping"] and code == 128 + _SIGNALS["stopping"]:
+        _die(_SIGNALS["stopping"])
+    return code
 
 
 def _internal(e: Exception) -> int:
@@ -310,15 +387,30 @@ def _take_debug(argv):
     return [a for a in argv if a != "--debug"], debug
 
 
+def repeated_list_flags_append(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make every list flag (``nargs`` + or *) of ``parser`` and its subcommands add up when
+    repeated: ``--input a --input b`` means both files. argparse's plain "store" keeps only the
+    last list, silently. (Flags with a default list keep "store": extending would add to it.)"""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                repeated_list_flags_append(sub)
+        elif type(action) is argparse._StoreAction and action.option_strings and action.nargs in ("+", "*") \
+                and action.default is None:
+            action.__class__ = argparse._ExtendAction  # same fields; __call__ extends the list
+    return parser
+
+
 def parse(parser: argparse.ArgumentParser, argv=None):
     """Parsed arguments; ``args.argv`` keeps the command line (``--nproc`` runs it again as ranks)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = finish(parser).parse_args(argv)
+    args = finish(repeated_list_flags_append(parser)).parse_args(argv)
     args.argv = argv
     return args
 
 
 def main(argv=None) -> int:
+    install_signal_handlers()
     argv, debug = _take_debug(argv)
     try:
         parser = build_parser()
@@ -326,10 +418,10 @@ def main(argv=None) -> int:
         if debug or _debug(None):
             raise
         return _internal(e)
-    args = parse(parser, argv)
-    args.debug = debug
-    return dispatch(args)
+    return run_command(parser, argv, debug)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m bert_of.cli: run the imported module, whose state the sub-CLIs share
+    from bert_of.cli import main as _main
+
+    sys.exit(_main())

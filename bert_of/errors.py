@@ -20,3 +20,9 @@ class ConfigError(BertOfError):
 class OutputError(CheckpointError):
     """A destination that cannot be written as asked: it exists, another process is writing it,
     it is not a directory, or the disk is full."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``timeout``, ``kill`` and job schedulers send), raised by the command line's
+    handler like Ctrl-C's KeyboardInterrupt: it unwinds every ``with publishing(...)`` (staging
+    folders are removed) and is neither an error nor an ``Exception``."""

@@ -6,6 +6,8 @@
   one rename; replacing an existing one uses ``renameat2(RENAME_EXCHANGE)``, so a reader racing
   the swap sees the old tree or the new one, never a mix. One writer per destination; a staging
   folder whose owner process is gone is removed by the next write into the same parent.
+- ``check_destination``: the rules every destination obeys (``publishing`` applies them): never
+  the source, inside it or around it; ``overwrite`` replaces only a folder of bert_of's files.
 - ``append_jsonl`` / ``read_jsonl``: whole-line appends with fsync; a torn last line (a crash or a
   full disk mid-append) is cut by the next append, with a warning, never glued to.
 - ``sha256_file``, ``read_json``, ``utc_now``, ``bert_of_home``.
@@ -21,7 +23,9 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -177,6 +181,36 @@ def writes_to(path: str):
         raise _io_error(path, e) from None
 
 
+# --------------------------------------------------------------------------- signals
+#
+# A few steps must not be split by Ctrl-C or SIGTERM: creating a staging folder or temp file and
+# taking charge of it, swapping a tree in and removing the old one. The command line's handler
+# (bert_of.cli) asks ``defer_signal`` first; inside ``uninterrupted()`` the signal waits and is
+# raised again at the end of the block.
+
+_DEFER = {"depth": 0, "pending": None}
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    _DEFER["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEFER["depth"] -= 1
+        if not _DEFER["depth"] and _DEFER["pending"]:
+            sig, _DEFER["pending"] = _DEFER["pending"], None
+            signal.raise_signal(sig)
+
+
+def defer_signal(signum: int) -> bool:
+    """True (and the signal kept for later) when it arrived inside ``uninterrupted()``."""
+    if _DEFER["depth"]:
+        _DEFER["pending"] = _DEFER["pending"] or signum
+        return True
+    return False
+
+
 # --------------------------------------------------------------------------- atomic files
 
 
@@ -186,23 +220,28 @@ def atomic_open(path: str, mode: str = "w", encoding: str | None = "utf-8"):
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    tmp = None
     try:
+        with uninterrupted():  # a signal lands before the temp file exists or once it is ours to remove
+            fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise _io_error(path, e) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+    except BaseException as e:
+        _remove_quietly(tmp)
+        if isinstance(e, OSError):
+            raise _io_error(path, e) from None
         raise
     fsync_dir(d)
+
+
+def _remove_quietly(path) -> None:
+    if path:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def atomic_write(path: str, data) -> None:
@@ -292,7 +331,20 @@ def read_jsonl(path: str, what: str = "records") -> list:
     return out
 
 
+def filter_jsonl(path: str, keep) -> int:
+    """Rewrite ``path`` (atomically) with only the records ``keep(record)`` accepts; unreadable
+    lines go too. Returns how many records were dropped."""
+    records = read_jsonl(path)
+    kept = [r for r in records if keep(r)]
+    if len(kept) != len(records):
+        atomic_write(path, "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in kept))
+    return len(records) - len(kept)
+
+
 # --------------------------------------------------------------------------- locks
+
+
+LOCK_NAME = ".bert_of.lock"  # the lock file of a directory one process writes at a time (a run)
 
 
 @contextlib.contextmanager
@@ -307,8 +359,7 @@ def locked(path: str, what: str | None = None, wait: bool = False):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
-            raise OutputError(f"{what or path}: another bert_of process is writing it ({holder})") from None
+            raise _held(fd, path, what) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}: {_command()}\n".encode(), 0)
         yield
@@ -316,6 +367,26 @@ def locked(path: str, what: str | None = None, wait: bool = False):
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def check_unlocked(path: str, what: str | None = None) -> None:
+    """Fail at once, naming the holder, when another process holds the lock file ``path``
+    (creates nothing: for a parent about to launch the processes that take the lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _held(fd, path, what) from None
+    finally:
+        os.close(fd)
+
+
+def _held(fd: int, path: str, what) -> OutputError:
+    holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+    return OutputError(f"{what or path}: another bert_of process is writing it ({holder})")
 
 
 def _command() -> str:
@@ -329,6 +400,87 @@ def _command() -> str:
     elif args:
         args[0] = os.path.basename(args[0])
     return " ".join(" ".join(args).split())[:300]
+
+
+# --------------------------------------------------------------------------- destinations
+#
+# What bert_of writes into the folders it publishes: every format's files, pretraining data, the
+# files of a run. ``overwrite`` replaces a folder only when everything in it is one of these (or
+# it holds nothing), so a mistyped destination never takes the user's own files with it. Names,
+# not a marker file: a published folder holds exactly its format's files (what other tools,
+# content hashes and zoo manifests expect), and folders written before this rule qualify too.
+
+OWN_FILES = frozenset({
+    "config.json", "vocab.txt", "model.safetensors", "optimizer.safetensors",  # bert_of, HF
+    "bert_config.json", "checkpoint",  # TF, with <prefix>.index and <prefix>.data-NNNNN-of-NNNNN
+    "tf_model.h5",  # Keras
+    "out", "meta", "snapshot_done",  # lazy OneFlow snapshots: a folder per variable
+    "bert_of_data.json",  # pretraining data, with part-NNNNN
+    "train_args.json", "trainer_state.json", "manifest.json", "metrics.jsonl", "zoo_metadata.json",  # runs
+})
+_OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
+ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
+
+
+def foreign_entry(path: str):
+    """The first file under the folder ``path`` that bert_of does not write (its path relative
+    to ``path``), or None when there is none."""
+    if os.path.isfile(os.path.join(path, ZOO_MANIFEST)):
+        return None
+    for d, dirs, files in os.walk(path):
+        dirs.sort()
+        links = [n for n in dirs if os.path.islink(os.path.join(d, n))]  # removed, never followed
+        for n in sorted(files) + links:
+            if n not in OWN_FILES and not _OWN_PATTERN.fullmatch(n):
+                return os.path.relpath(os.path.join(d, n), path)
+    return None
+
+
+def _source_path(src: str):
+    """The path a source occupies: itself, or the .index file of a TF prefix; None if absent."""
+    if os.path.lexists(src):
+        return src
+    return src + ".index" if os.path.exists(src + ".index") else None
+
+
+def check_sources(dst, sources) -> None:
+    """Refuse a destination that is one of ``sources`` (files, folders or TF prefixes), holds one,
+    or lies inside a source folder (symlinks resolved on both sides)."""
+    real = os.path.realpath(dst)
+    for src in sources:
+        found = _source_path(os.fspath(src)) if src else None
+        if found is None:
+            continue
+        rs = os.path.realpath(found)
+        if rs == real:
+            raise OutputError(f"{dst}: is the source {src}; choose another destination")
+        if rs.startswith(real.rstrip(os.sep) + os.sep):
+            raise OutputError(f"{dst}: holds the source {src}; writing there would destroy it")
+        if os.path.isdir(rs) and real.startswith(rs.rstrip(os.sep) + os.sep):
+            raise OutputError(f"{dst}: lies inside the source {src}; choose a destination outside it")
+
+
+def check_destination(dst, overwrite: bool = False, sources=()) -> str:
+    """Check the rules every destination obeys and return ``dst`` as it will be written (a
+    symlink resolved to its target):
+
+    - it is not one of ``sources`` (files, folders or TF prefixes), holds none, and does not lie
+      inside a source folder;
+    - it exists only with ``overwrite``, and then it is a folder of nothing but what bert_of writes.
+    """
+    dst = os.fspath(dst)
+    target = os.path.realpath(dst) if os.path.islink(dst) else os.path.abspath(dst)
+    check_sources(dst, sources)
+    if os.path.lexists(target):
+        if not overwrite:
+            raise OutputError(f"{dst}: already exists (use --overwrite to replace it)")
+        if not os.path.isdir(target):
+            raise OutputError(f"{dst}: exists and is not a directory; not replacing it")
+        foreign = foreign_entry(target)
+        if foreign:
+            raise OutputError(f"{dst}: holds {foreign}, which bert_of did not write; not replacing it "
+                              "(move it away, or choose another destination)")
+    return target
 
 
 # --------------------------------------------------------------------------- staging and publishing
@@ -347,19 +499,37 @@ class _Stage:
         parent, name = os.path.dirname(dst), os.path.basename(dst)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(prefix=f".{name}{_STAGE_TAG}", dir=parent)
-        os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp makes 0700; a published folder gets mkdir's mode
-        self.fd = os.open(self.path, os.O_RDONLY)
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self.mark = {"pid": os.getpid(), "command": _command(), "created_ns": time.time_ns()}
-        with open(os.path.join(self.path, STAGING_MARK), "w", encoding="utf-8") as f:
-            json.dump(self.mark, f)
+        self.fd = None
+        try:
+            os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp makes 0700; a published folder gets mkdir's mode
+            self.fd = os.open(self.path, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.mark = {"pid": os.getpid(), "command": _command(), "created_ns": time.time_ns()}
+            with open(os.path.join(self.path, STAGING_MARK), "w", encoding="utf-8") as f:
+                json.dump(self.mark, f)
+        except BaseException:
+            self.close(remove=True)
+            raise
 
     def close(self, remove: bool) -> None:
         if remove:
-            shutil.rmtree(self.path, ignore_errors=True)
+            with uninterrupted():  # a second Ctrl-C waits until the folder is gone
+                _remove_staging(self.path)
         if self.fd is not None:
             os.close(self.fd)  # releases the flock
             self.fd = None
+
+
+def _remove_staging(path: str) -> None:
+    """Remove a staging folder, its marker last: a removal cut short (kill -9) leaves a folder the
+    next writer still recognises as stale."""
+    for n in os.listdir(path) if os.path.isdir(path) else ():
+        p = os.path.join(path, n)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif n != STAGING_MARK:
+            _remove_quietly(p)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _umask() -> int:
@@ -477,30 +647,27 @@ def publish_dir(stage: str, dst: str, overwrite: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def publishing(dst: str, overwrite: bool = False):
+def publishing(dst: str, overwrite: bool = False, sources=()):
     """``with publishing(dst) as stage:`` write into ``stage``; on success it becomes ``dst``.
 
-    Refuses at once when ``dst`` exists without ``overwrite``, is not a directory, or another
-    bert_of process is writing it. A symlinked ``dst`` is replaced at its target. On any error
-    (Ctrl-C included) the staging folder is removed and ``dst`` is untouched.
+    Refuses at once what :func:`check_destination` refuses (a ``dst`` that exists without
+    ``overwrite``, is not a directory, holds files bert_of did not write, or is, holds or lies
+    inside one of ``sources``) and a ``dst`` another bert_of process is writing. A symlinked
+    ``dst`` is replaced at its target. On any error (Ctrl-C and SIGTERM included) the staging
+    folder is removed and ``dst`` is untouched.
     """
-    dst = os.path.realpath(dst) if os.path.islink(dst) else os.path.abspath(dst)
-    if os.path.lexists(dst):
-        if not overwrite:
-            raise OutputError(f"{dst}: already exists (use --overwrite to replace it)")
-        if not os.path.isdir(dst):
-            raise OutputError(f"{dst}: exists and is not a directory; not replacing it")
+    dst = check_destination(dst, overwrite, sources)
+    stage, ok = None, False
     try:
-        stage = _Stage(dst)
-    except OSError as e:
-        raise _io_error(dst, e) from None
-    ok = False
-    try:
+        with uninterrupted():  # a signal lands before the staging folder exists or once it is ours to remove
+            stage = _Stage(dst)
         _claim(stage, dst)
         yield stage.path
-        publish_dir(stage.path, dst, overwrite)
-        ok = True
+        with uninterrupted():  # the swap and the removal of the old tree go together
+            publish_dir(stage.path, dst, overwrite)
+            ok = True
     except OSError as e:
         raise _io_error(getattr(e, "filename", None) or dst, e) from None
     finally:
-        stage.close(remove=not ok)
+        if stage is not None:
+            stage.close(remove=not ok)

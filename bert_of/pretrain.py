@@ -24,10 +24,10 @@ from bert_of.errors import ConfigError
 from bert_of.fs import read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
 from bert_of.tokenization import vocab_size
-from bert_of.training.loop import METRICS_NAME, fit
+from bert_of.training.loop import fit
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
-from bert_of.training.state import prepare_run_dir, restore
+from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
 from bert_of.zoo import resolve_for
 from bert_of.zoo.cli import main as zoo_main
@@ -68,6 +68,9 @@ class PretrainOptions:
     stop_after: int = 0  # tests: stop ("killed") after this step
 
 
+ZOO_METADATA = "zoo_metadata.json"
+
+
 class PretrainingBatches:
     """A rank's shard of pretraining records as batches named like the model's forward arguments."""
 
@@ -92,13 +95,21 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b) or sha256_file(a) == sha256_file(b)
 
 
-def _model_config(opts: PretrainOptions, resume_from: str | None) -> tuple:
-    """(config, vocab file, initial tensors or None) of the model to train. The vocabulary: --vocab,
-    else the run's (resume), else the one the data was made with, else the checkpoint's."""
+def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
+    """(config, vocab file, initial tensors or None) of the model to train. A resumed run's model
+    is the checkpoint's; a ``--config`` given again must describe it (:meth:`RunDir.start`). The
+    vocabulary: --vocab, else the run's (resume), else the one the data was made with, else the
+    checkpoint's."""
     data_vocab = dataset_vocab(opts.data)
-    if resume_from:
-        config = BertConfig.from_json_file(os.path.join(resume_from, "config.json"))
-        vocab = os.path.join(resume_from, "vocab.txt")
+    if opts.config:
+        raw = read_json(opts.config, "model config")
+        config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
+            BertConfig.from_google_dict(raw, opts.config)
+        config.provenance = "bert_of"
+    if run.resume_from:
+        if not opts.config:
+            config = BertConfig.from_json_file(os.path.join(run.resume_from, "config.json"))
+        vocab = os.path.join(run.resume_from, "vocab.txt")
         return config, opts.vocab or (vocab if os.path.isfile(vocab) else data_vocab), None
     if opts.init_checkpoint:
         ck = load_checkpoint(resolve_for("--init-checkpoint", opts.init_checkpoint, vocab=opts.vocab).path)
@@ -108,10 +119,6 @@ def _model_config(opts: PretrainOptions, resume_from: str | None) -> tuple:
                               "pass --vocab to choose one anyway")
         return ck.config, opts.vocab or data_vocab or ck.vocab_file, ck.tensors
     if opts.config:
-        raw = read_json(opts.config, "model config")
-        config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
-            BertConfig.from_google_dict(raw, opts.config)
-        config.provenance = "bert_of"
         return config, opts.vocab or data_vocab, None
     raise ConfigError("pass --config (a new model), --init-checkpoint (continue one) or --resume")
 
@@ -120,8 +127,14 @@ def run(opts: PretrainOptions) -> int:
     rt = Runtime.create(dist="ddp" if opts.ddp else "auto")
     if opts.batch_size % rt.world:
         raise ConfigError(f"global batch {opts.batch_size} is not divisible by {rt.world} ranks")
-    resume_from = prepare_run_dir(opts.output, opts.resume, opts.overwrite)
-    config, vocab_file, tensors = _model_config(opts, resume_from)
+    run_dir = RunDir(opts.output, rt, outputs=("final", ZOO_METADATA), what="pretrain",
+                     sources=(opts.data, opts.config, opts.vocab, opts.init_checkpoint))
+    with run_dir.open(resume=opts.resume, overwrite=opts.overwrite):
+        return _train(opts, rt, run_dir)
+
+
+def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
+    config, vocab_file, tensors = _model_config(opts, run_dir)
     if opts.no_dropout:
         config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     if vocab_file is None:
@@ -135,7 +148,7 @@ def run(opts: PretrainOptions) -> int:
     model = BertForPreTraining(config)
     if tensors is not None:
         model.load_canonical(tensors)
-    elif not resume_from:
+    elif not run_dir.resume_from:
         model.init_weights(seed=opts.seed)
     flow.manual_seed(opts.seed + rt.rank)
     cfg = TrainConfig(mode=opts.mode, optimizer=opts.optimizer, lr=opts.lr, warmup_steps=opts.warmup_steps,
@@ -155,17 +168,19 @@ def run(opts: PretrainOptions) -> int:
     data = PretrainingBatches(PretrainingDataset(
         opts.data, opts.batch_size // rt.world, int(seq_len), int(max_pred), rank=rt.rank, world_size=rt.world,
         shuffle=not opts.no_shuffle, seed=opts.seed, vocab_size=config.vocab_size))
-    if resume_from:
-        restore(trainer, resume_from, data)
+    # What an exact resume must find unchanged besides the train config (saved with every checkpoint).
+    setup = {"batch_size": opts.batch_size, "seq_length": int(seq_len), "max_predictions": int(max_pred),
+             "config": {k: v for k, v in config.to_dict().items() if k != "provenance"}}
+    run_dir.start(trainer, data, setup)
 
-    os.makedirs(opts.output, exist_ok=True)
-    done = fit(trainer, data, opts.steps, batch_size=opts.batch_size, run_dir=opts.output, log_every=opts.log_every,
+    done = fit(trainer, data, opts.steps, batch_size=opts.batch_size, run=run_dir, log_every=opts.log_every,
                save_every=opts.save_every, keep=opts.keep, vocab_file=vocab_file,
-               progress=None if opts.quiet else "bar", stop_after=opts.stop_after)
+               progress=None if opts.quiet else "bar", what="pretrain", stop_after=opts.stop_after)
     if done.stopped:
         return 0
-    final = os.path.join(opts.output, "final")
+    final = os.path.join(run_dir.path, "final")
     state = trainer.model.canonical_state()  # a collective for global tensors
+    check_finite(state, f"{final} (step {trainer.global_step})")  # never publish or register a broken model
     if not rt.is_main:
         return 0
     write_checkpoint(final, list(state.items()), config, vocab_file, overwrite=True,
@@ -174,8 +189,8 @@ def run(opts: PretrainOptions) -> int:
     if opts.zoo_name:
         meta = {"training": {"steps": trainer.global_step, "data": os.path.abspath(opts.data),
                              "train_config": cfg.to_dict(), "world_size": rt.world,
-                             "metrics": os.path.join(opts.output, METRICS_NAME)}}
-        meta_path = os.path.join(opts.output, "zoo_metadata.json")
+                             "metrics": run_dir.metrics}}
+        meta_path = os.path.join(run_dir.path, ZOO_METADATA)
         write_json(meta_path, meta)
         return zoo_main(["add", final, "--name", opts.zoo_name, "--metadata", meta_path, "--overwrite"])
     return 0

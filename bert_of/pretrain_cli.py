@@ -11,7 +11,7 @@ from dataclasses import fields
 from bert_of.cli_grammar import examples, option, output_option
 from bert_of.data.reader import dataset_vocab, read_meta
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.fs import atomic_open, read_json, read_jsonl
+from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
 from bert_of.launch import add_arguments as add_rank_arguments
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.plots import FONT, draw, styles
@@ -75,6 +75,7 @@ def _preflight(args, world: int) -> None:
         raise ConfigError(f"global batch {args.batch_size} is not divisible by {world} ranks")
     if not os.path.isdir(args.data):
         raise ConfigError(f"--data {args.data}: no such directory")
+    check_unlocked(os.path.join(args.output, LOCK_NAME), os.path.abspath(args.output))  # a run's one writer
     options = (read_meta(args.data) or {}).get("options", {})
     if not (args.seq_length or options.get("max_seq_length")) or \
             not (args.max_predictions or options.get("max_predictions_per_seq")):

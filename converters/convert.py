@@ -12,7 +12,7 @@ import os
 import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError
-from bert_of.fs import publishing
+from bert_of.fs import check_destination, publishing
 from bert_of.converters.common import Options, Source, summarize
 from bert_of.progress import Progress
 
@@ -94,18 +94,21 @@ def _counted(source: Source, desc: str):
 def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
     """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
 
+    ``dst`` is never the source, inside it or around it (nor ``opts.config`` / ``opts.vocab``);
+    ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.fs.check_destination`).
+
     ``check(staged_dir)``, when given, runs on the finished files before they are published
     (``convert --verify``): if it raises, ``dst`` is never created (or, with ``overwrite``, the
     old ``dst`` stays as it was).
     """
     opts = opts or Options()
     a, b = parse_direction(direction)
-    if os.path.lexists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
+    sources = (src, opts.config, opts.vocab)  # never written over, into or around
+    check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
     source = module(a).read(src, opts)
     stage = None
     try:
-        with publishing(dst, overwrite=opts.overwrite) as stage:
+        with publishing(dst, overwrite=opts.overwrite, sources=sources) as stage:
             with _counted(source, direction):
                 notes = module(b).write_files(source, stage, opts) or []
             if check is not None:

@@ -20,7 +20,7 @@ import math
 import os
 import sys
 
-from bert_of.cli import dispatch, parse
+from bert_of.cli import run_command
 from bert_of.cli_grammar import examples, option, output_option
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return dispatch(parse(build_parser(), argv))
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from dataclasses import MISSING, fields
 
 from bert_of.cli_grammar import examples, option, output_option
 from bert_of.errors import ConfigError
+from bert_of.fs import LOCK_NAME, check_unlocked
 from bert_of.eval.glue import TASK_CHOICES
 from bert_of.launch import add_arguments as add_rank_arguments
 from bert_of.launch import in_rank, maybe_relaunch, topology
@@ -154,7 +155,10 @@ def _ranks(args):
     """--nproc N (--nnodes ...): this command line again as ranks; None when this process is to do
     the work. What can be refused without OneFlow is refused here first, once, before ranks start
     (one process refuses as it always did)."""
+    _positive(args, "nproc")
     if topology(args).world > 1 and not in_rank():
+        if getattr(args, "run_dir", None):  # a run's one writer: say so once, before any rank starts
+            check_unlocked(os.path.join(args.run_dir, LOCK_NAME), os.path.abspath(args.run_dir))
         for name in ("train", "data", "eval_data"):
             value = getattr(args, name, None)
             for path in value if isinstance(value, list) else [value] if value else []:  # --eval-data repeats

@@ -142,7 +142,8 @@ def _read_text(path: str, error=EvalDataError) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text (byte {e.start})") from None
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise error(f"{path}: line {line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
 
 
 def _lines(text: str):
@@ -217,6 +218,8 @@ def read_examples(task: str, path: str, *, language: str | None = None, set_type
                     label = float(raw)
                 except ValueError:
                     raise EvalDataError(f"{path}: line {line_no}: {spec.name} score {raw!r} is not a number") from None
+                if not math.isfinite(label):
+                    raise EvalDataError(f"{path}: line {line_no}: {spec.name} score {raw!r} is not a finite number")
             else:
                 if spec.name == "XNLI" and raw == "contradictory":
                     raw = "contradiction"

@@ -21,6 +21,7 @@ or are silent, this module says what it did instead:
 from __future__ import annotations
 
 import collections
+import math
 import re
 import string
 from dataclasses import dataclass, field
@@ -192,6 +193,8 @@ def score_v2(sd: SquadData, preds: Mapping[str, str], na_probs: Mapping[str, flo
         for qid, v in na_probs.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise PredictionsError(f"{na_prob_path}: value for {qid!r} is {v!r}, expected a number")
+            if not math.isfinite(v):  # NaN sorts nowhere: the best thresholds would be NaN, not JSON
+                raise PredictionsError(f"{na_prob_path}: value for {qid!r} is {v!r}, expected a finite number")
         for qid in exact_raw:
             if qid not in na_probs:
                 raise PredictionsError(f"{na_prob_path}: no entry for question id {qid!r}")
@@ -259,6 +262,8 @@ def squad_score(data_path: str, pred_path: str, na_prob_file: str | None = None,
                                    f"version {sd.version or '1.x'}")
         score = score_v1(sd, preds)
     else:
+        if not math.isfinite(na_prob_thresh):
+            raise PredictionsError(f"--na-prob-thresh {na_prob_thresh!r}: expected a finite number")
         na_probs = None
         if na_prob_file:
             na_probs = read_json_file(na_prob_file, "na-prob JSON object")

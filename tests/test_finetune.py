@@ -387,8 +387,13 @@ def test_bad_input_is_one_line_naming_the_record(env, tmp_path):
         "(`bert-of zoo list` shows the names)"
     assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, *out, "--max-seq-length", 512]) == \
         f"--max-seq-length 512 exceeds the model's max_position_embeddings 128 ({env.base})"
-    assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, "--output", env.base]) == \
-        f"{env.base}: already exists (use --overwrite to replace it)"
+    for extra in ((), ("--overwrite",)):  # the base model is an input: never replaced, even with --overwrite
+        assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, "--output", env.base, *extra]) == \
+            f"{env.base}: is the source {env.base}; choose another destination"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, "--output", existing]) == \
+        f"{existing}: already exists (use --overwrite to replace it)"
     assert _one_error(["finetune", "squad", *m, "--train", TRAIN11, *out, "--batch-size", 0]) == \
         "--batch-size must be at least 1, got 0"
     assert not os.path.exists(tmp_path / "out")
@@ -467,6 +472,30 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
             assert np.array_equal(t, ck.tensors[name]), (k, name)
     assert _one_error([*base, "--output", tmp_path / "d", "--resume"]) == \
         "--resume and --save-every need --run-dir (where checkpoints go)"
+
+
+
+def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path):
+    """The fine-tuning --run-dir is a run directory like pretrain's: one writer, a resume with
+    another setup refused, a non-finite loss stops the run and publishes no --output."""
+    from bert_of.fs import LOCK_NAME, locked
+
+    base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
+            "--batch-size", 10, "--max-steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
+    run = tmp_path / "run"
+    ok(*base, "--output", tmp_path / "a", "--run-dir", run, "--save-every", 2, "--stop-after", 2)
+    with locked(str(run / LOCK_NAME)):  # this process holds the run: a second writer is refused at once
+        line = _one_error([*base, "--output", tmp_path / "a", "--run-dir", run, "--resume"])
+    assert line.startswith(f"{run}: another bert_of process is writing it (pid {os.getpid()}: "), line
+    line = _one_error([*base, "--output", tmp_path / "a", "--run-dir", run, "--resume", "--batch-size", 5])
+    assert "cannot resume exactly with a different setup (" in line and "batch_size 10 -> 5" in line, line
+    assert _one_error([*base, "--output", tmp_path / "a", "--run-dir", run]).startswith(
+        f"{run}: already holds a run (metrics.jsonl, checkpoints)")
+    line = _one_error([*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "nan-run", "--lr", 1e30,
+                       "--warmup-proportion", 0, "--save-every", 1])
+    assert "the loss is not finite at step" in line and "training stopped, nothing published" in line, line
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+    assert all(r["loss"] is not None for r in _metrics(tmp_path / "nan-run"))  # strict JSON lines
 
 
 @pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")

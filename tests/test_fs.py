@@ -35,36 +35,36 @@ def _child(code, *args):
 def test_publish_new_refuse_existing_replace_with_overwrite(tmp_path):
     dst = tmp_path / "out"
     with fs.publishing(dst) as stage:
-        (open(os.path.join(stage, "a"), "w")).write("1")
-    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["a"]
+        (open(os.path.join(stage, "config.json"), "w")).write("1")
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["config.json"]
     assert stat.S_IMODE(os.stat(dst).st_mode) == 0o777 & ~_umask()  # not mkdtemp's 0700
     with pytest.raises(OutputError, match="already exists"):
         with fs.publishing(dst):
             pass
     with fs.publishing(dst, overwrite=True) as stage:
-        open(os.path.join(stage, "b"), "w").write("2")
-    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["b"]
+        open(os.path.join(stage, "vocab.txt"), "w").write("2")
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["vocab.txt"]
 
 
 def test_failure_leaves_nothing_and_keeps_the_old_tree(tmp_path):
     dst = tmp_path / "out"
     with fs.publishing(dst) as stage:
-        open(os.path.join(stage, "old"), "w").write("1")
+        open(os.path.join(stage, "config.json"), "w").write("1")
     with pytest.raises(KeyboardInterrupt):
         with fs.publishing(dst, overwrite=True) as stage:
-            open(os.path.join(stage, "new"), "w").write("2")
+            open(os.path.join(stage, "vocab.txt"), "w").write("2")
             raise KeyboardInterrupt
-    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["old"]
+    assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["config.json"]
 
 
 def test_symlinked_destination_is_replaced_at_its_target(tmp_path):
     real = tmp_path / "real"
     with fs.publishing(real) as stage:
-        open(os.path.join(stage, "a"), "w").write("1")
+        open(os.path.join(stage, "config.json"), "w").write("1")
     os.symlink(real, tmp_path / "link")
     with fs.publishing(tmp_path / "link", overwrite=True) as stage:
-        open(os.path.join(stage, "b"), "w").write("2")
-    assert os.path.islink(tmp_path / "link") and os.listdir(real) == ["b"]
+        open(os.path.join(stage, "vocab.txt"), "w").write("2")
+    assert os.path.islink(tmp_path / "link") and os.listdir(real) == ["vocab.txt"]
     assert sorted(os.listdir(tmp_path)) == ["link", "real"]
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from bert_of.cli import dispatch, parse
+from bert_of.cli import run_command
 from bert_of.cli_grammar import examples, option
 from bert_of.progress import log
 from bert_of.zoo.core import FORMATS, Zoo
@@ -262,7 +262,7 @@ def _fill(p: argparse.ArgumentParser) -> None:
     s.add_argument("--retries", type=int, metavar="N",
                    help="retries without progress before giving up (default 5, or BERT_OF_DOWNLOAD_RETRIES)")
     s.add_argument("--progress", dest="progress", action="store_true", default=None, help=argparse.SUPPRESS)
-    s.set_defaults(fn=cmd_download)
+    s.set_defaults(fn=cmd_download, interrupt_note=" (a partial download is kept and resumes next time)")
 
     s = sub.add_parser("path", parents=[common], help="print the cached folder (error if not downloaded)",
                        description="Print NAME's folder in the cache; an error (exit 1) when it is not there. "
@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    return dispatch(parse(build_parser(), argv))
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

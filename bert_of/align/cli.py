@@ -8,7 +8,7 @@ import os
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
 from bert_of.align.report import format_summary, plot_report, plot_skipped
-from bert_of.cli import dispatch, parse
+from bert_of.cli import run_command
 from bert_of.cli_grammar import examples, output_option
 from bert_of.errors import BertOfError
 from bert_of.fs import read_json
@@ -109,4 +109,4 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    return dispatch(parse(build_parser(), argv))
+    return run_command(build_parser(), argv)

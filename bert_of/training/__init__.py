@@ -16,9 +16,9 @@ from bert_of.training.loop import FitResult, ShuffledRows, fit
 from bert_of.training.optim import (DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler,
                                     clip_by_global_norm)
 from bert_of.training.runtime import Runtime
-from bert_of.training.state import latest_checkpoint, restore, save_checkpoint
+from bert_of.training.state import RunDir, latest_checkpoint, restore, save_checkpoint
 from bert_of.training.trainer import Trainer, TrainGraph
 
 __all__ = ["TrainConfig", "Trainer", "TrainGraph", "Runtime", "DynamicLossScaler", "build_optimizer",
            "build_scheduler", "clip_by_global_norm", "fit", "FitResult", "ShuffledRows", "save_checkpoint",
-           "restore", "latest_checkpoint"]
+           "restore", "latest_checkpoint", "RunDir"]

@@ -9,18 +9,14 @@ exact resume).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert_of.errors import BertOfError
 from bert_of.fs import append_jsonl
 from bert_of.progress import Progress, log
-from bert_of.training.state import save_checkpoint
-
-METRICS_NAME = "metrics.jsonl"
+from bert_of.training.state import METRICS_NAME, NonFiniteError, RunDir  # noqa: F401 - METRICS_NAME re-exported
 
 
 @dataclass
@@ -38,55 +34,65 @@ def note(rt, msg: str) -> None:
         (log.warning if msg.startswith("warning:") else log.info)(msg)
 
 
-def fit(trainer, data, steps: int, *, batch_size: int, run_dir: str | None = None, log_every: int = 10,
+def _json_number(v):
+    """A metric as JSON allows it: rounded, or null when it is NaN / infinite (an AMP-skipped step)."""
+    return round(v, 7) if math.isfinite(v) else None
+
+
+def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None, log_every: int = 10,
         save_every: int = 0, keep: int = 2, vocab_file: str | None = None, progress: str | None = "bar",
-        what: str = "train", stop_after: int = 0, check_finite: bool = False) -> FitResult:
+        what: str = "train", stop_after: int = 0) -> FitResult:
     """Step ``trainer`` until its global step reaches ``steps``.
 
-    Every ``log_every`` steps (and at the last) rank 0 appends a record to
-    ``run_dir/metrics.jsonl`` (step, the step's outputs, samples/s over ``batch_size`` global
-    rows per step, mode, world) and, with ``progress="lines"``, prints the loss; ``"bar"``
-    shows progress instead (:class:`bert_of.progress.Progress`: a bar on a terminal, else a line
-    every few seconds). Every ``save_every`` steps a checkpoint goes to
-    ``run_dir/checkpoints/``. ``check_finite``: a non-finite loss stops training with an error.
+    Every ``log_every`` steps (and at the last) rank 0 appends a record to ``run``'s
+    ``metrics.jsonl`` (step, the step's outputs, samples/s over ``batch_size`` global rows per
+    step, mode, world) and, with ``progress="lines"``, prints the loss; ``"bar"`` shows progress
+    instead (:class:`bert_of.progress.Progress`: a bar on a terminal, else a line every few
+    seconds). Every ``save_every`` steps a checkpoint goes to ``run``'s ``checkpoints/``. A
+    non-finite loss stops training with one line naming the step (:meth:`Trainer._read`); the
+    checkpoints already saved stay.
     """
     rt = trainer.rt
-    metrics = os.path.join(run_dir, METRICS_NAME) if run_dir and rt.is_main else None
-    if metrics:
-        os.makedirs(run_dir, exist_ok=True)
+    metrics = run.metrics if run is not None and rt.is_main else None
     bar = None
     if progress == "bar" and rt.is_main:
         bar = Progress(what, total=steps, initial=trainer.global_step, unit="step")
     res = FitResult(trainer.global_step)
     t0 = t_last = time.perf_counter()
     first, n_last, window = trainer.global_step, trainer.global_step, []
-    while trainer.global_step < steps:
-        out = trainer.step(data.next_batch())
-        step = trainer.global_step
-        res.losses.append(out["loss"])
-        window.append(out["loss"])
+    try:
+        while trainer.global_step < steps:
+            out = trainer.step(data.next_batch())
+            step = trainer.global_step
+            res.losses.append(out["loss"])
+            if math.isfinite(out["loss"]):
+                window.append(out["loss"])
+            if bar is not None:
+                bar.update(1, loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
+            if step % log_every == 0 or step == steps:
+                now = time.perf_counter()
+                rate = (step - n_last) * batch_size / max(now - t_last, 1e-9)
+                if metrics:
+                    append_jsonl(metrics, {"step": step, **{k: _json_number(v) for k, v in out.items()},
+                                           "samples_per_s": round(rate, 3), "mode": trainer.cfg.mode, "world": rt.world})
+                if progress == "lines":
+                    eta = (steps - step) * (now - t0) / (step - first)
+                    mean = f"{sum(window) / len(window):.4f}" if window else "nan"
+                    note(rt, f"step {step}/{steps}  loss {mean}  lr {out['lr']:.3g}  "
+                             f"{rate:.1f} examples/s  eta {eta:.0f} s")
+                t_last, n_last, window = now, step, []
+            if save_every and run is not None and step % save_every == 0:
+                run.save(trainer, data, vocab_file, keep)
+            if stop_after and step >= stop_after:  # for tests: a "kill" at a known step
+                res.stopped = True
+                break
+    except NonFiniteError as e:
+        kept = run.newest() if run is not None else None
+        raise NonFiniteError(f"{what}: {e}; training stopped, nothing published"
+                             + (f" (the last checkpoint, {kept}, stays)" if kept else "")) from None
+    finally:
         if bar is not None:
-            bar.update(1, loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
-        if step % log_every == 0 or step == steps:
-            if check_finite and not all(math.isfinite(v) for v in window):
-                raise BertOfError(f"{what}: the loss is not finite at step {step} (lower --lr?)")
-            now = time.perf_counter()
-            rate = (step - n_last) * batch_size / max(now - t_last, 1e-9)
-            if metrics:
-                append_jsonl(metrics, {"step": step, **{k: round(v, 7) for k, v in out.items()},
-                                       "samples_per_s": round(rate, 3), "mode": trainer.cfg.mode, "world": rt.world})
-            if progress == "lines":
-                eta = (steps - step) * (now - t0) / (step - first)
-                note(rt, f"step {step}/{steps}  loss {sum(window) / len(window):.4f}  lr {out['lr']:.3g}  "
-                         f"{rate:.1f} examples/s  eta {eta:.0f} s")
-            t_last, n_last, window = now, step, []
-        if save_every and run_dir and step % save_every == 0:
-            save_checkpoint(trainer, run_dir, data, vocab_file, keep)
-        if stop_after and step >= stop_after:  # for tests: a "kill" at a known step
-            res.stopped = True
-            break
-    if bar is not None:
-        bar.close()
+            bar.close()
     res.steps, res.seconds = trainer.global_step, time.perf_counter() - t0
     return res
 

@@ -22,6 +22,7 @@ Shapes: B batch (this rank's rows), S sequence.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from bert_of.errors import ConfigError
 from bert_of.outputs import SCALAR_OUTPUTS
 from bert_of.training.optim import DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler, clip_by_global_norm
 from bert_of.training.runtime import Runtime, scalar, to_numpy
+from bert_of.training.state import NonFiniteError
+
+MAX_AMP_NONFINITE = 10  # AMP: consecutive non-finite losses the loss scaler may skip before training stops
 
 
 def _scalars(out) -> tuple:
@@ -114,6 +118,7 @@ class Trainer:
         self.grad_hook = None  # tests inject non-finite gradients here: fn(trainer, params)
         self.keys = None
         self.global_step = 0
+        self.nonfinite = 0  # consecutive steps with a non-finite loss (AMP skips a few)
 
     def current_lr(self) -> float:
         return float(self.opt.param_groups[0]["lr"])
@@ -144,7 +149,12 @@ class Trainer:
 
     def _read(self, names: tuple, micro_values: list) -> dict:
         """The ONE place a step's outputs become numbers: the mean over the micro-batches of each
-        scalar (under DDP, also over the ranks). Non-finite loss handling belongs here."""
+        scalar (under DDP, also over the ranks), and the finiteness check of the loss.
+
+        A non-finite loss stops training (:class:`NonFiniteError` naming the step) before an eager
+        update; every rank reads the same loss, so every rank stops. Under AMP the loss scaler
+        skips such a step (no update, smaller scale); only ``MAX_AMP_NONFINITE`` in a row stop it.
+        """
         k = len(micro_values)
         out = dict.fromkeys(names, 0.0)
         if self.rt.ddp:
@@ -154,6 +164,13 @@ class Trainer:
                 out[name] += self._report(v) / k
             if self.rt.ddp:
                 out["rank_loss"] += scalar(values[0].detach()) / k
+        if math.isfinite(out["loss"]):
+            self.nonfinite = 0
+        else:
+            self.nonfinite += 1
+            if not self.cfg.amp or self.nonfinite > MAX_AMP_NONFINITE:
+                why = f" ({self.nonfinite} steps in a row, beyond what AMP's loss scaler absorbs)" if self.cfg.amp else ""
+                raise NonFiniteError(f"the loss is not finite at step {self.global_step + 1} ({out['loss']}){why}")
         return out
 
     def _report(self, t) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -20,15 +21,15 @@ from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
-from bert_of.fs import bert_of_home, publishing, read_json, read_jsonl, utc_now, write_json
+from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
 from bert_of.modeling import truncated_normal
 from bert_of.progress import Progress
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
-from bert_of.training.loop import METRICS_NAME, ShuffledRows, fit, note
+from bert_of.training.loop import ShuffledRows, fit, note
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime, to_numpy
-from bert_of.training.state import prepare_run_dir, restore
+from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
@@ -232,29 +233,39 @@ def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: Tra
                           f"{h.grad_accum_steps} accumulation step(s)")
     if (opts.resume or opts.save_every) and not opts.run_dir:
         raise ConfigError("--resume and --save-every need --run-dir (where checkpoints go)")
-    resume_from = prepare_run_dir(opts.run_dir, opts.resume, opts.overwrite) if opts.run_dir else None
-    flow.manual_seed(h.seed)
-    cfg = TrainConfig(mode=h.mode, optimizer="adamw", lr=h.lr, warmup_steps=h.warmup_steps, total_steps=h.steps,
-                      end_lr=0.0, power=1.0, weight_decay=h.weight_decay, eps=h.adam_eps, bias_correction=False,
-                      clip_grad_norm=h.clip_grad_norm, grad_accum_steps=h.grad_accum_steps, amp=h.amp, seed=h.seed)
-    trainer = Trainer(model, cfg, rt)
-    data = ShuffledRows(arrays, h.batch_size, h.seed, rt)
-    if resume_from:
-        restore(trainer, resume_from, data)
-        note(rt, f"{what}: resuming {resume_from} at step {trainer.global_step}")
-    note(rt, f"{what}: {n_examples} examples, {n} features; {h.steps} steps (warmup {h.warmup_steps}) of batch "
-             f"{h.batch_size} over {rt.world} rank(s) on {rt.device}, lr {h.lr:g}, {h.mode} mode")
-    res = fit(trainer, data, h.steps, batch_size=h.batch_size, run_dir=opts.run_dir,
-              log_every=opts.log_every or COMMON_DEFAULTS["log_every"], save_every=opts.save_every,
-              vocab_file=getattr(model, "vocab_file", None), progress="lines", what=what, stop_after=opts.stop_after,
-              check_finite=True)
+    if opts.run_dir:
+        out, run_dir = os.path.realpath(opts.output), os.path.realpath(opts.run_dir)
+        if run_dir == out or run_dir.startswith(out + os.sep):  # publishing --output would replace the run
+            raise ConfigError(f"--run-dir {opts.run_dir}: must lie outside --output {opts.output}")
+    run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model)) if opts.run_dir else None
+    with run.open(opts.resume, opts.overwrite) if run else contextlib.nullcontext():
+        flow.manual_seed(h.seed)
+        cfg = TrainConfig(mode=h.mode, optimizer="adamw", lr=h.lr, warmup_steps=h.warmup_steps, total_steps=h.steps,
+                          end_lr=0.0, power=1.0, weight_decay=h.weight_decay, eps=h.adam_eps, bias_correction=False,
+                          clip_grad_norm=h.clip_grad_norm, grad_accum_steps=h.grad_accum_steps, amp=h.amp,
+                          seed=h.seed)
+        trainer = Trainer(model, cfg, rt)
+        data = ShuffledRows(arrays, h.batch_size, h.seed, rt)
+        if run:  # what an exact resume must find unchanged besides the train config
+            run.start(trainer, data, {"batch_size": h.batch_size, "examples": n_examples, "features": n,
+                                      "config": {k: v for k, v in model.config.to_dict().items()
+                                                 if k != "provenance"}})
+            if run.resume_from:
+                note(rt, f"{what}: resuming {run.resume_from} at step {trainer.global_step}")
+        note(rt, f"{what}: {n_examples} examples, {n} features; {h.steps} steps (warmup {h.warmup_steps}) of batch "
+                 f"{h.batch_size} over {rt.world} rank(s) on {rt.device}, lr {h.lr:g}, {h.mode} mode")
+        res = fit(trainer, data, h.steps, batch_size=h.batch_size, run=run,
+                  log_every=opts.log_every or COMMON_DEFAULTS["log_every"], save_every=opts.save_every,
+                  vocab_file=getattr(model, "vocab_file", None), progress="lines", what=what,
+                  stop_after=opts.stop_after)
     model.eval()
-    first = res.losses[0] if res.losses else None
-    if resume_from:  # the run's first step was logged by the first invocation
-        logged = [r for r in read_jsonl(os.path.join(opts.run_dir, METRICS_NAME), "metrics") if r.get("step") == 1]
+    losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
+    first = losses[0] if losses else None
+    if run and run.resume_from:  # the run's first step was logged by the first invocation
+        logged = [r for r in read_jsonl(run.metrics, "metrics") if r.get("step") == 1]
         first = logged[0]["loss"] if logged else first
     return {"steps": h.steps, "warmup_steps": h.warmup_steps, "first_loss": first,
-            "final_loss": res.losses[-1] if res.losses else None,
+            "final_loss": losses[-1] if losses else None,
             "train_seconds": round(res.seconds, 3)}, not res.stopped
 
 
@@ -298,14 +309,16 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
 # --------------------------------------------------------------------------- saving and records
 
 
-def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Runtime) -> None:
-    """The fine-tuned checkpoint + train_args.json, published in one rename (rank 0 writes)."""
+def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Runtime, sources=()) -> None:
+    """The fine-tuned checkpoint + train_args.json, published in one rename (rank 0 writes); never
+    over, into or around ``sources`` (the base model, the training data)."""
     state = model.canonical_state()  # every rank: gathers global tensors
+    check_finite(state, output)  # every rank holds the same values: all stop, nothing is published
     try:
         if rt.is_main:
             meta = {"finetuned_task": train_args.get("task", ""),
                     "base_checkpoint": (train_args.get("base_checkpoint") or {}).get("name", "")}
-            with publishing(output, overwrite=overwrite) as stage:
+            with publishing(output, overwrite=overwrite, sources=sources) as stage:
                 write_checkpoint_files(stage, list(state.items()), model.config,
                                        vocab_file=getattr(model, "vocab_file", None), metadata=meta)
                 write_json(os.path.join(stage, TRAIN_ARGS), train_args)
@@ -313,11 +326,15 @@ def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Ru
         rt.barrier()  # the other ranks may read the folder next (evaluation after training)
 
 
-def check_output(output: str, overwrite: bool) -> None:
-    if os.path.exists(output) and not overwrite:
-        raise CheckpointError(f"{output}: already exists (use --overwrite to replace it)")
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise CheckpointError(f"{output}: exists and is not a folder")
+def check_output(opts: TrainOptions) -> None:
+    """Fail at once, before any work, on an ``--output`` that could not be published: existing
+    without ``--overwrite``, holding files bert_of did not write, or one of the inputs."""
+    check_destination(opts.output, opts.overwrite, train_sources(opts))
+
+
+def train_sources(opts: TrainOptions, model_path: str | None = None) -> tuple:
+    """The inputs of a fine-tuning, which its ``--output`` must not be, hold or lie inside."""
+    return (model_path or opts.model, opts.train, opts.vocab, *(opts.eval_data or ()))
 
 
 def identity(path: str, name: str) -> dict:

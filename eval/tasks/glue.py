@@ -22,7 +22,7 @@ from bert_of.eval.glue import (compute_metrics, convert_example_to_features, get
 from bert_of.eval.tasks.common import (COMMON_DEFAULTS, ModelOptions, RecordOptions, TrainOptions, base_args,
                                        check_output, check_seq_len, checkpoint_head_labels, default_eval_dir, hyper,
                                        infer, load_model, make_tokenizer, model_display_name, model_folder,
-                                       read_train_args, record, save_finetuned, train)
+                                       read_train_args, record, save_finetuned, train, train_sources)
 from bert_of.fs import atomic_open
 from bert_of.progress import log, progress_iter
 from bert_of.modeling import BertForSequenceClassification
@@ -109,7 +109,7 @@ def finetune_glue(opts: GlueTrainOptions) -> dict:
     if not opts.task:
         raise ConfigError("--task is required")
     spec = task_spec(opts.task)
-    check_output(opts.output, opts.overwrite)
+    check_output(opts)
     examples = read_examples(opts.task, opts.train, language=opts.language, skip_malformed=opts.skip_malformed)
     if any(e.label is None for e in examples):
         raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
@@ -131,7 +131,7 @@ def finetune_glue(opts: GlueTrainOptions) -> dict:
         args.update(labels=labels, language=opts.language, train_examples=len(examples), **summary)
         if not finished:
             return args
-        save_finetuned(model, opts.output, args, opts.overwrite, rt)
+        save_finetuned(model, opts.output, args, opts.overwrite, rt, train_sources(opts, path))
     note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
              f"{summary['train_seconds']:.1f} s)")
     for data in opts.eval_data:

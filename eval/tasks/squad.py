@@ -22,7 +22,7 @@ from bert_of.eval.squad_metrics import squad_score
 from bert_of.eval.tasks.common import (COMMON_DEFAULTS, ModelOptions, RecordOptions, TrainOptions, base_args,
                                        check_output, check_seq_len, default_eval_dir, hyper, infer, load_model,
                                        make_tokenizer, model_display_name, model_folder, read_train_args, record,
-                                       save_finetuned, train)
+                                       save_finetuned, train, train_sources)
 from bert_of.modeling import BertForQuestionAnswering
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime
@@ -109,7 +109,7 @@ def _squad_version(opts: SquadFeatureOptions, sd) -> bool:
 def finetune_squad(opts: SquadTrainOptions) -> dict:
     """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
-    check_output(opts.output, opts.overwrite)
+    check_output(opts)
     sd = load_squad(opts.train)
     v2 = _squad_version(opts, sd)
     examples = read_squad_examples(sd, is_training=True, version_2_with_negative=v2,
@@ -138,7 +138,7 @@ def finetune_squad(opts: SquadTrainOptions) -> dict:
         args.update(train_examples=len(examples), train_features=n_features, **summary)
         if not finished:
             return args
-        save_finetuned(model, opts.output, args, opts.overwrite, rt)
+        save_finetuned(model, opts.output, args, opts.overwrite, rt, train_sources(opts, path))
     note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
              f"{summary['train_seconds']:.1f} s)")
     for data in opts.eval_data:
