@@ -146,9 +146,11 @@ def test_two_nodes_on_loopback_train_like_one_process(setup, tmp_path):
 
 def test_refusals_are_made_once_before_ranks_start(setup, tmp_path):
     t0 = time.monotonic()
-    args = [a for a in _args(setup, setup["two"], tmp_path / "r") if a not in ("--vocab", VOCAB)]
+    missing_vocab = str(tmp_path / "missing-vocab.txt")
+    args = [missing_vocab if a == VOCAB else a for a in _args(setup, setup["two"], tmp_path / "r")]
     r = run_cli(*args, "--steps", 2, "--nproc", 2, check=False)
-    assert r.returncode == 1 and error_lines(r.stderr) == ["bert-of: error: no vocab.txt: pass --vocab"], r.stderr
+    assert r.returncode == 1 and error_lines(r.stderr) == [f"bert-of: error: --vocab {missing_vocab}: no such file"], \
+        r.stderr
     assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30  # no OneFlow, no ranks
     r = run_cli(*_args(setup, setup["two"], tmp_path / "r"), "--nproc", 2, "--nnodes", 2, "--node-rank", 2,
                 check=False)
@@ -229,7 +231,7 @@ def test_align_runs_its_two_rank_runs_over_two_nodes(tmp_path):
         for p in nodes:
             p.kill()
     assert [p.returncode for p in nodes] == [0, 0], (err0, err1)
-    assert "over 2 nodes" in out0 and "node 1: 4 run(s) on ranks of a 2-rank launch" in out1
+    assert "over 2 nodes" in out0 + err0 and "node 1: 4 run(s) on ranks of a 2-rank launch" in out1 + err1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["passed"] and summary["experiments"]["data-parallel"]["status"] == "pass"
     report = json.loads((out / "data-parallel.json").read_text())

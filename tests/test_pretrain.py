@@ -128,7 +128,7 @@ def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tm
     assert r.returncode == 0, r.stderr
     assert open(run / "final" / "vocab.txt", "rb").read() == open(VOCAB, "rb").read()
     assert "\r" not in r.stderr and "\r" not in r.stdout
-    steps = [ln for ln in r.stderr.splitlines() if ln.startswith("train: ")]
+    steps = [ln for ln in r.stderr.splitlines() if ln.startswith("pretrain: ")]
     assert len(steps) >= 4 and "4 of 4 steps (100%)" in steps[-1] and "loss" in steps[-1], r.stderr
     # a checkpoint whose vocabulary is not the data's: an error unless --vocab chooses
     other = tmp_path / "other-vocab.txt"
