@@ -36,7 +36,7 @@ bench: env bench-env
 
 # Pretraining samples/s vs HF BertForPreTraining (PyTorch), then where the step's time goes.
 bench-pretrain: env bench-env
-	@$(PY) bench/pretrain_bench.py --steps 4 --warmup 2 --runs 2 --extra --out bench/results/pretrain.json
+	@$(PY) bench/pretrain_bench.py --steps 4 --warmup 2 --runs 2 --extra --out bench/results/pretrain_full.json
 	@$(PY) bench/pretrain_profile.py --reps 3
 	@$(PY) bench/pretrain_micro.py --out bench/results/pretrain_micro.json
 
