@@ -17,6 +17,16 @@ if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "bert-of" or \
         any(a == "-m" and b.startswith("bert_of") for a, b in zip(_argv, _argv[1:])):
     try:
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        # Threads native libraries start at import (NumPy's OpenBLAS pool, OneFlow's, TF's) must
+        # never receive Ctrl-C / SIGTERM: a signal they take runs whatever C handler is installed
+        # at that moment (OneFlow installs one that calls exit(-1)). Threads inherit the mask of
+        # the thread that starts them, so NumPy is imported with both blocked; bert_of._flow does
+        # the same for OneFlow.
+        _mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
+        try:
+            import numpy as _numpy  # noqa: F401
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, _mask)
     except ValueError:  # not the main thread: not a command line's start-up
         pass
 

@@ -13,6 +13,8 @@ import sys
 import tempfile
 import threading
 
+from bert_of.fs import uninterrupted
+
 _LIBS = (
     "nvidia/cublas/lib/libcublasLt.so.11",
     "nvidia/cublas/lib/libcublas.so.11",
@@ -96,12 +98,27 @@ _preload()
 _choose_blas()
 # glog's "CUDA driver version is insufficient" on CPU-only machines is noise.
 os.environ.setdefault("GLOG_minloglevel", "3")
-_sigint = signal.getsignal(signal.SIGINT)
-flow = _import_oneflow()
-# liboneflow's static initialiser installs a C handler for SIGINT that calls exit(-1): Ctrl-C would
-# end the process with status 255, skipping Python's clean-up (staging folders, the one-line
-# message, exit 130). Python still reports its own handler, so set it again to take SIGINT back.
-if _sigint is not None and threading.current_thread() is threading.main_thread():
-    signal.signal(signal.SIGINT, _sigint)
+def _import_keeping_sigint():
+    """liboneflow's static initialiser installs a C handler for SIGINT that calls exit(-1): Ctrl-C
+    would end the process with status 255, skipping Python's clean-up (staging folders, the
+    one-line message, exit 130). SIGINT and SIGTERM stay blocked in this thread during the import
+    (the threads OneFlow starts inherit that), Python's handler is set again (Python still
+    reports it as current), and a signal that arrived meanwhile is delivered to it on unblocking.
+    bert_of/__init__.py imports NumPy the same way, so no native thread takes a signal."""
+    if threading.current_thread() is not threading.main_thread():
+        return _import_oneflow()
+    previous = signal.getsignal(signal.SIGINT)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        with uninterrupted():  # a signal that reaches the handler anyway waits until fd 2 is back
+            module = _import_oneflow()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return module
+
+
+flow = _import_keeping_sigint()
 
 __all__ = ["flow"]

@@ -32,7 +32,7 @@ from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, opti
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
 from bert_of.errors import BertOfError, Terminated
-from bert_of.fs import atomic_write, defer_signal
+from bert_of.fs import abandon_writes, atomic_write, defer_signal
 from bert_of.version import __version__
 
 
@@ -335,6 +335,13 @@ def _on_signal(signum, frame):
         return
     if not _SIGNALS["running"] or _SIGNALS["stopping"]:
         _err(_SIGNAL_WORDS[signum])
+        _die(signum)
+    if "oneflow" in sys.modules:
+        # An exception raised now may unwind through OneFlow's C++ (a pybind11 call, a graph run)
+        # and abort the process (SIGABRT/SIGSEGV, half-written output): clean up and end here.
+        _SIGNALS["stopping"] = signum
+        _err(_SIGNAL_WORDS[signum])
+        abandon_writes()
         _die(signum)
     _SIGNALS["stopping"] = signum
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()

@@ -211,6 +211,20 @@ def defer_signal(signum: int) -> bool:
     return False
 
 
+# What this process is writing and has not published yet: staging folders and temp files. Normally
+# the with-blocks remove them as an exception unwinds; a process that must end at once (a signal
+# while OneFlow's C++ is on the stack, where an exception can abort the process) calls
+# ``abandon_writes`` instead.
+_UNFINISHED: dict = {}  # path -> "dir" | "file"
+
+
+def abandon_writes() -> None:
+    """Remove this process's unfinished staging folders and temp files now."""
+    for path, kind in list(_UNFINISHED.items()):
+        _UNFINISHED.pop(path, None)
+        _remove_staging(path) if kind == "dir" else _remove_quietly(path)
+
+
 # --------------------------------------------------------------------------- atomic files
 
 
@@ -224,6 +238,7 @@ def atomic_open(path: str, mode: str = "w", encoding: str | None = "utf-8"):
     try:
         with uninterrupted():  # a signal lands before the temp file exists or once it is ours to remove
             fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+            _UNFINISHED[tmp] = "file"
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
@@ -235,6 +250,8 @@ def atomic_open(path: str, mode: str = "w", encoding: str | None = "utf-8"):
         if isinstance(e, OSError):
             raise _io_error(path, e) from None
         raise
+    finally:
+        _UNFINISHED.pop(tmp, None)
     fsync_dir(d)
 
 
@@ -499,6 +516,7 @@ class _Stage:
         parent, name = os.path.dirname(dst), os.path.basename(dst)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(prefix=f".{name}{_STAGE_TAG}", dir=parent)
+        _UNFINISHED[self.path] = "dir"
         self.fd = None
         try:
             os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp makes 0700; a published folder gets mkdir's mode
@@ -515,6 +533,7 @@ class _Stage:
         if remove:
             with uninterrupted():  # a second Ctrl-C waits until the folder is gone
                 _remove_staging(self.path)
+        _UNFINISHED.pop(self.path, None)
         if self.fd is not None:
             os.close(self.fd)  # releases the flock
             self.fd = None
