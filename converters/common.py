@@ -20,13 +20,15 @@ shape its spec announced.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.fs import publishing, read_json
+from bert_of.fs import publishing, read_json, writes_to
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
 from bert_of.tokenization import read_vocab_lines
 
@@ -155,6 +157,17 @@ def cast_spec(spec: TensorSpec, producer: Callable, dtype: Optional[str]):
     else:
         target = np.dtype(dtype)
     return TensorSpec(spec.name, target, spec.shape), lambda: producer().astype(target)
+
+
+def write_google_sidecars(source: Source, d: str) -> None:
+    """``bert_config.json`` (Google's keys) and ``vocab.txt`` into ``d``, as Google's releases and
+    the lazy OneFlow snapshots keep them beside the weights."""
+    cfg = os.path.join(d, "bert_config.json")
+    with writes_to(cfg), open(cfg, "w") as f:
+        json.dump(source.config.to_google_dict(), f, indent=2)
+        f.write("\n")
+    if source.vocab_file:
+        copy_file(source.vocab_file, os.path.join(d, "vocab.txt"))
 
 
 def write_with(write_files: Callable, source: Source, dst: str, opts: Options) -> list:

@@ -74,12 +74,12 @@ import re
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, copy_file, expected_shapes
+from bert_of.checkpoint import TensorSpec, expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import writes_to
 from bert_of.tensors import check_shape, nbytes
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_google_sidecars, write_with
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "lazy"
@@ -677,8 +677,6 @@ def write(source: Source, dst: str, opts: Options) -> list:
 
 def write_files(source: Source, d: str, opts: Options) -> list:
     """The snapshot's variable folders, bert_config.json, vocab.txt, snapshot_done into ``d``."""
-    import json
-
     notes = []
     n = _lazy_numerics_note(source.config)
     if n:
@@ -734,12 +732,7 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         if opts.no_meta and arr.dtype.kind not in "fV" and arr.dtype != np.int64:
             raise CheckpointError(f"--no-meta records no dtype, but {name} is {arr.dtype}")
         _write_var(os.path.join(d, name), arr, not opts.no_meta)
-    cfg = os.path.join(d, CONFIG_FILE)
-    with writes_to(cfg), open(cfg, "w") as f:
-        json.dump(source.config.to_google_dict(), f, indent=2)
-        f.write("\n")
-    if source.vocab_file:
-        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
+    write_google_sidecars(source, d)
     with writes_to(os.path.join(d, SNAPSHOT_DONE)), open(os.path.join(d, SNAPSHOT_DONE), "w"):
         pass
     return notes

@@ -16,12 +16,11 @@ import os
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, check_against_config, copy_file
+from bert_of.checkpoint import TensorSpec, check_against_config
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.fs import writes_to
 from bert_of.converters import tf1_bundle
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_google_sidecars, write_with
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 NAME = "tf"
@@ -180,8 +179,6 @@ def write(source: Source, dst: str, opts: Options) -> list:
 
 def write_files(source: Source, d: str, opts: Options) -> list:
     """Google's release files into the (staging) directory ``d``."""
-    import json
-
     notes = []
     reason = source.config.google_mismatch()
     if reason:
@@ -209,12 +206,7 @@ def write_files(source: Source, d: str, opts: Options) -> list:
             notes.append("note: the optimizer state was kept with bias correction; Google's optimizer has none")
 
     tf1_bundle.write_bundle(os.path.join(d, PREFIX_NAME), ((n, p()) for n, p in items))
-    cfg = os.path.join(d, CONFIG_FILE)
-    with writes_to(cfg), open(cfg, "w") as f:
-        json.dump(source.config.to_google_dict(), f, indent=2)
-        f.write("\n")
-    if source.vocab_file:
-        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
+    write_google_sidecars(source, d)
     return notes
 
 
