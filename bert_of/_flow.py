@@ -9,9 +9,11 @@ dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
 import ctypes
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
+import time
 
 from bert_of.fs import uninterrupted
 
@@ -119,6 +121,30 @@ def _import_keeping_sigint():
     return module
 
 
+def _wait_for_rank0(timeout: float = 60.0) -> None:
+    """In a rank other than 0: wait until rank 0 accepts connections on MASTER_ADDR:MASTER_PORT.
+    ``import oneflow`` joins the ranks' rendezvous, and a rank that gets there before rank 0 listens
+    is told "unavailable" and sleeps a fixed 10 s before asking again (OneFlow 0.9's
+    RpcClient::LoadServer). Ranks start together, so about every other launch lost 10 s. Past
+    ``timeout``, OneFlow's own retries take over (they give up after 10 minutes)."""
+    try:
+        rank, world = int(os.environ.get("RANK", "-1")), int(os.environ.get("WORLD_SIZE", "1"))
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError):
+        return
+    if world <= 1 or rank <= 0:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.02)
+
+
+if "oneflow" not in sys.modules:
+    _wait_for_rank0()
 flow = _import_keeping_sigint()
 
 __all__ = ["flow"]

@@ -4,14 +4,17 @@
   exactly like 1 process on the same global batches;
 - refusals happen once, in the parent, before any rank starts;
 - a rank that fails or is killed ends the job quickly with one line naming it;
-- SIGTERM of the parent stops the ranks; SIGKILL of the parent stops them too (they watch it).
+- SIGTERM of the parent stops the ranks; SIGKILL of the parent stops them too (they watch it);
+- ranks other than 0 join OneFlow's rendezvous only once rank 0 listens (no 10 s retry sleep).
 """
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -239,3 +242,58 @@ def test_align_runs_its_two_rank_runs_over_two_nodes(tmp_path):
     assert len(two_rank) == 4 and all(len(r["loss"]) == 4 for r in two_rank)
     runs = next((out / "data" / "runs").iterdir())
     assert len(list(runs.glob("*-r1.json"))) == 4  # written by node 1's rank
+
+
+def _listener(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    s.settimeout(0.5)
+    return s
+
+
+def _accepted(s) -> int:
+    n = 0
+    while True:
+        try:
+            s.accept()[0].close()
+            n += 1
+        except socket.timeout:
+            return n
+
+
+def test_a_rank_joins_only_once_rank_0_listens(monkeypatch):
+    """OneFlow 0.9 puts a rank that reaches the rendezvous before rank 0 listens to sleep a fixed 10 s
+    (RpcClient::LoadServer), which cost about every other launch 10 s: ranks other than 0 wait for
+    rank 0's port before importing OneFlow (bert_of/_flow.py); rank 0 and single processes never wait."""
+    from bert_of import _flow
+
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    opened = {}
+
+    def open_later():
+        time.sleep(0.5)
+        opened["socket"] = _listener(port)
+        opened["at"] = time.monotonic()
+
+    t = threading.Thread(target=open_later)
+    t.start()
+    _flow._wait_for_rank0(timeout=60)
+    returned = time.monotonic()
+    t.join()
+    s = opened["socket"]
+    try:
+        assert returned >= opened["at"] and _accepted(s) == 1  # it waited, then knocked once
+        monkeypatch.setenv("RANK", "0")
+        _flow._wait_for_rank0(timeout=60)
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        _flow._wait_for_rank0(timeout=60)
+        assert _accepted(s) == 0  # rank 0 and a single process: no knock
+    finally:
+        s.close()
