@@ -235,6 +235,37 @@ def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
     assert _leftovers(tmp_path) == [] and not out.exists()
 
 
+def test_a_worker_killed_mid_run_ends_the_job_with_one_line(tmp_path):
+    """A worker that dies (OOM killer, kill -9) is reported at once, naming its input; the other worker
+    is stopped and nothing is left behind. multiprocessing.Pool hung here: its workers share a queue
+    lock, and one that died holding it left the other waiting forever while the pool joined it."""
+    inputs = []
+    text = open(os.path.join(TEXT, "classics.txt")).read()
+    for i in range(2):
+        inputs.append(tmp_path / f"in{i}.txt")
+        inputs[-1].write_text(text * 40)
+    out = tmp_path / "data"
+    p = _start("data", "create-pretraining", "--input", *inputs, "--vocab", os.path.join(TEXT, "vocab.txt"),
+               "--output", out, "--workers", "2")
+    _wait_for_staging(tmp_path, p)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        workers = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+        if len(workers) == 2:
+            break
+        time.sleep(0.01)
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    lines = [l for l in error_lines(err) if "%|" not in l]
+    assert p.returncode == 1 and len(lines) == 1, (p.returncode, err)
+    assert "the worker process making its records died (exit status -9)" in lines[0], lines
+    assert any(f"in{i}.txt: " in lines[0] for i in range(2)), lines
+    assert _leftovers(tmp_path) == [] and not out.exists()
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
 # --------------------------------------------------------------------------- flags
 
 

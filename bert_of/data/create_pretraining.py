@@ -39,11 +39,13 @@ file; a single process holding the whole corpus).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -203,11 +205,11 @@ _WORKER = {}
 _READ_SHARE, _CREATE_SHARE = 0.4, 0.4
 
 
-class _SharedProgress:
-    """Progress a worker reports to the parent's bar: a shared counter, flushed in chunks."""
+class _PipeProgress:
+    """Progress a worker reports to the parent's bar, sent over the worker's own pipe in chunks."""
 
-    def __init__(self, value):
-        self.value, self.pending, self.last = value, 0.0, time.monotonic()
+    def __init__(self, conn):
+        self.conn, self.pending, self.last = conn, 0.0, time.monotonic()
 
     def __call__(self, amount: float) -> None:
         self.pending += amount
@@ -217,13 +219,12 @@ class _SharedProgress:
             self.last = now
 
     def flush(self) -> None:
-        if self.pending and self.value is not None:
-            with self.value.get_lock():
-                self.value.value += self.pending
+        if self.pending:
+            self.conn.send(("progress", self.pending))
         self.pending = 0.0
 
 
-def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, counter=None, tok=None) -> None:
+def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, tok=None) -> None:
     opts = PretrainingOptions(**opts_dict)
     tok = tok or make_tokenizer(vocab_file, opts.do_lower_case)
     vocab = tok.vocab
@@ -232,9 +233,8 @@ def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, counter=
         is_subword = np.zeros(max(vocab.values()) + 1, dtype=bool)
         is_subword[[i for t, i in vocab.items() if t.startswith("##")]] = True
     masking = MaskingVocab(vocab["[MASK]"], [vocab[t] for t in vocab], is_subword)
-    report = _SharedProgress(counter) if counter is not None else None
     _WORKER.update(encode=FastTokenizer(tok).ids, opts=opts, masking=masking, cls=vocab["[CLS]"],
-                   sep=vocab["[SEP]"], max_line_chars=max_line_chars, report=report)
+                   sep=vocab["[SEP]"], max_line_chars=max_line_chars, report=None)
 
 
 def _process(job):
@@ -416,30 +416,106 @@ def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_cha
         finally:
             _WORKER.clear()
         return
-    import multiprocessing as mp
+    yield from _pool(jobs, vocab_file, tok, opts, max_line_chars, n_workers, bar)
 
-    # fork is cheap, but not safe once OneFlow's threads exist in this process.
+
+def _serve(conn, init, progress: bool) -> None:
+    """A worker process: jobs in, results out, over its own pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if init is not None:
+        _init_worker(*init)
+    _WORKER["report"] = _PipeProgress(conn) if progress else None
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if job is None:
+            return
+        try:
+            result = ("done", _process(job))
+        except Exception as e:  # noqa: BLE001 - the parent re-raises it
+            result = ("error", e)
+        try:
+            conn.send(result)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            conn.send(("error", DataError(f"{type(result[1]).__name__}: {result[1]}")))
+        if result[0] == "error":
+            return
+
+
+def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
+    """``_process(job)`` for every job on ``n_workers`` processes, results in job order.
+
+    Each worker has a pipe of its own and shares no lock with the others: multiprocessing.Pool's
+    workers share one queue lock, and one that died holding it (killed at the end of a failed run)
+    left another waiting forever while Pool.terminate joined it. Here a failure or Ctrl-C kills the
+    workers outright, and a worker that dies is reported, never waited for."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    # fork is cheap (workers inherit the tokenizer), but not safe once OneFlow's threads exist here.
     method = "spawn" if "oneflow" in sys.modules else "fork"
     ctx = mp.get_context(method)
-    counter = ctx.Value("d", 0.0) if not bar.disable else None
-    init = (vocab_file, asdict(opts), max_line_chars, counter)
-    if method == "fork":  # forked workers inherit the tokenizer instead of each loading it
+    init = (vocab_file, asdict(opts), max_line_chars)
+    if method == "fork":
         _init_worker(*init, tok=tok)
+    jobs, workers, ok = list(jobs), [], False
     try:
-        with ctx.Pool(n_workers, initializer=_init_worker if method == "spawn" else None,
-                      initargs=init if method == "spawn" else ()) as pool:
-            results = pool.imap(_process, jobs, chunksize=1)
-            while True:
+        for _ in range(n_workers):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(theirs, None if method == "fork" else init, not bar.disable),
+                            daemon=True)
+            p.start()
+            theirs.close()
+            workers.append({"proc": p, "conn": mine, "job": None})
+        todo, results, done, seen = iter(range(len(jobs))), {}, 0, 0.0
+
+        def feed(w):
+            w["job"] = next(todo, None)
+            if w["job"] is not None:
+                w["conn"].send(jobs[w["job"]])
+
+        for w in workers:
+            feed(w)
+        while done < len(jobs):
+            busy = [w for w in workers if w["job"] is not None]
+            wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy], timeout=0.2)
+            for w in busy:
                 try:
-                    item = results.next(timeout=0.2)
-                except mp.TimeoutError:
-                    item = None
-                except StopIteration:
-                    return
-                if counter is not None:
-                    bar.n = min(bar.total, counter.value)
-                    bar.refresh()
-                if item is not None:
-                    yield item
+                    while w["job"] is not None and w["conn"].poll():
+                        kind, value = w["conn"].recv()
+                        if kind == "progress":
+                            seen += value
+                        elif kind == "error":
+                            raise value
+                        else:
+                            results[w["job"]] = value
+                            feed(w)
+                except EOFError:
+                    pass
+                if w["job"] is not None and not w["proc"].is_alive():  # everything it sent is read
+                    raise DataError(f"{', '.join(jobs[w['job']][1])}: the worker process making its records "
+                                    f"died (exit status {w['proc'].exitcode})")
+            if not bar.disable:
+                bar.n = min(bar.total, seen)
+                bar.refresh()
+            while done in results:
+                yield results.pop(done)
+                done += 1
+        ok = True
     finally:
+        for w in workers:
+            if ok:
+                with contextlib.suppress(OSError):
+                    w["conn"].send(None)
+            else:
+                w["proc"].kill()
+        for w in workers:
+            w["proc"].join(timeout=10)
+            if w["proc"].is_alive():
+                w["proc"].kill()
+                w["proc"].join()
+            w["conn"].close()
         _WORKER.clear()
