@@ -1,12 +1,16 @@
 """Shared fixtures: small configs in Google's bert_config.json form, and a CLI runner."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import traceback
 
 import pytest
 
-from bert_of.progress import setup_logging
+from bert_of.progress import allow_bars, setup_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,18 +41,86 @@ def write_vocab(path, n):
     return str(path)
 
 
-def run_cli(*args, check=True, timeout=600):
-    """Run the real `bert-of` entry point in a subprocess."""
-    # OneFlow puts WORLD_SIZE/RANK/... into os.environ of processes that import it: a child
-    # must not inherit them as if it had been launched as a rank.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = ROOT
-    r = subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
-                       env=env, timeout=timeout, cwd=ROOT)
+RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+# BERT_OF_TEST_SUBPROCESS=1 runs every run_cli() in its own process (slower; what CI did before).
+ALWAYS_SUBPROCESS = os.environ.get("BERT_OF_TEST_SUBPROCESS", "") not in ("", "0")
+
+
+def run_cli(*args, check=True, timeout=600, process=False):
+    """Run the real `bert-of` command line: ``bert_of.cli.main`` in this process (the default), or
+    ``python -m bert_of.cli`` in a subprocess (``process=True``) where the process itself is under
+    test: its exit status as the shell sees it, a crash, what its start-up imports. Both give a
+    CompletedProcess with the exit status and what the command wrote to stdout and stderr."""
+    args = [str(a) for a in args]
+    # create-pretraining forks its workers: a fork of this test process (its threads, its captured
+    # descriptors) is not what a user's shell forks, and has hung here.
+    if process or ALWAYS_SUBPROCESS or "create-pretraining" in args[:3]:
+        # OneFlow puts WORLD_SIZE/RANK/... into os.environ of processes that import it: a child
+        # must not inherit them as if it had been launched as a rank.
+        env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
+        env["PYTHONPATH"] = ROOT
+        r = subprocess.run([sys.executable, "-m", "bert_of.cli", *args], capture_output=True, text=True,
+                           env=env, timeout=timeout, cwd=ROOT)
+    else:
+        r = _run_in_process(args)
     if check and r.returncode != 0:
-        raise AssertionError(f"bert-of {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+        raise AssertionError(f"bert-of {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def _run_in_process(args):
+    """``bert-of ARGS`` as ``python -m bert_of.cli`` runs it, without a new interpreter: the same
+    entry point, working directory and environment a subprocess would get (restored afterwards, with
+    this process's signal handlers). stdout and stderr are captured at the file descriptors, so what
+    native code (OneFlow, TensorFlow) and child processes write is seen as in a subprocess; an
+    exception escaping main() is printed as Python would print it and gives exit status 1."""
+    from bert_of import cli
+
+    env, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for k in RANK_VARS:
+        os.environ.pop(k, None)
+    os.chdir(ROOT)
+    sys.argv = [os.path.join(ROOT, "bert_of", "cli.py"), *args]
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        for f in (sys.stdout, sys.stderr):
+            f.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(fo.fileno(), 1)
+        os.dup2(fe.fileno(), 2)
+        out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+        err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = cli.main(args)
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                    if not isinstance(e.code, (int, type(None))):
+                        print(e.code, file=sys.stderr)
+                except BaseException:  # noqa: BLE001 - what the interpreter prints for an uncaught one
+                    traceback.print_exc()
+                    code = 1
+        finally:
+            for f in (out, err):
+                f.close()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            os.chdir(cwd)
+            sys.argv = argv
+            os.environ.clear()
+            os.environ.update(env)
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            cli._SIGNALS.update(pid=None, running=False, stopping=None)
+            setup_logging(0)
+            allow_bars(True)
+        fo.seek(0)
+        fe.seek(0)
+        stdout, stderr = (f.read().decode("utf-8", "replace") for f in (fo, fe))
+    return subprocess.CompletedProcess(["bert-of", *args], code, stdout, stderr)
 
 
 def error_lines(stderr):

@@ -60,7 +60,7 @@ def converts_badly(tmp_path, src_dir, direction, needle, edit, *extra, subproces
     out = tmp_path / "out"
     out.mkdir()
     if subprocess_run:
-        r = run_cli("convert", direction, bad, out / "dst", *extra, check=False)
+        r = run_cli("convert", direction, bad, out / "dst", *extra, check=False, process=True)
         assert r.returncode >= 0, f"killed by signal {-r.returncode}"
         return one_line(r.returncode, r.stderr, needle, out)
     rc, _, err = inproc("convert", direction, bad, out / "dst", *extra)

