@@ -477,27 +477,33 @@ def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: 
             if w["job"] is not None:
                 w["conn"].send(jobs[w["job"]])
 
+        def drain(w):
+            nonlocal seen
+            try:
+                while w["job"] is not None and w["conn"].poll():
+                    kind, value = w["conn"].recv()
+                    if kind == "progress":
+                        seen += value
+                    elif kind == "error":
+                        raise value
+                    else:
+                        results[w["job"]] = value
+                        feed(w)
+            except EOFError:
+                pass
+
         for w in workers:
             feed(w)
         while done < len(jobs):
             busy = [w for w in workers if w["job"] is not None]
             wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy], timeout=0.2)
             for w in busy:
-                try:
-                    while w["job"] is not None and w["conn"].poll():
-                        kind, value = w["conn"].recv()
-                        if kind == "progress":
-                            seen += value
-                        elif kind == "error":
-                            raise value
-                        else:
-                            results[w["job"]] = value
-                            feed(w)
-                except EOFError:
-                    pass
-                if w["job"] is not None and not w["proc"].is_alive():  # everything it sent is read
-                    raise DataError(f"{', '.join(jobs[w['job']][1])}: the worker process making its records "
-                                    f"died (exit status {w['proc'].exitcode})")
+                drain(w)
+                if w["job"] is not None and not w["proc"].is_alive():
+                    drain(w)  # what it sent just before it ended (its error) comes first
+                    if w["job"] is not None:
+                        raise DataError(f"{', '.join(jobs[w['job']][1])}: the worker process making its "
+                                        f"records died (exit status {w['proc'].exitcode})")
             if not bar.disable:
                 bar.n = min(bar.total, seen)
                 bar.refresh()
