@@ -46,29 +46,30 @@ RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "
 ALWAYS_SUBPROCESS = os.environ.get("BERT_OF_TEST_SUBPROCESS", "") not in ("", "0")
 
 
-def run_cli(*args, check=True, timeout=600, process=False):
+def run_cli(*args, check=True, timeout=600, process=False, env=None):
     """Run the real `bert-of` command line: ``bert_of.cli.main`` in this process (the default), or
     ``python -m bert_of.cli`` in a subprocess (``process=True``) where the process itself is under
     test: its exit status as the shell sees it, a crash, what its start-up imports. Both give a
-    CompletedProcess with the exit status and what the command wrote to stdout and stderr."""
+    CompletedProcess with the exit status and what the command wrote to stdout and stderr. ``env``:
+    variables set for this command only."""
     args = [str(a) for a in args]
     # create-pretraining forks its workers: a fork of this test process (its threads, its captured
     # descriptors) is not what a user's shell forks, and has hung here.
     if process or ALWAYS_SUBPROCESS or "create-pretraining" in args[:3]:
         # OneFlow puts WORLD_SIZE/RANK/... into os.environ of processes that import it: a child
         # must not inherit them as if it had been launched as a rank.
-        env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
-        env["PYTHONPATH"] = ROOT
+        child = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
+        child.update(env or {}, PYTHONPATH=ROOT)
         r = subprocess.run([sys.executable, "-m", "bert_of.cli", *args], capture_output=True, text=True,
-                           env=env, timeout=timeout, cwd=ROOT)
+                           env=child, timeout=timeout, cwd=ROOT)
     else:
-        r = _run_in_process(args)
+        r = _run_in_process(args, env or {})
     if check and r.returncode != 0:
         raise AssertionError(f"bert-of {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return r
 
 
-def _run_in_process(args):
+def _run_in_process(args, extra_env):
     """``bert-of ARGS`` as ``python -m bert_of.cli`` runs it, without a new interpreter: the same
     entry point, working directory and environment a subprocess would get (restored afterwards, with
     this process's signal handlers). stdout and stderr are captured at the file descriptors, so what
@@ -80,6 +81,7 @@ def _run_in_process(args):
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for k in RANK_VARS:
         os.environ.pop(k, None)
+    os.environ.update(extra_env)
     os.chdir(ROOT)
     sys.argv = [os.path.join(ROOT, "bert_of", "cli.py"), *args]
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:

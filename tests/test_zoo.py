@@ -24,7 +24,7 @@ import zipfile
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, run_cli
 from tests.zoo_support.release import (RELEASE_FILES, make_release_dir, registry_entry, sha256, write_registry,
                                        zip_release)
 from bert_of.errors import CheckpointError
@@ -97,11 +97,8 @@ def zoo_with(home, tmp_path, entries, **kw):
 
 
 def run_zoo(*args, env=None, timeout=120):
-    """The zoo CLI in a subprocess (`python -m bert_of.zoo ...`, the same commands as `bert-of zoo ...`)."""
-    e = dict(os.environ, PYTHONPATH=ROOT, no_proxy="127.0.0.1,localhost")
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "bert_of.zoo", *map(str, args)], capture_output=True, text=True,
-                          env=e, timeout=timeout, cwd=ROOT)
+    """``bert-of zoo ARGS`` (the same commands as ``python -m bert_of.zoo ARGS``)."""
+    return run_cli("zoo", *args, check=False, timeout=timeout, env={"no_proxy": "127.0.0.1,localhost", **(env or {})})
 
 
 def zoo_lines(stderr):
