@@ -216,7 +216,8 @@ def test_ctrl_c_stops_a_shell_loop(tmp_path, big):
     assert os.listdir(out) == []
 
 
-def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
+def _two_workers_at_work(tmp_path):
+    """`data create-pretraining` on two inputs with 2 workers, started and past its staging folder."""
     inputs = []
     text = open(os.path.join(TEXT, "classics.txt")).read()
     for i in range(2):
@@ -226,6 +227,11 @@ def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
     p = _start("data", "create-pretraining", "--input", *inputs, "--vocab", os.path.join(TEXT, "vocab.txt"),
                "--output", out, "--workers", "2")
     _wait_for_staging(tmp_path, p)
+    return p, out
+
+
+def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
+    p, out = _two_workers_at_work(tmp_path)
     time.sleep(0.3)  # the workers are at work
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
@@ -239,15 +245,7 @@ def test_a_worker_killed_mid_run_ends_the_job_with_one_line(tmp_path):
     """A worker that dies (OOM killer, kill -9) is reported at once, naming its input; the other worker
     is stopped and nothing is left behind. multiprocessing.Pool hung here: its workers share a queue
     lock, and one that died holding it left the other waiting forever while the pool joined it."""
-    inputs = []
-    text = open(os.path.join(TEXT, "classics.txt")).read()
-    for i in range(2):
-        inputs.append(tmp_path / f"in{i}.txt")
-        inputs[-1].write_text(text * 40)
-    out = tmp_path / "data"
-    p = _start("data", "create-pretraining", "--input", *inputs, "--vocab", os.path.join(TEXT, "vocab.txt"),
-               "--output", out, "--workers", "2")
-    _wait_for_staging(tmp_path, p)
+    p, out = _two_workers_at_work(tmp_path)
     end = time.monotonic() + 60
     while time.monotonic() < end:
         workers = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
