@@ -523,12 +523,9 @@ class _Stage:
             self.fd = os.open(self.path, os.O_RDONLY)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.mark = {"pid": os.getpid(), "command": _command(), "created_ns": time.time_ns()}
-            # Written aside and renamed in: a rival writer reads a whole marker or none (a half-written
-            # one read as "older than me" once made both of two concurrent writers give up).
-            part = os.path.join(self.path, STAGING_MARK + ".part")
-            with open(part, "w", encoding="utf-8") as f:
-                json.dump(self.mark, f)
-            os.rename(part, os.path.join(self.path, STAGING_MARK))
+            # Atomic: a rival writer reads a whole marker or none (a half-written one read as "older
+            # than me" once made both of two concurrent writers give up).
+            atomic_write(os.path.join(self.path, STAGING_MARK), json.dumps(self.mark))
         except BaseException:
             self.close(remove=True)
             raise
