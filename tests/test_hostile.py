@@ -6,8 +6,6 @@ library, TF, the official SQuAD scripts, run_classifier, Google's and HF's vocab
 readers) accept are accepted. The small checkpoints come from tests/hostile_inputs.py.
 """
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -34,12 +32,8 @@ def src(tmp_path_factory):
 
 def inproc(*args):
     """The real ``bert-of`` main in this process (one OneFlow/TF import for the whole module)."""
-    from bert_of import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main([str(a) for a in args])
-    return rc, out.getvalue(), err.getvalue()
+    r = run_cli(*args, check=False)
+    return r.returncode, r.stdout, r.stderr
 
 
 def one_line(rc, err, needle, out_parent=None):
