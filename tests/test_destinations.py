@@ -236,7 +236,7 @@ def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
     lines = [l for l in error_lines(err) if "%|" not in l]  # the progress bar's own line
-    assert lines == ["bert-of: error: interrupted"], err
+    assert lines == ["bert-of: error: interrupted"], (err, p.returncode)
     assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err)
     assert _leftovers(tmp_path) == [] and not out.exists()
 
