@@ -421,11 +421,12 @@ def _command(pid="self") -> str:
 
 # --------------------------------------------------------------------------- destinations
 #
-# What bert_of writes into the folders it publishes: every format's files, pretraining data, the
-# files of a run. ``overwrite`` replaces a folder only when everything in it is one of these (or
-# it holds nothing), so a mistyped destination never takes the user's own files with it. Names,
-# not a marker file: a published folder holds exactly its format's files (what other tools,
-# content hashes and zoo manifests expect), and folders written before this rule qualify too.
+# What bert_of writes into the folders it publishes. ``overwrite`` replaces a folder only when
+# everything in it is bert_of's (or it holds nothing), so a mistyped destination never takes the
+# user's own files with it. The standard files of every format, of pretraining data and of runs are
+# known by name (a published folder then holds exactly its format's files, what other tools, content
+# hashes and zoo manifests expect); anything else bert_of writes (tokenizer files beside an HF
+# checkpoint, sidecars) is listed in FILES_MANIFEST in the published folder.
 
 OWN_FILES = frozenset({
     "config.json", "vocab.txt", "model.safetensors", "optimizer.safetensors",  # bert_of, HF
@@ -437,19 +438,54 @@ OWN_FILES = frozenset({
 })
 _OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
 ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
+FILES_MANIFEST = ".bert_of-files.json"  # {"files": [relative paths]}: what else bert_of wrote here
+
+
+def _own_by_name(name: str) -> bool:
+    return name in OWN_FILES or bool(_OWN_PATTERN.fullmatch(name))
+
+
+def record_files(folder: str) -> None:
+    """List in ``folder``'s FILES_MANIFEST the files under it that are not bert_of's by name (none:
+    no manifest). Called on every staged folder just before it is published. A zoo cache entry is
+    the zoo's as a whole (its ZOO_MANIFEST says so): nothing to list."""
+    if os.path.isfile(os.path.join(folder, ZOO_MANIFEST)):
+        return
+    extra = []
+    for d, dirs, files in os.walk(folder):
+        dirs.sort()
+        for n in sorted(files):
+            if not _own_by_name(n):
+                extra.append(os.path.relpath(os.path.join(d, n), folder).replace(os.sep, "/"))
+    if extra:
+        atomic_write(os.path.join(folder, FILES_MANIFEST), json.dumps({"files": extra}, indent=1) + "\n")
+
+
+def _listed(d: str) -> set:
+    """The relative paths the FILES_MANIFEST in ``d`` lists (nothing when absent or not ours)."""
+    try:
+        with open(os.path.join(d, FILES_MANIFEST), encoding="utf-8") as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {f for f in files if isinstance(f, str)} if isinstance(files, list) else set()
 
 
 def foreign_entry(path: str):
-    """The first file under the folder ``path`` that bert_of does not write (its path relative
+    """The first file under the folder ``path`` that bert_of did not write (its path relative
     to ``path``), or None when there is none."""
     if os.path.isfile(os.path.join(path, ZOO_MANIFEST)):
         return None
+    listed = set()  # relative to ``path``, from every published folder's manifest under it
     for d, dirs, files in os.walk(path):
         dirs.sort()
+        here = os.path.relpath(d, path)
+        listed |= {os.path.normpath(os.path.join(here, f)) for f in _listed(d)}
         links = [n for n in dirs if os.path.islink(os.path.join(d, n))]  # removed, never followed
         for n in sorted(files) + links:
-            if n not in OWN_FILES and not _OWN_PATTERN.fullmatch(n):
-                return os.path.relpath(os.path.join(d, n), path)
+            rel = os.path.normpath(os.path.join(here, n))
+            if not _own_by_name(n) and rel not in listed:
+                return rel
     return None
 
 
@@ -728,6 +764,7 @@ def publishing(dst: str, overwrite: bool = False, sources=()):
             stage = _Stage(dst)
         _claim(stage, dst)
         yield stage.path
+        record_files(stage.path)
         with uninterrupted():  # the swap and the removal of the old tree go together
             publish_dir(stage.path, dst, overwrite)
             ok = True
