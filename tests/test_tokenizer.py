@@ -93,6 +93,18 @@ def test_padding_truncation_and_tensors(tok):
         tok("Hi", return_tensors="pt")
 
 
+def test_of_tensors_go_into_the_model_as_they_are(tok):
+    from bert_of.config import BertConfig
+    from bert_of.modeling import BertModel
+
+    batch = tok(["A man is eating food.", "Hi"], padding=True, return_tensors="of")
+    assert tuple(batch["input_ids"].shape) == (2, 8) and str(batch["input_ids"].dtype) == "oneflow.int64"
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=8, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=16))
+    model.eval()
+    assert tuple(model(**batch).sequence_output.shape) == (2, 8, 8)
+
+
 def test_pairs_are_cut_longest_first_as_transformers_fast_tokenizers_cut_them(tok):
     a = "one two three four five six seven eight nine ten"  # 10 pieces
     b = "alpha beta gamma delta epsilon"
