@@ -220,6 +220,9 @@ def test_libai_pretraining(tmp_path, batch, post, monkeypatch):
     assert max(diffs.values()) <= 1e-5, diffs
     loaded = BertForPreTraining.from_pretrained(model_dir)  # the run's config.yaml found two levels up
     assert loaded.config.pre_ln is (not post)
+    # the placement is what makes them equal: the other one is a different network
+    other = BertForPreTraining.from_pretrained(str(tmp_path / "of"), layernorm_placement="pre" if post else "post")
+    assert max(_compare(ref, nm.run(other, batch), OUTPUTS, rows=real).values()) > 1e-2
 
     if post:
         for fmt in ("tf", "hf"):
@@ -268,6 +271,24 @@ def test_libai_classification(tmp_path, batch):
     assert max(diffs.values()) <= 1e-5, diffs
     convert("of2libai", str(tmp_path / "of"), str(tmp_path / "back"))
     nm.LibaiBertForClassification(cfg).load_state_dict(flow.load(str(tmp_path / "back")), strict=True)
+
+
+def test_older_layout_one_folder_per_key(tmp_path, batch):
+    """OneFlow 0.5-0.7 eager saves: no pickled_data, one folder per key (out + meta), snapshot_done."""
+    module = nm.randomize(nm.ModelsBertForPreTraining(MODELS_ARGS), 8)
+    old = tmp_path / "old"
+    old.mkdir()
+    for k, v in module.state_dict().items():
+        flow_save.write_tensor(str(old / k), v.numpy())
+    (old / "snapshot_done").write_text("")
+    (old / "config.json").write_text(json.dumps(MODELS_ARGS))
+    write_vocab(old / "vocab.txt", TINY["vocab_size"])
+    assert detect(str(old)) == "ofmodels"
+    convert("ofmodels2of", str(old), str(tmp_path / "of"))
+    diffs = _compare(nm.run(module, batch), _ours(str(tmp_path / "of"), batch), OUTPUTS)
+    assert max(diffs.values()) <= 1e-5, diffs
+    fresh = nm.ModelsBertForPreTraining(MODELS_ARGS)  # OneFlow 0.9 reads this layout too
+    fresh.load_state_dict({k: v for k, v in flow.load(str(old)).items()}, strict=True)
 
 
 # --------------------------------------------------------------------------- hostile pickled_data
