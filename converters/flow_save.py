@@ -37,7 +37,7 @@ import numpy as np
 from bert_of.errors import CheckpointError
 from bert_of.fs import writes_to
 from bert_of.tensors import nbytes
-from bert_of.converters.lazy import DATA_FILE, META_FILE, SNAPSHOT_DONE, format_meta, parse_meta
+from bert_of.converters.lazy import DATA_FILE, META_FILE, format_meta, parse_meta
 
 PICKLE_FILE = "pickled_data"
 PROTOCOL_VERSION = 1
@@ -113,6 +113,7 @@ class _Interpreter:
         self.raw, self.pos = raw, 0
         self.stack, self.marks, self.memo = [], [], {}
         self.ids = 0
+        self.unbuilt_at = {}  # NEWOBJ id -> memo indices holding it (BUILD updates just those)
 
     def read(self, n):
         if self.pos + n > len(self.raw):
@@ -191,12 +192,12 @@ class _Interpreter:
             elif op == b"\x94":  # MEMOIZE
                 if not self.stack or self.stack[-1] is _MARK:
                     raise _Refused("malformed stream (MEMOIZE of nothing)")
-                self.memo[len(self.memo)] = self.stack[-1]
+                self.put(len(self.memo), self.stack[-1])
             elif op in (b"q", b"r"):  # BINPUT / LONG_BINPUT
                 i = self.read(1)[0] if op == b"q" else struct.unpack("<I", self.read(4))[0]
                 if not self.stack or self.stack[-1] is _MARK:
                     raise _Refused("malformed stream (PUT of nothing)")
-                self.memo[i] = self.stack[-1]
+                self.put(i, self.stack[-1])
             elif op in (b"h", b"j"):  # BINGET / LONG_BINGET
                 i = self.read(1)[0] if op == b"h" else struct.unpack("<I", self.read(4))[0]
                 if i not in self.memo:
@@ -243,6 +244,11 @@ class _Interpreter:
             else:
                 raise _Refused(f"pickle opcode {op!r} at byte {at}")
 
+    def put(self, i, obj):
+        self.memo[i] = obj
+        if type(obj) is _Unbuilt:
+            self.unbuilt_at.setdefault(obj.ident, []).append(i)
+
     def line(self):
         end = self.raw.find(b"\n", self.pos, self.pos + 256)
         if end < 0:
@@ -275,8 +281,8 @@ class _Interpreter:
             if type(state) is not dict or set(state) != {"path"} or type(state["path"]) is not str:
                 raise _Refused(f"{obj.cls} state {_show(state)} (flow.save writes {{'path': folder}})")
             rec = TensorRecord(obj.cls, state["path"])
-            for i, v in self.memo.items():  # the memo refers to the unbuilt object: later GETs see the tensor
-                if v is obj:
+            for i in self.unbuilt_at.pop(obj.ident, ()):  # later GETs of it see the tensor
+                if self.memo.get(i) is obj:
                     self.memo[i] = rec
             return rec
         if type(obj) is _ODict and not obj.built:
@@ -315,8 +321,8 @@ def is_flow_save_dir(path: str) -> bool:
         return False
     if os.path.isfile(os.path.join(path, PICKLE_FILE)):
         return True
-    try:
-        entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    try:  # symlinked folders count here, so that reading refuses them by name
+        entries = [e for e in os.scandir(path) if e.is_dir()]
     except OSError:
         return False
     return bool(entries) and all(os.path.isfile(os.path.join(e.path, DATA_FILE)) and
@@ -388,8 +394,7 @@ def read_dir(path: str) -> list:
             out.append(Entry(key, rec.cls, d, tuple(shape), np.dtype(dtype)))
         return out
     for e in sorted(os.scandir(path), key=lambda e: e.name):  # older layout: one folder per key
-        if e.name == SNAPSHOT_DONE or (e.is_file(follow_symlinks=False) and e.name.endswith((".json", ".txt",
-                                                                                             ".yaml"))):
+        if e.is_file(follow_symlinks=False):  # snapshot_done, a config, a vocab: flow.load skips them too
             continue
         d = _tensor_folder(path, e.name, path)
         shape, dtype = _meta(d)
@@ -553,6 +558,6 @@ def keys_of(path: str):
         except (OSError, CheckpointError):
             return None
     try:
-        return sorted(e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+        return sorted(e.name for e in os.scandir(path) if e.is_dir())
     except OSError:
         return []

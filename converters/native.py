@@ -74,7 +74,6 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
     keys = [e.key for e in entries]
     bare = _bare(keys, layout.roots)
     full = {e.key: ("bert." + e.key if bare and e.key.split(".", 1)[0] in layout.roots else e.key) for e in entries}
-    by_key = {e.key: e for e in entries}
     where = os.path.join(path, flow_save.PICKLE_FILE) if os.path.isfile(os.path.join(path, flow_save.PICKLE_FILE)) \
         else path
     clf = [e for e in entries if full[e.key] in ("classifier.weight", "classifier.bias")]
@@ -136,7 +135,6 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
     vocab = opts.vocab or _beside(path, VOCAB_FILE, cfg_path)
     if opts.vocab and not os.path.isfile(opts.vocab):
         raise CheckpointError(f"{opts.vocab}: vocab file not found")
-    del by_key
     return Source(path, layout.name, config, vocab, tensors, [], {}, report)
 
 
