@@ -36,7 +36,7 @@ def _yaml_scalar(v):
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and v < 1e-4:
-        return f"{v:.1e}".replace("e-0", "e-0")  # yaml.dump writes 1.0e-05
+        return f"{v:.1e}"  # yaml.dump writes 1.0e-05
     return str(v)
 
 
@@ -60,15 +60,6 @@ def write_libai_run(run, module, cfg, target="libai.models.BertForPreTraining", 
         flow.save(sd, str(run / "model_final" / "model"))
     write_vocab(run / "vocab.txt", cfg["vocab_size"])
     return str(run / "model_final" / "model")
-
-
-def _local(module):
-    """A module moved back from global: its parameters as local tensors again."""
-    with flow.no_grad():
-        for p in module.parameters():
-            if p.is_global:
-                p.data = p.to_local()
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -352,3 +343,47 @@ def test_hostile_pickled_data_is_refused_and_nothing_runs(tmp_path):
     assert not marker.exists() and not os.path.exists(tmp_path / "out")
     pickle.loads(cases["foreign global"][0])  # the same bytes, unpickled, do run: the test would see it
     assert marker.exists()
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def test_yaml_subset_reads_what_yaml_dump_writes():
+    """The layout LazyConfig.save's yaml.dump(default_flow_style=None) gives (checked by hand against
+    PyYAML on a real LiBai run config: the same document)."""
+    from bert_of.converters.native_config import parse_yaml
+
+    text = ("dataloader:\n  train:\n    dataset:\n    - _target_: libai.data.datasets.BertDataset\n"
+            "      data_prefix: /data/loss_compara_content_sentence\n      indexed_dataset: {_target_: x, skip_warmup: false}\n"
+            "    num_workers: 4\n  test: []\n"
+            "model:\n  _target_: libai.models.BertForPreTraining\n"
+            "  cfg: {apply_residual_post_layernorm: false, layernorm_eps: 1.0e-05, name: 'it''s', vocab_size: 30522}\n"
+            "train:\n  amp: {enabled: true}\n  load_weight: ''\n  seed: 1234\n  train_micro_batch_size: 16\n"
+            "  rdma_enabled: ~\n  nested: [1, [2, 3.5], {a: null}]\n")
+    assert parse_yaml(text, "c") == {
+        "dataloader": {"train": {"dataset": [{"_target_": "libai.data.datasets.BertDataset",
+                                              "data_prefix": "/data/loss_compara_content_sentence",
+                                              "indexed_dataset": {"_target_": "x", "skip_warmup": False}}],
+                                 "num_workers": 4}, "test": []},
+        "model": {"_target_": "libai.models.BertForPreTraining",
+                  "cfg": {"apply_residual_post_layernorm": False, "layernorm_eps": 1e-5, "name": "it's",
+                          "vocab_size": 30522}},
+        "train": {"amp": {"enabled": True}, "load_weight": "", "seed": 1234, "train_micro_batch_size": 16,
+                  "rdma_enabled": None, "nested": [1, [2, 3.5], {"a": None}]}}
+
+
+def test_config_errors_are_one_line(tmp_path):
+    cfg = dict(LIBAI_CFG)
+    module = nm.LibaiBertForPreTraining(cfg)
+    model_dir = write_libai_run(tmp_path / "run", module, cfg, as_global=False)
+    os.remove(tmp_path / "run" / "config.yaml")
+    hf = tmp_path / "hf.json"
+    hf.write_text(json.dumps({"model_type": "bert", "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 3,
+                              "num_attention_heads": 4, "intermediate_size": 37}))
+    anchors = tmp_path / "anchors.yaml"
+    anchors.write_text("model:\n  cfg: &c {hidden_layers: 3}\n")
+    for extra, want in (((), "pass --config"), (("--config", str(hf)), "LayerNorm placement is in its LiBai config"),
+                        (("--config", str(anchors)), "give the config as JSON")):
+        r = run_cli("inspect", model_dir, *extra, check=False)
+        lines = error_lines(r.stderr)
+        assert r.returncode == 1 and len(lines) == 1 and want in lines[0], r.stderr
