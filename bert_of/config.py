@@ -154,7 +154,7 @@ class BertConfig:
         """Why a format holding original (post-LN) BERT could not hold this network, or None."""
         if self.pre_ln:
             return ("a pre-LN BERT (LayerNorm before attention and MLP, a final LayerNorm: LiBai's default "
-                    "apply_residual_post_layernorm=False) is a different network; only the of and libai "
+                    "apply_residual_post_layernorm=False) is a different network; only the of, ofsd and libai "
                     "formats hold it")
         return None
 

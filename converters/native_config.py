@@ -351,8 +351,10 @@ def ofmodels_config(d: dict, where: str) -> BertConfig:
     act = d.get("hidden_act", "gelu")
     if act not in ("gelu", "nn.GELU()", "GELU", None):
         raise ConfigError(f"{where}: hidden_act {act!r}: the models repo's BERT is built with nn.GELU() (erf)")
+    eps = d.get("layer_norm_eps", OFMODELS_LN_EPS)  # the repo never sets one; a config that says so wins
+    extra.pop("layer_norm_eps", None)
     try:
-        return BertConfig(hidden_act="gelu_erf", layer_norm_eps=OFMODELS_LN_EPS, provenance="oneflow",
+        return BertConfig(hidden_act="gelu_erf", layer_norm_eps=eps, provenance="oneflow",
                           extra={"ofmodels": extra} if extra else {}, **kw)
     except (TypeError, ConfigError) as e:
         raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None

@@ -387,3 +387,22 @@ def test_config_errors_are_one_line(tmp_path):
         r = run_cli("inspect", model_dir, *extra, check=False)
         lines = error_lines(r.stderr)
         assert r.returncode == 1 and len(lines) == 1 and want in lines[0], r.stderr
+
+
+def test_libai_bare_bert_model(tmp_path, batch):
+    """LiBai's BertModel alone: keys without the bert. prefix, read and written back so."""
+    cfg = dict(LIBAI_CFG)
+    module = nm.randomize(nm.LibaiBertModel(cfg), 9)
+    model_dir = write_libai_run(tmp_path / "run", module, cfg, target="libai.models.BertModel", as_global=False)
+    assert "encoders.0.self_attention.query_key_value.weight" in flow.load(model_dir)
+    convert("libai2of", model_dir, str(tmp_path / "of"))
+    ids, types, mask = (flow.tensor(batch[k], dtype=flow.int64) for k in ("input_ids", "token_type_ids",
+                                                                          "attention_mask"))
+    with flow.no_grad():
+        seq, pooled = module(ids, mask, types)
+    real = batch["attention_mask"].astype(bool)
+    ours = _ours(str(tmp_path / "of"), batch)
+    assert max_abs_diff(seq.numpy()[real], ours["sequence_output"][real]) <= 1e-5
+    assert max_abs_diff(pooled.numpy(), ours["pooled_output"]) <= 1e-5
+    convert("of2libai", str(tmp_path / "of"), str(tmp_path / "back"))
+    nm.LibaiBertModel(cfg).load_state_dict(flow.load(str(tmp_path / "back")), strict=True)
