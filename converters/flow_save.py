@@ -30,7 +30,7 @@ import math
 import os
 import stat
 import struct
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -522,9 +522,9 @@ def write_tensor(d: str, arr: np.ndarray) -> None:
 def write_state_dict(d: str, items, folder_prefix: str = "tensor_") -> None:
     """A flow.save folder in the existing (staging) directory ``d``.
 
-    items: [(key, cls, producer)] in state-dict order; ``producer`` None means "the same tensor as
-    the previous key with that producer's ``tied_to`` key" — given as (key, cls, ("tied", other_key)).
-    One tensor in memory at a time.
+    items: [(key, cls, what)] in state-dict order; ``what`` is a producer of the array, or
+    ``("tied", other_key)`` for a key that is the same tensor as an earlier one (written once, both
+    keys naming its folder, as flow.save pickles a tied Parameter). One tensor in memory at a time.
     """
     rows, folder_of, n = [], {}, 0
     for key, cls, prod in items:
@@ -541,8 +541,6 @@ def write_state_dict(d: str, items, folder_prefix: str = "tensor_") -> None:
     with writes_to(p), open(p, "wb") as f:
         f.write(pickle_state_dict(rows))
 
-
-Producer = Callable[[], np.ndarray]
 
 
 def keys_of(path: str):

@@ -158,12 +158,21 @@ def _items(names, config, bare):
             parts = tuple(f"bert.encoder.layer.{i}.attention.self.{x}.{p}" for x in ("query", "key", "value"))
             rows.append((f"bert.encoders.{i}.self_attention.query_key_value.{p}", ("fused", parts, join)))
             continue
+        if n.startswith("bert.pooler.") and _no_pooler(config):
+            rows.append((None, ("skip", n)))
+            continue
         key = _libai_name(n, config)
         if key is None:
             continue  # left uncovered: native.write_files names it
         rows.append((key, ("canonical", n, None)))
-    rows.sort(key=lambda r: _libai_order(r[0]))
-    return [(k[len("bert."):] if bare else k, PARAM, row) for k, row in rows]
+    rows.sort(key=lambda r: _libai_order(r[0] or ""))
+    return [(k[len("bert."):] if bare and k else k, PARAM, row) for k, row in rows]
+
+
+def _no_pooler(config):
+    """``add_pooling_layer: false``: LiBai's BertModel then has no ``pooler``."""
+    libai = config.extra.get("libai")
+    return isinstance(libai, dict) and libai.get("add_pooling_layer") is False
 
 
 _SUB = ["input_layernorm", "self_attention.query_key_value", "self_attention.dense", "post_attention_layernorm",
@@ -187,7 +196,7 @@ def _libai_order(key):
 
 
 LAYOUT = Layout(NAME, ("embeddings", "encoders", "final_layernorm", "pooler"), _classify, _items, libai_cfg_of,
-                "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)")
+                "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)", _no_pooler)
 
 
 def detect(path: str) -> bool:

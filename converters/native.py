@@ -36,6 +36,7 @@ from bert_of.converters.native_config import load_config
 VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "config.json"
 PARAM, BUFFER = "oneflow.nn.Parameter", "oneflow.Tensor"
+POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Layout:
     #                   ("fused", names, join) | ("tied", key) | ("buffer", array fn))]
     write_config: Callable  # (config) -> dict written as config.json
     description: str
+    no_pooler: Callable = lambda config: False  # the config builds the model without a pooler
 
 
 def _bare(keys, roots) -> bool:
@@ -127,6 +129,14 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
             shape = (e.shape[0] // n,) + tuple(e.shape[1:])
             for j, c in enumerate(hit.canonical):
                 tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where), opts.dtype))
+    if POOLER[0] not in back and POOLER[1] not in back and layout.no_pooler(config):
+        # like HF's QA model: zeros the heads never read, left out again on write
+        H, dt = config.hidden_size, (tensors[0][0].dtype if tensors else np.dtype("<f4"))
+        for name, shape in ((POOLER[0], (H, H)), (POOLER[1], (H,))):
+            tensors.append((TensorSpec(name, dt, shape), (lambda s=shape, d=dt: np.zeros(s, d))))
+        for r in report:
+            if r.target == "bert.embeddings.word_embeddings.weight":
+                r.note = "no pooler in the source (add_pooling_layer false): bert.pooler filled with zeros"
     buffers = [(e, hit) for e, hit in checks if hit.kind == "buffer"]
     for e, hit in buffers:  # small (position ids): checked now, so a wrong one fails before any output
         msg = hit.check(flow_save.read_tensor(e)) if hit.check else None
@@ -183,6 +193,9 @@ def write_files(source: Source, d: str, opts: Options, layout: Layout) -> list:
             covered.update(names)
             prods = [by_name[n][1] for n in names]
             items.append((key, cls, (lambda ps=prods, j=join: j([p() for p in ps]))))
+        elif what[0] == "skip":  # a tensor the target model does not have (checked by the layout)
+            covered.add(what[1])
+            continue
         elif what[0] == "tied":
             items.append((key, cls, ("tied", what[1])))
         else:

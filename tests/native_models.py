@@ -234,8 +234,10 @@ class LibaiBertModel(nn.Module):
         self.embeddings.tokentype_embeddings = nn.Embedding(cfg["num_tokentypes"], H)
         self.encoders = nn.ModuleList([LibaiLayer(cfg, i) for i in range(cfg["hidden_layers"])])
         self.final_layernorm = PlainLayerNorm(H, cfg["layernorm_eps"])
-        self.pooler = nn.Module()
-        self.pooler.dense = _Linear(H, H)
+        self.pooler = None
+        if cfg.get("add_pooling_layer", True):
+            self.pooler = nn.Module()
+            self.pooler.dense = _Linear(H, H)
 
     def forward(self, ids, mask, types):
         e = self.embeddings
@@ -248,7 +250,7 @@ class LibaiBertModel(nn.Module):
         for layer in self.encoders:
             x = layer(x, ext)
         seq = self.final_layernorm(x)
-        return seq, flow.tanh(self.pooler.dense(seq[:, 0, :]))
+        return seq, (flow.tanh(self.pooler.dense(seq[:, 0, :])) if self.pooler is not None else None)
 
 
 class LibaiBertForPreTraining(nn.Module):

@@ -389,9 +389,11 @@ def test_config_errors_are_one_line(tmp_path):
         assert r.returncode == 1 and len(lines) == 1 and want in lines[0], r.stderr
 
 
-def test_libai_bare_bert_model(tmp_path, batch):
-    """LiBai's BertModel alone: keys without the bert. prefix, read and written back so."""
-    cfg = dict(LIBAI_CFG)
+@pytest.mark.parametrize("pooler", [True, False], ids=["pooler", "add_pooling_layer false"])
+def test_libai_bare_bert_model(tmp_path, batch, pooler):
+    """LiBai's BertModel alone: keys without the bert. prefix, read and written back so; without a
+    pooler (zeros in between, left out again)."""
+    cfg = dict(LIBAI_CFG, add_pooling_layer=pooler)
     module = nm.randomize(nm.LibaiBertModel(cfg), 9)
     model_dir = write_libai_run(tmp_path / "run", module, cfg, target="libai.models.BertModel", as_global=False)
     assert "encoders.0.self_attention.query_key_value.weight" in flow.load(model_dir)
@@ -403,6 +405,9 @@ def test_libai_bare_bert_model(tmp_path, batch):
     real = batch["attention_mask"].astype(bool)
     ours = _ours(str(tmp_path / "of"), batch)
     assert max_abs_diff(seq.numpy()[real], ours["sequence_output"][real]) <= 1e-5
-    assert max_abs_diff(pooled.numpy(), ours["pooled_output"]) <= 1e-5
+    if pooler:
+        assert max_abs_diff(pooled.numpy(), ours["pooled_output"]) <= 1e-5
+    else:
+        assert not read(str(tmp_path / "of")).load()["bert.pooler.dense.weight"].any()
     convert("of2libai", str(tmp_path / "of"), str(tmp_path / "back"))
     nm.LibaiBertModel(cfg).load_state_dict(flow.load(str(tmp_path / "back")), strict=True)
