@@ -75,25 +75,29 @@ def test_every_pair_verifies_forward_equal(sources, tmp_path):
     checked = []
     for a, b in itertools.combinations(same_numerics, 2):
         checked.append((a, b, verify(fp32[a], fp32[b], modes=("eager", "graph"))))
-    for b in ("of", "tf"):  # bert_of's own state dict carries bert_of's config: the same numerics
-        checked.append(("ofsd", b, verify(fp32["ofsd"], fp32[b], modes=("eager", "graph"))))
+    # bert_of's own state dict carries bert_of's config: the same numerics. (The flow.save formats
+    # read into the same model as every other: eager only here, graph vs eager is checked above.)
+    checked.append(("ofsd", "tf", verify(fp32["ofsd"], fp32["tf"], modes=("eager",))))
     # A lazy snapshot means erf GELU and eps 1e-5 (what the lazy kernels compute), so it is
     # compared with what is converted FROM it: the numerics travel in every format's config.
     # So are the models repo's and LiBai's folders (their codebases' numerics).
     # (LiBai's MLM head LayerNorm is at eps 1e-5 whatever its layernorm_eps, here Google's 1e-12: only
     # of holds both; tf/hf get a note. test_native checks libai2tf/hf where the eps agree.)
     for a in PROVENANCE_NUMERICS:
-        for b in {"lazy": same_numerics, "ofmodels": ("of", "tf"), "libai": ("of",)}[a]:
+        for b in {"lazy": same_numerics, "ofmodels": ("tf",), "libai": ("of",)}[a]:
             dst = tmp_path / f"{a}2{b}"
             convert(f"{a}2{b}", fp32[a], str(dst), Options())
-            checked.append((a, b, verify(fp32[a], str(dst), modes=("eager", "graph"))))
+            modes = ("eager", "graph") if a == "lazy" else ("eager",)
+            checked.append((a, b, verify(fp32[a], str(dst), modes=modes)))
     for a, b, report in checked:
         assert report["ok"] and report["worst"] <= 1e-5, (a, b, report["max_abs_diff"])
         runs = set(report["max_abs_diff"])
-        assert any(r.endswith(":eager") for r in runs) and any(r.endswith(":graph") for r in runs), runs
+        assert any(r.endswith(":eager") for r in runs), runs
+        if a not in ("ofsd", "ofmodels", "libai"):
+            assert any(r.endswith(":graph") for r in runs), runs
         if "tf" in (a, b):
             assert report["reference"].endswith("tf-float64")
-    assert len(checked) == 6 + 2 + 4 + 2 + 1
+    assert len(checked) == 6 + 1 + 4 + 1 + 1
 
 
 def test_lazy_numerics_differ_from_googles(sources):
