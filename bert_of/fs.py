@@ -433,6 +433,7 @@ OWN_FILES = frozenset({
     "bert_config.json", "checkpoint",  # TF, with <prefix>.index and <prefix>.data-NNNNN-of-NNNNN
     "tf_model.h5",  # Keras
     "out", "meta", "snapshot_done",  # lazy OneFlow snapshots: a folder per variable
+    "pickled_data",  # OneFlow's flow.save folders, with tensor_N/out + meta
     "bert_of_data.json",  # pretraining data, with part-NNNNN
     "train_args.json", "trainer_state.json", "manifest.json", "metrics.jsonl", "zoo_metadata.json",  # runs
 })
