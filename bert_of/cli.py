@@ -121,7 +121,9 @@ def inspect_path(path: str) -> dict:
         prefix = tf1_bundle.resolve_prefix(path)
         entries = tf1_bundle.read_index(prefix)
         for name, e in entries.items():
-            kind = tf1._classify(name)[0] or "unknown"
+            found = tf1._classify(name)
+            kind = "unknown" if found is None else found.target if found.target == "step" else \
+                "optimizer" if found.optimizer else "model"
             info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
         cfg = os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
         if os.path.isfile(cfg):

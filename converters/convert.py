@@ -1,6 +1,6 @@
 """Any format to any format, through canonical names.
 
-``convert("tf2of", src, dst)`` = ``FORMATS["of"].write(FORMATS["tf"].read(src))``.
+``convert("tf2of", src, dst)`` = ``FORMATS["of"].write_files(FORMATS["tf"].read(src), staged dst)``.
 Adding a format means one module in ``FORMATS``; no pairwise code.
 """
 

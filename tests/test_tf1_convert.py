@@ -231,11 +231,12 @@ def test_shape_errors_show_tf_layout():
     from bert_of.checkpoint import expected_shapes
     from bert_of.config import BertConfig
     from bert_of.errors import CheckpointError
-    from bert_of.converters.tf1 import TABLE, _check
+    from bert_of.converters.reader import check, zeros
+    from bert_of.converters.tf1 import TABLE
 
     cfg = BertConfig.from_google_dict(TINY)
     shapes = expected_shapes(cfg)
     shapes["bert.encoder.layer.1.intermediate.dense.weight"] = (36, 32)  # canonical [out, in]
     with pytest.raises(CheckpointError, match=r"layer_1/intermediate/dense/kernel has shape \[32, 36\] "
                                               r"but the config implies \[32, 37\]"):
-        _check(shapes, cfg, {}, TABLE, "ckpt")
+        check([], cfg, "ckpt", TABLE, fill=zeros(shapes.items(), "float32"))
