@@ -65,6 +65,11 @@ class Source:
     optimizer: list = field(default_factory=list)  # [(TensorSpec "m/<name>", producer)]
     optimizer_meta: dict = field(default_factory=dict)
     report: list = field(default_factory=list)  # [ReportLine]
+    # The model tensors as the file stores them (stored name -> producer of the stored array) and
+    # the config file read: what verify's reference (converters/reference_np.py) computes from.
+    stored: dict = field(default_factory=dict)
+    config_file: Optional[str] = None
+    native_numerics: Optional[str] = None  # what the file's own code computes, whatever --numerics says
 
     def __post_init__(self):
         """The gate (see the module doc): nothing reaches a writer or a model unchecked. Readers

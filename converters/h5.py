@@ -333,7 +333,7 @@ def _read(f, h5: str, opts: Options) -> Source:
         spelled = TABLE.from_canonical(name)
         return f"{spelled[0].partition('/')[0]}/{scope}/{spelled[0]}" if spelled else name
 
-    return finish(h5, NAME, config, vocab, found, opts, TABLE, fill, noun="dataset", shown=shown)
+    return finish(h5, NAME, config, vocab, found, opts, TABLE, fill, noun="dataset", shown=shown, config_file=cfg_path)
 
 
 # --------------------------------------------------------------------------- writing

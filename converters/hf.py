@@ -376,7 +376,7 @@ def read(path: str, opts: Options) -> Source:
     def shown(name):  # a tensor the file lacks, as this file would name it
         return name[len("bert."):] if bare and name.startswith("bert.") else name
 
-    return finish(where, NAME, config, vocab, found, opts, TABLE, fill, shown=shown)
+    return finish(where, NAME, config, vocab, found, opts, TABLE, fill, shown=shown, config_file=cfg_path)
 
 
 def _producer(weights, name, twins, where):

@@ -452,7 +452,9 @@ def read(path: str, opts: Options) -> Source:
     for k in ("loss_scale", "good_step_counter"):
         if k in jobs and jobs[k] != meta.setdefault("lazy_job_name", jobs[k]):
             meta["lazy_loss_scale_job_name"] = jobs[k]
-    return finish(snap, NAME, config, vocab, found, opts, TABLE, optimizer_meta=meta)
+    source = finish(snap, NAME, config, vocab, found, opts, TABLE, optimizer_meta=meta, config_file=cfg_path)
+    source.native_numerics = "tf1" if variant == "tf" else "lazy"
+    return source
 
 
 def _model_shape(snap, v, config, variant):

@@ -50,7 +50,8 @@ def read(path: str, opts: Options) -> Source:
                 report.append(ReportLine(s.name, "optimizer", s.name))
             else:
                 report.append(ReportLine(s.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
-    return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report)
+    return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report,
+                  {s.name: p for s, p in model}, os.path.join(path, CONFIG_NAME))
 
 
 def write_files(source: Source, d: str, opts: Options) -> list:

@@ -174,8 +174,9 @@ def _stream(pairs, opts: Options) -> list:
 
 def finish(where: str, fmt: str, config: BertConfig, vocab: Optional[str], found: Sorted, opts: Options,
            table: Table, fill=(), optimizer_meta: Optional[dict] = None, noun: str = "tensor",
-           shown: Optional[Callable[[str], str]] = None) -> Source:
-    """The label count, the fit check, the producers: the ``Source`` (validated once more there)."""
+           shown: Optional[Callable[[str], str]] = None, config_file: Optional[str] = None) -> Source:
+    """The label count, the fit check, the producers: the ``Source`` (validated once more there).
+    ``config_file``: the config read, which verify's reference reads for itself."""
     clf = next((apply_shape(h.transform, e.shape) for e, h in found.model if h.target == CLASSIFIER), None)
     if clf:  # the label count is the tensor's (Google's configs do not record it)
         config.num_labels = clf[0]
@@ -187,4 +188,5 @@ def finish(where: str, fmt: str, config: BertConfig, vocab: Optional[str], found
     tensors = _stream(found.model, opts)
     tensors += [cast_spec(s, (lambda s=s: np.zeros(s.shape, s.dtype)), opts.dtype) for s in fill]
     return Source(where, fmt, config, vocab, tensors, _stream(found.optimizer, opts),
-                  dict(optimizer_meta or {}) if found.optimizer else {}, found.report)
+                  dict(optimizer_meta or {}) if found.optimizer else {}, found.report,
+                  {e.name: e.read for e, _ in found.model}, config_file)

@@ -94,13 +94,14 @@ def read(path: str, opts: Options, require_vocab: bool = True) -> Source:
     entries = tf1_bundle.read_index(prefix)
     if not any(TABLE.to_canonical(n) for n in entries):
         raise CheckpointError(f"{prefix}: not a BERT checkpoint (no bert/embeddings/word_embeddings or other BERT variable)")
-    config = BertConfig.from_google_json_file(_side_file(prefix, opts.config, CONFIG_FILE, "config"))
+    cfg_path = _side_file(prefix, opts.config, CONFIG_FILE, "config")
+    config = BertConfig.from_google_json_file(cfg_path)
     vocab = None
     if require_vocab or opts.vocab or os.path.isfile(os.path.join(os.path.dirname(prefix) or ".", VOCAB_FILE)):
         vocab = _side_file(prefix, opts.vocab, VOCAB_FILE, "vocab")
     found = sort([_entry(prefix, e) for e in entries.values()], lambda e: _classify(e.name), opts, prefix,
                  "variable", TABLE)
-    return finish(prefix, NAME, config, vocab, found, opts, TABLE, optimizer_meta=OPTIMIZER_META)
+    return finish(prefix, NAME, config, vocab, found, opts, TABLE, optimizer_meta=OPTIMIZER_META, config_file=cfg_path)
 
 
 def _entry(prefix, e) -> Entry:
