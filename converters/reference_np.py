@@ -274,12 +274,12 @@ LAZY_PROVENANCE = {"lazy": ("gelu_erf", 1e-5), "tf1": ("gelu_tanh", 1e-12), "hf"
 def numerics(fmt: str, config: dict, provenance: str | None = None) -> tuple:
     """(activation, LayerNorm epsilon) a file's own code computes, from its own config dict."""
     if fmt == "tf":
-        act = config.get("bert_of_hidden_act") or GOOGLE_ACTS.get(config.get("hidden_act", "gelu"))
+        act = config.get("bert_of_hidden_act") or GOOGLE_ACTS.get(str(config.get("hidden_act", "gelu")).lower())
         return act, float(config.get("layer_norm_eps", 1e-12))
     if fmt == "lazy":
         gelu, eps = LAZY_PROVENANCE[provenance or "lazy"]
-        label = config.get("hidden_act", "gelu")
-        return (gelu if str(label).startswith("gelu") else GOOGLE_ACTS.get(label, label)), eps
+        label = str(config.get("hidden_act", "gelu")).lower()
+        return (gelu if label.startswith("gelu") else GOOGLE_ACTS.get(label, label)), eps
     if fmt == "of":
         return config.get("hidden_act", "gelu_erf"), float(config.get("layer_norm_eps", 1e-12))
     return HF_ACTS.get(config.get("hidden_act", "gelu")), float(config.get("layer_norm_eps", 1e-12) or 1e-12)

@@ -136,3 +136,18 @@ def test_the_reference_reads_each_layout_itself(made):
         for k, v in outs["tf"].items():
             assert np.max(np.abs(outs[fmt][k] - v)) < 1e-12, (fmt, k)
     assert np.max(np.abs(outs["lazy"]["sequence_output"] - outs["tf"]["sequence_output"])) > 1e-4
+
+
+def test_real_minilm_hf2of_verify(tmp_path):
+    """The real all-MiniLM-L6-v2 weights and vocabulary: hf2of --verify within 1e-5 of the reference."""
+    from tests.conftest import run_cli
+    from tests.test_hf import minilm_dir
+
+    r = run_cli("convert", "hf2of", minilm_dir(), "-o", tmp_path / "of", "--verify")
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert report["ok"] and report["reference"] == "numpy-float64 (hf layout)" and report["worst"] <= 1e-5
+    assert report["b"]["path"] == str(tmp_path / "of")  # named as published, not the staging folder
+    tokens = report["batches"]["tokens"]
+    assert tokens["unknown"] == 0 and tokens["masked"] == 3 and tokens["pairs"] == 3, tokens
+    assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"}
+    assert {"sequence_output", "pooled_output"} <= set(report["outputs"])
