@@ -27,6 +27,14 @@ The API:
   name the tensor and its shape as stored (for formats that check before :func:`finish`).
 - :func:`finish`: the label count from the classifier, the fit check, producers, the ``Source``.
   ``fill`` adds tensors the file lacks as zeros (a QA model's pooler, which its head never reads).
+  ``config_file``: the config the format read; with ``Source.stored`` (every kept entry's
+  ``read``, checked to yield the dtype and shape the entry announced) it is what ``verify``'s reference computes from, so a new format also
+  gets a layout in ``converters/reference_np.py`` (its names, orientation and numerics, written
+  from the format's own code, not from its TABLE).
+
+An entry's shape and dtype may be filled in after :func:`sort` (a format that learns them only
+for the tensors it keeps, or from the config); the report's layout notes ("transposed") are
+written by :func:`finish`, from the transforms as they are then.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.tensors import SCALAR_SLOTS, SCALAR_STATE, TensorSpec, check_fit
+from bert_of.tensors import SCALAR_SLOTS, SCALAR_STATE, TensorSpec, check_fit, checked_producer
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
@@ -189,4 +197,5 @@ def finish(where: str, fmt: str, config: BertConfig, vocab: Optional[str], found
     tensors += [cast_spec(s, (lambda s=s: np.zeros(s.shape, s.dtype)), opts.dtype) for s in fill]
     return Source(where, fmt, config, vocab, tensors, _stream(found.optimizer, opts),
                   dict(optimizer_meta or {}) if found.optimizer else {}, found.report,
-                  {e.name: e.read for e, _ in found.model}, config_file)
+                  {e.name: checked_producer(TensorSpec(e.name, np.dtype(e.dtype), e.shape), e.read, where)
+                   for e, _ in found.model}, config_file)
