@@ -271,18 +271,31 @@ LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
 LAZY_PROVENANCE = {"lazy": ("gelu_erf", 1e-5), "tf1": ("gelu_tanh", 1e-12), "hf": ("gelu_erf", 1e-12)}
 
 
+def _google_act(config: dict):
+    """modeling.get_activation's reading of hidden_act (lower-cased; null or "" is linear), or the
+    exact activation a bert_config.json written by bert_of records beside it."""
+    if config.get("bert_of_hidden_act"):
+        return config["bert_of_hidden_act"]
+    label = config.get("hidden_act", "gelu")
+    return "linear" if not label else GOOGLE_ACTS.get(str(label).lower())
+
+
+def _eps(config: dict) -> float:
+    eps = config.get("layer_norm_eps")
+    return 1e-12 if eps is None else float(eps)
+
+
 def numerics(fmt: str, config: dict, provenance: str | None = None) -> tuple:
     """(activation, LayerNorm epsilon) a file's own code computes, from its own config dict."""
     if fmt == "tf":
-        act = config.get("bert_of_hidden_act") or GOOGLE_ACTS.get(str(config.get("hidden_act", "gelu")).lower())
-        return act, float(config.get("layer_norm_eps", 1e-12))
-    if fmt == "lazy":
+        return _google_act(config), _eps(config)
+    if fmt == "lazy":  # the lazy kernels' GELU whatever the label says; epsilon by provenance
         gelu, eps = LAZY_PROVENANCE[provenance or "lazy"]
-        label = str(config.get("hidden_act", "gelu")).lower()
-        return (gelu if label.startswith("gelu") else GOOGLE_ACTS.get(label, label)), eps
+        act = _google_act(config)
+        return (gelu if act and act.startswith("gelu") else act), eps
     if fmt == "of":
-        return config.get("hidden_act", "gelu_erf"), float(config.get("layer_norm_eps", 1e-12))
-    return HF_ACTS.get(config.get("hidden_act", "gelu")), float(config.get("layer_norm_eps", 1e-12) or 1e-12)
+        return config.get("hidden_act", "gelu_erf"), _eps(config)
+    return HF_ACTS.get(config.get("hidden_act", "gelu")), _eps(config)
 
 
 def read_config(path: str) -> dict:

@@ -231,7 +231,7 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
         bar.describe(f"verify: reference ({reference})")
         try:
             ref = _numpy_runs(source, batches)
-        except (KeyError, ValueError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source.path}: the reference cannot compute this checkpoint ({e})") from None
         bar.update(1)
         ecosystem = {}
