@@ -244,26 +244,21 @@ class Keras(Layout):
         super().__init__({n.split("/", 2)[-1]: f for n, f in tensors.items()}, config, numerics)
 
 
+def _dashed(names: dict) -> dict:
+    """OneFlow-Benchmark's lazy BERT names its variables as Google does, scopes joined by "-" and
+    dense kernels called "weight"."""
+    return {role: [(n.replace("/", "-").replace("-kernel", "-weight"), o) for n, o in entries]
+            for role, entries in names.items()}
+
+
 class Lazy(Layout):
     name = "lazy"
-    _L = "bert-encoder-layer_{i}-"
-    NAMES = _roles(
-        {"q": _L + "attention-self-query", "k": _L + "attention-self-key", "v": _L + "attention-self-value",
-         "ao": _L + "attention-output-dense", "in": _L + "intermediate-dense", "out": _L + "output-dense",
-         "pool": "bert-pooler-dense", "mlm": "cls-predictions-transform-dense"},
-        lambda s: (s + "-weight", s + "-bias"),
-        {"emb_ln": (["bert-embeddings-LayerNorm-gamma"], ["bert-embeddings-LayerNorm-beta"]),
-         "ao_ln": ([_L + "attention-output-LayerNorm-gamma"], [_L + "attention-output-LayerNorm-beta"]),
-         "out_ln": ([_L + "output-LayerNorm-gamma"], [_L + "output-LayerNorm-beta"]),
-         "mlm_ln": (["cls-predictions-transform-LayerNorm-gamma"], ["cls-predictions-transform-LayerNorm-beta"])},
-        {"word": "bert-embeddings-word_embeddings", "type": "bert-embeddings-token_type_embeddings",
-         "pos": "bert-embeddings-position_embeddings", "mlm_bias": "cls-predictions-output_bias"},
-        {"nsp": [("cls-seq_relationship-output_weights", "cls-seq_relationship-output_bias", "out_in")],
-         "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: [H, 2]
-                ("cls-squad-output_weights", "cls-squad-output_bias", "out_in")],  # Google's names
-         "clf": [("classification-output_weights", "classification-output_bias", "out_in"),
-                 ("output_weight-output_weights", "output_bia-output_bias", "out_in"),
-                 ("output_weights", "output_bias", "out_in")]})
+    NAMES = {**_dashed(Google.NAMES), **_roles({}, None, {}, {}, {
+        "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: a dense [H, 2]
+               ("cls-squad-output_weights", "cls-squad-output_bias", "out_in")],  # Google's names
+        "clf": [("classification-output_weights", "classification-output_bias", "out_in"),
+                ("output_weight-output_weights", "output_bia-output_bias", "out_in"),  # the script's
+                ("output_weights", "output_bias", "out_in")]})}  # off-by-one split, and Google's
 
 
 LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
