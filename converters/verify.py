@@ -97,6 +97,13 @@ def token_batch(source, max_len: int = REAL_LEN):
                    "pairs": sum(1 for _, b in SENTENCES if b) if source.config.type_vocab_size > 1 else 0}
 
 
+def _stack(batches: list) -> dict:
+    """The batches' rows as one batch, padded to the longest (padding is masked, and not compared)."""
+    S = max(b["input_ids"].shape[1] for b in batches)
+    return {k: np.concatenate([np.pad(b[k], ((0, 0), (0, S - b[k].shape[1]))) for b in batches])
+            for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
 def _bert_of_runs(source, batches: dict, modes, device: str = "cpu") -> dict:
     """{mode: {batch: {output: np.ndarray}}} for bert_of on a Source's tensors, on ``device``."""
     from bert_of._flow import flow
@@ -226,6 +233,7 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
     described["random"] = {"size": int(batches["random"]["input_ids"].shape[0]),
                            "seq_len": int(batches["random"]["input_ids"].shape[1]),
                            "tokens": int(batches["random"]["attention_mask"].sum())}
+    batches = {"inputs": _stack(list(batches.values()))}  # one run of each side: one graph, one TF restore
     reference = f"numpy-float64 ({fa} layout)"
     with Progress("verify", total=4, unit="stage") as bar:
         bar.describe(f"verify: reference ({reference})")
