@@ -224,14 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
     c.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="verification tolerance (max |diff|)")
     c.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
-                   help="precision TensorFlow runs in beside the NumPy reference (Google checkpoints)")
+                   help="precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)")
     c.set_defaults(fn=cmd_convert)
 
     v = sub.add_parser("verify", help="forward equality of two checkpoints (vs a float64 NumPy reference on A)",
                        description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
                                    "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
                                    "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
-                                   "for a Google checkpoint. Exit 1 above --tol.",
+                                   "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
                        epilog=examples("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
                                        "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
     v.add_argument("a", metavar="A", help="reference checkpoint (any format)")
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--config", metavar="FILE", help="config for A if not beside it")
     v.add_argument("--vocab", metavar="FILE", help="vocab for A if not beside it")
     v.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
-                   help="precision TensorFlow runs in beside the NumPy reference (Google checkpoints)")
+                   help="precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)")
     output_option(v, "also write the JSON report to this file", metavar="FILE", old=("--json",))
     v.set_defaults(fn=cmd_verify)
 
