@@ -1,9 +1,9 @@
 """verify's reference (converters/reference_np.py) is independent and has teeth, for every format.
 
 A realistic-magnitude BERT (trained-BERT weight scales, where tanh- and erf-GELU differ by ~5e-4)
-is written in every source format, converted to bert_of's format, and then broken the ways a
-reader or writer could break it: q and k swapped, a kernel left untransposed, the other GELU, the
-other LayerNorm epsilon. The NumPy reference reads the SOURCE as its own format stores it, so each
+is written in every source format, converted to bert_of's format (bert_of's own to HF's), and then
+broken the ways a reader or writer could break it: q and k swapped, a kernel left untransposed, the
+other GELU, the other LayerNorm epsilon. The NumPy reference reads the SOURCE as its own format stores it, so each
 of those must be a difference above the tolerance; the untouched conversion must pass.
 """
 
@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from bert_of.checkpoint import load_safetensors, save_safetensors
+from bert_of.checkpoint import SafetensorsFile, load_safetensors, save_safetensors
 from bert_of.converters import reference_np
 from bert_of.converters import tf_reference as ref
 from bert_of.converters.common import Options
@@ -24,7 +24,9 @@ CONFIG = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "num_att
           "intermediate_size": 37, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
           "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 64, "type_vocab_size": 2,
           "initializer_range": 0.02}
-SOURCES = ("tf", "hf", "h5", "lazy")
+SOURCES = ("tf", "hf", "h5", "lazy", "of")
+TARGET = {"of": "hf"}  # each source converted to bert_of's format; bert_of's own to HF's
+ACT_FLIP = {"gelu_erf": "gelu_tanh", "gelu_tanh": "gelu_erf", "gelu": "gelu_new", "gelu_new": "gelu"}
 
 
 def _vocab(path, n):
@@ -41,7 +43,7 @@ def _vocab(path, n):
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """{format: (source path, its conversion to bert_of's format)}."""
+    """{format: (source path, its conversion to bert_of's format, or HF's for bert_of's own)}."""
     root = tmp_path_factory.mktemp("reference")
     google = root / "tf"
     google.mkdir()
@@ -53,8 +55,9 @@ def made(tmp_path_factory):
         src = str(google) if fmt == "tf" else str(root / fmt)
         if fmt != "tf":
             convert(f"tf2{fmt}", str(google), src, Options())
-        convert(f"{fmt}2of", src, str(root / f"{fmt}-of"), Options(vocab=str(google / "vocab.txt")))
-        out[fmt] = (src, root / f"{fmt}-of")
+        dst = TARGET.get(fmt, "of")
+        convert(f"{fmt}2{dst}", src, str(root / f"{fmt}-{dst}"), Options(vocab=str(google / "vocab.txt")))
+        out[fmt] = (src, root / f"{fmt}-{dst}")
     return out
 
 
@@ -67,9 +70,11 @@ def _copy(of_dir, dst):
 
 def _edit_weights(d, fn):
     path = str(d / "model.safetensors")
+    with SafetensorsFile(path) as f:
+        metadata = dict(f.metadata)  # as its format writes it (transformers wants {"format": "pt"})
     tensors = load_safetensors(path)
     fn(tensors)
-    save_safetensors(path, tensors, {"format": "bert_of"})
+    save_safetensors(path, tensors, metadata)
 
 
 def _edit_config(d, **changes):
@@ -92,7 +97,7 @@ def _no_transpose(t):  # a square kernel left as the file stores it ([in, out])
 BREAKS = {
     "swapped q/k": lambda d: _edit_weights(d, _swap_qk),
     "missing transpose": lambda d: _edit_weights(d, _no_transpose),
-    "tanh vs erf GELU": lambda d: _edit_config(d, hidden_act={"gelu_erf": "gelu_tanh", "gelu_tanh": "gelu_erf"}[
+    "tanh vs erf GELU": lambda d: _edit_config(d, hidden_act=ACT_FLIP[
         json.loads((d / "config.json").read_text())["hidden_act"]]),
     "1e-5 vs 1e-12 epsilon": lambda d: _edit_config(d, layer_norm_eps={1e-5: 1e-12, 1e-12: 1e-5}[
         json.loads((d / "config.json").read_text())["layer_norm_eps"]]),
@@ -125,7 +130,7 @@ def test_the_reference_reads_each_layout_itself(made):
     """The same weights as four files: four layouts (names, orientation, [1, P, H] positions),
     one function. The lazy snapshot computes erf GELU / eps 1e-5, so it alone differs from Google's."""
     outs = {}
-    for fmt in SOURCES:
+    for fmt in ("tf", "hf", "h5", "lazy"):
         source = read(made[fmt][0], fmt, Options(vocab=made["tf"][0] + "/vocab.txt"))
         batch, _ = token_batch(source)
         layout = reference_np.layout_for(source)
