@@ -29,12 +29,12 @@ import bert_of.hooks as _hooks
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
 from bert_of.fs import PinnedDir, publishing, read_json, writes_to
-from bert_of.tensors import (TensorSpec, backbone_names, check_fit, check_optimizer, check_shape, check_tensors,
+from bert_of.tensors import (TensorSpec, backbone_names, check_optimizer, check_shape, check_tensors,
                              expected_shapes, nbytes)
 
 __all__ = ["TensorSpec", "SafetensorsFile", "Checkpoint", "load_checkpoint", "write_checkpoint",
            "write_checkpoint_files", "write_safetensors", "save_safetensors", "load_safetensors",
-           "expected_shapes", "backbone_names", "check_against_config", "is_checkpoint_dir", "resolve_checkpoint"]
+           "expected_shapes", "backbone_names", "is_checkpoint_dir", "resolve_checkpoint"]
 
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
@@ -424,10 +424,3 @@ def copy_file(src: str, dst: str) -> None:
                 shutil.copyfileobj(fin, fout, 1 << 20)
     except OSError as e:  # the source side: unreadable
         raise CheckpointError(f"{src}: cannot read ({e.strerror or e})") from None
-
-
-def check_against_config(shapes: dict, config: BertConfig, source: Callable[[str], str], where: str,
-                         source_shape: Optional[Callable] = None) -> None:
-    """Every backbone tensor present, every tensor the shape the config implies
-    (:func:`bert_of.tensors.check_fit`, kept under its old name)."""
-    check_fit(shapes, config, where, source, source_shape)

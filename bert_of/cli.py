@@ -29,8 +29,8 @@ from bert_of.config import BertConfig
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.common import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
-from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, read
-from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
+from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
+from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
 from bert_of.errors import BertOfError, Terminated
 from bert_of.fs import abandon_writes, atomic_write, defer_signal
 from bert_of.version import __version__
@@ -60,7 +60,7 @@ def cmd_convert(args) -> int:
                    numerics=args.numerics, no_meta=args.no_meta)
     t0 = time.perf_counter()
     reports = []
-    check = _verify_staged(args, opts, reports) if args.verify else None  # DST appears only if it passes
+    check = _verify_staged(args, reports) if args.verify else None  # DST appears only if it passes
     try:
         source, notes = convert(args.direction, args.src, args.dst, opts, check=check)
     except VerificationFailed:
@@ -80,11 +80,13 @@ class VerificationFailed(BertOfError):
     """``convert --verify``: the converted files do not compute what the source does."""
 
 
-def _verify_staged(args, opts, reports: list):
-    """The check ``convert`` runs on the staged files before publishing them."""
-    def check(stage):
-        report = verify(args.src, stage, tol=args.tol, opts=opts, reference_dtype=args.reference_dtype)
-        report["b"]["path"] = args.dst  # where it is published if it passes
+def _verify_staged(args, reports: list):
+    """The check ``convert`` runs on the staged files (against the Source it read) before publishing them."""
+    fmt = parse_direction(args.direction)[1]
+
+    def check(source, stage):
+        report = verify_source(source, stage, fmt, tol=args.tol, reference_dtype=args.reference_dtype,
+                               shown_b=args.dst)
         reports.append(format_report(report))
         if not report["ok"]:
             raise VerificationFailed(f"verification failed: max |diff| {report['worst']:.3g} > {args.tol:g}; "
@@ -122,7 +124,9 @@ def inspect_path(path: str, config: str | None = None) -> dict:
         prefix = tf1_bundle.resolve_prefix(path)
         entries = tf1_bundle.read_index(prefix)
         for name, e in entries.items():
-            kind = tf1._classify(name)[0] or "unknown"
+            found = tf1._classify(name)
+            kind = "unknown" if found is None else found.target if found.target == "step" else \
+                "optimizer" if found.optimizer else "model"
             info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
         cfg = config or os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
         if os.path.isfile(cfg):
@@ -221,13 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
     c.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="verification tolerance (max |diff|)")
     c.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
-                   help="precision of the TF reference the tolerance applies to (both are reported)")
+                   help="precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)")
     c.set_defaults(fn=cmd_convert)
 
-    v = sub.add_parser("verify", help="forward equality of two checkpoints (eager + graph vs TF reference)",
-                       description="Run A and B on the same padded two-segment batch and compare every output. A "
-                                   "TF1 checkpoint runs through the TensorFlow reference (float64 and float32), "
-                                   "anything else through bert_of in eager and graph mode. Exit 1 above --tol.",
+    v = sub.add_parser("verify", help="forward equality of two checkpoints (vs a float64 NumPy reference on A)",
+                       description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
+                                   "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
+                                   "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
+                                   "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
                        epilog=examples("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
                                        "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
     v.add_argument("a", metavar="A", help="reference checkpoint (any format)")
@@ -241,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--config", metavar="FILE", help="config for A if not beside it")
     v.add_argument("--vocab", metavar="FILE", help="vocab for A if not beside it")
     v.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
-                   help="precision of the TF reference the tolerance applies to (both are reported)")
+                   help="precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)")
     output_option(v, "also write the JSON report to this file", metavar="FILE", old=("--json",))
     v.set_defaults(fn=cmd_verify)
 

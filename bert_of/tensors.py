@@ -122,30 +122,51 @@ def check_role(name: str, dtype, where: str, shown: Optional[str] = None) -> Non
 # --------------------------------------------------------------------------- names and shapes a config implies
 
 
+# The BERT scope list, written once: (canonical scope, kind, shape of its weight, group), in model
+# order; ``{i}`` is an encoder layer. Every format's name table is derived from it
+# (converters/mapping.py:spell), so a new head is one row here plus one spelling per format.
+# kind: "embedding" (.weight), "dense" (.weight [out, in] + .bias [out]), "ln" (.LayerNorm.weight
+# + .bias, [H]), "bias" (.bias). Dimensions: V vocab, P positions, T token types, H hidden,
+# I intermediate, L labels.
+SCOPES = (
+    ("bert.embeddings.word_embeddings", "embedding", "VH", "embeddings"),
+    ("bert.embeddings.token_type_embeddings", "embedding", "TH", "embeddings"),
+    ("bert.embeddings.position_embeddings", "embedding", "PH", "embeddings"),
+    ("bert.embeddings", "ln", "H", "embeddings"),
+    ("bert.encoder.layer.{i}.attention.self.query", "dense", "HH", "layer"),
+    ("bert.encoder.layer.{i}.attention.self.key", "dense", "HH", "layer"),
+    ("bert.encoder.layer.{i}.attention.self.value", "dense", "HH", "layer"),
+    ("bert.encoder.layer.{i}.attention.output.dense", "dense", "HH", "layer"),
+    ("bert.encoder.layer.{i}.attention.output", "ln", "H", "layer"),
+    ("bert.encoder.layer.{i}.intermediate.dense", "dense", "IH", "layer"),
+    ("bert.encoder.layer.{i}.output.dense", "dense", "HI", "layer"),
+    ("bert.encoder.layer.{i}.output", "ln", "H", "layer"),
+    ("bert.pooler.dense", "dense", "HH", "pooler"),
+    ("cls.predictions.transform.dense", "dense", "HH", "mlm"),
+    ("cls.predictions.transform", "ln", "H", "mlm"),
+    ("cls.predictions", "bias", "V", "mlm"),
+    ("cls.seq_relationship", "dense", "2H", "nsp"),
+    ("qa_outputs", "dense", "2H", "qa"),
+    ("classifier", "dense", "LH", "classifier"),
+)
+# kind -> the parameters of a scope: (canonical suffix, which dims of the scope's shape)
+PARAMS = {
+    "embedding": ((".weight", slice(None)),),
+    "dense": ((".weight", slice(None)), (".bias", slice(0, 1))),
+    "ln": ((".LayerNorm.weight", slice(None)), (".LayerNorm.bias", slice(None))),
+    "bias": ((".bias", slice(None)),),
+}
+
+
 def expected_shapes(config: BertConfig) -> dict:
-    """Canonical name -> shape for BertModel and every head bert_of knows."""
-    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    s = {
-        "bert.embeddings.word_embeddings.weight": (V, H),
-        "bert.embeddings.position_embeddings.weight": (config.max_position_embeddings, H),
-        "bert.embeddings.token_type_embeddings.weight": (config.type_vocab_size, H),
-        "bert.embeddings.LayerNorm.weight": (H,), "bert.embeddings.LayerNorm.bias": (H,),
-        "bert.pooler.dense.weight": (H, H), "bert.pooler.dense.bias": (H,),
-        "cls.predictions.bias": (V,),
-        "cls.predictions.transform.dense.weight": (H, H), "cls.predictions.transform.dense.bias": (H,),
-        "cls.predictions.transform.LayerNorm.weight": (H,), "cls.predictions.transform.LayerNorm.bias": (H,),
-        "cls.seq_relationship.weight": (2, H), "cls.seq_relationship.bias": (2,),
-        "qa_outputs.weight": (2, H), "qa_outputs.bias": (2,),
-        "classifier.weight": (config.num_labels, H), "classifier.bias": (config.num_labels,),
-    }
-    for i in range(config.num_hidden_layers):
-        p = f"bert.encoder.layer.{i}."
-        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
-            s[p + n + ".weight"], s[p + n + ".bias"] = (H, H), (H,)
-        s[p + "intermediate.dense.weight"], s[p + "intermediate.dense.bias"] = (I, H), (I,)
-        s[p + "output.dense.weight"], s[p + "output.dense.bias"] = (H, I), (H,)
-        for n in ("attention.output.LayerNorm", "output.LayerNorm"):
-            s[p + n + ".weight"], s[p + n + ".bias"] = (H,), (H,)
+    """Canonical name -> shape for BertModel and every head bert_of knows (from :data:`SCOPES`)."""
+    dims = {"V": config.vocab_size, "P": config.max_position_embeddings, "T": config.type_vocab_size,
+            "H": config.hidden_size, "I": config.intermediate_size, "L": config.num_labels, "2": 2}
+    s = {}
+    for scope, kind, shape, _ in SCOPES:
+        for sc in ([scope.format(i=i) for i in range(config.num_hidden_layers)] if "{i}" in scope else [scope]):
+            for suffix, part in PARAMS[kind]:
+                s[sc + suffix] = tuple(dims[d] for d in shape[part])
     return s
 
 

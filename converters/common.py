@@ -2,11 +2,13 @@
 
 A format module exposes::
 
-    NAME, TABLE                        # short name ("tf"), its name table
+    NAME, TABLE                        # short name ("tf"), its name table (mapping.spell)
     detect(path) -> bool               # is this path in my format?
-    read(path, opts) -> Source         # canonical tensors, lazily
-    write_files(source, dir, opts)     # write a Source's files into an existing (staging) directory
-    write(source, dst, opts)           # publishing(dst) + write_files: atomically
+    read(path, opts) -> Source         # canonical tensors, lazily (the steps: converters/reader.py)
+    write_files(source, dir, opts)     # a Source's files into an existing (staging) directory
+
+``convert`` publishes the staging directory (bert_of.fs.publishing), so no format writes ``dst``
+itself.
 
 ``Source.tensors`` holds ``(TensorSpec, producer)`` pairs so conversions
 stream one tensor at a time, and ``Source.report`` accounts for every tensor
@@ -28,7 +30,7 @@ from typing import Callable, Optional
 from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.fs import publishing, read_json, writes_to
+from bert_of.fs import read_json, writes_to
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
 from bert_of.tokenization import read_vocab_lines, recorded_lower_case, vocab_looks_cased
 
@@ -63,6 +65,11 @@ class Source:
     optimizer: list = field(default_factory=list)  # [(TensorSpec "m/<name>", producer)]
     optimizer_meta: dict = field(default_factory=dict)
     report: list = field(default_factory=list)  # [ReportLine]
+    # The model tensors as the file stores them (stored name -> producer of the stored array) and
+    # the config file read: what verify's reference (converters/reference_np.py) computes from.
+    stored: dict = field(default_factory=dict)
+    config_file: Optional[str] = None
+    native_numerics: Optional[str] = None  # what the file's own code computes, whatever --numerics says
 
     def __post_init__(self):
         """The gate (see the module doc): nothing reaches a writer or a model unchecked. Readers
@@ -159,12 +166,3 @@ def write_google_sidecars(source: Source, d: str) -> None:
         f.write("\n")
     if source.vocab_file:
         copy_file(source.vocab_file, os.path.join(d, "vocab.txt"))
-
-
-def write_with(write_files: Callable, source: Source, dst: str, opts: Options) -> list:
-    """``write(source, dst, opts)`` of a format: its ``write_files`` into a staging folder that
-    becomes ``dst`` only when complete (bert_of.fs.publishing)."""
-    if os.path.lexists(dst) and not opts.overwrite:
-        raise CheckpointError(f"{dst}: already exists (use --overwrite to replace it)")
-    with publishing(dst, overwrite=opts.overwrite) as stage:
-        return write_files(source, stage, opts) or []

@@ -1,6 +1,6 @@
 """Any format to any format, through canonical names.
 
-``convert("tf2of", src, dst)`` = ``FORMATS["of"].write(FORMATS["tf"].read(src))``.
+``convert("tf2of", src, dst)`` = ``FORMATS["of"].write_files(FORMATS["tf"].read(src), staged dst)``.
 Adding a format means one module in ``FORMATS``; no pairwise code.
 """
 
@@ -104,8 +104,8 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     ``dst`` is never the source, inside it or around it (nor ``opts.config`` / ``opts.vocab``);
     ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.fs.check_destination`).
 
-    ``check(staged_dir)``, when given, runs on the finished files before they are published
-    (``convert --verify``): if it raises, ``dst`` is never created (or, with ``overwrite``, the
+    ``check(source, staged_dir)``, when given, runs on the finished files before they are published
+    (``convert --verify``, with the ``Source`` already read): if it raises, ``dst`` is never created (or, with ``overwrite``, the
     old ``dst`` stays as it was).
     """
     opts = opts or Options()
@@ -125,7 +125,7 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
                 if not hasattr(target, "PRE_LN") and b != "of":  # an original-BERT format: what it drops
                     notes += source.config.numerics_notes()
             if check is not None:
-                check(stage)
+                check(source, stage)
     except OutputError as e:  # name the file as the user will know it, not its staging path
         if stage is None:
             raise

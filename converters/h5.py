@@ -39,14 +39,15 @@ import re
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, check_against_config, copy_file, expected_shapes
+from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError, OutputError
 from bert_of.fs import writes_to
 from bert_of.tensors import nbytes
 from bert_of.converters import hdf5, hf
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
-from bert_of.converters.mapping import Table, apply, apply_shape, inverse
+from bert_of.converters.common import Options, ReportLine, Source
+from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
+from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort
 
 NAME = "h5"
 WEIGHTS_FILE = "tf_model.h5"
@@ -60,42 +61,34 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _ATTR_LIMIT = 64512
 
 
-def _dense(h5, can):
-    return [(f"{h5}/kernel:0", f"{can}.weight", "T"), (f"{h5}/bias:0", f"{can}.bias")]
+def _scope(canonical: str) -> str:
+    scope = canonical
+    if scope.startswith(("cls.predictions", "cls.seq_relationship")):  # the heads' Keras layers
+        scope = ("mlm___" if scope.startswith("cls.predictions") else "nsp___") + scope
+    return scope.replace(".", "/").replace("layer/{i}", "layer_._{i}")
 
 
-def _ln(h5, can):
-    return [(f"{h5}/LayerNorm/gamma:0", f"{can}.LayerNorm.weight"), (f"{h5}/LayerNorm/beta:0", f"{can}.LayerNorm.bias")]
+# How HF's Keras layers name their weights (every Dense kernel [in, out]).
+PARAMS = {
+    "embedding": [("/weight:0", ".weight")],
+    "table": [("/embeddings:0", ".weight")],
+    "dense": [("/kernel:0", ".weight", "T"), ("/bias:0", ".bias")],
+    "ln": [("/LayerNorm/gamma:0", ".LayerNorm.weight"), ("/LayerNorm/beta:0", ".LayerNorm.bias")],
+    "bias": [("/bias:0", ".bias")],
+}
+_OWN = {"bert.embeddings.token_type_embeddings": ("bert/embeddings/token_type_embeddings", "table"),
+        "bert.embeddings.position_embeddings": ("bert/embeddings/position_embeddings", "table")}
+
+
+def _rows(*groups):
+    return spell(_scope, PARAMS, _OWN, groups)
 
 
 # Format names are the weight names without the model scope (what HF's own
 # loader matches on); rows are in the order HF's classes create the weights.
-_L, _C = "bert/encoder/layer_._{i}", "bert.encoder.layer.{i}"
-EMBEDDINGS = [
-    ("bert/embeddings/word_embeddings/weight:0", "bert.embeddings.word_embeddings.weight"),
-    ("bert/embeddings/token_type_embeddings/embeddings:0", "bert.embeddings.token_type_embeddings.weight"),
-    ("bert/embeddings/position_embeddings/embeddings:0", "bert.embeddings.position_embeddings.weight"),
-    *_ln("bert/embeddings", "bert.embeddings"),
-]
-LAYER = [
-    *_dense(f"{_L}/attention/self/query", f"{_C}.attention.self.query"),
-    *_dense(f"{_L}/attention/self/key", f"{_C}.attention.self.key"),
-    *_dense(f"{_L}/attention/self/value", f"{_C}.attention.self.value"),
-    *_dense(f"{_L}/attention/output/dense", f"{_C}.attention.output.dense"),
-    *_ln(f"{_L}/attention/output", f"{_C}.attention.output"),
-    *_dense(f"{_L}/intermediate/dense", f"{_C}.intermediate.dense"),
-    *_dense(f"{_L}/output/dense", f"{_C}.output.dense"),
-    *_ln(f"{_L}/output", f"{_C}.output"),
-]
-POOLER = _dense("bert/pooler/dense", "bert.pooler.dense")
-MLM = [
-    ("mlm___cls/predictions/bias:0", "cls.predictions.bias"),
-    *_dense("mlm___cls/predictions/transform/dense", "cls.predictions.transform.dense"),
-    *_ln("mlm___cls/predictions/transform", "cls.predictions.transform"),
-]
-NSP = _dense("nsp___cls/seq_relationship", "cls.seq_relationship")
-QA = _dense("qa_outputs", "qa_outputs")
-CLASSIFIER = _dense("classifier", "classifier")
+EMBEDDINGS, LAYER, POOLER = _rows("embeddings"), _rows("layer"), _rows("pooler")
+MLM = sorted(_rows("mlm"), key=lambda r: r[1] != "cls.predictions.bias")  # TFBertMLMHead creates its bias first
+NSP, QA, CLASSIFIER = _rows("nsp"), _rows("qa"), _rows("classifier")
 TABLE = Table([*EMBEDDINGS, *LAYER, *POOLER, *MLM, *NSP, *QA, *CLASSIFIER])
 _POOLER_NAMES = [r[1] for r in POOLER]
 
@@ -287,6 +280,7 @@ def _read(f, h5: str, opts: Options) -> Source:
         raise CheckpointError(f"{h5}: weights from more than one model scope ({', '.join(scopes)})")
     scope = scopes[0]
     inner = {ds: w.partition("/")[2] for _, w, ds in entries}
+    group = {ds: g for g, _, ds in entries}
     has_pooler = any(inner[ds] == POOLER[0][0] for _, _, ds in entries)
     layout = LAYOUTS[_layout_for(h5, scope, {g for g, _, _ in entries}, has_pooler)]
 
@@ -297,98 +291,49 @@ def _read(f, h5: str, opts: Options) -> Source:
         raise CheckpointError(f"{vocab}: vocab file not found")
     vocab = vocab if os.path.isfile(vocab) else None
 
-    report, model, unknown = [], [], []
-    home = {}  # canonical -> dataset, for the tied copies
-    for group, w, ds in entries:
-        name = inner[ds]
-        hit = TABLE.to_canonical(name)
-        if hit is None:
-            unknown.append(ds)
-            report.append(ReportLine(ds, "dropped", note="not a BERT weight (--skip-unknown)"))
-            continue
-        target, transform = hit
-        if group != "bert" and name.startswith("bert/"):  # MLM head's reference to the embeddings
-            continue
-        if target in home:
-            raise CheckpointError(f"{h5}: datasets {home[target]} and {ds} both hold {target}")
-        home[target] = ds
-        report.append(ReportLine(ds, "mapped", target, "transposed" if transform else ""))
-        model.append((ds, target, transform))
-    for group, w, ds in entries:  # tied copies: must equal the bert group's
-        name = inner[ds]
-        if group == "bert" or not name.startswith("bert/") or TABLE.to_canonical(name) is None:
-            continue
-        target = TABLE.to_canonical(name)[0]
+    tied = []  # (dataset, canonical, its report line): the MLM head's references to the embeddings
+
+    def classify(e):
+        if e.name not in inner:
+            return ReportLine(e.name, "unknown", note="not listed in any weight_names (Keras ignores it)")
+        found = hit(TABLE, inner[e.name])
+        if found and group[e.name] != "bert" and inner[e.name].startswith("bert/"):
+            tied.append((e.name, found.target, ReportLine(e.name, "dropped")))
+            return tied[-1][2]
+        return found
+
+    found = sort([Entry(ds) for _, _, ds in entries] + [Entry(ds) for ds in unlisted], classify, opts, h5,
+                 "dataset", TABLE)
+    home = {h.target: e.name for e, h in found.model}
+    for ds, target, line in tied:  # must equal the bert group's
         if target not in home:
             raise CheckpointError(f"{h5}: dataset {ds} has no counterpart in the bert group")
         if not _same(f, h5, home[target], ds):
             raise CheckpointError(f"{h5}: dataset {ds} differs from {home[target]} "
                                   f"(the MLM head's tied embeddings must equal the model's)")
-        report.append(ReportLine(ds, "dropped", note=f"tied to {home[target]} (equal), dropped"))
-    for ds in unlisted:
-        unknown.append(ds)
-        report.append(ReportLine(ds, "dropped", note="not listed in any weight_names (Keras ignores it)"))
-    if unknown and not opts.skip_unknown:
-        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
-        raise CheckpointError(f"{h5}: unknown dataset {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
+        line.note = f"tied to {home[target]} (equal), dropped"
+    for e, h in found.model:
+        d = hdf5.plain_dataset(f, h5, e.name)
+        if h.transform == "T" and len(d.shape) != 2:
+            raise CheckpointError(f"{h5}: dataset {e.name} has shape {list(d.shape)}; a kernel is 2-D")
+        e.shape, e.dtype = tuple(d.shape), d.dtype
+        e.read = lambda ds=e.name: hdf5.read_dataset(f, h5, ds)
 
-    specs = {}
-    for ds, target, transform in model:
-        d = hdf5.plain_dataset(f, h5, ds)
-        if transform == "T" and len(d.shape) != 2:
-            raise CheckpointError(f"{h5}: dataset {ds} has shape {list(d.shape)}; a kernel is 2-D")
-        specs[target] = (ds, d.dtype, apply_shape(transform, d.shape), transform)
-    if "classifier.weight" in specs and specs["classifier.weight"][2][:1]:  # the label count is the tensor's
-        config.num_labels = specs["classifier.weight"][2][0]
-    added = []
-    if not layout.pooler and not any(n in specs for n in _POOLER_NAMES):
-        H = config.hidden_size
-        dt = specs["bert.embeddings.word_embeddings.weight"][1] if "bert.embeddings.word_embeddings.weight" in specs \
-            else np.dtype(np.float32)
-        added = [(n, dt, shape) for n, shape in zip(_POOLER_NAMES, ((H, H), (H,)))]
+    fill = []
+    if not layout.pooler and not any(h.target in _POOLER_NAMES for _, h in found.model):
+        word = next((e for e, h in found.model if h.target == "bert.embeddings.word_embeddings.weight"), None)
+        fill = pooler_zeros(config, word.dtype if word else np.float32)
         note = (f"no pooler in the source ({layout.cls} has none): bert.pooler filled with zeros, "
                 f"which this head does not read")
-        for r in report:  # said on the head's lines, so the counts stay those of the file
+        for r in found.report:  # said on the head's lines, so the counts stay those of the file
             if r.action == "mapped" and not r.target.startswith("bert."):
                 r.note = f"{r.note}; {note}" if r.note else note
-    shapes = {t: s[2] for t, s in specs.items()}
-    shapes.update({n: shape for n, _, shape in added})
-    _check(shapes, config, {t: s[0] for t, s in specs.items()}, scope, h5)
 
-    def producer(ds, transform):
-        return lambda: apply(transform, hdf5.read_dataset(f, h5, ds))
+    def shown(name):  # where a missing weight would be: group/scope/name
+        spelled = TABLE.from_canonical(name)
+        return f"{spelled[0].partition('/')[0]}/{scope}/{spelled[0]}" if spelled else name
 
-    tensors = []
-    for target, (ds, dtype, shape, transform) in specs.items():
-        tensors.append(cast_spec(TensorSpec(target, np.dtype(dtype), shape), producer(ds, transform), opts.dtype))
-    for n, dt, shape in added:
-        tensors.append(cast_spec(TensorSpec(n, np.dtype(dt), shape),
-                                 lambda dt=dt, shape=shape: np.zeros(shape, dt), opts.dtype))
-    return Source(h5, NAME, config, vocab, tensors, [], {}, report)
-
-
-def _check(shapes, config, back, scope, where):
-    """check_against_config, with messages in the file's names and [in, out] shapes."""
-    def src(name):
-        if name in back:
-            return back[name]
-        hit = TABLE.from_canonical(name)
-        if hit is None:
-            return name
-        return f"{hit[0].partition('/')[0]}/{scope}/{hit[0]}"  # where it would be: group/scope/name
-
-    try:
-        check_against_config(shapes, config, src, where)
-    except CheckpointError as err:
-        msg = str(err)
-        want = expected_shapes(config)
-        for name, shape in shapes.items():
-            if f"tensor {src(name)} has shape" in msg and name in want:
-                inv = inverse(TABLE.from_canonical(name)[1])
-                msg = (f"{where}: dataset {src(name)} has shape {list(apply_shape(inv, shape))} but the config "
-                       f"implies {list(apply_shape(inv, want[name]))} (config does not fit the tensors)")
-                break
-        raise CheckpointError(msg.replace(": tensor ", ": dataset ", 1)) from None
+    return finish(h5, NAME, config, vocab, found, opts, TABLE, fill, noun="dataset", shown=shown, config_file=cfg_path)
 
 
 # --------------------------------------------------------------------------- writing
@@ -424,11 +369,6 @@ def _set_list_attr(obj, name: str, values: list) -> None:
     else:
         for k, c in enumerate(chunks):
             obj.attrs[f"{name}{k}"] = list(c)
-
-
-def write(source: Source, dst: str, opts: Options) -> list:
-    """Write ``dst/`` as transformers' TF directory: tf_model.h5, config.json (+ vocab.txt)."""
-    return write_with(write_files, source, dst, opts)
 
 
 def _write_error(path: str, e: Exception) -> OutputError:

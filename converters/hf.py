@@ -47,12 +47,13 @@ import os
 
 import numpy as np
 
-from bert_of.checkpoint import SafetensorsFile, TensorSpec, check_against_config, copy_file, write_safetensors
+from bert_of.checkpoint import SafetensorsFile, TensorSpec, copy_file, write_safetensors
 from bert_of.config import HF_ACT, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import read_json, write_json, writes_to
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, lower_case_of, write_with
-from bert_of.converters.mapping import Table
+from bert_of.converters.common import Options, ReportLine, Source, lower_case_of
+from bert_of.converters.mapping import Table, spell
+from bert_of.converters.reader import POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros, sort
 from bert_of.converters.torch_zip import TorchZipFile
 from bert_of.tokenization import read_vocab_lines
 
@@ -84,51 +85,21 @@ _FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_head
 # --------------------------------------------------------------------------- names
 
 
-def _dense(p):
-    return [(f"{p}.weight", f"{p}.weight"), (f"{p}.bias", f"{p}.bias")]
-
-
-def _ln(p):
-    return [(f"{p}.LayerNorm.weight", f"{p}.LayerNorm.weight"), (f"{p}.LayerNorm.bias", f"{p}.LayerNorm.bias")]
-
-
-def _ln_old(p):  # pytorch-pretrained-bert spelling; read only (rows after the modern ones)
-    return [(f"{p}.LayerNorm.gamma", f"{p}.LayerNorm.weight"), (f"{p}.LayerNorm.beta", f"{p}.LayerNorm.bias")]
-
-
-_L = "bert.encoder.layer.{i}"
-_LN_SCOPES = ("bert.embeddings", f"{_L}.attention.output", f"{_L}.output", "cls.predictions.transform")
-TABLE = Table([
-    ("bert.embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"),
-    ("bert.embeddings.position_embeddings.weight", "bert.embeddings.position_embeddings.weight"),
-    ("bert.embeddings.token_type_embeddings.weight", "bert.embeddings.token_type_embeddings.weight"),
-    *_ln("bert.embeddings"),
-    *_dense(f"{_L}.attention.self.query"),
-    *_dense(f"{_L}.attention.self.key"),
-    *_dense(f"{_L}.attention.self.value"),
-    *_dense(f"{_L}.attention.output.dense"),
-    *_ln(f"{_L}.attention.output"),
-    *_dense(f"{_L}.intermediate.dense"),
-    *_dense(f"{_L}.output.dense"),
-    *_ln(f"{_L}.output"),
-    *_dense("bert.pooler.dense"),
-    *_dense("cls.predictions.transform.dense"),
-    *_ln("cls.predictions.transform"),
-    ("cls.predictions.bias", "cls.predictions.bias"),
-    *_dense("cls.seq_relationship"),
-    *_dense("qa_outputs"),
-    *_dense("classifier"),
-    *[row for scope in _LN_SCOPES for row in _ln_old(scope)],
-])
+# HF's names are the canonical ones: every scope spelled as it is, Linear weights [out, in].
+PARAMS = {"embedding": [(".weight", ".weight")], "dense": [(".weight", ".weight"), (".bias", ".bias")],
+          "ln": [(".LayerNorm.weight", ".LayerNorm.weight"), (".LayerNorm.bias", ".LayerNorm.bias")],
+          "bias": [(".bias", ".bias")]}
+# pytorch-pretrained-bert's LayerNorm spelling; read only (rows after the modern ones)
+OLD_PARAMS = {"embedding": [], "dense": [], "bias": [],
+              "ln": [(".LayerNorm.gamma", ".LayerNorm.weight"), (".LayerNorm.beta", ".LayerNorm.bias")]}
+TABLE = Table(spell(str, PARAMS) + spell(str, OLD_PARAMS))
 
 # Tensors HF files hold that bert_of does not: name -> what they are.
 DECODER_W = "cls.predictions.decoder.weight"  # tied to the word embeddings
 DECODER_B = "cls.predictions.decoder.bias"  # the same Parameter as cls.predictions.bias
 POSITION_IDS = "bert.embeddings.position_ids"  # buffer: arange(max_position_embeddings)[None]
 TOKEN_TYPE_IDS = "bert.embeddings.token_type_ids"  # buffer: zeros
-WORD_EMB = "bert.embeddings.word_embeddings.weight"
 MLM_BIAS = "cls.predictions.bias"
-POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
 _BARE_ROOTS = ("embeddings.", "encoder.", "pooler.")
 
 # HF classes bert_of computes, by the head tensors present (canonical prefixes); pooler or not.
@@ -353,95 +324,59 @@ def read(path: str, opts: Options) -> Source:
     def full(n):  # HF name -> canonical-side HF name (prefix restored for bare BertModel files)
         return "bert." + n if bare and n.startswith(_BARE_ROOTS) else n
 
-    back = {}  # canonical -> HF name, for messages
-    report, model, unknown = [], [], []
-    special = {}
-    for n in names:
-        hit = TABLE.to_canonical(full(n))
-        if hit is not None:
-            if hit[0] in back:
-                raise CheckpointError(f"{where}: tensors {back[hit[0]]} and {n} are both {hit[0]}")
-            back[hit[0]] = n
-            model.append((n, hit[0]))
-        elif full(n) in (DECODER_W, DECODER_B, POSITION_IDS, TOKEN_TYPE_IDS):
-            special[full(n)] = n
-        else:
-            unknown.append(n)
-    if not model:
-        raise CheckpointError(f"{where}: not a BERT checkpoint (no embeddings.word_embeddings or other BERT tensor)")
-    if unknown and not opts.skip_unknown:
-        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
-        raise CheckpointError(f"{where}: unknown tensor {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
+    canon = {TABLE.to_canonical(full(n))[0] for n in names if TABLE.to_canonical(full(n))}
+    twins = {}  # canonical -> [HF names of its tied copies], checked equal when it is read
 
-    canon = {c for _, c in model}
-    kind = _head_kind(canon | ({MLM_BIAS} if DECODER_B in special else set()))
+    def classify(e):  # tied copies and buffers: accounted for, checked, dropped
+        name = full(e.name)
+        if name == DECODER_W:
+            if WORD_EMB not in canon:
+                raise CheckpointError(f"{where}: tensor {e.name} without bert.embeddings.word_embeddings.weight")
+            twins.setdefault(WORD_EMB, []).append(e.name)
+            return ReportLine(e.name, "dropped", note="tied to the word embeddings, equal (bert_of ties them)")
+        if name == DECODER_B and MLM_BIAS in canon:
+            twins.setdefault(MLM_BIAS, []).append(e.name)
+            return ReportLine(e.name, "dropped", note="tied to cls.predictions.bias, equal")
+        if name == DECODER_B:
+            return Hit(MLM_BIAS, note="tied decoder bias = cls.predictions.bias")
+        if name in (POSITION_IDS, TOKEN_TYPE_IDS):
+            arange = name == POSITION_IDS
+            _check_buffer(weights, e.name, where, "arange" if arange else "zeros")
+            return ReportLine(e.name, "dropped", note="buffer: position ids 0..P-1 (bert_of computes them)"
+                              if arange else "buffer: zero token type ids")
+        return hit(TABLE, name)
+
+    found = sort([Entry(n) for n in names], classify, opts, where, table=TABLE)
+    for e, h in found.model:
+        e.shape, e.dtype = weights.shape(e.name), weights.dtype(e.name)
+        e.read = _producer(weights, e.name, twins.get(h.target, []), where)
+
+    kept = {h.target for _, h in found.model}
+    kind = _head_kind(kept)
     arch = config.extra.get("architectures")
     arch0 = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
     if arch == [_ARCH[kind][0]]:
         del config.extra["architectures"]  # recomputed on write
-    if "classifier.weight" in canon and weights.shape(back["classifier.weight"])[:1]:
-        config.num_labels = weights.shape(back["classifier.weight"])[0]
-
-    # tied and buffer tensors: accounted for, checked, dropped
-    checks = {}  # canonical -> [(HF name of its tied twin)]
-    for full_name, n in special.items():
-        if full_name == DECODER_W:
-            if WORD_EMB not in back:
-                raise CheckpointError(f"{where}: tensor {n} without bert.embeddings.word_embeddings.weight")
-            checks.setdefault(WORD_EMB, []).append(n)
-            report.append(ReportLine(n, "dropped", note="tied to the word embeddings, equal (bert_of ties them)"))
-        elif full_name == DECODER_B:
-            if MLM_BIAS in back:
-                checks.setdefault(MLM_BIAS, []).append(n)
-                report.append(ReportLine(n, "dropped", note="tied to cls.predictions.bias, equal"))
-            else:
-                back[MLM_BIAS] = n
-                model.append((n, MLM_BIAS))
-        elif full_name == POSITION_IDS:
-            _check_buffer(weights, n, where, "arange")
-            report.append(ReportLine(n, "dropped", note="buffer: position ids 0..P-1 (bert_of computes them)"))
-        else:
-            _check_buffer(weights, n, where, "zeros")
-            report.append(ReportLine(n, "dropped", note="buffer: zero token type ids"))
-    for n in unknown:
-        report.append(ReportLine(n, "dropped", note="not a BERT tensor (--skip-unknown)"))
-
     head_note = ""
-    if arch0 in _OTHER_CLASSIFIERS and "classifier.weight" in canon:
+    if arch0 in _OTHER_CLASSIFIERS and "classifier.weight" in kept:
         head_note = f"HF {arch0}: bert_of's classifier head computes sequence classification on the pooled output"
-    shapes = {c: weights.shape(n) for n, c in model}
-    missing_pooler = not any(p in shapes for p in POOLER)
-    if missing_pooler:
+    fill = []
+    if not any(p in kept for p in POOLER):
         head_note = head_note or (f"no pooler in the source ({arch0 or _ARCH[kind][0]} has none): "
                                   f"bert.pooler filled with zeros" + (", which this head does not read"
                                                                       if kind in ("qa", "mlm") else ""))
-    has_head = any(not c.startswith("bert.") for c in canon)
-    for n, c in model:
-        note = "tied decoder bias = cls.predictions.bias" if n == special.get(DECODER_B) else ""
-        if head_note and (not c.startswith("bert.") if has_head else c == WORD_EMB):
-            note = head_note
-        report.append(ReportLine(n, "mapped", c, note))
+        word = next((e for e, h in found.model if h.target == WORD_EMB), None)
+        fill = pooler_zeros(config, word.dtype if word else np.float32)
+    has_head = any(not c.startswith("bert.") for c in kept)
+    for r in found.report:  # said on the head's lines (or the embeddings'), so counts stay the file's
+        if head_note and r.action == "mapped" and (not r.target.startswith("bert.") if has_head
+                                                   else r.target == WORD_EMB):
+            r.note = head_note
 
-    def src(name):
-        if name in back:
-            return back[name]
+    def shown(name):  # a tensor the file lacks, as this file would name it
         return name[len("bert."):] if bare and name.startswith("bert.") else name
 
-    check_shapes = dict(shapes)
-    if missing_pooler:
-        H = config.hidden_size
-        check_shapes.update({POOLER[0]: (H, H), POOLER[1]: (H,)})
-    check_against_config(check_shapes, config, src, where)
-    tensors = []
-    for n, c in model:
-        spec = TensorSpec(c, weights.dtype(n), shapes[c])
-        tensors.append(cast_spec(spec, _producer(weights, n, checks.get(c, []), where), opts.dtype))
-    if missing_pooler:
-        dt = weights.dtype(back[WORD_EMB])
-        for name, shape in ((POOLER[0], check_shapes[POOLER[0]]), (POOLER[1], check_shapes[POOLER[1]])):
-            spec = TensorSpec(name, dt, shape)
-            tensors.append(cast_spec(spec, (lambda s=shape, d=dt: np.zeros(s, d)), opts.dtype))
-    return Source(path, NAME, config, vocab, tensors, [], {}, report)
+    return finish(where, NAME, config, vocab, found, opts, TABLE, fill, shown=shown, config_file=cfg_path)
 
 
 def _producer(weights, name, twins, where):
@@ -501,11 +436,6 @@ def inspect(path: str) -> dict:
 
 
 # --------------------------------------------------------------------------- write
-
-
-def write(source: Source, dst: str, opts: Options) -> list:
-    """Write ``dst/`` as transformers' ``save_pretrained`` does (see :func:`write_files`)."""
-    return write_with(write_files, source, dst, opts)
 
 
 def write_files(source: Source, d: str, opts: Options) -> list:

@@ -74,13 +74,14 @@ import re
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, expected_shapes
+from bert_of.checkpoint import expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import writes_to
 from bert_of.tensors import check_shape, nbytes
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_google_sidecars, write_with
-from bert_of.converters.mapping import Table, apply, apply_shape, inverse
+from bert_of.converters.common import Options, ReportLine, Source, write_google_sidecars
+from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
+from bert_of.converters.reader import Entry, Hit, check, finish, sort
 
 NAME = "lazy"
 CONFIG_FILE = "bert_config.json"
@@ -90,55 +91,34 @@ DATA_FILE = "out"
 META_FILE = "meta"
 
 
-def _dense(lz, can):
-    return [(f"{lz}-weight", f"{can}.weight", "T"), (f"{lz}-bias", f"{can}.bias")]
+def _scope(canonical: str) -> str:
+    return canonical.replace(".", "-").replace("layer-{i}", "layer_{i}")
 
 
-def _ln(lz, can):
-    return [(f"{lz}-LayerNorm-gamma", f"{can}.LayerNorm.weight"), (f"{lz}-LayerNorm-beta", f"{can}.LayerNorm.bias")]
-
-
-_L, _C = "bert-encoder-layer_{i}", "bert.encoder.layer.{i}"
-_SHARED = [
-    ("bert-embeddings-word_embeddings", "bert.embeddings.word_embeddings.weight"),
-    ("bert-embeddings-token_type_embeddings", "bert.embeddings.token_type_embeddings.weight"),
-    *_ln("bert-embeddings", "bert.embeddings"),
-    *_dense(f"{_L}-attention-self-query", f"{_C}.attention.self.query"),
-    *_dense(f"{_L}-attention-self-key", f"{_C}.attention.self.key"),
-    *_dense(f"{_L}-attention-self-value", f"{_C}.attention.self.value"),
-    *_dense(f"{_L}-attention-output-dense", f"{_C}.attention.output.dense"),
-    *_ln(f"{_L}-attention-output", f"{_C}.attention.output"),
-    *_dense(f"{_L}-intermediate-dense", f"{_C}.intermediate.dense"),
-    *_dense(f"{_L}-output-dense", f"{_C}.output.dense"),
-    *_ln(f"{_L}-output", f"{_C}.output"),
-    *_dense("bert-pooler-dense", "bert.pooler.dense"),
-    *_dense("cls-predictions-transform-dense", "cls.predictions.transform.dense"),
-    *_ln("cls-predictions-transform", "cls.predictions.transform"),
-    ("cls-predictions-output_bias", "cls.predictions.bias"),
-    ("cls-seq_relationship-output_weights", "cls.seq_relationship.weight"),
-    ("cls-seq_relationship-output_bias", "cls.seq_relationship.bias"),
-]
+# How the lazy BERT spells each kind of scope (dense weights [in, out]; positions [1, P, H]).
+PARAMS = {
+    "embedding": [("", ".weight")],
+    "position": [("", ".weight", "squeeze0")],
+    "dense": [("-weight", ".weight", "T"), ("-bias", ".bias")],
+    "ln": [("-LayerNorm-gamma", ".LayerNorm.weight"), ("-LayerNorm-beta", ".LayerNorm.bias")],
+    "bias": [("-output_bias", ".bias")],
+    "out": [("-output_weights", ".weight"), ("-output_bias", ".bias")],  # already [out, in]
+}
 POSITION = "bert-embeddings-position_embeddings"
 # What OneFlow-Benchmark's lazy BERT names its variables (the writer's table).
-TABLE = Table([
-    *_SHARED,
-    (POSITION, "bert.embeddings.position_embeddings.weight", "squeeze0"),
-    ("cls-squad-output-weight", "qa_outputs.weight", "T"),
-    ("cls-squad-output-bias", "qa_outputs.bias"),
-    ("classification-output_weights", "classifier.weight"),
-    ("classification-output_bias", "classifier.bias"),
-])
-# convert_tf_ckpt_to_of.py's names for Google's variables (read only).
-TF_TABLE = Table([
-    *_SHARED,
-    (POSITION, "bert.embeddings.position_embeddings.weight"),
-    ("cls-squad-output_weights", "qa_outputs.weight"),
-    ("cls-squad-output_bias", "qa_outputs.bias"),
-    ("output_weight-output_weights", "classifier.weight"),  # the script's off-by-one split
-    ("output_bia-output_bias", "classifier.bias"),
-    ("output_weights", "classifier.weight"),
-    ("output_bias", "classifier.bias"),
-])
+TABLE = Table(spell(_scope, PARAMS, {
+    "bert.embeddings.position_embeddings": (POSITION, "position"),
+    "cls.seq_relationship": ("cls-seq_relationship", "out"),
+    "qa_outputs": ("cls-squad-output", "dense"),  # [H, 2]
+    "classifier": ("classification", "out"),
+}))
+# convert_tf_ckpt_to_of.py's names for Google's variables (read only): TF's head names, [P, H] positions.
+TF_TABLE = Table(spell(_scope, PARAMS, {
+    "cls.seq_relationship": ("cls-seq_relationship", "out"),
+    "qa_outputs": ("cls-squad", "out"),
+    "classifier": ("", "out"),
+}) + [("output_weight-output_weights", "classifier.weight"),  # the script's off-by-one split
+      ("output_bia-output_bias", "classifier.bias")])
 
 # slot suffix -> (canonical prefix, which snapshot variant names it)
 SLOTS = {"m": ("m", "lazy"), "v": ("v", "lazy"), "beta1_t": ("beta1_t", "lazy"), "beta2_t": ("beta2_t", "lazy"),
@@ -342,17 +322,31 @@ def apply_numerics(config: BertConfig, provenance: str) -> BertConfig:
     return config
 
 
-class _Var:
-    __slots__ = ("name", "dir", "kind", "target", "transform", "evidence", "extra", "meta", "dtype", "shape")
+class _Var(Entry):
+    """A variable folder: an Entry (name, on-disk shape and dtype, its ``out`` read raw) and what
+    the lazy rules need to get there (kind, variant evidence, slot or job, meta)."""
 
     def __init__(self, name, d, kind, target, transform, evidence, extra):
-        self.name, self.dir, self.kind, self.target = name, d, kind, target
-        self.transform, self.evidence, self.extra = transform, evidence, extra
-        self.meta, self.dtype, self.shape = None, None, None
+        super().__init__(name, read=self._read)
+        self.dir, self.kind, self.evidence, self.extra, self.meta = d, kind, evidence, extra, None
+        self.hit = None if kind is None else Hit(target, transform, optimizer=kind != "model")
+
+    target = property(lambda self: self.hit.target)
+    transform = property(lambda self: self.hit.transform, lambda self, t: setattr(self.hit, "transform", t))
 
     @property
     def out(self):
         return os.path.join(self.dir, DATA_FILE)
+
+    def _read(self):
+        n = math.prod(self.shape)
+        try:
+            arr = np.fromfile(self.out, dtype=self.dtype, count=n)
+        except OSError as e:
+            raise CheckpointError(f"{self.out}: cannot read ({e.strerror or e})") from None
+        if arr.size != n:
+            raise CheckpointError(f"{self.out}: file ended early ({arr.size} of {n} elements)")
+        return arr.reshape(self.shape)
 
 
 def _variant(snap, vars_, done):
@@ -385,7 +379,7 @@ def read(path: str, opts: Options) -> Source:
         raise CheckpointError(f"{snap}: not a directory (a lazy OneFlow snapshot is a directory of variable folders)")
     done = os.path.isfile(os.path.join(snap, SNAPSHOT_DONE))
 
-    vars_, report, empty = [], [], []
+    vars_, empty = [], []
     for e in sorted(os.scandir(snap), key=lambda e: e.name):
         if not e.is_dir():
             continue  # snapshot_done, bert_config.json, vocab.txt, notes: not variables
@@ -413,10 +407,7 @@ def read(path: str, opts: Options) -> Source:
     if empty and not opts.skip_unknown:
         raise CheckpointError(f"{snap}: folder {empty[0]} has no {DATA_FILE} file (a variable folder without data; "
                               f"--skip-unknown ignores it)")
-    unknown = [v.name for v in vars_ if v.kind is None]
-    if unknown and not opts.skip_unknown:
-        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
-        raise CheckpointError(f"{snap}: unknown variable {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
+    found = sort(vars_, lambda v: v.hit, opts, snap, "variable", TABLE)
     known = [v for v in vars_ if v.kind is not None]
     variant, why = _variant(snap, known, done)
 
@@ -439,88 +430,31 @@ def read(path: str, opts: Options) -> Source:
     if len(steps) > 1:
         raise CheckpointError(f"{snap}: more than one train step variable ({', '.join(steps)})")
 
-    numerics_note = ""
-    if variant == "tf" and not opts.numerics:
-        numerics_note = (f"convert_tf_ckpt_to_of.py output ({why}): Google TF weights, recorded tf1 numerics "
-                         f"(gelu_tanh, layer_norm_eps 1e-12; --numerics lazy overrides)")
-
-    model, optim = [], []
-    for v in vars_:
-        if v.kind is None:
-            report.append(ReportLine(v.name, "dropped", note="not a BERT variable (--skip-unknown)"))
-            continue
-        if v.kind == "model":
-            note = []
-            if v.transform == "T":
-                note.append("transposed")
-            elif v.transform == "squeeze0":
-                note.append("[1,P,H] squeezed")
-            if numerics_note and not model:
-                note.append(numerics_note)
-            report.append(ReportLine(v.name, "mapped", v.target, "; ".join(note)))
-            model.append(v)
-        elif opts.with_optimizer:
-            report.append(ReportLine(v.name, "optimizer", v.target))
-            optim.append(v)
-        else:
-            report.append(ReportLine(v.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
+    if variant == "tf" and not opts.numerics:  # said once, on the first weight
+        first = next(r for r in found.report if r.action == "mapped")
+        first.note = (f"convert_tf_ckpt_to_of.py output ({why}): Google TF weights, recorded tf1 numerics "
+                      f"(gelu_tanh, layer_norm_eps 1e-12; --numerics lazy overrides)")
     for name in empty:
-        report.append(ReportLine(name, "dropped", note=f"folder without {DATA_FILE} (--skip-unknown)"))
+        found.report.append(ReportLine(name, "dropped", note=f"folder without {DATA_FILE} (--skip-unknown)"))
 
     meta = {}
-    if optim:
-        if "beta1_t" in slots or "beta2_t" in slots:
-            meta = {"optimizer": "lamb", "bias_correction": "true", "eps": "1e-06",
-                    "bias_correction_state": "beta1_t/beta2_t (beta^t per variable)"}
-        elif "momentum" in slots:
-            meta = {"optimizer": "sgd_momentum"}
-        else:
-            meta = {"optimizer": "adamw", "bias_correction": "false", "eps": "1e-06"}
-        meta["source"] = ("legacy lazy OneFlow" if variant == "lazy"
-                          else "google-research/bert AdamWeightDecayOptimizer via convert_tf_ckpt_to_of.py")
-        if "step" in jobs:
-            meta["lazy_job_name"] = jobs["step"]
-        for k in ("loss_scale", "good_step_counter"):
-            if k in jobs and jobs[k] != meta.setdefault("lazy_job_name", jobs[k]):
-                meta["lazy_loss_scale_job_name"] = jobs[k]
-
-    def stream(items):
-        out = []
-        for v in items:
-            spec = TensorSpec(v.target, v.dtype, _canonical_shape(v))
-            # --dtype casts weights and their moments, never counters, loss scales or beta^t
-            cast = v.kind == "model" or (v.kind == "slot" and v.extra[0] not in _SCALAR_SLOTS)
-            out.append(cast_spec(spec, _producer(v), opts.dtype if cast else None))
-        return out
-
-    return Source(snap, NAME, config, vocab, stream(model), stream(optim), meta, report)
-
-
-def _canonical_shape(v):
-    if v.kind in ("step", "tf_step", "loss_scale", "good_step_counter"):
-        return ()
-    if v.kind == "slot" and v.extra[0] in _SCALAR_SLOTS:
-        return tuple(v.shape)
-    return apply_shape(v.transform, v.shape)
-
-
-def _producer(v):
-    def produce():
-        n = math.prod(v.shape)
-        try:
-            arr = np.fromfile(v.out, dtype=v.dtype, count=n)
-        except OSError as e:
-            raise CheckpointError(f"{v.out}: cannot read ({e.strerror or e})") from None
-        if arr.size != n:
-            raise CheckpointError(f"{v.out}: file ended early ({arr.size} of {n} elements)")
-        arr = arr.reshape(v.shape)
-        if v.kind in ("step", "tf_step", "loss_scale", "good_step_counter"):
-            return arr.reshape(())
-        if v.kind == "slot" and v.extra[0] in _SCALAR_SLOTS:
-            return arr
-        return apply(v.transform, arr)
-
-    return produce
+    if "beta1_t" in slots or "beta2_t" in slots:
+        meta = {"optimizer": "lamb", "bias_correction": "true", "eps": "1e-06",
+                "bias_correction_state": "beta1_t/beta2_t (beta^t per variable)"}
+    elif "momentum" in slots:
+        meta = {"optimizer": "sgd_momentum"}
+    else:
+        meta = {"optimizer": "adamw", "bias_correction": "false", "eps": "1e-06"}
+    meta["source"] = ("legacy lazy OneFlow" if variant == "lazy"
+                      else "google-research/bert AdamWeightDecayOptimizer via convert_tf_ckpt_to_of.py")
+    if "step" in jobs:
+        meta["lazy_job_name"] = jobs["step"]
+    for k in ("loss_scale", "good_step_counter"):
+        if k in jobs and jobs[k] != meta.setdefault("lazy_job_name", jobs[k]):
+            meta["lazy_loss_scale_job_name"] = jobs[k]
+    source = finish(snap, NAME, config, vocab, found, opts, TABLE, optimizer_meta=meta, config_file=cfg_path)
+    source.native_numerics = "tf1" if variant == "tf" else "lazy"
+    return source
 
 
 def _model_shape(snap, v, config, variant):
@@ -581,7 +515,7 @@ def _resolve_shapes(snap, vars_, config, variant):
     clf = next((v for v in model if v.target == "classifier.weight"), None)
     if clf is not None and len(clf.shape) == 2:
         config.num_labels = clf.shape[0]
-    _check(snap, model, config)
+    check([(v, v.hit) for v in model], config, snap, TABLE)
 
     by_target = {v.target: v for v in model}
     rest = [v for v in vars_ if v.kind != "model"]
@@ -589,6 +523,7 @@ def _resolve_shapes(snap, vars_, config, variant):
         if v.kind == "slot":
             prefix, base = v.extra
             if prefix in _SCALAR_SLOTS:
+                v.transform = None  # [1] per variable, whatever the variable's layout
                 v.shape, v.dtype = v.meta or ((1,), np.dtype("<f4"))
                 if tuple(v.shape) != (1,):
                     raise CheckpointError(f"{snap}: tensor {v.name} has shape {list(v.shape)}, expected [1]")
@@ -606,35 +541,13 @@ def _resolve_shapes(snap, vars_, config, variant):
                 v.shape, v.dtype = _model_shape(snap, tmp, config, variant)
             _position_transform(v)
         elif v.kind in _SYSTEM:
+            v.transform = "scalar"  # a counter or loss scale kept as [1]: one value
             v.dtype, v.shape = _SYSTEM[v.kind]
             if v.meta:
                 v.shape, v.dtype = v.meta
                 if math.prod(v.shape) != 1:
                     raise CheckpointError(f"{snap}: tensor {v.name} has shape {list(v.shape)}, expected one value")
     _check_sizes(rest)
-
-
-def _check(snap, vars_, config):
-    """Every tensor the shape the config implies (in the snapshot's own layout); backbone complete."""
-    want = expected_shapes(config)
-    seen = {}
-    for v in vars_:
-        if v.kind != "model":
-            continue
-        if v.target in seen:
-            raise CheckpointError(f"{snap}: {v.name} and {seen[v.target]} are the same tensor ({v.target})")
-        seen[v.target] = v.name
-        if v.target not in want:
-            _no_place(snap, v.name, v.target, config)
-        got = apply_shape(v.transform, v.shape)
-        if tuple(got) != tuple(want[v.target]):
-            exp = apply_shape(inverse(v.transform), want[v.target])
-            raise CheckpointError(f"{snap}: tensor {v.name} has shape {list(v.shape)} but the config implies "
-                                  f"{list(exp)} (config does not fit the tensors)")
-    for name in want:
-        if name.startswith("bert.") and name not in seen:
-            hit = TABLE.from_canonical(name)
-            raise CheckpointError(f"{snap}: tensor {hit[0] if hit else name} is missing")
 
 
 # --------------------------------------------------------------------------- write
@@ -668,11 +581,6 @@ def _job_name(source: Source, key="lazy_job_name") -> str:
         if any(n.startswith(prefix) for n in names):
             return j
     return DEFAULT_JOB
-
-
-def write(source: Source, dst: str, opts: Options) -> list:
-    """Write ``dst/`` as a legacy lazy snapshot (see the module docstring)."""
-    return write_with(write_files, source, dst, opts)
 
 
 def write_files(source: Source, d: str, opts: Options) -> list:

@@ -9,6 +9,10 @@ transform turns the format's array into the canonical one:
 
 The same row read right-to-left maps back (each transform has an inverse), so
 N formats need N tables and any-to-any conversion goes through canonical names.
+
+Tables are not written out by hand: :func:`spell` derives a format's rows from the one BERT
+scope list (:data:`bert_of.tensors.SCOPES`), given how the format spells a scope (a function
+plus the few scopes it spells its own way) and each kind's parameters.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from typing import Optional
 
 import numpy as np
 
+from bert_of.tensors import SCOPES
+
 # transform -> (array fn, shape fn, inverse transform)
 TRANSFORMS = {
     None: (lambda a: a, lambda s: tuple(s), None),
     "T": (lambda a: np.ascontiguousarray(a.T), lambda s: tuple(reversed(s)), "T"),
     "squeeze0": (lambda a: a.reshape(a.shape[1:]), lambda s: tuple(s[1:]), "unsqueeze0"),
     "unsqueeze0": (lambda a: a.reshape((1,) + a.shape), lambda s: (1,) + tuple(s), "squeeze0"),
+    # a single value stored as [1] (or [1, 1]) read as a scalar: step counters, loss scales
+    "scalar": (lambda a: a.reshape(()), lambda s: (), "scalar"),
 }
 
 
@@ -38,6 +46,35 @@ def apply_shape(transform: Optional[str], shape) -> tuple:
 
 def inverse(transform: Optional[str]) -> Optional[str]:
     return TRANSFORMS[transform][2]
+
+
+def spell(scope_name, params, own=None, groups=None) -> list:
+    """A format's table rows, derived from :data:`bert_of.tensors.SCOPES`.
+
+    ``scope_name(canonical scope) -> format scope`` spells most scopes; ``own`` maps the scopes a
+    format spells its own way to ``format scope`` or ``(format scope, kind)`` (a kind of its own:
+    a dense layer stored [out, in] is "out" in TF1), or to None (the format has no such tensor).
+    ``params[kind]`` lists ``(format suffix, canonical suffix, transform)``; a scope's rows are
+    ``scope + suffix`` (an empty scope: the suffix without its leading separator). ``groups``
+    keeps only the scopes of those groups (embeddings, layer, pooler, mlm, nsp, qa, classifier).
+    A kind the format does not spell is an error here, at import: a new scope in SCOPES
+    cannot be silently missing from a format.
+    """
+    own = own or {}
+    rows = []
+    for scope, kind, _, group in SCOPES:
+        if groups is not None and group not in groups:
+            continue
+        name = own[scope] if scope in own else scope_name(scope)
+        if name is None:
+            continue
+        if isinstance(name, tuple):
+            name, kind = name
+        if kind not in params:
+            raise ValueError(f"no parameters of kind {kind!r} (scope {scope})")
+        for suffix, canonical, *transform in params[kind]:
+            rows.append((name + suffix if name else suffix[1:], scope + canonical, *transform))
+    return rows
 
 
 def _template_regex(t: str) -> re.Pattern:

@@ -8,7 +8,7 @@ from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS
                                 expected_shapes, is_checkpoint_dir, load_checkpoint, write_checkpoint_files)
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec, write_with
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 
 NAME = "of"
 
@@ -50,11 +50,8 @@ def read(path: str, opts: Options) -> Source:
                 report.append(ReportLine(s.name, "optimizer", s.name))
             else:
                 report.append(ReportLine(s.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
-    return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report)
-
-
-def write(source: Source, dst: str, opts: Options) -> list:
-    return write_with(write_files, source, dst, opts)
+    return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report,
+                  {s.name: p for s, p in model}, os.path.join(path, CONFIG_NAME))
 
 
 def write_files(source: Source, d: str, opts: Options) -> list:

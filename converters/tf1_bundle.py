@@ -38,6 +38,7 @@ import numpy as np
 
 from bert_of.errors import CheckpointError
 from bert_of.fs import atomic_write, fsync_dir, writes_to
+from bert_of.varint import decode as decode_varint, encode as encode_varint
 
 __all__ = [
     "TensorEntry",
@@ -154,17 +155,7 @@ _M32 = 0xFFFFFFFF
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    n = len(buf)
-    while True:
-        if pos >= n or shift > 63:
-            raise _Corrupt("bad varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
+    return decode_varint(buf, pos, error=_Corrupt)
 
 
 def _signed64(v: int) -> int:
@@ -200,15 +191,7 @@ def _fields(buf) -> Iterator[tuple[int, int, object]]:
         yield num, wt, v
 
 
-def _enc_varint(v: int) -> bytes:
-    if v < 0:
-        v += _U64
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
+_enc_varint = encode_varint
 
 
 def _f_varint(num: int, v: int) -> bytes:

@@ -1,28 +1,52 @@
-"""Forward equality between two checkpoints, in any formats.
+"""Forward equality, proven against a reference that is not bert_of's own model.
 
-Each side runs where it is native: a TF1 checkpoint through the independent
-TensorFlow reference (converters.tf_reference, Google's modeling.py in TF),
-anything else through bert_of in eager mode AND inside an nn.Graph. Every run
-sees the same padded two-segment batch; the report gives max |diff| of every
-output against the reference run (the TF one when there is one).
+The reference is the float64 NumPy BERT of :mod:`bert_of.converters.reference_np`, run on the
+SOURCE's tensors as its file stores them (its names, its layout, its numerics), so a wrong name
+table, transpose, GELU or epsilon in a reader or writer shows as a difference. The checked side
+runs bert_of (eager, and inside an nn.Graph) on the converted files; converted files in another
+format also run through their own layout's reference (and TensorFlow's graph of Google's
+modeling.py when they are a Google checkpoint). Where the source's own ecosystem is importable
+(TensorFlow for a Google checkpoint, converters/tf_reference.py) it runs too, and its
+difference from the reference is reported beside (``"ecosystem"``).
+
+Inputs: real WordPiece tokens of a few sentence pairs from the checkpoint's vocabulary (both
+segments, ``[MASK]`` positions, padding), up to :data:`REAL_LEN` tokens, and a padded random-id
+batch that reaches every token type. Every output the checkpoint has a head for is compared,
+per-token outputs at the real (unpadded) positions.
+
+``convert --verify`` calls :func:`verify_source` with the ``Source`` it has already read (no
+second detection, no second reading of the index); ``bert-of verify A B`` calls :func:`verify`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
-from bert_of.converters import tf1
-from bert_of.converters.common import Options
+from bert_of.errors import CheckpointError
+from bert_of.tokenization import FullTokenizer
+from bert_of.converters import reference_np, tf1
+from bert_of.converters.common import Options, lower_case_of
 from bert_of.converters.convert import detect, read
 from bert_of.progress import Progress
 
 DEFAULT_TOL = 1e-5
+REAL_LEN = 128  # the real-token batch's longest row, at most (and at most max_position_embeddings)
+SENTENCES = (  # pairs (segment A, segment B); [MASK] is kept as the token, as in pretraining
+    ("The quick brown fox jumps over the lazy dog near the river bank.",
+     "It was not [MASK] at all, and it ran back into the forest before sunset."),
+    ("BERT reads a whole sentence at once instead of one word after another.",
+     "Its self-attention [MASK] every token with every other token in both directions."),
+    ("Paris is the capital and most populous city of France.",
+     "The Seine flows through the city before it reaches the English [MASK]."),
+    ("Unaffable people rarely smile at strangers.", None),  # one segment: the most padding
+)
 
 
 def make_batch(config, batch_size: int = 3, seq_len: int | None = None, seed: int = 0) -> dict:
-    """A padded two-segment batch: [CLS] a.. [SEP] b.. [SEP] pad.., int64 [B, S].
+    """A padded two-segment batch of random ids: [CLS] a.. [SEP] b.. [SEP] pad.., int64 [B, S].
 
     Rows have different lengths; with type_vocab_size > 2 one row also uses
     the higher token types, so every embedding row is exercised.
@@ -46,55 +70,97 @@ def make_batch(config, batch_size: int = 3, seq_len: int | None = None, seed: in
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-def run_bert_of(source, batch: dict, modes=("eager", "graph"), device: str = "cpu") -> dict:
-    """{mode: {output: np.ndarray}} for bert_of on a Source's tensors, on ``device`` (cpu / cuda)."""
+def token_batch(source, max_len: int = REAL_LEN):
+    """(batch, description) of :data:`SENTENCES` in the checkpoint's own vocabulary, or (None, why)."""
+    if not source.vocab_file:
+        return None, "no vocabulary beside the checkpoint (pass --vocab)"
+    tok = FullTokenizer(source.vocab_file, do_lower_case=lower_case_of(source))
+    missing = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]") if t not in tok.vocab]
+    if missing:
+        return None, f"the vocabulary has no {missing[0]}"
+    S = min(max_len, source.config.max_position_embeddings)
+    rows = [tok.encode(a, b, max_len=S) for a, b in SENTENCES]
+    if max(max(r["input_ids"]) for r in rows) >= source.config.vocab_size:
+        return None, f"the vocabulary is larger than the config's vocab_size {source.config.vocab_size}"
+    S = max(len(r["input_ids"]) for r in rows)
+    batch = {k: np.zeros((len(rows), S), np.int64) for k in ("input_ids", "token_type_ids", "attention_mask")}
+    batch["input_ids"][:] = tok.vocab["[PAD]"]
+    for i, r in enumerate(rows):
+        for k in batch:
+            batch[k][i, :len(r[k])] = r[k]
+    if source.config.type_vocab_size < 2:  # one token type only: the pairs are read as one segment
+        batch["token_type_ids"][:] = 0
+    masked = int(np.sum(batch["input_ids"] == tok.vocab["[MASK]"])) if "[MASK]" in tok.vocab else 0
+    unknown = int(np.sum(batch["input_ids"] == tok.vocab["[UNK]"]))
+    return batch, {"size": len(rows), "seq_len": S, "tokens": int(batch["attention_mask"].sum()),
+                   "masked": masked, "unknown": unknown,
+                   "pairs": sum(1 for _, b in SENTENCES if b) if source.config.type_vocab_size > 1 else 0}
+
+
+def _stack(batches: list) -> dict:
+    """The batches' rows as one batch, padded to the longest (padding is masked, and not compared)."""
+    S = max(b["input_ids"].shape[1] for b in batches)
+    return {k: np.concatenate([np.pad(b[k], ((0, 0), (0, S - b[k].shape[1]))) for b in batches])
+            for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+def _bert_of_runs(source, batches: dict, modes, device: str = "cpu") -> dict:
+    """{mode: {batch: {output: np.ndarray}}} for bert_of on a Source's tensors, on ``device``."""
     from bert_of._flow import flow
     from bert_of.modeling import BertGraph, model_class_for
 
     tensors = source.load()
-    cls = model_class_for(tensors)
-    model = cls(source.config)
+    model = model_class_for(tensors)(source.config)
     model.load_canonical({k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" or
                           np.asarray(v).dtype.name == "bfloat16" else v for k, v in tensors.items()},
                          strict_heads=True)
+    del tensors
     model.eval()
     if device != "cpu":
         model.to(device)
-    args = [flow.tensor(batch[k], dtype=flow.int64, device=device)
-            for k in ("input_ids", "token_type_ids", "attention_mask")]
-    out = {}
+    out = {m: {} for m in modes}
     with flow.no_grad():
-        if "eager" in modes:
-            out["eager"] = {k: v.to("cpu").numpy() for k, v in model(*args).to_dict().items()}
-        if "graph" in modes:
-            out["graph"] = {k: v.to("cpu").numpy() for k, v in BertGraph(model)(*args).to_dict().items()}
+        for name, batch in batches.items():
+            args = [flow.tensor(batch[k], dtype=flow.int64, device=device)
+                    for k in ("input_ids", "token_type_ids", "attention_mask")]
+            if "eager" in modes:
+                out["eager"][name] = {k: v.to("cpu").numpy() for k, v in model(*args).to_dict().items()}
+            if "graph" in modes:  # one graph per input shape (an nn.Graph compiles for static shapes)
+                out["graph"][name] = {k: v.to("cpu").numpy() for k, v in BertGraph(model)(*args).to_dict().items()}
     return out
 
 
-def checked_tf(path: str, opts: Options):
-    """A TF1 checkpoint read through bert_of's own validated reader before TensorFlow sees it:
-    index, shards, dtypes and the fit to the config, then every model tensor's CRC (streamed, one
-    tensor at a time). Returns the Source (prefix in ``.path``). Variables that are not BERT's are
-    left to TensorFlow, which ignores them too."""
-    source = tf1.read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
-    for _, produce in source.tensors:
-        produce()
-    return source
+def run_bert_of(source, batch: dict, modes=("eager", "graph"), device: str = "cpu") -> dict:
+    """{mode: {output: np.ndarray}} for bert_of on a Source's tensors, on ``device`` (cpu / cuda)."""
+    return {m: r["batch"] for m, r in _bert_of_runs(source, {"batch": batch}, modes, device).items()}
 
 
-def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None, device: str = "cpu") -> dict:
-    """{run name: {output: array}} for one checkpoint, run where it is native."""
-    if fmt == "tf":
-        import os
+def _numpy_runs(source, batches: dict) -> dict:
+    """{batch: outputs} of the float64 NumPy reference on the file's stored tensors."""
+    layout = reference_np.layout_for(source)
+    heads = int(layout.config.get("num_attention_heads", source.config.num_attention_heads))
+    with np.errstate(all="ignore"):  # weights holding inf/NaN compute inf/NaN: compared, not warned about
+        return {name: reference_np.forward(layout, batch, heads) for name, batch in batches.items()}
 
+
+def _tf_runs(source, batches: dict, dtype: str):
+    """{batch: outputs} of TensorFlow's graph of Google's modeling.py: restoring a Google checkpoint
+    from its own files; for a Keras h5, fed its weights (Google's names, the file's numerics).
+    Or a string saying why it cannot run."""
+    try:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
         from bert_of.converters import tf_reference
-
-        source = source or checked_tf(path, opts)
-        return {f"tf-{dt}": tf_reference.run_reference(source.path, source.config.to_google_dict(), batch, dtype=dt)
-                for dt in ("float64", "float32")}
-    return run_bert_of(source or read(path, fmt, Options(vocab=opts.vocab, config=opts.config)), batch, modes,
-                       device)
+    except ImportError:
+        return "TensorFlow is not installed (the tf extra: pip install bert_of[tf])"
+    cfg = source.config.to_google_dict()
+    if source.format == "tf":
+        return {name: tf_reference.run_reference(source.path, cfg, batch, dtype=dtype)
+                for name, batch in batches.items()}
+    layout = reference_np.layout_for(source)
+    weights = layout.as_google()
+    cfg.update(bert_of_hidden_act=layout.act, layer_norm_eps=layout.eps)
+    return {name: tf_reference.forward_numpy_weights(weights, cfg, batch, dtype=dtype)
+            for name, batch in batches.items()}
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -112,60 +178,97 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(d.max())
 
 
-def _diffs(ref: dict, outs: dict) -> dict:
-    return {k: max_abs_diff(ref[k], outs[k]) for k in ref if k in outs}
+def _diffs(ref: dict, run: dict, batches: dict) -> dict:
+    """{output: max |diff| over every batch}, for the outputs both sides computed. Per-token
+    outputs are compared at the real tokens: what a padding position yields nobody reads, and
+    its fp32 rounding is the largest (all-MiniLM-L6-v2: 1.0e-5 there, at most 2.3e-6 on tokens)."""
+    out = {}
+    for batch, outputs in ref.items():
+        real = np.asarray(batches[batch]["attention_mask"]).astype(bool)
+        for k, v in outputs.items():
+            if k in run.get(batch, {}):
+                a, b = np.asarray(v), np.asarray(run[batch][k])
+                if a.shape[:2] == real.shape and b.shape[:2] == real.shape:
+                    a, b = a[real], b[real]
+                out[k] = max(out.get(k, 0.0), max_abs_diff(a, b))
+    return out
 
 
-def _runs_of(fmt: str, modes) -> str:
-    return "TF reference, float64 + float32" if fmt == "tf" else "bert_of " + " + ".join(modes)
+def _read_side(path: str, fmt: str, opts: Options):
+    if fmt == "tf":  # TF's side needs no vocabulary; variables that are not BERT's TF ignores too
+        return tf1.read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
+    return read(path, fmt, Options(vocab=opts.vocab, config=opts.config))
 
 
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
            seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64",
            device: str = "cpu") -> dict:
-    """Run both sides on one batch and compare every bert_of run (on ``device``) to the reference.
-
-    With a TF1 side, the reference is Google's graph in TensorFlow. It runs in
-    float64 (Google's function without rounding: what remains is bert_of's own
-    fp32 error) and in float32 (what TF computes: two fp32 implementations'
-    rounding added up, ~1e-5 at BERT-base size); both are reported, and
-    ``reference_dtype`` picks the one the tolerance applies to. Without a TF
-    side, A's eager run is the reference.
-    """
+    """``bert-of verify A B``: read A (the reference side) and B, then :func:`verify_source`."""
     opts = opts or Options()
     fa, fb = detect(a), detect(b)
-    with Progress("verify: reading A", total=4, unit="stage") as bar:
-        # Both sides read (and checked) before anything runs: a broken B fails before A's work.
-        src_a = checked_tf(a, opts) if fa == "tf" else read(a, fa, Options(vocab=opts.vocab, config=opts.config))
-        bar.describe("verify: reading B")
+    src_a = _read_side(a, fa, opts)
+    src_b = _read_side(b, fb, Options())  # both read (and checked) before anything runs
+    return verify_source(src_a, b, fb, tol, modes, batch_size, seq_len, reference_dtype, device, src_b)
+
+
+def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"),
+                  batch_size: int = 3, seq_len: int | None = None, reference_dtype: str = "float64",
+                  device: str = "cpu", src_b=None, shown_b: str | None = None) -> dict:
+    """Compare the checkpoint at ``b`` (format ``fb``) with the ``Source`` it was made from.
+
+    The reference is the NumPy BERT on ``source``'s stored tensors; every run of ``b`` (bert_of
+    eager/graph on ``device``; its own layout's reference when ``fb`` is not bert_of's; TF when
+    it is a Google checkpoint) is compared with it, and ``ok`` says every output of every run is
+    within ``tol``. The source's ecosystem run is reported beside. ``shown_b``: the path the
+    report names for ``b`` (convert: the destination, not the staging folder)."""
+    fa = source.format
+    src_b = src_b or _read_side(b, fb, Options())
+    batches, described = {}, {}
+    real, about = token_batch(source)
+    if real is not None:
+        batches["tokens"], described["tokens"] = real, about
+    else:
+        described["tokens"] = {"skipped": about}
+    batches["random"] = make_batch(source.config, batch_size, seq_len)
+    described["random"] = {"size": int(batches["random"]["input_ids"].shape[0]),
+                           "seq_len": int(batches["random"]["input_ids"].shape[1]),
+                           "tokens": int(batches["random"]["attention_mask"].sum())}
+    batches = {"inputs": _stack(list(batches.values()))}  # one run of each side: one graph, one TF restore
+    reference = f"numpy-float64 ({fa} layout)"
+    with Progress("verify", total=4, unit="stage") as bar:
+        bar.describe(f"verify: reference ({reference})")
+        try:
+            ref = _numpy_runs(source, batches)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{source.path}: the reference cannot compute this checkpoint ({e})") from None
         bar.update(1)
-        src_b = checked_tf(b, Options()) if fb == "tf" else read(b, fb, Options())
-        batch = make_batch(src_a.config, batch_size, seq_len)
-        bar.describe(f"verify: running A ({_runs_of(fa, modes)})")
+        ecosystem = {}
+        if fa in ("tf", "h5"):
+            bar.describe(f"verify: TensorFlow on A ({reference_dtype})")
+            ecosystem[f"A:tf-{reference_dtype}"] = _tf_runs(source, batches, reference_dtype)
         bar.update(1)
-        runs = {f"A:{k}": v for k, v in run_side(a, fa, batch, modes, opts, src_a, device).items()}
-        bar.describe(f"verify: running B ({_runs_of(fb, modes)})")
+        bar.describe(f"verify: bert_of on B ({' + '.join(modes)})")
+        runs = {f"B:{m}": r for m, r in _bert_of_runs(src_b, batches, modes, device).items()}
         bar.update(1)
-        runs.update({f"B:{k}": v for k, v in run_side(b, fb, batch, modes, Options(), src_b, device).items()})
+        if fb != "of":
+            bar.describe(f"verify: B in its own layout ({fb})")
+            runs[f"B:numpy-float64 ({fb} layout)"] = _numpy_runs(src_b, batches)
+            if fb == "tf":
+                tf_b = _tf_runs(src_b, batches, reference_dtype)
+                if isinstance(tf_b, dict):
+                    runs[f"B:tf-{reference_dtype}"] = tf_b
+                else:
+                    ecosystem[f"B:tf-{reference_dtype}"] = tf_b
         bar.update(1)
-    tf_runs = [k for k in runs if ":tf-" in k]
-    ref_key = next((k for k in tf_runs if k.endswith(reference_dtype)), next(iter(runs)))
-    ours = [k for k in runs if k != ref_key and ":tf-" not in k]
-    results = {k: _diffs(runs[ref_key], runs[k]) for k in ours}
+    results = {k: _diffs(ref, v, batches) for k, v in runs.items()}
     worst = max((v for r in results.values() for v in r.values()), default=float("inf"))
-    report = {
-        "a": {"path": a, "format": fa}, "b": {"path": b, "format": fb},
-        "reference": ref_key, "tolerance": tol, "device": device,
-        "batch": {"size": int(batch["input_ids"].shape[0]), "seq_len": int(batch["input_ids"].shape[1]),
-                  "tokens": int(batch["attention_mask"].sum())},
+    return {
+        "a": {"path": source.path, "format": fa}, "b": {"path": shown_b or b, "format": fb},
+        "reference": reference, "tolerance": tol, "device": device, "batches": described,
         "outputs": sorted({k for r in results.values() for k in r}),
         "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol),
+        "ecosystem": {k: (_diffs(ref, v, batches) if isinstance(v, dict) else v) for k, v in ecosystem.items()},
     }
-    others = [k for k in tf_runs if k != ref_key]
-    for other in others:  # the other TF precision, for information
-        report[f"vs_{other.split(':')[1]}"] = {k: _diffs(runs[other], runs[k]) for k in ours}
-        report[f"{other.split(':')[1]}_vs_reference"] = _diffs(runs[ref_key], runs[other])
-    return report
 
 
 def format_report(report: dict) -> str:

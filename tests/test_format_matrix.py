@@ -95,8 +95,11 @@ def test_every_pair_verifies_forward_equal(sources, tmp_path):
         assert any(r.endswith(":eager") for r in runs), runs
         if a not in ("ofsd", "ofmodels", "libai"):
             assert any(r.endswith(":graph") for r in runs), runs
-        if "tf" in (a, b):
-            assert report["reference"].endswith("tf-float64")
+        assert report["reference"] == f"numpy-float64 ({a} layout)", report["reference"]
+        if b != "of":  # what was written, computed in its own format's layout too
+            assert f"B:numpy-float64 ({b} layout)" in runs, runs
+        if a == "tf":  # Google's own graph beside, in agreement with the reference
+            assert max(report["ecosystem"]["A:tf-float64"].values()) <= 1e-9
     assert len(checked) == 6 + 1 + 4 + 1 + 1
 
 

@@ -16,7 +16,7 @@ def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):
     checks = summary["checks"]
     verify = checks["verify"]
     assert verify["status"] == "pass" and list(k for k in verify if k in ("cpu", "cuda")) == ["cpu"]
-    assert verify["cpu"]["reference"] == "A:tf-float64" and verify["cpu"]["runs"] == ["B:eager", "B:graph"]
+    assert verify["cpu"]["reference"] == "numpy-float64 (tf layout)" and verify["cpu"]["runs"] == ["B:eager", "B:graph"]
     assert 0 < verify["cpu"]["worst"] <= 1e-5
     kernels = checks["kernels"]["max_abs_diff"]["cpu"]
     assert checks["kernels"]["status"] == "pass" and 0 < kernels["layer_norm"] < 1e-4 and 0 < kernels["gelu_tanh"] < 1e-4

@@ -31,6 +31,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple, Union
 import numpy as np
 
 from bert_of.errors import BertOfError
+from bert_of.varint import decode as decode_varint, encode as encode_varint
 
 __all__ = [
     "OFRecordError", "encode_record", "encode_records", "decode_record", "parse_record", "decode_varints",
@@ -53,30 +54,8 @@ class OFRecordError(BertOfError):
 # --------------------------------------------------------------------------- varints
 
 
-def _varint(n: int) -> bytes:
-    if n < 0:
-        n &= (1 << 64) - 1  # protobuf: negative int32/int64 are 10-byte two's complement
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _read_varint(buf, pos: int, end: int) -> Tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise ValueError("varint runs past the end")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 70:
-            raise ValueError("varint longer than 10 bytes")
+_varint = encode_varint
+_read_varint = decode_varint
 
 
 def decode_varints(data) -> np.ndarray:

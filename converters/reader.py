@@ -1,0 +1,201 @@
+"""The reader skeleton: the steps every format's ``read`` shares, written once.
+
+A format lists what its file holds and says what each name is; the skeleton accounts for every
+tensor, refuses what it must with the same one-line errors in every format, checks the fit to
+the config in the file's own names and layout, and streams the tensors (one in memory at a time)
+into a :class:`~bert_of.converters.common.Source`, the single validation point
+(:func:`bert_of.tensors.check_tensors`). A whole reader is::
+
+    def read(path, opts):
+        config, vocab = ...                                  # the format's side files
+        entries = [Entry(name, shape, dtype, read_fn) ...]   # nothing read yet
+        found = sort(entries, lambda e: hit(TABLE, e.name), opts, where)
+        return finish(where, NAME, config, vocab, found, opts, TABLE)
+
+The API:
+
+- :class:`Entry`: one stored tensor: ``name`` as the file spells it (in the report and in
+  messages), ``shape`` and ``dtype`` as stored, ``read()`` -> the stored array; ``problem``: why
+  it cannot be read (a partitioned variable), raised only if the tensor is kept.
+- ``classify(entry)`` returns a :class:`Hit` (a weight, or with ``optimizer=True`` optimizer
+  state, kept with ``--with-optimizer``), a ``ReportLine`` the format accounts for itself (a tied
+  copy, a buffer: dropped), or None: not BERT, an error unless ``--skip-unknown`` (a ReportLine
+  with action "unknown" says that with the format's own note).
+  :func:`hit` is the table lookup most formats need.
+- :func:`sort`: classify everything, report it, refuse unknown / duplicate / unreadable tensors.
+- :func:`check`: every tensor the shape the config implies, the backbone complete; messages
+  name the tensor and its shape as stored (for formats that check before :func:`finish`).
+- :func:`finish`: the label count from the classifier, the fit check, producers, the ``Source``.
+  ``fill`` adds tensors the file lacks as zeros (a QA model's pooler, which its head never reads).
+  ``config_file``: the config the format read; with ``Source.stored`` (every kept entry's
+  ``read``, checked to yield the dtype and shape the entry announced) it is what ``verify``'s reference computes from, so a new format also
+  gets a layout in ``converters/reference_np.py`` (its names, orientation and numerics, written
+  from the format's own code, not from its TABLE).
+
+An entry's shape and dtype may be filled in after :func:`sort` (a format that learns them only
+for the tensors it keeps, or from the config); the report's layout notes ("transposed") are
+written by :func:`finish`, from the transforms as they are then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from bert_of.config import BertConfig
+from bert_of.errors import CheckpointError
+from bert_of.tensors import SCALAR_SLOTS, SCALAR_STATE, TensorSpec, check_fit, checked_producer
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.mapping import Table, apply, apply_shape, inverse
+
+WORD_EMB = "bert.embeddings.word_embeddings.weight"
+POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
+CLASSIFIER = "classifier.weight"
+# what a layout transform says in the report (summarize() shows no more than that)
+LAYOUT_NOTES = {"T": "transposed", "squeeze0": "[1,P,H] squeezed"}
+
+
+@dataclass
+class Entry:
+    name: str  # as the file spells it
+    shape: Optional[tuple] = None  # as stored (a format may set it after sorting)
+    dtype: object = None
+    read: Optional[Callable[[], np.ndarray]] = None  # the stored array
+    problem: str = ""  # why it cannot be read; an error only if the tensor is kept
+
+
+@dataclass
+class Hit:
+    target: str  # canonical name, or optimizer state ("m/<canonical>", "step", ...)
+    transform: Optional[str] = None  # stored -> canonical (bert_of.converters.mapping.TRANSFORMS)
+    note: str = ""
+    optimizer: bool = False
+
+
+@dataclass
+class Sorted:
+    """What :func:`sort` found: kept (entry, hit) pairs and a report line for every entry."""
+
+    model: list = field(default_factory=list)
+    optimizer: list = field(default_factory=list)
+    report: list = field(default_factory=list)
+
+
+def hit(table: Table, name: str, optimizer: bool = False) -> Optional[Hit]:
+    """The table's canonical name and transform for ``name``, as a Hit (None if not in the table)."""
+    found = table.to_canonical(name)
+    return Hit(found[0], found[1], optimizer=optimizer) if found else None
+
+
+def sort(entries, classify: Callable, opts: Options, where: str, what: str = "tensor",
+         table: Optional[Table] = None) -> Sorted:
+    """Classify every entry and account for it in the report (see the module doc).
+
+    Errors, in this order: no BERT tensor at all (``table`` names the word embeddings as the
+    format spells them); tensors that are not BERT's (unless ``--skip-unknown``); two tensors
+    for one canonical name; a kept tensor with a ``problem``."""
+    out, unknown, owner = Sorted(), [], {}
+    for e in entries:
+        h = classify(e)
+        if isinstance(h, ReportLine) and h.action == "unknown":  # not BERT, with the format's own note
+            unknown.append(e.name)
+            h.action = "dropped"
+            out.report.append(h)
+        elif isinstance(h, ReportLine):
+            out.report.append(h)
+        elif h is None:
+            unknown.append(e.name)
+            out.report.append(ReportLine(e.name, "dropped", note=f"not a BERT {what} (--skip-unknown)"))
+        elif h.optimizer and not opts.with_optimizer:
+            out.report.append(ReportLine(e.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
+        elif h.optimizer:
+            out.report.append(ReportLine(e.name, "optimizer", h.target, h.note))
+            out.optimizer.append((e, h))
+        else:
+            if h.target in owner:
+                raise CheckpointError(f"{where}: {what}s {owner[h.target]} and {e.name} are both {h.target}")
+            owner[h.target] = e.name
+            out.report.append(ReportLine(e.name, "mapped", h.target, h.note))
+            out.model.append((e, h))
+    if not out.model:
+        spelled = table.from_canonical(WORD_EMB)[0] if table and table.from_canonical(WORD_EMB) else WORD_EMB
+        raise CheckpointError(f"{where}: not a BERT checkpoint (no {spelled} or other BERT {what})")
+    if unknown and not opts.skip_unknown:
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        raise CheckpointError(f"{where}: unknown {what} {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
+    for e, _ in out.model + out.optimizer:
+        if e.problem:
+            raise CheckpointError(f"{where}: {what} {e.name} {e.problem}")
+    return out
+
+
+def check(model, config: BertConfig, where: str, table: Table, fill=(), noun: str = "tensor",
+          shown: Optional[Callable[[str], str]] = None) -> None:
+    """:func:`bert_of.tensors.check_fit` of the kept (entry, hit) pairs (plus ``fill`` specs), its
+    messages in the file's names (``shown(canonical)`` for a tensor the file lacks) and with
+    shapes as stored ([in, out] kernels, [1, P, H] positions)."""
+    shapes = {h.target: apply_shape(h.transform, e.shape) for e, h in model}
+    shapes.update({s.name: s.shape for s in fill})
+    stored = {h.target: (e.name, h.transform) for e, h in model}
+
+    def source(name):
+        if name in stored:
+            return stored[name][0]
+        if shown is not None:
+            return shown(name)
+        spelled = table.from_canonical(name)
+        return spelled[0] if spelled else name
+
+    def source_shape(name, shape):
+        transform = stored[name][1] if name in stored else (table.from_canonical(name) or (None, None))[1]
+        return apply_shape(inverse(transform), shape)
+
+    try:
+        check_fit(shapes, config, where, source, source_shape)
+    except CheckpointError as e:
+        if noun == "tensor":
+            raise
+        raise CheckpointError(str(e).replace(": tensor ", f": {noun} ", 1)) from None
+
+
+def zeros(names_shapes, dtype) -> list:
+    """``fill`` specs: tensors a file lacks, filled with zeros of ``dtype``."""
+    return [TensorSpec(n, np.dtype(dtype), shape) for n, shape in names_shapes]
+
+
+def pooler_zeros(config: BertConfig, dtype) -> list:
+    H = config.hidden_size
+    return zeros(zip(POOLER, ((H, H), (H,))), dtype)
+
+
+def _stream(pairs, opts: Options) -> list:
+    out = []
+    for e, h in pairs:
+        spec = TensorSpec(h.target, np.dtype(e.dtype), apply_shape(h.transform, e.shape))
+        # --dtype casts weights and their moments, never counters, loss scales or beta^t
+        cast = h.target not in SCALAR_STATE and h.target.partition("/")[0] not in SCALAR_SLOTS
+        out.append(cast_spec(spec, (lambda e=e, t=h.transform: apply(t, e.read())), opts.dtype if cast else None))
+    return out
+
+
+def finish(where: str, fmt: str, config: BertConfig, vocab: Optional[str], found: Sorted, opts: Options,
+           table: Table, fill=(), optimizer_meta: Optional[dict] = None, noun: str = "tensor",
+           shown: Optional[Callable[[str], str]] = None, config_file: Optional[str] = None) -> Source:
+    """The label count, the fit check, the producers: the ``Source`` (validated once more there).
+    ``config_file``: the config read, which verify's reference reads for itself."""
+    clf = next((apply_shape(h.transform, e.shape) for e, h in found.model if h.target == CLASSIFIER), None)
+    if clf:  # the label count is the tensor's (Google's configs do not record it)
+        config.num_labels = clf[0]
+    check(found.model, config, where, table, fill, noun, shown)
+    layout = {e.name: LAYOUT_NOTES.get(h.transform, "") for e, h in found.model}  # known now (lazy: by shape)
+    for r in found.report:
+        if r.action == "mapped" and layout.get(r.source):
+            r.note = f"{layout[r.source]}; {r.note}" if r.note else layout[r.source]
+    tensors = _stream(found.model, opts)
+    tensors += [cast_spec(s, (lambda s=s: np.zeros(s.shape, s.dtype)), opts.dtype) for s in fill]
+    return Source(where, fmt, config, vocab, tensors, _stream(found.optimizer, opts),
+                  dict(optimizer_meta or {}) if found.optimizer else {}, found.report,
+                  {e.name: checked_producer(TensorSpec(e.name, np.dtype(e.dtype), e.shape), e.read, where)
+                   for e, _ in found.model}, config_file)

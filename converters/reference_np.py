@@ -1,0 +1,375 @@
+"""A float64 NumPy BERT: the reference ``verify`` compares every conversion with.
+
+It shares no code with ``bert_of.modeling`` (nor with the readers' name tables): it is written
+from the math of the BERT paper and of the codebases whose checkpoints it reads, and it takes a
+checkpoint's tensors **as the file stores them**, in the file's own names and layout, with the
+numerics the file's own code computes. A wrong name table, a missing transpose, the wrong GELU
+or LayerNorm epsilon in a reader is then a difference, not a bug carried into both sides.
+
+Layouts (one class each; :data:`LAYOUTS`):
+
+- ``tf``: google-research/bert. ``bert/encoder/layer_{i}/attention/self/query/kernel`` [in, out];
+  the heads' ``output_weights`` [out, in] (multiplied with transpose_b). ``"gelu"`` is the tanh
+  form; LayerNorm epsilon 1e-12 (tf.contrib's constant); mask adder ``(1 - mask) * -10000``.
+  A ``bert_config.json`` bert_of wrote records the exact numerics (``bert_of_hidden_act``,
+  ``layer_norm_eps``): they are honoured.
+- ``hf``: transformers' PyTorch BERT. ``nn.Linear`` weights [out, in] (``y = x W^T + b``),
+  optional ``bert.`` prefix, ``LayerNorm.weight`` (or the old ``gamma``); ``"gelu"`` is erf,
+  ``"gelu_new"``/``"gelu_pytorch_tanh"``/``"gelu_fast"`` the tanh form; ``layer_norm_eps`` from
+  config.json; mask adder ``(1 - mask) * finfo(float32).min``.
+- ``of``: bert_of's own directory: the hf names and layout; its config names the exact
+  activation (``gelu_erf``, ``gelu_tanh``, ...) and epsilon.
+- ``h5``: transformers' Keras BERT: Dense kernels [in, out] (``.../kernel:0``), embeddings
+  ``.../weight:0`` and ``.../embeddings:0``, the MLM head under ``mlm___cls``, NSP under
+  ``nsp___cls``; numerics from config.json as for hf; mask adder ``(1 - mask) * -10000``.
+- ``lazy``: OneFlow-Benchmark's lazy BERT: dash-joined scopes, dense ``-weight`` [in, out],
+  positions [1, P, H] ([P, H] in convert_tf_ckpt_to_of.py's output, with TF's head names).
+  Numerics are those of the snapshot's provenance: a genuine lazy snapshot computes erf GELU
+  with LayerNorm epsilon 1e-5, Google weights computed as Google does.
+
+Post-LN encoder as in the paper: ``x = LN(x + Attn(x)); x = LN(x + FFN(x))``. A layout may set
+``pre_ln`` (``x = x + Attn(LN(x))``, a final LN) and override :meth:`Layout.qkv` (a fused
+per-head QKV weight, as LiBai stores it): the forward asks the layout, never a name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+_erf = np.frompyfunc(math.erf, 1, 1)  # libm's erf, element by element: exact, no approximation
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+ACTIVATIONS = {"gelu_erf": gelu_erf, "gelu_tanh": gelu_tanh, "relu": lambda x: np.maximum(x, 0.0),
+               "tanh": np.tanh, "silu": lambda x: x / (1.0 + np.exp(-x)), "linear": lambda x: x}
+# transformers' ACT2FN labels -> the function
+HF_ACTS = {"gelu": "gelu_erf", "gelu_python": "gelu_erf", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+           "gelu_fast": "gelu_tanh", "relu": "relu", "tanh": "tanh", "silu": "silu", "swish": "silu",
+           "linear": "linear"}
+# google-research/bert's get_activation labels
+GOOGLE_ACTS = {"gelu": "gelu_tanh", "relu": "relu", "tanh": "tanh", "linear": "linear"}
+
+
+def layer_norm(x, gamma, beta, eps):
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis (biased variance)."""
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+class Layout:
+    """Weights of one codebase's BERT, by role, from the tensors as its file stores them.
+
+    ``tensors``: stored name -> function returning the stored array (read when asked, so one
+    layer's float64 weights are in memory at a time). Subclasses give ``NAMES``: role ->
+    (stored name template, orientation) where orientation says how the file holds a dense weight
+    ("in_out" as TF/Keras, "out_in" as nn.Linear and Google's output_weights).
+    """
+
+    name = "?"
+    pre_ln = False
+    mask_value = -10000.0
+    NAMES: dict = {}
+
+    def __init__(self, tensors: dict, config: dict, numerics: tuple):
+        self.tensors, self.config = tensors, config
+        self.act, self.eps = numerics
+
+    def stored(self, role: str, i: int = 0):
+        """The stored name of a role, or None when the file has no such tensor."""
+        for template, _ in self.NAMES.get(role, ()):
+            name = self.spell(template.format(i=i))
+            if name in self.tensors:
+                return name
+        return None
+
+    def spell(self, name: str) -> str:
+        return name
+
+    def has(self, role: str) -> bool:
+        return self.stored(role) is not None
+
+    def vector(self, role: str, i: int = 0):
+        return np.asarray(self.tensors[self.stored(role, i)](), np.float64)
+
+    def dense(self, role: str, i: int = 0):
+        """(W [in, out], b) of a dense layer, whatever the file's orientation."""
+        name = self.stored(role + ".w", i)
+        orient = next(o for t, o in self.NAMES[role + ".w"] if self.spell(t.format(i=i)) == name)
+        w = np.asarray(self.tensors[name](), np.float64)
+        return (w if orient == "in_out" else w.T), self.vector(role + ".b", i)
+
+    def ln(self, role: str, i: int = 0):
+        return self.vector(role + ".g", i), self.vector(role + ".b", i)
+
+    def positions(self):
+        pos = self.vector("pos")
+        return pos.reshape(pos.shape[-2:]) if pos.ndim == 3 else pos  # lazy: [1, P, H]
+
+    def qkv(self, i: int):
+        """((Wq, bq), (Wk, bk), (Wv, bv)), each W [in, out]."""
+        return self.dense("q", i), self.dense("k", i), self.dense("v", i)
+
+    def as_google(self) -> dict:
+        """These weights under Google's names and in Google's orientation (float32), for running
+        TensorFlow's graph of Google's modeling.py on a file of another layout."""
+        out, layers = {}, 0
+        while self.stored("q.w", layers) is not None:
+            layers += 1
+        for role, entries in Google.NAMES.items():
+            if not self.has(role) and "{i}" not in entries[0][0]:
+                continue
+            for i in (range(layers) if "{i}" in entries[0][0] else (0,)):
+                template, orient = entries[0]
+                if role.endswith(".w") and orient is not None:
+                    w = self.dense(role[:-2], i)[0]
+                    value = w if orient == "in_out" else w.T
+                else:
+                    value = self.positions() if role == "pos" else self.vector(role, i)
+                out[template.format(i=i)] = np.ascontiguousarray(value, np.float32)
+        return out
+
+
+def _dense(role, template, orient):
+    return {role + ".w": [(template[0], orient)], role + ".b": [(template[1], None)]}
+
+
+def _roles(dense, vec, ln, emb, heads):
+    """Role table from: a dense-scope speller, a [in, out] orientation, LN and embedding names."""
+    names = {}
+    for role, scope in emb.items():
+        names[role] = [(n, None) for n in ([scope] if isinstance(scope, str) else scope)]
+    for role, (g, b) in ln.items():
+        names[role + ".g"], names[role + ".b"] = [(n, None) for n in g], [(n, None) for n in b]
+    for role, scope in dense.items():
+        names.update(_dense(role, vec(scope), "in_out"))
+    for role, entries in heads.items():  # [(weight, bias, orientation)] alternatives
+        names[role + ".w"] = [(w, o) for w, _, o in entries]
+        names[role + ".b"] = [(b, None) for _, b, _ in entries]
+    return names
+
+
+class Google(Layout):
+    name = "tf"
+    _L = "bert/encoder/layer_{i}/"
+    NAMES = _roles(
+        {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
+         "ao": _L + "attention/output/dense", "in": _L + "intermediate/dense", "out": _L + "output/dense",
+         "pool": "bert/pooler/dense", "mlm": "cls/predictions/transform/dense"},
+        lambda s: (s + "/kernel", s + "/bias"),
+        {"emb_ln": (["bert/embeddings/LayerNorm/gamma"], ["bert/embeddings/LayerNorm/beta"]),
+         "ao_ln": ([_L + "attention/output/LayerNorm/gamma"], [_L + "attention/output/LayerNorm/beta"]),
+         "out_ln": ([_L + "output/LayerNorm/gamma"], [_L + "output/LayerNorm/beta"]),
+         "mlm_ln": (["cls/predictions/transform/LayerNorm/gamma"], ["cls/predictions/transform/LayerNorm/beta"])},
+        {"word": "bert/embeddings/word_embeddings", "type": "bert/embeddings/token_type_embeddings",
+         "pos": "bert/embeddings/position_embeddings", "mlm_bias": "cls/predictions/output_bias"},
+        {"nsp": [("cls/seq_relationship/output_weights", "cls/seq_relationship/output_bias", "out_in")],
+         "qa": [("cls/squad/output_weights", "cls/squad/output_bias", "out_in")],
+         "clf": [("output_weights", "output_bias", "out_in")]})
+
+
+class HuggingFace(Layout):
+    name = "hf"
+    mask_value = float(np.finfo(np.float32).min)  # transformers' extended attention mask
+    _L = "bert.encoder.layer.{i}."
+    NAMES = _roles(
+        {}, None,
+        {"emb_ln": (["bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.gamma"],
+                    ["bert.embeddings.LayerNorm.bias", "bert.embeddings.LayerNorm.beta"]),
+         "ao_ln": ([_L + "attention.output.LayerNorm.weight", _L + "attention.output.LayerNorm.gamma"],
+                   [_L + "attention.output.LayerNorm.bias", _L + "attention.output.LayerNorm.beta"]),
+         "out_ln": ([_L + "output.LayerNorm.weight", _L + "output.LayerNorm.gamma"],
+                    [_L + "output.LayerNorm.bias", _L + "output.LayerNorm.beta"]),
+         "mlm_ln": (["cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.gamma"],
+                    ["cls.predictions.transform.LayerNorm.bias", "cls.predictions.transform.LayerNorm.beta"])},
+        {"word": "bert.embeddings.word_embeddings.weight", "type": "bert.embeddings.token_type_embeddings.weight",
+         "pos": "bert.embeddings.position_embeddings.weight",
+         "mlm_bias": ["cls.predictions.bias", "cls.predictions.decoder.bias"]},
+        {role: [(s + ".weight", s + ".bias", "out_in")] for role, s in {
+            "q": _L + "attention.self.query", "k": _L + "attention.self.key", "v": _L + "attention.self.value",
+            "ao": _L + "attention.output.dense", "in": _L + "intermediate.dense", "out": _L + "output.dense",
+            "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
+            "qa": "qa_outputs", "clf": "classifier"}.items()})
+
+    def __init__(self, tensors, config, numerics):
+        super().__init__(tensors, config, numerics)
+        self.bare = not any(n.startswith(("bert.", "cls.")) for n in tensors)  # a BertModel's own names
+
+    def spell(self, name):
+        return name[len("bert."):] if self.bare and name.startswith("bert.") else name
+
+
+class BertOf(HuggingFace):
+    name = "of"
+    mask_value = -10000.0
+
+
+class Keras(Layout):
+    name = "h5"
+    _L = "bert/encoder/layer_._{i}/"
+    NAMES = _roles(
+        {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
+         "ao": _L + "attention/output/dense", "in": _L + "intermediate/dense", "out": _L + "output/dense",
+         "pool": "bert/pooler/dense", "mlm": "mlm___cls/predictions/transform/dense",
+         "nsp": "nsp___cls/seq_relationship", "qa": "qa_outputs", "clf": "classifier"},
+        lambda s: (s + "/kernel:0", s + "/bias:0"),
+        {"emb_ln": (["bert/embeddings/LayerNorm/gamma:0"], ["bert/embeddings/LayerNorm/beta:0"]),
+         "ao_ln": ([_L + "attention/output/LayerNorm/gamma:0"], [_L + "attention/output/LayerNorm/beta:0"]),
+         "out_ln": ([_L + "output/LayerNorm/gamma:0"], [_L + "output/LayerNorm/beta:0"]),
+         "mlm_ln": (["mlm___cls/predictions/transform/LayerNorm/gamma:0"],
+                    ["mlm___cls/predictions/transform/LayerNorm/beta:0"])},
+        {"word": "bert/embeddings/word_embeddings/weight:0",
+         "type": "bert/embeddings/token_type_embeddings/embeddings:0",
+         "pos": "bert/embeddings/position_embeddings/embeddings:0", "mlm_bias": "mlm___cls/predictions/bias:0"},
+        {})
+
+    def __init__(self, tensors, config, numerics):
+        # datasets are <layer group>/<model scope>/<weight name>: the weight name is what Keras matches
+        super().__init__({n.split("/", 2)[-1]: f for n, f in tensors.items()}, config, numerics)
+
+
+def _dashed(names: dict) -> dict:
+    """OneFlow-Benchmark's lazy BERT names its variables as Google does, scopes joined by "-" and
+    dense kernels called "weight"."""
+    return {role: [(n.replace("/", "-").replace("-kernel", "-weight"), o) for n, o in entries]
+            for role, entries in names.items()}
+
+
+class Lazy(Layout):
+    name = "lazy"
+    NAMES = {**_dashed(Google.NAMES), **_roles({}, None, {}, {}, {
+        "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: a dense [H, 2]
+               ("cls-squad-output_weights", "cls-squad-output_bias", "out_in")],  # Google's names
+        "clf": [("classification-output_weights", "classification-output_bias", "out_in"),
+                ("output_weight-output_weights", "output_bia-output_bias", "out_in"),  # the script's
+                ("output_weights", "output_bias", "out_in")]})}  # off-by-one split, and Google's
+
+
+LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
+# What the lazy BERT computes, by the snapshot's provenance: (GELU for "gelu", LayerNorm epsilon)
+LAZY_PROVENANCE = {"lazy": ("gelu_erf", 1e-5), "tf1": ("gelu_tanh", 1e-12), "hf": ("gelu_erf", 1e-12)}
+
+
+def _google_act(config: dict):
+    """modeling.get_activation's reading of hidden_act (lower-cased; null or "" is linear), or the
+    exact activation a bert_config.json written by bert_of records beside it."""
+    if config.get("bert_of_hidden_act"):
+        return config["bert_of_hidden_act"]
+    label = config.get("hidden_act", "gelu")
+    return "linear" if not label else GOOGLE_ACTS.get(str(label).lower())
+
+
+def _eps(config: dict) -> float:
+    eps = config.get("layer_norm_eps")
+    return 1e-12 if eps is None else float(eps)
+
+
+def numerics(fmt: str, config: dict, provenance: str | None = None) -> tuple:
+    """(activation, LayerNorm epsilon) a file's own code computes, from its own config dict."""
+    if fmt == "tf":
+        return _google_act(config), _eps(config)
+    if fmt == "lazy":  # the lazy kernels' GELU whatever the label says; epsilon by provenance
+        gelu, eps = LAZY_PROVENANCE[provenance or "lazy"]
+        act = _google_act(config)
+        return (gelu if act and act.startswith("gelu") else act), eps
+    if fmt == "of":
+        return config.get("hidden_act", "gelu_erf"), _eps(config)
+    return HF_ACTS.get(config.get("hidden_act", "gelu")), _eps(config)
+
+
+def read_config(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def layout_for(source) -> Layout:
+    """The reference layout of a ``Source``: its stored tensors and its own config file."""
+    config = read_config(source.config_file) if source.config_file and os.path.isfile(source.config_file) else {}
+    act, eps = numerics(source.format, config, source.native_numerics or source.config.provenance)
+    if act not in ACTIVATIONS:
+        raise ValueError(f"activation {config.get('hidden_act')!r} has no reference")
+    return LAYOUTS[source.format](source.stored, config, (act, eps))
+
+
+def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
+    """BERT on int [B, S] input_ids / token_type_ids / attention_mask, in float64.
+
+    Returns the outputs the checkpoint has heads for: sequence_output [B, S, H], pooled_output
+    [B, H], prediction_logits [B, S, V] (MLM on every position), seq_relationship_logits [B, 2],
+    start_logits / end_logits [B, S], logits [B, L]."""
+    ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
+    B, S = ids.shape
+    act, eps = ACTIVATIONS[layout.act], layout.eps
+    word = layout.vector("word")
+    x = word[ids] + layout.vector("type")[types] + layout.positions()[:S][None]
+    x = layer_norm(x, *layout.ln("emb_ln"), eps)
+    adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * layout.mask_value  # [B, 1, 1, S]
+    i = 0
+    while layout.stored("q.w", i) is not None or layout.stored("qkv.w", i) is not None:
+        x = _layer(layout, i, x, adder, num_heads, act, eps)
+        i += 1
+    if layout.pre_ln:
+        x = layer_norm(x, *layout.ln("final_ln"), eps)
+    out = {"sequence_output": x}
+    pooled = None
+    if layout.has("pool.w"):
+        w, b = layout.dense("pool")
+        pooled = out["pooled_output"] = np.tanh(x[:, 0] @ w + b)
+    if layout.has("mlm.w"):
+        w, b = layout.dense("mlm")
+        h = layer_norm(act(x @ w + b), *layout.ln("mlm_ln"), eps)
+        out["prediction_logits"] = h @ word.T + layout.vector("mlm_bias")  # decoder tied to the embeddings
+    if layout.has("nsp.w") and pooled is not None:
+        w, b = layout.dense("nsp")
+        out["seq_relationship_logits"] = pooled @ w + b
+    if layout.has("qa.w"):
+        w, b = layout.dense("qa")
+        logits = x @ w + b
+        out["start_logits"], out["end_logits"] = logits[..., 0], logits[..., 1]
+    if layout.has("clf.w") and pooled is not None:
+        w, b = layout.dense("clf")
+        out["logits"] = pooled @ w + b
+    return out
+
+
+def _layer(layout, i, x, adder, num_heads, act, eps):
+    """One encoder layer: attention (softmax(q k^T / sqrt(d) + mask) v), then the FFN."""
+    B, S, H = x.shape
+    d = H // num_heads
+
+    def heads(t):  # [B, S, H] -> [B, N, S, d]
+        return t.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3)
+
+    h = layer_norm(x, *layout.ln("ao_ln", i), eps) if layout.pre_ln else x
+    (wq, bq), (wk, bk), (wv, bv) = layout.qkv(i)
+    q, k, v = heads(h @ wq + bq), heads(h @ wk + bk), heads(h @ wv + bv)
+    probs = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder)
+    ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B, S, H)
+    w, b = layout.dense("ao", i)
+    a = ctx @ w + b
+    if layout.pre_ln:
+        x = x + a
+        h = layer_norm(x, *layout.ln("out_ln", i), eps)
+    else:
+        x = h = layer_norm(a + x, *layout.ln("ao_ln", i), eps)
+    w, b = layout.dense("in", i)
+    inter = act(h @ w + b)
+    w, b = layout.dense("out", i)
+    f = inter @ w + b
+    return x + f if layout.pre_ln else layer_norm(f + x, *layout.ln("out_ln", i), eps)
