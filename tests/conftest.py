@@ -116,7 +116,6 @@ def _run_in_process(args, extra_env):
             os.environ.update(env)
             for s, h in handlers.items():
                 signal.signal(s, h)
-            cli._SIGNALS.update(pid=None, running=False, stopping=None)
             setup_logging(0)
             allow_bars(True)
         fo.seek(0)

@@ -45,7 +45,6 @@ import hashlib
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -56,6 +55,7 @@ import numpy as np
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError, OutputError
 from bert_of.fs import publishing, sha256_file, write_json
+from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
 from .instances import MaskingVocab, assemble, create_instances, shuffle
@@ -421,8 +421,7 @@ def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_cha
 
 def _serve(conn, init, progress: bool) -> None:
     """A worker process: jobs in, results out, over its own pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    as_worker()  # Ctrl-C is the parent's: it stops the workers
     if init is not None:
         _init_worker(*init)
     _WORKER["report"] = _PipeProgress(conn) if progress else None
