@@ -16,6 +16,7 @@ import numpy as np
 from bert_of.converters import tf1
 from bert_of.converters.common import Options
 from bert_of.converters.convert import detect, read
+from bert_of.errors import BertOfError
 from bert_of.progress import Progress
 
 DEFAULT_TOL = 1e-5
@@ -82,14 +83,33 @@ def checked_tf(path: str, opts: Options):
     return source
 
 
+TF_EXTRA = "pip install 'bert_of[tf]'"
+
+
+class NeedsTensorFlow(BertOfError):
+    """The TF reference (Google's model in TensorFlow) was asked for and TensorFlow is not installed."""
+
+
+def tf_reference_module(name: str = "tf_reference", why: str = "verifying a TF1 checkpoint"):
+    """``bert_of.converters.<name>`` (the TF reference, or its training), which imports TensorFlow: the
+    optional ``tf`` extra. Without it, one line saying so."""
+    import importlib
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
+    try:
+        return importlib.import_module(f"bert_of.converters.{name}")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "tensorflow":
+            raise
+        raise NeedsTensorFlow(f"{why} runs the TF reference, which needs TensorFlow (the tf extra): "
+                              f"{TF_EXTRA}") from None
+
+
 def run_side(path: str, fmt: str, batch: dict, modes, opts: Options, source=None, device: str = "cpu") -> dict:
     """{run name: {output: array}} for one checkpoint, run where it is native."""
     if fmt == "tf":
-        import os
-
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
-        from bert_of.converters import tf_reference
-
+        tf_reference = tf_reference_module()
         source = source or checked_tf(path, opts)
         return {f"tf-{dt}": tf_reference.run_reference(source.path, source.config.to_google_dict(), batch, dtype=dt)
                 for dt in ("float64", "float32")}
@@ -134,6 +154,8 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
     """
     opts = opts or Options()
     fa, fb = detect(a), detect(b)
+    if "tf" in (fa, fb):
+        tf_reference_module()  # without TensorFlow: one line now, before any work
     with Progress("verify: reading A", total=4, unit="stage") as bar:
         # Both sides read (and checked) before anything runs: a broken B fails before A's work.
         src_a = checked_tf(a, opts) if fa == "tf" else read(a, fa, Options(vocab=opts.vocab, config=opts.config))
