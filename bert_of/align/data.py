@@ -20,9 +20,8 @@ from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write, read_json, write_json
 from bert_of.progress import log
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TEXT_DIR = os.path.join(REPO_ROOT, "tests", "data", "text")
+# The default corpus ships with the package (a wheel has no tests/data): bert_of/align/corpus/.
+TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
 DEFAULT_CORPUS = (os.path.join(TEXT_DIR, "sample_text.txt"), os.path.join(TEXT_DIR, "classics.txt"))
 
@@ -89,8 +88,7 @@ def prepare_data(data_dir: str, size: dict, corpus, vocab, quiet=False) -> dict:
     """
     for p in list(corpus) + [vocab]:
         if not os.path.isfile(p):
-            raise AlignError(f"{p}: not found (the default corpus is the repository's tests/data/text; "
-                             f"pass --corpus FILE... --vocab FILE)")
+            raise AlignError(f"{p}: not found (pass --corpus FILE... --vocab FILE)")
     S, P = size["seq_length"], size["max_predictions"]
     root = os.path.join(data_dir, f"seq{S}-pred{P}-{_data_key(size, corpus, vocab)}")
     dirs = {k: os.path.join(root, k) for k in ("base", "shuffle", "repeat", "uniform")}
