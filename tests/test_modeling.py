@@ -14,7 +14,7 @@ from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, B
 from bert_of._flow import flow
 from bert_of.modeling import gelu_erf, gelu_tanh
 from bert_of.converters.verify import make_batch
-from tests.conftest import ROOT, TINY, write_vocab
+from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 
 CFG = BertConfig.from_google_dict(TINY)
 
@@ -142,10 +142,8 @@ def test_two_rank_global_tensors_match_single_process(pretraining_ckpt, tmp_path
     b = make_batch(CFG, batch_size=4, seq_len=12)
     ref = model(*_inputs(b)).to_dict()
     np.savez(tmp_path / "batch.npz", **b)
-    cmd = [sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port", "29571",
-           os.path.join(ROOT, "tests/scripts/dist_forward.py"), pretraining_ckpt, str(tmp_path / "batch.npz"),
-           str(tmp_path / "out.json"), str(tmp_path / "out.npz")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    r = run_ranks(os.path.join(ROOT, "tests/scripts/dist_forward.py"), pretraining_ckpt, tmp_path / "batch.npz",
+                  tmp_path / "out.json", tmp_path / "out.npz")
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["world"] == 2 and report["param_sbp"] == ["(oneflow.sbp.broadcast,)"]
