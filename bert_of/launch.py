@@ -22,8 +22,10 @@ variables), because that launcher
   it is killed itself.
 
 Here every rank dies with this process (``PR_SET_PDEATHSIG``: even SIGKILL of the parent stops
-them), SIGTERM / SIGINT are forwarded to the ranks, the first rank to fail ends the job, and its
-last error line is printed once, naming the rank.
+them), Ctrl-C / SIGTERM stop the ranks and end the job by that signal as they end one rank (130 /
+143; the handler is the command's, bert_of.process), the first rank to fail ends the job, and its
+last error line is printed once, naming the rank. Every rank is set up as a command's process
+(:func:`bert_of.process.setup`) before its target runs.
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ def topology(args, nproc: int | None = None) -> Topology:
 
 def in_rank() -> bool:
     """True in a process started as one rank of several (by this module or any launcher that sets
-    OneFlow's variables). OneFlow itself puts WORLD_SIZE=1, RANK=-1 into os.environ of any process
-    that imported it: that is not a rank of several."""
+    OneFlow's variables). WORLD_SIZE=1 / RANK=-1 (what OneFlow's start-up puts in the environment of
+    a single process; bert_of.process takes it back out) is not a rank of several."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "-1")) >= 0
     except ValueError:
@@ -132,8 +134,8 @@ def free_port() -> int:
 
 
 def child_env() -> dict:
-    """This environment for a child process running bert_of: no rank variables of ours (OneFlow
-    puts some into os.environ of the process importing it), this bert_of first on the path."""
+    """This environment for a child process running bert_of: no rank variables of ours (a rank's
+    own, from its launcher), this bert_of first on the path."""
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARS and k != PARENT_ENV}
     env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env

@@ -278,21 +278,19 @@ def oneflow_import():
     if "oneflow" in sys.modules:
         yield
         return
-    before = dict(os.environ)
     if is_set_up():
         wait_for_rank0()
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
-    try:
-        os.environ.update(_import_environment())
-        with signals_blocked() if main else contextlib.nullcontext():
-            try:
-                with _stderr_filtered() if is_set_up() else contextlib.nullcontext():
-                    yield
-            finally:
-                if previous is not None:
-                    signal.signal(signal.SIGINT, previous)
-    finally:
-        for k in set(os.environ) - set(before):
-            del os.environ[k]
-        os.environ.update({k: v for k, v in before.items() if os.environ.get(k) != v})
+    with signals_blocked() if main else contextlib.nullcontext():  # a signal waits until all is put back
+        before = dict(os.environ)
+        try:
+            os.environ.update(_import_environment())
+            with _stderr_filtered() if is_set_up() else contextlib.nullcontext():
+                yield
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            for k in set(os.environ) - set(before):
+                del os.environ[k]
+            os.environ.update({k: v for k, v in before.items() if os.environ.get(k) != v})

@@ -72,8 +72,7 @@ def test_wheel_holds_only_the_bert_of_namespace(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"bert_of"}, tops
     for f in ("bert_of/zoo/registry.json", "bert_of/eval/published.json", "bert_of/converters/tf1.py",
-              "bert_of/align/corpus/sample_text.txt", "bert_of/align/corpus/classics.txt",
-              "bert_of/align/corpus/vocab.txt"):
+              *(f"bert_of/align/default-corpus/{n}" for n in ("sample_text.txt", "classics.txt", "vocab.txt"))):
         assert f in names, f
     assert not [n for n in names if n.endswith("serve.py") or "/tests/" in n]  # test servers stay in tests/
 
@@ -81,7 +80,7 @@ def test_wheel_holds_only_the_bert_of_namespace(wheel):
 def test_the_shipped_align_corpus_is_the_test_corpus():
     """align's default corpus ships with the package; it is the same text the tests use."""
     for name in ("sample_text.txt", "classics.txt", "vocab.txt"):
-        with open(os.path.join(ROOT, "bert_of", "align", "corpus", name), "rb") as a, \
+        with open(os.path.join(ROOT, "bert_of", "align", "default-corpus", name), "rb") as a, \
                 open(os.path.join(ROOT, "tests", "data", "text", name), "rb") as b:
             assert a.read() == b.read(), name
 

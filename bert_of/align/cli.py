@@ -40,7 +40,7 @@ def _add_arguments(p):
                    "process); multi-rank runs always launch their own processes")
     p.add_argument("--data-dir", metavar="DIR", help="dataset and finished-run cache (default: OUTPUT/data)")
     p.add_argument("--corpus", nargs="+", metavar="FILE", help="text files for the pretraining data (default: the package's "
-                   "small corpus, bert_of/align/corpus)")
+                   "small corpus, bert_of/align/default-corpus)")
     p.add_argument("--vocab", metavar="FILE", help="vocab.txt for --corpus (default: the one of the package's corpus)")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     p.add_argument("--perturb-lr", type=float, default=0.0, metavar="REL",

@@ -20,8 +20,9 @@ from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write, read_json, write_json
 from bert_of.progress import log
 
-# The default corpus ships with the package (a wheel has no tests/data): bert_of/align/corpus/.
-TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+# The default corpus ships with the package (a wheel has no tests/data): bert_of/align/default-corpus/
+# (a folder name that is no identifier: setuptools takes such a folder for a package).
+TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default-corpus")
 
 DEFAULT_CORPUS = (os.path.join(TEXT_DIR, "sample_text.txt"), os.path.join(TEXT_DIR, "classics.txt"))
 
