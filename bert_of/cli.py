@@ -35,7 +35,7 @@ from bert_of.converters.common import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
-from bert_of.errors import BertOfError, Terminated
+from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write
 from bert_of.version import __version__
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 import runpy
-import signal
 import socket
 import subprocess
 import sys
@@ -265,37 +264,14 @@ class _Rank:
         if self.errors:
             return self.errors[-1]
         rc = self.proc.returncode
-        if rc is None:
-            what = "failed"
-        elif rc < 0:
-            try:
-                what = f"killed by {signal.Signals(-rc).name}"
-            except ValueError:
-                what = f"killed by signal {-rc}"
-        else:
-            what = f"exited with status {rc}"
+        what = "failed" if rc is None else process.how_it_ended(rc)
         last = next((l.strip() for l in reversed(self.tail) if not _CHATTER.match(l)), "")
         return what + (f"; last output: {last[:300]}" if last else "")
 
 
-def _signal_all(ranks, sig) -> None:
-    for r in ranks:
-        if r.proc.poll() is None:
-            try:
-                os.killpg(r.proc.pid, sig)  # the rank leads its own session
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def _stop(ranks, grace: float) -> None:
-    """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds."""
-    _signal_all(ranks, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while time.monotonic() < end and any(r.proc.poll() is None for r in ranks):
-        time.sleep(0.05)
-    _signal_all(ranks, signal.SIGKILL)
-    for r in ranks:
-        r.proc.wait()
+    """SIGTERM every live rank (each leads its own session), SIGKILL what is left after ``grace`` s."""
+    process.stop_groups([r.proc for r in ranks], grace)
 
 
 def run_ranks(target: list, topo: Topology, grace: float = GRACE_S) -> int:

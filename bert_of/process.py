@@ -17,7 +17,9 @@ bert_of.cli``, the sub-CLIs) and every rank the launcher starts call :func:`setu
 :func:`oneflow_import` wraps ``import oneflow`` in every process, set up or not: signals blocked
 around it, Python's SIGINT handler put back over the C one liboneflow installs, the environment
 variables it adds removed (WORLD_SIZE, RANK, MASTER_*, ...), BERT_OF_BLAS applied for its
-OpenBLAS. Only this module handles signals (:func:`uninterrupted` keeps short steps whole).
+OpenBLAS. Only this module handles, blocks or sends signals (:func:`uninterrupted` keeps short
+steps whole; :func:`stop_groups` stops child process groups, :func:`as_worker` and
+:func:`die_with_parent` set up children).
 """
 
 from __future__ import annotations
@@ -167,6 +169,36 @@ def die(signum: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # not reached
+
+
+def how_it_ended(returncode: int) -> str:
+    """A child's exit status in words: "killed by SIGKILL", "exited with status 1"."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
+def stop_groups(procs, grace: float) -> None:
+    """SIGTERM the process group each live ``subprocess.Popen`` of ``procs`` leads, SIGKILL what is
+    left after ``grace`` seconds, and reap them all."""
+    def send(sig):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    send(signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    send(signal.SIGKILL)
+    for p in procs:
+        p.wait()
 
 
 @contextlib.contextmanager
