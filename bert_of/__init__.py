@@ -18,6 +18,7 @@ _LAZY = {
     "BertForSequenceClassification": "bert_of.modeling",
     "BertModelOutput": "bert_of.outputs",
     "BertGraph": "bert_of.modeling",
+    "BertTokenizer": "bert_of.tokenizer",
 }
 
 __all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "__version__", *_LAZY]

@@ -117,8 +117,9 @@ def cmd_verify(args) -> int:
 # --------------------------------------------------------------------------- inspect
 
 
-def inspect_path(path: str) -> dict:
-    """Format, config, and every tensor (name, shape, dtype) of a checkpoint."""
+def inspect_path(path: str, config: str | None = None) -> dict:
+    """Format, config, and every tensor (name, shape, dtype) of a checkpoint (``config``: its config
+    file when it is not beside it)."""
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
     if fmt == "tf":
@@ -127,12 +128,12 @@ def inspect_path(path: str) -> dict:
         for name, e in entries.items():
             kind = tf1._classify(name)[0] or "unknown"
             info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
-        cfg = os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
+        cfg = config or os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
         if os.path.isfile(cfg):
             info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
         info["path"] = prefix
     else:  # any other format: what it reads as, through its converter
-        source = read(path, fmt, Options(with_optimizer=True, skip_unknown=True))
+        source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True))
         info["config"] = source.config.to_dict()
         for kind, items in (("model", source.tensors), ("optimizer", source.optimizer)):
             for spec, _ in items:
@@ -150,7 +151,7 @@ def inspect_path(path: str) -> dict:
 
 
 def cmd_inspect(args) -> int:
-    info = inspect_path(args.path)
+    info = inspect_path(args.path, args.config)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "bert-of inspect hf/ --json | jq .parameters"))
     i.add_argument("path", metavar="PATH", help="checkpoint directory or TF checkpoint prefix (any format)")
     i.add_argument("--json", action="store_true", help="print everything as JSON on stdout")
+    i.add_argument("--config", metavar="FILE", help="config file if not beside PATH (a flow.save folder holds none)")
     i.set_defaults(fn=cmd_inspect)
 
     # Subcommands owned by other packages (zoo, eval, ...) register themselves.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, fields
+from typing import Optional
 
 from bert_of.errors import ConfigError
 from bert_of.fs import read_json
@@ -57,6 +58,10 @@ _MAX_LAYERS = 1000
 _MAX_LABELS = 1 << 20
 _MAX_PARAMETERS = 2 ** 40
 
+LAYERNORM_PLACEMENTS = ("post", "pre")
+# Fields written to config.json only when set (every original-BERT config leaves them out).
+_OPTIONAL_NUMERICS = ("layernorm_placement", "query_key_layer_scaling", "head_layer_norm_eps")
+
 # Keys without which no architecture can be built; the rest have Google's defaults.
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -77,6 +82,14 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     num_labels: int = 2
     provenance: str = "bert_of"
+    # LayerNorm placement: "post" (original BERT) or "pre" (Megatron/LiBai: each layer normalises
+    # its input and the attention output, a final LayerNorm closes the stack; see modeling.py).
+    layernorm_placement: str = "post"
+    # LiBai's apply_query_key_layer_scaling: scores scaled by 1/(sqrt(D) * (i+1)), then the softmax
+    # input multiplied by (i+1) for layer i: the same function, LiBai's fp32 rounding.
+    query_key_layer_scaling: bool = False
+    # LayerNorm eps of the MLM head's transform when it differs from layer_norm_eps (LiBai: 1e-5).
+    head_layer_norm_eps: Optional[float] = None
     # Keys of the source config that bert_of does not use, kept for the round trip.
     extra: dict = field(default_factory=dict)
 
@@ -118,8 +131,44 @@ class BertConfig:
             raise ConfigError(f"config: num_labels must be a positive integer, got {self.num_labels!r}")
         if self.num_labels > _MAX_LABELS:
             raise ConfigError(f"config: num_labels {self.num_labels} is beyond any classifier (at most {_MAX_LABELS})")
+        if self.layernorm_placement not in LAYERNORM_PLACEMENTS:
+            raise ConfigError(f"config: layernorm_placement {self.layernorm_placement!r} is not one of "
+                              f"{', '.join(LAYERNORM_PLACEMENTS)}")
+        if not isinstance(self.query_key_layer_scaling, bool):
+            raise ConfigError(f"config: query_key_layer_scaling must be true or false, got "
+                              f"{self.query_key_layer_scaling!r}")
+        if self.head_layer_norm_eps is not None and not (_number(self.head_layer_norm_eps) and
+                                                         0 < self.head_layer_norm_eps < 1):
+            raise ConfigError(f"config: head_layer_norm_eps must be in (0, 1), got {self.head_layer_norm_eps!r}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"config: extra must be an object, got {type(self.extra).__name__}")
+
+    @property
+    def pre_ln(self) -> bool:
+        return self.layernorm_placement == "pre"
+
+    @property
+    def head_eps(self) -> float:
+        return self.layer_norm_eps if self.head_layer_norm_eps is None else self.head_layer_norm_eps
+
+    def original_bert_mismatch(self) -> str | None:
+        """Why a format holding original (post-LN) BERT could not hold this network, or None."""
+        if self.pre_ln:
+            return ("a pre-LN BERT (LayerNorm before attention and MLP, a final LayerNorm: LiBai's default "
+                    "apply_residual_post_layernorm=False) is a different network; only the of, ofsd and libai "
+                    "formats hold it")
+        return None
+
+    def numerics_notes(self) -> list:
+        """What an original-BERT format drops of this config's numerics (rounding-level only)."""
+        notes = []
+        if self.query_key_layer_scaling:
+            notes.append("note: query-key layer scaling not recorded (the same function; LiBai's fp32 "
+                         "rounding differs by ~1e-7)")
+        if self.head_layer_norm_eps is not None and self.head_layer_norm_eps != self.layer_norm_eps:
+            notes.append(f"note: the MLM head's LayerNorm eps {self.head_layer_norm_eps:g} is not recorded "
+                         f"(this format has one eps, {self.layer_norm_eps:g})")
+        return notes
 
     @property
     def head_dim(self) -> int:
@@ -137,7 +186,8 @@ class BertConfig:
 
     # ------------------------------------------------------------- bert_of json
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"
+             and not (f.name in _OPTIONAL_NUMERICS and getattr(self, f.name) == f.default)}
         if self.extra:
             d["extra"] = dict(self.extra)
         return d

@@ -34,8 +34,7 @@ from bert_of.process import at_abrupt_end, uninterrupted
 from bert_of.progress import log
 
 
-STAGING_MARK = ".bert_of-staging"  # inside every staging folder: who owns it
-_STAGE_TAG = ".tmp-"  # staging folders are named .<dst name>.tmp-<pid>-<random>
+_STAGE_TAG = ".tmp-"  # staging folders are named .<dst name>.tmp-<pid>-<created ns>-<random>
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -192,7 +191,7 @@ def abandon_writes() -> None:
     """Remove this process's unfinished staging folders and temp files now."""
     for path, kind in list(_UNFINISHED.items()):
         _UNFINISHED.pop(path, None)
-        _remove_staging(path) if kind == "dir" else _remove_quietly(path)
+        shutil.rmtree(path, ignore_errors=True) if kind == "dir" else _remove_quietly(path)
 
 
 at_abrupt_end(abandon_writes)
@@ -379,9 +378,10 @@ def _held(fd: int, path: str, what) -> OutputError:
     return OutputError(f"{what or path}: another bert_of process is writing it ({holder})")
 
 
-def _command() -> str:
+def _command(pid="self") -> str:
+    """The command line of process ``pid`` as a user typed it (``python -m`` dropped)."""
     try:
-        with open("/proc/self/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return "?"
@@ -394,35 +394,72 @@ def _command() -> str:
 
 # --------------------------------------------------------------------------- destinations
 #
-# What bert_of writes into the folders it publishes: every format's files, pretraining data, the
-# files of a run. ``overwrite`` replaces a folder only when everything in it is one of these (or
-# it holds nothing), so a mistyped destination never takes the user's own files with it. Names,
-# not a marker file: a published folder holds exactly its format's files (what other tools,
-# content hashes and zoo manifests expect), and folders written before this rule qualify too.
+# What bert_of writes into the folders it publishes. ``overwrite`` replaces a folder only when
+# everything in it is bert_of's (or it holds nothing), so a mistyped destination never takes the
+# user's own files with it. The standard files of every format, of pretraining data and of runs are
+# known by name (a published folder then holds exactly its format's files, what other tools, content
+# hashes and zoo manifests expect); anything else bert_of writes (tokenizer files beside an HF
+# checkpoint, sidecars) is listed in FILES_MANIFEST in the published folder.
 
 OWN_FILES = frozenset({
     "config.json", "vocab.txt", "model.safetensors", "optimizer.safetensors",  # bert_of, HF
     "bert_config.json", "checkpoint",  # TF, with <prefix>.index and <prefix>.data-NNNNN-of-NNNNN
     "tf_model.h5",  # Keras
     "out", "meta", "snapshot_done",  # lazy OneFlow snapshots: a folder per variable
+    "pickled_data",  # OneFlow's flow.save folders, with tensor_N/out + meta
     "bert_of_data.json",  # pretraining data, with part-NNNNN
     "train_args.json", "trainer_state.json", "manifest.json", "metrics.jsonl", "zoo_metadata.json",  # runs
 })
 _OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
 ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
+FILES_MANIFEST = ".bert_of-files.json"  # {"files": [relative paths]}: what else bert_of wrote here
+
+
+def _own_by_name(name: str) -> bool:
+    return name in OWN_FILES or bool(_OWN_PATTERN.fullmatch(name))
+
+
+def record_files(folder: str) -> None:
+    """List in ``folder``'s FILES_MANIFEST the files under it that are not bert_of's by name (none:
+    no manifest). Called on every staged folder just before it is published. A zoo cache entry is
+    the zoo's as a whole (its ZOO_MANIFEST says so): nothing to list."""
+    if os.path.isfile(os.path.join(folder, ZOO_MANIFEST)):
+        return
+    extra = []
+    for d, dirs, files in os.walk(folder):
+        dirs.sort()
+        for n in sorted(files):
+            if not _own_by_name(n):
+                extra.append(os.path.relpath(os.path.join(d, n), folder).replace(os.sep, "/"))
+    if extra:
+        atomic_write(os.path.join(folder, FILES_MANIFEST), json.dumps({"files": extra}, indent=1) + "\n")
+
+
+def _listed(d: str) -> set:
+    """The relative paths the FILES_MANIFEST in ``d`` lists (nothing when absent or not ours)."""
+    try:
+        with open(os.path.join(d, FILES_MANIFEST), encoding="utf-8") as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {f for f in files if isinstance(f, str)} if isinstance(files, list) else set()
 
 
 def foreign_entry(path: str):
-    """The first file under the folder ``path`` that bert_of does not write (its path relative
+    """The first file under the folder ``path`` that bert_of did not write (its path relative
     to ``path``), or None when there is none."""
     if os.path.isfile(os.path.join(path, ZOO_MANIFEST)):
         return None
+    listed = set()  # relative to ``path``, from every published folder's manifest under it
     for d, dirs, files in os.walk(path):
         dirs.sort()
+        here = os.path.relpath(d, path)
+        listed |= {os.path.normpath(os.path.join(here, f)) for f in _listed(d)}
         links = [n for n in dirs if os.path.islink(os.path.join(d, n))]  # removed, never followed
         for n in sorted(files) + links:
-            if n not in OWN_FILES and not _OWN_PATTERN.fullmatch(n):
-                return os.path.relpath(os.path.join(d, n), path)
+            rel = os.path.normpath(os.path.join(here, n))
+            if not _own_by_name(n) and rel not in listed:
+                return rel
     return None
 
 
@@ -475,30 +512,43 @@ def check_destination(dst, overwrite: bool = False, sources=()) -> str:
 
 # --------------------------------------------------------------------------- staging and publishing
 #
-# A staging folder is ``.<dst name>.tmp-<random>`` beside its destination, holding a marker
-# (owner pid, command, creation time). Its owner keeps an flock on the folder while it lives, so
-# "is its owner alive?" is one non-blocking flock: the kernel drops the lock when the process
-# dies, even by SIGKILL. That gives both rules without lock files left behind:
-# - stale staging folders (flock free) are removed by the next write into the same parent;
-# - two live writers of one destination see each other's folder; the older one wins, the newer
-#   one stops at once naming the holder.
+# A staging folder is ``.<dst name>.tmp-<pid>-<created ns>-<random>`` beside its destination: its
+# name says whose it is from the moment it exists (mkdir is the first step, there is no marker file
+# to write or remove), and stays on it until the publish rename, and on the old tree that an
+# overwrite swaps out and deletes. Its owner also holds an flock on the folder while writing.
+# A staging folder is stale (removed by the next write into the same parent, saying so once) when
+# nobody holds its lock and the process its name gives is gone (or is another process that got the
+# pid later: it started after the folder was made). Two live writers of one destination see each
+# other's folder; the older one wins, the newer one stops at once naming the holder.
+
+_STAGE_NAME = re.compile(r"\.(?P<dst>.+)\.tmp-(?P<pid>\d+)-(?P<ns>\d+)-[a-z0-9_]+")
+
+
+def _stage_path(dst: str) -> str:
+    """A new, unused staging name for ``dst`` (not created)."""
+    parent, name = os.path.dirname(dst), os.path.basename(dst)
+    rand = next(tempfile._get_candidate_names())  # noqa: SLF001 - the same names mkdtemp uses
+    return os.path.join(parent, f".{name}{_STAGE_TAG}{os.getpid()}-{time.time_ns()}-{rand}")
 
 
 class _Stage:
     def __init__(self, dst: str):
-        parent, name = os.path.dirname(dst), os.path.basename(dst)
-        os.makedirs(parent, exist_ok=True)
-        self.path = tempfile.mkdtemp(prefix=f".{name}{_STAGE_TAG}", dir=parent)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        mode = 0o777 & ~_umask()  # a published folder gets mkdir's mode
+        while True:
+            self.path = _stage_path(dst)
+            try:
+                os.mkdir(self.path, mode)
+                break
+            except FileExistsError:
+                continue
         _UNFINISHED[self.path] = "dir"
+        m = _STAGE_NAME.fullmatch(os.path.basename(self.path))
+        self.mark = {"pid": os.getpid(), "created_ns": int(m["ns"])}
         self.fd = None
         try:
-            os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp makes 0700; a published folder gets mkdir's mode
             self.fd = os.open(self.path, os.O_RDONLY)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self.mark = {"pid": os.getpid(), "command": _command(), "created_ns": time.time_ns()}
-            # Atomic: a rival writer reads a whole marker or none (a half-written one read as "older
-            # than me" once made both of two concurrent writers give up).
-            atomic_write(os.path.join(self.path, STAGING_MARK), json.dumps(self.mark))
         except BaseException:
             self.close(remove=True)
             raise
@@ -506,23 +556,11 @@ class _Stage:
     def close(self, remove: bool) -> None:
         if remove:
             with uninterrupted():  # a second Ctrl-C waits until the folder is gone
-                _remove_staging(self.path)
+                shutil.rmtree(self.path, ignore_errors=True)
         _UNFINISHED.pop(self.path, None)
         if self.fd is not None:
             os.close(self.fd)  # releases the flock
             self.fd = None
-
-
-def _remove_staging(path: str) -> None:
-    """Remove a staging folder, its marker last: a removal cut short (kill -9) leaves a folder the
-    next writer still recognises as stale."""
-    for n in os.listdir(path) if os.path.isdir(path) else ():
-        p = os.path.join(path, n)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, ignore_errors=True)
-        elif n != STAGING_MARK:
-            _remove_quietly(p)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _umask() -> int:
@@ -531,10 +569,44 @@ def _umask() -> int:
     return mask
 
 
-def _staging_owner(path: str):
-    """The marker of a live staging folder, None when its owner is gone (or it is not ours)."""
-    if not os.path.isfile(os.path.join(path, STAGING_MARK)):
+def _boot_ns():
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return int(line.split()[1]) * 10**9
+    return None
+
+
+def _started_ns(pid: int):
+    """When process ``pid`` started (ns since the epoch); None when it is gone or unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        return _boot_ns() + ticks * 10**9 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
         return None
+
+
+def _writer_alive(pid: int, created_ns: int) -> bool:
+    """Is the process that made a staging folder at ``created_ns`` still running? A process with
+    that pid which started after the folder was made (by more than the clock's tick) is another one."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    started = _started_ns(pid)
+    return started is None or started <= created_ns + 2 * 10**9  # btime is whole seconds
+
+
+def _staging_owner(path: str):
+    """``{"pid", "created_ns"}`` of a live staging folder; None when it is not one, or its writer
+    is gone (then it is removed)."""
+    m = _STAGE_NAME.fullmatch(os.path.basename(path))
+    if m is None or os.path.islink(path) or not os.path.isdir(path):
+        return None
+    owner = {"pid": int(m["pid"]), "created_ns": int(m["ns"])}
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -543,44 +615,57 @@ def _staging_owner(path: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                with open(os.path.join(path, STAGING_MARK), encoding="utf-8") as f:
-                    return json.load(f)
-            except (OSError, ValueError):
-                return {}
-        shutil.rmtree(path, ignore_errors=True)  # owner gone: stale (we hold its lock meanwhile)
-        log.info("removed %s, left by a bert_of process that died", path)
+            return owner  # being written
+        if owner["pid"] == os.getpid() or _writer_alive(owner["pid"], owner["created_ns"]):
+            return owner  # just made (not locked yet), or its old tree being deleted after the swap
+        shutil.rmtree(path, ignore_errors=True)  # writer gone: stale (we hold its lock meanwhile)
         return None
     finally:
         os.close(fd)
 
 
+def _stale_note(parent: str, removed: list) -> None:
+    if removed:
+        log.info("removed %d unfinished folder(s) in %s left by bert_of processes that died: %s",
+                 len(removed), parent, ", ".join(sorted(removed)))
+
+
 def remove_stale_staging(parent: str) -> None:
-    """Remove every staging folder in ``parent`` whose owner process is gone."""
+    """Remove every staging folder in ``parent`` whose writer is gone (one note for all)."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
+    removed = []
     for n in names:
-        if n.startswith(".") and _STAGE_TAG in n:
-            _staging_owner(os.path.join(parent, n))
+        if _STAGE_NAME.fullmatch(n):
+            p = os.path.join(parent, n)
+            if _staging_owner(p) is None and not os.path.lexists(p):
+                removed.append(n)
+    _stale_note(parent, removed)
 
 
 def _claim(stage: _Stage, dst: str) -> None:
     """Clean stale siblings; stop if another live writer of ``dst`` started first."""
     parent, name = os.path.dirname(dst), os.path.basename(dst)
     mine = (stage.mark["created_ns"], stage.mark["pid"], stage.path)
-    for n in os.listdir(parent):
+    removed, rival = [], None
+    for n in sorted(os.listdir(parent)):
         p = os.path.join(parent, n)
-        if not (n.startswith(".") and _STAGE_TAG in n) or p == stage.path:
+        m = _STAGE_NAME.fullmatch(n)
+        if m is None or p == stage.path:
             continue
         owner = _staging_owner(p)
-        if owner is None or not n.startswith(f".{name}{_STAGE_TAG}"):
+        if owner is None:
+            if not os.path.lexists(p):
+                removed.append(n)
             continue
-        theirs = (owner.get("created_ns", 0), owner.get("pid", 0), p)
-        if theirs < mine:
-            raise OutputError(f"{dst}: another bert_of process is writing it "
-                              f"(pid {owner.get('pid', '?')}: {owner.get('command', '?')})")
+        theirs = (owner["created_ns"], owner["pid"], p)
+        if m["dst"] == name and theirs < mine and (rival is None or theirs < rival):
+            rival = theirs
+    _stale_note(parent, removed)
+    if rival is not None:
+        raise OutputError(f"{dst}: another bert_of process is writing it (pid {rival[1]}: {_command(rival[1])})")
 
 
 _AT_FDCWD = -100
@@ -612,8 +697,6 @@ def publish_dir(stage: str, dst: str, overwrite: bool = False) -> None:
     ``stage``) is removed. Where the filesystem cannot exchange, the old tree is renamed aside
     first: a short window in which ``dst`` is absent, never one in which it is mixed.
     """
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(stage, STAGING_MARK))
     fsync_dir(stage)
     parent = os.path.dirname(dst)
     if os.path.lexists(dst):
@@ -623,8 +706,7 @@ def publish_dir(stage: str, dst: str, overwrite: bool = False) -> None:
             fsync_dir(parent)
             shutil.rmtree(stage, ignore_errors=True)  # the old tree
             return
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.old-", dir=parent)
-        os.rmdir(old)
+        old = _stage_path(dst)  # the old tree is deleted under a name that says whose it is
         os.rename(dst, old)
         os.rename(stage, dst)
         fsync_dir(parent)
@@ -656,6 +738,7 @@ def publishing(dst: str, overwrite: bool = False, sources=()):
             stage = _Stage(dst)
         _claim(stage, dst)
         yield stage.path
+        record_files(stage.path)
         with uninterrupted():  # the swap and the removal of the old tree go together
             publish_dir(stage.path, dst, overwrite)
             ok = True

@@ -125,22 +125,30 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.pre_ln = config.pre_ln
 
     def forward(self, input_ids, token_type_ids):
-        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H]."""
+        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H].
+
+        Pre-LN: the sum without its LayerNorm (LiBai's embeddings; the encoder applies this
+        LayerNorm as layer 0's input norm)."""
         seq_len = input_ids.shape[1]
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         # Positions 0..S-1 are a slice of the (broadcast) table: no index tensor to place.
         x = x + self.position_embeddings.weight.narrow(0, 0, seq_len).unsqueeze(0)
+        if self.pre_ln:
+            return self.dropout(x)
         return self.dropout(self.LayerNorm(x))
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, layer_index: int = 0):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.scale = 1.0 / math.sqrt(float(self.head_dim))
+        # LiBai's query-key layer scaling: (q k^T) / (sqrt(D) * c), then * c, with c = i + 1.
+        self.coeff = float(layer_index + 1) if config.query_key_layer_scaling else None
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
@@ -154,7 +162,10 @@ class BertSelfAttention(nn.Module):
     def forward(self, hidden, mask_adder):
         """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]."""
         q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
-        scores = flow.matmul(q, k, transpose_b=True) * self.scale + mask_adder  # [B, N, S, S]
+        if self.coeff is not None:
+            scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale / self.coeff) * self.coeff + mask_adder
+        else:
+            scores = flow.matmul(q, k, transpose_b=True) * self.scale + mask_adder  # [B, N, S, S]
         probs = self.dropout(flow.softmax(scores, dim=-1))
         ctx = flow.matmul(probs, v)  # [B, N, S, D]
         B, N, S, D = ctx.shape
@@ -173,9 +184,9 @@ class BertSelfOutput(nn.Module):
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, layer_index: int = 0):
         super().__init__()
-        self.self = BertSelfAttention(config)
+        self.self = BertSelfAttention(config, layer_index)
         self.output = BertSelfOutput(config)
 
     def forward(self, hidden, mask_adder):
@@ -206,9 +217,9 @@ class BertOutput(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, layer_index: int = 0):
         super().__init__()
-        self.attention = BertAttention(config)
+        self.attention = BertAttention(config, layer_index)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
@@ -216,16 +227,34 @@ class BertLayer(nn.Module):
         attn = self.attention(hidden, mask_adder)
         return self.output(self.intermediate(attn), attn)
 
+    def forward_pre_ln(self, hidden, mask_adder, input_norm):
+        """Pre-LN layer (LiBai, apply_residual_post_layernorm=False): h + attn(norm(h)), then
+        h + mlp(attention.output.LayerNorm(h)). ``input_norm`` is the LayerNorm before this layer
+        (the embeddings' for layer 0, the previous layer's output LayerNorm after that), so the
+        canonical names stay those of original BERT, shifted as LiBai's own HF loader shifts them."""
+        out = self.attention.output
+        attn = out.dropout(out.dense(self.attention.self(input_norm(hidden), mask_adder)))
+        hidden = hidden + attn
+        mlp = self.output.dropout(self.output.dense(self.intermediate(out.LayerNorm(hidden))))
+        return hidden + mlp
+
 
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+        self.layer = nn.ModuleList([BertLayer(config, i) for i in range(config.num_hidden_layers)])
 
-    def forward(self, hidden, mask_adder):
+    def forward(self, hidden, mask_adder, input_norm=None):
+        """Post-LN; with ``input_norm`` (the embeddings' LayerNorm) pre-LN, closed by the last
+        layer's output LayerNorm (LiBai's final_layernorm)."""
+        if input_norm is None:
+            for layer in self.layer:
+                hidden = layer(hidden, mask_adder)
+            return hidden
         for layer in self.layer:
-            hidden = layer(hidden, mask_adder)
-        return hidden
+            hidden = layer.forward_pre_ln(hidden, mask_adder, input_norm)
+            input_norm = layer.output.LayerNorm
+        return input_norm(hidden)
 
 
 class BertPooler(nn.Module):
@@ -397,7 +426,8 @@ class BertModel(_PreTrained):
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
         hidden = self.embeddings(input_ids, token_type_ids)
-        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype))
+        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype),
+                           self.embeddings.LayerNorm if self.config.pre_ln else None)
         return BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq))
 
 
@@ -415,7 +445,7 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = ACT_FN[config.hidden_act]
-        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.head_eps)
 
     def forward(self, hidden):
         return self.LayerNorm(self.act(self.dense(hidden)))

@@ -34,10 +34,12 @@ added after its Unicode tables among them, and measured slower than ``FastTokeni
 from __future__ import annotations
 
 import collections
+import os
 import unicodedata
 from typing import Iterable, List, Optional
 
 from bert_of.errors import BertOfError
+from bert_of.fs import read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -425,5 +427,24 @@ class FastTokenizer:
         return self._run(text, True)
 
 
+def vocab_looks_cased(vocab) -> bool:
+    """A cased vocabulary (Google's cased models) holds capitalised whole words; an uncased one none."""
+    caps = sum(1 for t in vocab if t[:1].isupper() and not t.startswith("["))
+    return caps >= max(10, len(vocab) // 50)
+
+
+def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool]:
+    """``do_lower_case`` as a checkpoint folder records it: HF's ``tokenizer_config.json``, a
+    fine-tuned run's ``train_args.json``, or a ``do_lower_case`` key in ``config.json``; None when
+    none does."""
+    for name in ("tokenizer_config.json", "train_args.json", "config.json"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            value = read_json(path, name, error).get("do_lower_case")
+            if isinstance(value, bool):
+                return value
+    return None
+
+
 __all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "FastTokenizer", "load_vocab", "read_vocab_lines",
-           "vocab_size"]
+           "vocab_size", "vocab_looks_cased", "recorded_lower_case"]

@@ -30,7 +30,7 @@ from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.fs import publishing, read_json, writes_to
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
-from bert_of.tokenization import read_vocab_lines
+from bert_of.tokenization import read_vocab_lines, recorded_lower_case, vocab_looks_cased
 
 
 @dataclass
@@ -119,12 +119,6 @@ def summarize(report: list, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def vocab_looks_cased(vocab) -> bool:
-    """A cased vocabulary (Google's cased models) holds capitalised whole words; an uncased one none."""
-    caps = sum(1 for t in vocab if t[:1].isupper() and not t.startswith("["))
-    return caps >= max(10, len(vocab) // 50)
-
-
 def lower_case_of(source: Source) -> bool:
     """Whether text is lower-cased for this checkpoint: what its folder records (HF's
     tokenizer_config.json, a fine-tuned bert_of folder's train_args.json, a ``do_lower_case``
@@ -133,12 +127,9 @@ def lower_case_of(source: Source) -> bool:
     if isinstance(recorded, bool):
         return recorded
     folder = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
-    for name in ("tokenizer_config.json", "train_args.json"):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            value = read_json(path, name, CheckpointError).get("do_lower_case")
-            if isinstance(value, bool):
-                return value
+    recorded = recorded_lower_case(folder, CheckpointError)
+    if recorded is not None:
+        return recorded
     if source.vocab_file:
         return not vocab_looks_cased(read_vocab_lines(source.vocab_file))
     return True

@@ -20,6 +20,10 @@ from bert_of.progress import Progress
 FORMATS = {
     "tf": "bert_of.converters.tf1",
     "of": "bert_of.converters.of",
+    # flow.save folders: before lazy, whose detection takes any folder with snapshot_done
+    "libai": "bert_of.converters.libai",
+    "ofmodels": "bert_of.converters.ofmodels",
+    "ofsd": "bert_of.converters.ofsd",
     "lazy": "bert_of.converters.lazy",
     "hf": "bert_of.converters.hf",
     "h5": "bert_of.converters.h5",
@@ -27,6 +31,9 @@ FORMATS = {
 DESCRIPTIONS = {
     "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",
     "of": "bert_of checkpoint directory (config.json + model.safetensors + vocab.txt)",
+    "libai": "LiBai BERT saved by flow.save (model_final/model/ + the run's config.yaml)",
+    "ofmodels": "Oneflow-Inc/models NLP/BERT state dict saved by flow.save (pickled_data + tensor_N/)",
+    "ofsd": "bert_of module state dict saved by flow.save (pickled_data + tensor_N/ + config.json)",
     "lazy": "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])",
     "hf": "HuggingFace directory (config.json + model.safetensors)",
     "h5": "HuggingFace Keras weights (tf_model.h5 + config.json)",
@@ -106,11 +113,17 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     sources = (src, opts.config, opts.vocab)  # never written over, into or around
     check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
     source = module(a).read(src, opts)
+    target = module(b)
+    why = source.config.original_bert_mismatch()
+    if why and not getattr(target, "PRE_LN", b == "of"):
+        raise CheckpointError(f"{src}: cannot convert to {b}: {why}")
     stage = None
     try:
         with publishing(dst, overwrite=opts.overwrite, sources=sources) as stage:
             with _counted(source, direction):
-                notes = module(b).write_files(source, stage, opts) or []
+                notes = target.write_files(source, stage, opts) or []
+                if not hasattr(target, "PRE_LN") and b != "of":  # an original-BERT format: what it drops
+                    notes += source.config.numerics_notes()
             if check is not None:
                 check(stage)
     except OutputError as e:  # name the file as the user will know it, not its staging path

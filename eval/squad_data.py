@@ -238,8 +238,9 @@ def read_squad_examples(source, is_training: bool, version_2_with_negative: bool
                         warn: Callable[[str], None] | None = None) -> list:
     """SquadExample list from a path or a :class:`SquadData`, in file order.
 
-    Training needs exactly one answer per answerable question; an impossible question (v2.0:
-    ``is_impossible``, or no answers when the flag is absent) gets positions -1 and answer "".
+    Training uses the first answer of an answerable question (as transformers does: dev-style
+    files list several per question; one note says how many had several); an impossible question
+    (v2.0: ``is_impossible``, or no answers when the flag is absent) gets positions -1 and answer "".
     As in run_squad, a training answer whose whitespace-token span does not spell the answer
     (odd Unicode) is skipped with a warning. ``version_2_with_negative`` defaults to the file's
     version.
@@ -249,7 +250,7 @@ def read_squad_examples(source, is_training: bool, version_2_with_negative: bool
     if warn is None:
         def warn(msg):
             log.warning(msg)
-    examples = []
+    examples, several = [], 0
     for article in sd.data:
         for p in article["paragraphs"]:
             context = p["context"]
@@ -260,9 +261,9 @@ def read_squad_examples(source, is_training: bool, version_2_with_negative: bool
                 if is_training:
                     answers = qa["answers"]
                     impossible = bool(qa.get("is_impossible", not answers)) if v2 else False
-                    if not impossible and len(answers) != 1:
-                        raise EvalDataError(f"{sd.path}: question {qid!r}: training needs exactly 1 answer, "
-                                            f"found {len(answers)}")
+                    if not impossible and not answers:
+                        raise EvalDataError(f"{sd.path}: question {qid!r}: training needs an answer, found none")
+                    several += not impossible and len(answers) > 1
                     if impossible:
                         ex.is_impossible = True
                         ex.start_position = ex.end_position = -1
@@ -283,6 +284,8 @@ def read_squad_examples(source, is_training: bool, version_2_with_negative: bool
                             warn(f"question {qid!r}: could not find answer {cleaned!r} in {actual!r}; skipped")
                             continue
                 examples.append(ex)
+    if several:
+        log.info("%s: %d question(s) have several answers; training uses the first of each", sd.path, several)
     return examples
 
 

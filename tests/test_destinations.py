@@ -123,6 +123,28 @@ def test_overwrite_replaces_only_what_bert_of_wrote(tmp_path):
     assert sorted(os.listdir(empty)) == ["config.json", "model.safetensors"]
 
 
+def test_a_rerun_with_overwrite_replaces_what_bert_of_wrote_beyond_its_standard_files(tmp_path):
+    """of2hf writes transformers' tokenizer files too: they are listed in the folder's manifest, so
+    the same conversion run again with --overwrite works; a file that bert_of did not write still
+    stops it."""
+    src = _checkpoint(tmp_path / "src")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"w{i}\n" for i in range(99)))
+    out = tmp_path / "out"
+    run_cli("convert", "of2hf", src, out, "--vocab", vocab)
+    written = sorted(os.listdir(out))
+    assert "special_tokens_map.json" in written and "tokenizer_config.json" in written
+    listed = json.loads((out / ".bert_of-files.json").read_text())["files"]
+    assert sorted(listed) == sorted(n for n in written if n not in ("config.json", "model.safetensors", "vocab.txt",
+                                                                  ".bert_of-files.json"))
+    run_cli("convert", "of2hf", src, out, "--vocab", vocab, "--overwrite")  # the same command again
+    assert sorted(os.listdir(out)) == written
+    (out / "tokenizer.json").write_text("{}")  # the user's (not listed)
+    _one_line(run_cli("convert", "of2hf", src, out, "--vocab", vocab, "--overwrite", check=False),
+              f"{out}: holds tokenizer.json, which bert_of did not write; not replacing it")
+    assert (out / "tokenizer.json").read_text() == "{}"
+
+
 def test_a_symlinked_destination_is_replaced_at_its_target(tmp_path):
     src = _checkpoint(tmp_path / "src")
     real = tmp_path / "store" / "real"
@@ -236,7 +258,7 @@ def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
     lines = [l for l in error_lines(err) if "%|" not in l]  # the progress bar's own line
-    assert lines == ["bert-of: error: interrupted"], err
+    assert lines == ["bert-of: error: interrupted"], (err, p.returncode)
     assert p.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (p.returncode, err)
     assert _leftovers(tmp_path) == [] and not out.exists()
 

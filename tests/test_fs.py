@@ -95,6 +95,65 @@ def test_staging_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["b"]
 
 
+def _gone_pid():
+    """The pid of a process that has exited (and been reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _unfinished(parent, pid, created_ns, what="model.safetensors"):
+    """A folder as a writer leaves it when killed in a window where it holds no lock: just made
+    (mkdir done, flock not yet taken), or the old tree being deleted after an overwrite's swap."""
+    d = parent / f".dst.tmp-{pid}-{created_ns}-abc123"
+    d.mkdir()
+    if what:
+        (d / what).write_bytes(b"\0" * 100)
+    return d
+
+
+def test_a_staging_folder_says_whose_it_is_from_the_start(tmp_path):
+    with fs.publishing(tmp_path / "dst") as stage:
+        name = os.path.basename(stage)
+        assert name.startswith(f".dst.tmp-{os.getpid()}-") and os.listdir(stage) == []  # no marker file
+    assert os.listdir(tmp_path / "dst") == []
+
+
+def test_unlocked_folders_of_dead_writers_are_removed_once_with_one_note(tmp_path, caplog):
+    now = time.time_ns()
+    _unfinished(tmp_path, _gone_pid(), now, what=None)  # killed between mkdir and flock
+    _unfinished(tmp_path, _gone_pid(), now + 1)  # killed while deleting the old tree of an overwrite
+    (tmp_path / "dst").mkdir()
+    with fs.publishing(tmp_path / "other") as stage:
+        open(os.path.join(stage, "config.json"), "w").write("1")
+    assert sorted(os.listdir(tmp_path)) == ["dst", "other"]
+    notes = [r.getMessage() for r in caplog.records if "left by bert_of processes that died" in r.getMessage()]
+    assert len(notes) == 1 and "removed 2 unfinished folder(s)" in notes[0]
+
+
+def test_an_unlocked_folder_of_a_live_writer_is_kept_until_it_is_gone(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        live = _unfinished(tmp_path, p.pid, time.time_ns())  # e.g. its old tree, being deleted now
+        with fs.publishing(tmp_path / "b"):
+            pass
+        assert live.is_dir()  # its writer still runs: not ours to remove
+    finally:
+        p.communicate(b"")
+    fs.remove_stale_staging(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["b"]
+
+
+def test_a_pid_taken_over_by_a_later_process_does_not_keep_a_folder(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        old = _unfinished(tmp_path, p.pid, time.time_ns() - 3600 * 10**9)  # made an hour before p started
+        fs.remove_stale_staging(tmp_path)
+        assert not old.exists()
+    finally:
+        p.communicate(b"")
+
+
 def test_append_jsonl_cuts_a_torn_tail_and_read_jsonl_skips_bad_lines(tmp_path, caplog):
     path = tmp_path / "r.jsonl"
     fs.append_jsonl(path, {"a": 1})

@@ -9,6 +9,7 @@ bert_of.checkpoint: checked statically (imports) and at run time (modules loaded
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,8 +24,8 @@ from bert_of.fs import locked
 from bert_of.hooks import register_resolver
 from bert_of.zoo import NotCachedError, OfflineError, UnknownEntryError, Zoo
 from bert_of.zoo.cache import MANIFEST
-from bert_of.zoo.resolve import source_key
-from tests.conftest import ROOT, TINY, write_vocab
+from bert_of.zoo.resolve import content_key, source_key
+from tests.conftest import ROOT, TINY, run_cli, write_vocab
 from tests.zoo_support.release import make_release_dir, registry_entry, write_registry, zip_release
 
 
@@ -101,12 +102,59 @@ def test_bert_of_dirs_stay_put_and_changed_sources_convert_again(formats, home, 
     prefix = str(src / "bert_model.ckpt")
     first = zoo.resolve(prefix)
     assert zoo.resolve(prefix) == first and len(converted_dirs(home)) == 1
-    os.utime(src / "vocab.txt", ns=(time.time_ns(), time.time_ns() + 10**9))
+    os.utime(src / "vocab.txt", ns=(time.time_ns(), time.time_ns() + 10**9))  # touched: the same content
+    assert zoo.resolve(prefix) == first and len(converted_dirs(home)) == 1
+    err = capsys.readouterr().err
+    assert err.count("converting it to bert_of (tf2of)") == 1 and "same content as a copy converted before" in err
+    cfg = json.loads((src / "bert_config.json").read_text())
+    (src / "bert_config.json").write_text(json.dumps(dict(cfg, initializer_range=0.5)))  # changed
     second = zoo.resolve(prefix)
     assert second != first and len(converted_dirs(home)) == 2
-    assert capsys.readouterr().err.count("converting it to bert_of (tf2of)") == 2
+    assert capsys.readouterr().err.count("converting it to bert_of (tf2of)") == 1
     # the vocab given for a source without one is part of the key
     assert source_key(prefix, "tf", str(src / "vocab.txt"))[0] != source_key(prefix, "tf")[0]
+
+
+def _cache_items(home):
+    r = run_cli("zoo", "cache", "list", "--json", env={"BERT_OF_HOME": str(home)})
+    return {i["id"]: i for i in json.loads(r.stdout)["items"] if i["kind"] == "converted"}
+
+
+def test_converted_copies_are_listed_sized_removed_and_pruned(formats, home, tmp_path):
+    from bert_of import zoo
+
+    hf, lazy = tmp_path / "hf", tmp_path / "lazy"
+    shutil.copytree(formats["hf"], hf)
+    shutil.copytree(formats["lazy"], lazy)
+    a, b = zoo.resolve(str(hf)), zoo.resolve(str(lazy))
+    items = _cache_items(home)
+    assert sorted(items) == sorted([os.path.basename(a), os.path.basename(b)])
+    ia = items[os.path.basename(a)]
+    assert (ia["source"], ia["format"], ia["state"]) == (str(hf), "hf", "current")
+    assert ia["size"] == sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a) for f in fs) > 0
+    table = run_cli("zoo", "cache", "list", env={"BERT_OF_HOME": str(home)}).stdout
+    assert f"{str(hf)} (hf)" in table and "current" in table and "2 item(s)" in table
+    # a copy of the same files elsewhere shares the converted copy; the first source can then go
+    hf2 = tmp_path / "hf-copy"
+    shutil.copytree(hf, hf2)
+    assert zoo.resolve(str(hf2)) == a and len(converted_dirs(home)) == 2
+    shutil.rmtree(hf)
+    assert _cache_items(home)[os.path.basename(a)]["state"] == "current"  # hf-copy still uses it
+    # a source that is gone, or holds other content now, is what prune removes
+    shutil.rmtree(lazy)
+    assert _cache_items(home)[os.path.basename(b)]["state"] == "source gone"
+    os.utime(hf2 / "config.json", ns=(time.time_ns(), time.time_ns() + 10**9))  # touched: kept
+    assert _cache_items(home)[os.path.basename(a)]["state"] == "source changed"
+    r = run_cli("zoo", "cache", "prune", "--dry-run", env={"BERT_OF_HOME": str(home)})
+    assert f"would remove {b} " in r.stdout and "would remove 1 converted copy" in r.stdout
+    assert len(converted_dirs(home)) == 2
+    r = run_cli("zoo", "cache", "prune", env={"BERT_OF_HOME": str(home)})
+    assert f"removed {b} " in r.stdout and converted_dirs(home) == [os.path.basename(a)]
+    r = run_cli("zoo", "cache", "remove", hf2, env={"BERT_OF_HOME": str(home)})  # by its source's path
+    assert r.stdout.strip() == f"removed {a}" and converted_dirs(home) == []
+    assert os.listdir(home / "converted" / ".refs") == []
+    r = run_cli("zoo", "cache", "remove", "no-such-thing", env={"BERT_OF_HOME": str(home)}, check=False)
+    assert r.returncode == 1 and r.stderr.strip().endswith("`bert-of zoo cache list` shows what is)")
 
 
 def test_names_that_are_nothing_fail_in_one_line(formats, home, tmp_path):
@@ -279,9 +327,10 @@ def test_concurrent_callers_share_one_conversion(formats, home):
             time.sleep(0.1)
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    assert outs[0] == outs[1] == str(home / "converted" / key)
+    ckey = content_key(src, "tf")
+    assert outs[0] == outs[1] == str(home / "converted" / ckey)
     assert sum("converting it to bert_of" in p.read_text() for p in logs) == 1
-    assert converted_dirs(home) == [key] and sorted(os.listdir(home / "converted")) == [key]
+    assert converted_dirs(home) == [ckey] and sorted(os.listdir(home / "converted" / ".refs")) == [key]
 
 
 def test_commands_name_their_option_in_resolver_errors(home):

@@ -74,9 +74,8 @@ def test_a_damaged_latest_checkpoint_falls_back_and_resumes_exactly(setup, runs,
     shutil.copytree(stopped, run)
     os.remove(run / "checkpoints" / "step-0000006" / "optimizer.safetensors")  # no exact resume from step 6
     ck = run / "checkpoints"
-    stale = ck / ".step-0000008.tmp-x1"  # a save killed by kill -9: its owner is gone
+    stale = ck / ".step-0000008.tmp-999999999-1-x1"  # a save killed by kill -9: its owner is gone
     stale.mkdir()
-    (stale / ".bert_of-staging").write_text(json.dumps({"pid": 999999999, "command": "bert-of pretrain"}))
     (stale / "model.safetensors").write_bytes(b"\0" * 1000)
     (ck / ".step-0000008.ranks").mkdir()
     r = run_cli(*_args(setup, run, "--resume"))

@@ -209,13 +209,15 @@ def test_prediction_examples_need_no_answers_and_query_is_truncated(tmp_path):
         convert_examples_to_features([ex], tok, max_seq_length=10, max_query_length=7)
 
 
-def test_training_needs_one_answer(tmp_path):
+def test_training_takes_the_first_of_several_answers_with_one_note(tmp_path, caplog):
     p = tmp_path / "two.json"
     p.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": JAPAN, "qas": [
         {"id": "x", "question": "?", "answers": [{"text": "Japanese", "answer_start": 4},
                                                  {"text": "electronics", "answer_start": 13}]}]}]}]}))
-    with pytest.raises(EvalDataError, match="question 'x': training needs exactly 1 answer, found 2"):
-        read_squad_examples(str(p), is_training=True)
+    ex, = read_squad_examples(str(p), is_training=True)
+    assert (ex.orig_answer_text, ex.start_position, ex.end_position) == ("Japanese", 1, 1)
+    notes = [r.getMessage() for r in caplog.records if "several answers" in r.getMessage()]
+    assert notes == [f"{p}: 1 question(s) have several answers; training uses the first of each"]
     assert len(read_squad_examples(str(p), is_training=False)) == 1
     assert load_squad(str(p)).questions[0].answers == ["Japanese", "electronics"]
 

@@ -24,7 +24,7 @@ import time
 from bert_of.converters.common import Options, summarize
 from bert_of.converters.convert import convert
 from bert_of.errors import OutputError
-from bert_of.fs import STAGING_MARK, locked, read_json, sha256_file, write_json
+from bert_of.fs import locked, read_json, sha256_file, write_json
 from bert_of.zoo.errors import ZooError
 
 MANIFEST = "zoo_manifest.json"
@@ -79,7 +79,7 @@ def read_manifest(path: str) -> dict:
 
 def write_manifest(stage: str, manifest: dict) -> dict:
     """The manifest of a staged entry, with the SHA-256 and size of its files unless given."""
-    manifest.setdefault("files", hash_tree(stage, skip=(MANIFEST, STAGING_MARK)))
+    manifest.setdefault("files", hash_tree(stage))
     write_json(os.path.join(stage, MANIFEST), manifest, indent=1)
     return manifest
 

@@ -199,6 +199,44 @@ def cmd_remove(args) -> int:
     return 0
 
 
+def cmd_cache_list(args) -> int:
+    z = _zoo(args)
+    rows = z.cache_rows()
+    if args.json:
+        print(json.dumps({"cache_dir": z.cache_dir, "items": rows}, indent=1))
+        return 0
+    table = [("ID", "KIND", "SIZE", "STATE", "SOURCE")]
+    for r in rows:
+        src = r["source"] or "?"
+        if r["kind"] == "converted":
+            src = f"{src} ({r['format']})" + (f" +{len(r['used_by']) - 1} more" if len(r["used_by"]) > 1 else "")
+        table.append((r["id"], r["kind"], human_size(r["size"]), r["state"], src))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.rjust(w) if i == 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    print(f"\n{len(rows)} item(s), {human_size(sum(r['size'] for r in rows))} in {z.cache_dir}")
+    return 0
+
+
+def cmd_cache_remove(args) -> int:
+    z = _zoo(args)
+    for ident in args.ids:
+        for r in z.cache_remove(ident):
+            print(f"removed {r}")
+    return 0
+
+
+def cmd_cache_prune(args) -> int:
+    z = _zoo(args)
+    rows = z.cache_prune(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for r in rows:
+        print(f"{verb} {r['path']} ({human_size(r['size'])}; {r['state']}: {r['source']})")
+    print(f"{verb} {len(rows)} converted cop{'y' if len(rows) == 1 else 'ies'}, "
+          f"{human_size(sum(r['size'] for r in rows))}")
+    return 0
+
+
 def cmd_add(args) -> int:
     z = _zoo(args)
     e = z.add(args.dir, args.name, aliases=args.alias, metadata=args.metadata, description=args.description,
@@ -305,6 +343,37 @@ def _fill(p: argparse.ArgumentParser) -> None:
     option(s, "--overwrite", old=("--force",), dest="force", action="store_true",
            help="replace an entry or alias of the same name")
     s.set_defaults(fn=cmd_add)
+
+    _fill_cache(sub, common)
+
+
+def _fill_cache(sub, common) -> None:
+    s = sub.add_parser("cache", help="what the cache holds (zoo entries, converted copies), its size; remove, prune",
+                       description="The cache as a whole: zoo entries, partial downloads and the bert_of copies of "
+                                   "checkpoints in other formats that `--model DIR`, `from_pretrained(DIR)` and "
+                                   "`--init-checkpoint DIR` convert once (keyed by the source's content).",
+                       epilog=examples("bert-of zoo cache list", "bert-of zoo cache remove ~/models/minilm-hf",
+                                       "bert-of zoo cache prune --dry-run"))
+    cache = s.add_subparsers(dest="cache_command", required=True, metavar="CACHE_COMMAND")
+    c = cache.add_parser("list", parents=[common], help="every item: id, kind, size, state, source",
+                         description="Every item in the cache with its size; a converted copy's state says whether "
+                                     "its source is still there as it was.",
+                         epilog=examples("bert-of zoo cache list", "bert-of zoo cache list --json"))
+    c.add_argument("--json", action="store_true", help="print the items as JSON on stdout")
+    c.set_defaults(fn=cmd_cache_list)
+    c = cache.add_parser("remove", parents=[common], help="remove converted copies or zoo entries",
+                         description="Remove each ID: a converted copy (its id, a prefix of 6+ characters of it, or "
+                                     "the path of the source it was converted from) or a zoo entry (NAME or "
+                                     "NAME/FORMAT, as `bert-of zoo remove`).",
+                         epilog=examples("bert-of zoo cache remove 3f2a9c", "bert-of zoo cache remove ./my-hf-model"))
+    c.add_argument("ids", nargs="+", metavar="ID", help="what to remove")
+    c.set_defaults(fn=cmd_cache_remove)
+    c = cache.add_parser("prune", parents=[common], help="remove converted copies no source needs any more",
+                         description="Remove the converted copies whose sources are gone or now hold other content "
+                                     "(a source that was only touched or copied keeps its copy).",
+                         epilog=examples("bert-of zoo cache prune", "bert-of zoo cache prune --dry-run"))
+    c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    c.set_defaults(fn=cmd_cache_prune)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ import bert_of.zoo.listing as _listing
 import bert_of.zoo.local as _local
 import bert_of.zoo.registry as _reg
 import bert_of.zoo.resolve as _resolve
-from bert_of.zoo.cache import (FORMATS, MANIFEST, cached_formats, check_local_hashes, downloads_dir, entry_lock,
-                               hash_tree, verify_published)
+from bert_of.zoo.cache import (FORMATS, MANIFEST, cached_formats, check_local_hashes, dir_size, downloads_dir,
+                               entry_lock, hash_tree, verify_published)
 from bert_of.zoo.download import DownloadOptions
 from bert_of.zoo.errors import NotCachedError, ZooError
 
@@ -167,6 +167,47 @@ class Zoo:
             removed.append(f"registry entry {name} (its folder {entry['path']} is left untouched)")
             self._registry = None
         return removed
+
+    # ------------------------------------------------------------------ the cache as a whole
+    def cache_rows(self) -> list:
+        """Everything in the cache, one dict each (id, kind, path, size, source, state): zoo entries
+        (``NAME/FORMAT``), partial downloads (``downloads/NAME``), converted copies (their key)."""
+        rows = []
+        models = os.path.join(self.cache_dir, "models")
+        for name in sorted(os.listdir(models)) if os.path.isdir(models) else ():
+            for fmt in FORMATS:
+                d = os.path.join(models, name, fmt)
+                if os.path.isfile(os.path.join(d, MANIFEST)):
+                    rows.append({"id": f"{name}/{fmt}", "kind": "zoo entry", "path": d, "size": dir_size(d),
+                                 "source": name, "state": "current"})
+        downloads = os.path.join(self.cache_dir, "downloads")
+        for name in sorted(os.listdir(downloads)) if os.path.isdir(downloads) else ():
+            d = os.path.join(downloads, name)
+            rows.append({"id": f"downloads/{name}", "kind": "partial download", "path": d, "size": dir_size(d),
+                         "source": name, "state": "resumable"})
+        return rows + _resolve.converted_copies(self)
+
+    def cache_remove(self, ident: str) -> list:
+        """Remove what ``ident`` names: a converted copy (its key, a unique prefix of 6+ characters, or
+        the source path it was converted from), or a zoo entry (``NAME``, ``NAME/FORMAT``: as ``zoo
+        remove``). Returns the paths removed."""
+        copies = _resolve.converted_copies(self)
+        real = os.path.realpath(os.path.expanduser(ident))
+        hit = [c for c in copies if c["id"] == ident or (len(ident) >= 6 and c["id"].startswith(ident))
+               or (c["source"] and os.path.realpath(c["source"]) == real)
+               or any(os.path.realpath(u) == real for u in c["used_by"])]
+        if hit:
+            for c in hit:
+                _resolve.remove_copy(self, c)
+            return [c["path"] for c in hit]
+        name, _, fmt = ident.partition("/")
+        if self.registry.lookup(name) is None:
+            raise ZooError(f"{ident}: not in the cache {self.cache_dir} (`bert-of zoo cache list` shows what is)")
+        return self.remove(name, fmt or None)
+
+    def cache_prune(self, dry_run: bool = False) -> list:
+        """Remove the converted copies whose sources are gone or hold other content now."""
+        return _resolve.prune_copies(self, dry_run)
 
     # ------------------------------------------------------------------ add, list, info
     def add(self, directory: str, name: str, aliases=(), metadata: str | None = None,

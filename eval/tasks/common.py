@@ -16,7 +16,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.checkpoint import WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
-from bert_of.converters.common import vocab_looks_cased
+from bert_of.tokenization import vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError

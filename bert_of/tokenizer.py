@@ -1,0 +1,438 @@
+"""A tokenizer with transformers' call convention, on bert_of's WordPiece.
+
+    tok = BertTokenizer.from_pretrained("bert-base")      # a zoo name, or a checkpoint folder in any format
+    batch = tok(["A man is eating.", "Hello"], padding=True, truncation=True, max_length=128,
+                return_tensors="np")
+    batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]   # int64 [batch, seq]
+    model(**batch)                                         # BertModel takes them as they are
+
+The keys, padding and truncation rules are those of transformers' ``BertTokenizerFast`` (checked id
+for id on real text: bench/tokenizer_parity.py); the tokens are bert_of's WordPiece
+(:mod:`bert_of.tokenization`: Google's rules, the fast path for whole lines). ``do_lower_case``
+comes from the checkpoint: what its folder records (``tokenizer_config.json``, a fine-tuned run's
+``train_args.json``, a ``do_lower_case`` config key), else what its vocabulary says.
+
+Words longer than 100 characters are ``[UNK]`` here, as in transformers (Google's scripts: 200).
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from typing import List, Optional, Sequence, Union
+
+import numpy as np
+
+from bert_of.checkpoint import resolve_checkpoint
+from bert_of.errors import BertOfError
+from bert_of.fs import read_json
+from bert_of.tokenization import (FastTokenizer, FullTokenizer, _is_cjk, _is_control, _is_punctuation,
+                                  _is_whitespace, read_vocab_lines, recorded_lower_case, vocab_looks_cased)
+
+TextInput = Union[str, Sequence[str]]
+
+
+class BatchEncoding(dict):
+    """What a tokenizer call returns: a dict of ``input_ids``, ``token_type_ids``,
+    ``attention_mask`` (and, when asked, ``offset_mapping``, ``special_tokens_mask``, ``length``),
+    readable as attributes too. ``word_ids(i)`` maps each token of row ``i`` to the index of the
+    word it came from (``is_split_into_words=True``) or of its basic-token word (None for special
+    tokens and padding)."""
+
+    def __init__(self, data: dict, word_ids: list):
+        super().__init__(data)
+        self._word_ids = word_ids
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def word_ids(self, batch_index: int = 0) -> list:
+        return list(self._word_ids[batch_index])
+
+
+class BertTokenizer:
+    """WordPiece with ``[CLS] a [SEP] (b [SEP])`` inputs, called as transformers' tokenizers are.
+
+    >>> tok = BertTokenizer("vocab.txt", do_lower_case=True)
+    >>> tok("Hello world!")["input_ids"]               # [101, 7592, 2088, 999, 102]
+    >>> tok.decode(tok.encode("Hello world!"), skip_special_tokens=True)   # 'hello world!'
+    """
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = True, model_max_length: int = 512,
+                 max_input_chars_per_word: int = 100):
+        self.vocab_file = vocab_file
+        self.do_lower_case = bool(do_lower_case)
+        self.model_max_length = int(model_max_length)
+        self._ref = FullTokenizer(vocab_file, do_lower_case=self.do_lower_case,
+                                  max_input_chars_per_word=max_input_chars_per_word)
+        self._fast = FastTokenizer(self._ref)
+        self.vocab = self._ref.vocab
+        self.ids_to_tokens = self._ref.inv_vocab
+        for name in ("unk", "sep", "pad", "cls", "mask"):
+            token = f"[{name.upper()}]"
+            setattr(self, f"{name}_token", token)
+            setattr(self, f"{name}_token_id", self.vocab.get(token))
+        missing = [t for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]") if t not in self.vocab]
+        if missing:
+            raise BertOfError(f"{vocab_file}: not a BERT vocabulary (no {', '.join(missing)})")
+        self.all_special_tokens = [t for t in ("[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]") if t in self.vocab]
+        self.all_special_ids = [self.vocab[t] for t in self.all_special_tokens]
+        self._offsets = False  # whether this call tracks character offsets (the slower path)
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, do_lower_case: Optional[bool] = None,
+                        model_max_length: Optional[int] = None, **kwargs) -> "BertTokenizer":
+        """The tokenizer of a checkpoint: a zoo name, a bert_of folder, or a folder (TF prefix)
+        in any format bert_of reads. A folder holding ``vocab.txt`` is read in place; anything
+        else goes through the resolver (downloaded or converted once, as ``from_pretrained`` of
+        a model). ``do_lower_case`` None: what the checkpoint records, else its vocabulary's case."""
+        path = os.fspath(name_or_path)
+        folder = path if os.path.isdir(path) else os.path.dirname(path) if os.path.exists(path + ".index") else None
+        if folder is None or not os.path.isfile(os.path.join(folder, "vocab.txt")):
+            folder = resolve_checkpoint(path)
+        vocab = os.path.join(folder, "vocab.txt")
+        if not os.path.isfile(vocab):
+            raise BertOfError(f"{name_or_path}: no vocab.txt (a tokenizer needs the checkpoint's vocabulary)")
+        if do_lower_case is None:
+            do_lower_case = recorded_lower_case(folder)
+            if do_lower_case is None:
+                do_lower_case = not vocab_looks_cased(read_vocab_lines(vocab))
+        if model_max_length is None:
+            model_max_length = _max_positions(folder)
+        return cls(vocab, do_lower_case=do_lower_case, model_max_length=model_max_length, **kwargs)
+
+    # ---------------------------------------------------------------- text <-> tokens <-> ids
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def tokenize(self, text: str) -> List[str]:
+        return self._fast.tokenize(text)
+
+    def convert_tokens_to_ids(self, tokens):
+        if isinstance(tokens, str):
+            return self._ref.convert_tokens_to_ids([tokens])[0]
+        return self._ref.convert_tokens_to_ids(tokens)
+
+    def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
+        if isinstance(ids, (int, np.integer)):
+            return self.ids_to_tokens[self._check_id(ids)]
+        skip = set(self.all_special_ids) if skip_special_tokens else ()
+        return [self.ids_to_tokens[self._check_id(i)] for i in ids if int(i) not in skip]
+
+    def _check_id(self, i) -> int:
+        i = int(i)
+        if i not in self.ids_to_tokens:
+            raise BertOfError(f"token id {i} is outside the vocabulary (0..{len(self.vocab) - 1})")
+        return i
+
+    def convert_tokens_to_string(self, tokens: List[str]) -> str:
+        return " ".join(tokens).replace(" ##", "").strip()
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = True) -> str:
+        """Token ids back to text: WordPieces joined (``##`` pieces glued on), and, as transformers
+        does, the space before ``. ? ! ,`` and English contractions removed."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if isinstance(ids, int):
+            ids = [ids]
+        text = self.convert_tokens_to_string(self.convert_ids_to_tokens(ids, skip_special_tokens))
+        if clean_up_tokenization_spaces:
+            for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                         (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+                text = text.replace(a, b)
+        return text
+
+    def encode(self, text, text_pair=None, add_special_tokens: bool = True, **kwargs) -> List[int]:
+        """The ``input_ids`` of one text (or pair) as a list."""
+        return self(text, text_pair, add_special_tokens=add_special_tokens, **kwargs)["input_ids"]
+
+    # ---------------------------------------------------------------- the call
+    def __call__(self, text: TextInput, text_pair: Optional[TextInput] = None, *, add_special_tokens: bool = True,
+                 padding: Union[bool, str] = False, truncation: Union[bool, str, None] = None,
+                 max_length: Optional[int] = None, pad_to_multiple_of: Optional[int] = None,
+                 is_split_into_words: bool = False, return_tensors: Optional[str] = None,
+                 return_token_type_ids: Optional[bool] = None, return_attention_mask: Optional[bool] = None,
+                 return_offsets_mapping: bool = False, return_special_tokens_mask: bool = False,
+                 return_length: bool = False) -> BatchEncoding:
+        """Encode a text, a pair, or a batch of either.
+
+        ``padding``: False; True / "longest" (to the longest row); "max_length" (to ``max_length``,
+        else the model's). ``truncation``: True / "longest_first" (the longer of a pair loses tokens
+        first), "only_first", "only_second", False; None: "longest_first" when ``max_length`` is
+        given without padding, as transformers does. ``return_tensors``: None (lists; one text gives
+        flat lists), "np" (int64 arrays [batch, seq]) or "of" (OneFlow tensors).
+        """
+        batched = _is_batch(text, is_split_into_words)
+        texts = list(text) if batched else [text]
+        if text_pair is None:
+            pairs = [None] * len(texts)
+        else:
+            pairs = list(text_pair) if batched else [text_pair]
+            if len(pairs) != len(texts):
+                raise BertOfError(f"{len(texts)} texts but {len(pairs)} text pairs")
+        pad_mode, trunc_mode, max_length = self._strategies(padding, truncation, max_length, pairs[0] is not None)
+        self._offsets = return_offsets_mapping
+        rows = [self._encode_one(a, b, add_special_tokens, trunc_mode, max_length, is_split_into_words)
+                for a, b in zip(texts, pairs)]
+        if pad_mode == "longest":
+            width = max(len(r["input_ids"]) for r in rows)
+        elif pad_mode == "max_length":
+            width = max_length
+        else:
+            width = None
+        if width is not None and pad_to_multiple_of:
+            width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+        out = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "offset_mapping",
+                               "special_tokens_mask", "length")}
+        words = []
+        for r in rows:
+            n = len(r["input_ids"])
+            pad = max(0, width - n) if width is not None else 0
+            out["length"].append(n)
+            out["input_ids"].append(r["input_ids"] + [self.pad_token_id] * pad)
+            out["token_type_ids"].append(r["token_type_ids"] + [0] * pad)
+            out["attention_mask"].append([1] * n + [0] * pad)
+            out["offset_mapping"].append(r["offsets"] + [(0, 0)] * pad)
+            out["special_tokens_mask"].append(r["special"] + [1] * pad)
+            words.append(r["words"] + [None] * pad)
+        keep = {"input_ids": True, "token_type_ids": return_token_type_ids is not False,
+                "attention_mask": return_attention_mask is not False, "offset_mapping": return_offsets_mapping,
+                "special_tokens_mask": return_special_tokens_mask, "length": return_length}
+        data = {k: v for k, v in out.items() if keep[k]}
+        if return_tensors is not None:
+            data = {k: _as_tensor(k, v, return_tensors) for k, v in data.items()}
+        elif not batched:
+            data = {k: v[0] for k, v in data.items()}
+        return BatchEncoding(data, words)
+
+    def _strategies(self, padding, truncation, max_length, pair: bool):
+        pad = {False: None, "do_not_pad": None, True: "longest", "longest": "longest",
+               "max_length": "max_length"}.get(padding, "?")
+        if pad == "?":
+            raise BertOfError(f"padding={padding!r}: expected True, False, 'longest', 'max_length' or 'do_not_pad'")
+        if truncation is None:
+            truncation = "longest_first" if max_length is not None and pad is None else False
+        trunc = {False: None, "do_not_truncate": None, True: "longest_first", "longest_first": "longest_first",
+                 "only_first": "only_first", "only_second": "only_second"}.get(truncation, "?")
+        if trunc == "?":
+            raise BertOfError(f"truncation={truncation!r}: expected True, False, 'longest_first', 'only_first', "
+                              "'only_second' or 'do_not_truncate'")
+        if trunc == "only_second" and not pair:
+            raise BertOfError("truncation='only_second' needs a text pair")
+        if max_length is None and (trunc or pad == "max_length"):
+            max_length = self.model_max_length
+        return pad, trunc, max_length
+
+    def _encode_one(self, a, b, special: bool, trunc, max_length, split_words: bool) -> dict:
+        ta = self._pieces(a, split_words)
+        tb = self._pieces(b, split_words) if b is not None else None
+        if trunc:
+            room = max_length - ((3 if tb is not None else 2) if special else 0)
+            ta, tb = _truncate(ta, tb, room, trunc)
+        cls_, sep = (self.cls_token_id, self.sep_token_id)
+        ids, types, offs, spec, words = [], [], [], [], []
+
+        def add(pieces, segment):
+            for tok_id, off, word in pieces:
+                ids.append(tok_id)
+                types.append(segment)
+                offs.append(off)
+                spec.append(0)
+                words.append(word)
+
+        def mark(tok_id, segment):
+            ids.append(tok_id)
+            types.append(segment)
+            offs.append((0, 0))
+            spec.append(1)
+            words.append(None)
+
+        if special:
+            mark(cls_, 0)
+        add(ta, 0)
+        if special:
+            mark(sep, 0)
+        if tb is not None:
+            add(tb, 1)
+            if special:
+                mark(sep, 1)
+        return {"input_ids": ids, "token_type_ids": types, "offsets": offs, "special": spec, "words": words}
+
+    def _pieces(self, text, split_words: bool) -> list:
+        """[(id, (start, end), word index)] of one text (or one pre-split list of words)."""
+        if split_words:
+            out = []
+            for w, word in enumerate(text):
+                out += [(i, off, w) for i, off, _ in self._pieces_of(word)]
+            return out
+        return self._pieces_of(text)
+
+    def _pieces_of(self, text: str) -> list:
+        if not isinstance(text, str):
+            raise BertOfError(f"expected text (str), got {type(text).__name__}")
+        out, word = [], 0
+        for part, is_special, start in _split_special(self._ref, text):
+            if is_special:
+                out.append((self.vocab[part], (start, start + len(part)), word))
+                word += 1
+                continue
+            if not self._offsets:  # the fast path: C string operations, WordPiece cached per word
+                for w in self._fast.words(part):
+                    out += [(i, (0, 0), word) for i in self._fast.ids(w)]
+                    word += 1
+                continue
+            for chars, origins in _basic_words(part, self.do_lower_case):
+                pieces = self._ref.wordpiece.tokenize(chars)
+                if pieces == [self._ref.unk_token]:
+                    spans = [(origins[0], origins[-1] + 1)]
+                else:
+                    spans, k = [], 0
+                    for p in pieces:
+                        n = len(p) - 2 if p.startswith("##") else len(p)
+                        spans.append((origins[k], origins[k + n - 1] + 1))
+                        k += n
+                for p, (s, e) in zip(pieces, spans):
+                    out.append((self.vocab.get(p, self.unk_token_id), (start + s, start + e), word))
+                word += 1
+        return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_batch(text, split_words: bool) -> bool:
+    if isinstance(text, str):
+        return False
+    if not isinstance(text, (list, tuple)):
+        raise BertOfError(f"expected a str or a list of them, got {type(text).__name__}")
+    if split_words:  # a list of words is one text; a list of such lists, a batch
+        return bool(text) and not isinstance(text[0], str)
+    return True
+
+
+def _split_special(ref: FullTokenizer, text: str):
+    """[(piece, is_special, start offset)] (literal special tokens kept whole, as the tokenizer does)."""
+    out, pos = [], 0
+    for piece, special in ref._split_special(text):
+        out.append((piece, special, pos))
+        pos += len(piece)
+    return out
+
+
+def _basic_words(text: str, lower: bool) -> list:
+    """BasicTokenizer's words of ``text``, each as (normalized string, [offset in ``text`` of each
+    of its characters]): the same steps as bert_of.tokenization.BasicTokenizer (clean, CJK apart,
+    whitespace split, lower-case + accents stripped, punctuation apart), tracking positions."""
+    chars = []  # (character, its offset in text)
+    for i, ch in enumerate(text):  # clean + CJK spacing
+        cp = ord(ch)
+        if cp == 0 or cp == 0xFFFD or _is_control(ch):
+            continue
+        if _is_whitespace(ch):
+            chars.append((" ", i))
+        elif _is_cjk(cp):
+            chars += [(" ", i), (ch, i), (" ", i)]
+        else:
+            chars.append((ch, i))
+    words, cur = [], []
+    for ch, o in chars + [(" ", len(text))]:  # whitespace split
+        if ch != " ":
+            cur.append((ch, o))
+        elif cur:
+            words.append(cur)
+            cur = []
+    out = []
+    for word in words:
+        if lower:
+            word = _lower_strip(word)
+        piece = []
+        for ch, o in word + [(None, None)]:  # punctuation apart
+            if ch is None or _is_punctuation(ch):
+                if piece:
+                    out.append(("".join(c for c, _ in piece), [o for _, o in piece]))
+                if ch is not None:
+                    out.append((ch, [o]))
+                piece = []
+            else:
+                piece.append((ch, o))
+    return out
+
+
+def _lower_strip(word: list) -> list:
+    """``str.lower()`` of the word (final sigma included), then NFD with Mn marks dropped, per
+    character so each output character keeps its origin."""
+    whole = "".join(c for c, _ in word).lower()
+    lowered = [c.lower() for c, _ in word]
+    if sum(map(len, lowered)) == len(whole):  # always, bar exotic casings: take the word's own letters
+        k, per = 0, []
+        for c in lowered:
+            per.append(whole[k:k + len(c)])
+            k += len(c)
+        lowered = per
+    return [(ch, o) for piece, (_, o) in zip(lowered, word) for ch in unicodedata.normalize("NFD", piece)
+            if unicodedata.category(ch) != "Mn"]
+
+
+def _truncate(a: list, b: Optional[list], room: int, mode: str) -> tuple:
+    """Cut a and b (lists of pieces) to ``room`` tokens together, as transformers' fast tokenizers
+    do: "longest_first" keeps the shorter whole when it fits in half the room, else gives each half
+    (the longer, or the pair's second on a tie, the odd one); "only_first"/"only_second" cut one."""
+    if room < 0:
+        raise BertOfError(f"max_length leaves no room for the special tokens ({-room} too few)")
+    n1, n2 = len(a), len(b) if b is not None else 0
+    if n1 + n2 <= room:
+        return a, b
+    if b is None:
+        if mode == "only_second":
+            raise BertOfError("truncation='only_second' needs a text pair")
+        return a[:room], b
+    if mode == "only_first":
+        if n2 > room:
+            raise BertOfError(f"the second text alone ({n2} tokens) is longer than max_length allows ({room})")
+        return a[:room - n2], b
+    if mode == "only_second":
+        if n1 > room:
+            raise BertOfError(f"the first text alone ({n1} tokens) is longer than max_length allows ({room})")
+        return a, b[:room - n1]
+    short, long_ = sorted((n1, n2))
+    keep_short = short
+    keep_long = max(short, room - short) if short <= room else short
+    if keep_short + keep_long > room:
+        keep_short = room // 2
+        keep_long = keep_short + room % 2
+    k1, k2 = (keep_short, keep_long) if n1 <= n2 else (keep_long, keep_short)
+    return a[:k1], b[:k2]
+
+
+def _as_tensor(key: str, rows: list, kind: str):
+    if len({len(r) for r in rows}) > 1:
+        raise BertOfError(f"rows of different lengths cannot make one tensor ({key}): use padding=True")
+    arr = np.asarray(rows, dtype=np.int64)
+    if kind == "np":
+        return arr
+    if kind == "of":
+        from bert_of._flow import flow  # OneFlow loads only when its tensors are asked for
+
+        return flow.tensor(arr, dtype=flow.int64)
+    raise BertOfError(f"return_tensors={kind!r}: bert_of returns 'np' (NumPy) or 'of' (OneFlow) tensors")
+
+
+def _max_positions(folder: str) -> int:
+    for name in ("config.json", "bert_config.json"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            n = read_json(path, name).get("max_position_embeddings")
+            if isinstance(n, int) and n > 0:
+                return n
+    return 512
+
+
+__all__ = ["BertTokenizer", "BatchEncoding"]

@@ -1,0 +1,561 @@
+"""OneFlow's own save format (``flow.save(state_dict, dir)``, OneFlow 0.6-0.9), read as data.
+
+A ``flow.save`` folder::
+
+    <dir>/pickled_data          pickle (protocol 4) of {"protocol_version": 1, "data": <state dict>}
+    <dir>/tensor_N/out, meta    a local tensor: raw C-order little-endian bytes + VariableMetaInfo text
+    <dir>/global_tensor_N/...   a global tensor saved with ``global_dst_rank=0`` (LiBai, the models repo)
+
+The state dict is a ``collections.OrderedDict`` built by REDUCE, each value a ``oneflow.Tensor``
+(buffers) or ``oneflow.nn.Parameter`` made by NEWOBJ with BUILD state ``{"path": "tensor_N"}``;
+OneFlow also BUILDs the dict itself with ``{"_metadata": OrderedDict()}``. A tensor saved twice
+under two keys (a tied weight) is one pickled object, so both keys name one folder. The older
+eager layout (OneFlow 0.5-0.7) has no ``pickled_data``: one folder per key, named by the key
+(``snapshot_done`` beside them).
+
+``pickled_data`` is never given to ``pickle``: :func:`parse_pickled_data` walks its opcodes with a
+small interpreter of its own that admits exactly the structures above (the three globals, the
+opcodes protocols 2-5 use for them, strings, small ints, dicts, tuples) and refuses anything else
+in one line naming it, so nothing in the file can run. Folders are plain names inside ``<dir>``
+(no ``/``, ``..``, symlinks); every ``out`` is size-checked against its ``meta`` before a tensor
+is read, one tensor at a time.
+
+Writing (:func:`write_state_dict`) produces the bytes OneFlow 0.9's ``flow.save`` writes for the
+same state dict (the tests compare them), so ``flow.load`` reads the folder back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from bert_of.errors import CheckpointError
+from bert_of.fs import writes_to
+from bert_of.tensors import nbytes
+from bert_of.converters.lazy import DATA_FILE, META_FILE, format_meta, parse_meta
+
+PICKLE_FILE = "pickled_data"
+PROTOCOL_VERSION = 1
+MAX_PICKLE = 64 << 20  # a state dict's pickle is KBs; the tensors live in their folders
+_MAX_META = 1 << 16
+_MAX_DEPTH = 64
+
+
+class TensorRecord(NamedTuple):
+    """What ``pickled_data`` says about one tensor: its class and the folder holding it."""
+
+    cls: str  # "oneflow.Tensor" | "oneflow.nn.Parameter"
+    folder: str
+
+
+class _Global(NamedTuple):
+    name: str  # "collections.OrderedDict", "oneflow.Tensor", "oneflow.nn.Parameter"
+
+
+class _Unbuilt(NamedTuple):  # a NEWOBJ'd tensor before its BUILD
+    cls: str
+    ident: int
+
+
+class _Mark:
+    pass
+
+
+_MARK = _Mark()
+ADMITTED = {("collections", "OrderedDict"): "collections.OrderedDict",
+            ("oneflow", "Tensor"): "oneflow.Tensor",
+            ("oneflow.nn", "Parameter"): "oneflow.nn.Parameter"}
+_TENSOR_CLASSES = ("oneflow.Tensor", "oneflow.nn.Parameter")
+
+
+class _Refused(Exception):
+    pass
+
+
+def parse_pickled_data(raw: bytes, where: str) -> dict:
+    """``pickled_data`` bytes -> {key: TensorRecord}, in the file's order; CheckpointError otherwise."""
+    try:
+        obj = _Interpreter(raw).run()
+    except _Refused as e:
+        raise CheckpointError(f"{where}: refused: {e} (only a flow.save'd state dict is admitted; nothing was run)") \
+            from None
+    if not isinstance(obj, dict) or set(obj) != {"protocol_version", "data"}:
+        raise CheckpointError(f"{where}: refused: not flow.save's {{protocol_version, data}} record")
+    if obj["protocol_version"] != PROTOCOL_VERSION:
+        raise CheckpointError(f"{where}: protocol_version {obj['protocol_version']!r} (OneFlow writes "
+                              f"{PROTOCOL_VERSION})")
+    data = obj["data"]
+    if not isinstance(data, _ODict):
+        raise CheckpointError(f"{where}: refused: its data is not a state dict (an OrderedDict of tensors)")
+    out = {}
+    for k, v in data.items():
+        if type(k) is not str or type(v) is not TensorRecord:
+            raise CheckpointError(f"{where}: refused: state dict entry {str(k)[:80]!r} is not a name -> tensor")
+        out[k] = v
+    return out
+
+
+class _ODict(dict):
+    """An OrderedDict the pickle made (a dict keeps order); ``meta``: its BUILD state."""
+
+    built = False
+
+
+class _Interpreter:
+    """The opcodes flow.save's pickles use (protocols 2-5), nothing else."""
+
+    def __init__(self, raw: bytes):
+        self.raw, self.pos = raw, 0
+        self.stack, self.marks, self.memo = [], [], {}
+        self.ids = 0
+        self.unbuilt_at = {}  # NEWOBJ id -> memo indices holding it (BUILD updates just those)
+
+    def read(self, n):
+        if self.pos + n > len(self.raw):
+            raise _Refused(f"truncated stream (ends inside an opcode at byte {len(self.raw)})")
+        b = self.raw[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def pop(self):
+        if not self.stack or self.stack[-1] is _MARK:
+            raise _Refused(f"malformed stream (stack underflow at byte {self.pos})")
+        return self.stack.pop()
+
+    def pop_mark(self):
+        if not self.marks:
+            raise _Refused(f"malformed stream (no MARK at byte {self.pos})")
+        m = self.marks.pop()
+        items = self.stack[m + 1:]
+        if any(x is _MARK for x in items):
+            raise _Refused("malformed stream (nested MARK)")
+        del self.stack[m:]
+        return items
+
+    def text(self, b):
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Refused("a string that is not UTF-8") from None
+
+    def run(self):
+        while True:
+            op = self.read(1)
+            at = self.pos - 1
+            if op == b"\x80":  # PROTO
+                v = self.read(1)[0]
+                if not 2 <= v <= 5:
+                    raise _Refused(f"pickle protocol {v} (flow.save writes 2-5)")
+            elif op == b"\x95":  # FRAME: a length prefix only
+                self.read(8)
+            elif op == b".":  # STOP
+                if len(self.stack) != 1 or self.marks:
+                    raise _Refused("malformed stream (STOP with more than one object)")
+                if self.pos != len(self.raw):
+                    raise _Refused(f"{len(self.raw) - self.pos} bytes after STOP")
+                return self.stack[0]
+            elif op == b"}":  # EMPTY_DICT
+                self.stack.append({})
+            elif op == b")":  # EMPTY_TUPLE
+                self.stack.append(())
+            elif op == b"(":  # MARK
+                self.marks.append(len(self.stack))
+                self.stack.append(_MARK)
+                if len(self.marks) > _MAX_DEPTH:
+                    raise _Refused("malformed stream (too deeply nested)")
+            elif op in (b"\x85", b"\x86", b"\x87"):  # TUPLE1-3
+                n = {b"\x85": 1, b"\x86": 2, b"\x87": 3}[op]
+                items = [self.pop() for _ in range(n)][::-1]
+                self.stack.append(tuple(items))
+            elif op == b"t":  # TUPLE
+                self.stack.append(tuple(self.pop_mark()))
+            elif op == b"\x8c":  # SHORT_BINUNICODE
+                self.stack.append(self.text(self.read(self.read(1)[0])))
+            elif op == b"X":  # BINUNICODE
+                n = struct.unpack("<I", self.read(4))[0]
+                self.stack.append(self.text(self.read(n)))
+            elif op == b"K":  # BININT1
+                self.stack.append(self.read(1)[0])
+            elif op == b"M":  # BININT2
+                self.stack.append(struct.unpack("<H", self.read(2))[0])
+            elif op == b"J":  # BININT
+                self.stack.append(struct.unpack("<i", self.read(4))[0])
+            elif op == b"N":  # NONE
+                self.stack.append(None)
+            elif op in (b"\x88", b"\x89"):  # NEWTRUE / NEWFALSE
+                self.stack.append(op == b"\x88")
+            elif op == b"\x94":  # MEMOIZE
+                if not self.stack or self.stack[-1] is _MARK:
+                    raise _Refused("malformed stream (MEMOIZE of nothing)")
+                self.put(len(self.memo), self.stack[-1])
+            elif op in (b"q", b"r"):  # BINPUT / LONG_BINPUT
+                i = self.read(1)[0] if op == b"q" else struct.unpack("<I", self.read(4))[0]
+                if not self.stack or self.stack[-1] is _MARK:
+                    raise _Refused("malformed stream (PUT of nothing)")
+                self.put(i, self.stack[-1])
+            elif op in (b"h", b"j"):  # BINGET / LONG_BINGET
+                i = self.read(1)[0] if op == b"h" else struct.unpack("<I", self.read(4))[0]
+                if i not in self.memo:
+                    raise _Refused(f"malformed stream (memo {i} unset)")
+                self.stack.append(self.memo[i])
+            elif op == b"\x93":  # STACK_GLOBAL
+                name = self.pop()
+                module = self.pop()
+                if type(module) is not str or type(name) is not str:
+                    raise _Refused("malformed stream (STACK_GLOBAL of non-strings)")
+                self.stack.append(self.global_(module, name))
+            elif op == b"c":  # GLOBAL (protocol 2): "module\nname\n"
+                module = self.line()
+                name = self.line()
+                self.stack.append(self.global_(module, name))
+            elif op == b"R":  # REDUCE
+                args = self.pop()
+                fn = self.pop()
+                if type(fn) is not _Global or fn.name != "collections.OrderedDict":
+                    raise _Refused(f"REDUCE of {_show(fn)} (only collections.OrderedDict() is admitted)")
+                if args != ():
+                    raise _Refused("REDUCE of collections.OrderedDict with arguments")
+                self.stack.append(_ODict())
+            elif op == b"\x81":  # NEWOBJ
+                args = self.pop()
+                cls = self.pop()
+                if type(cls) is not _Global or cls.name not in _TENSOR_CLASSES or args != ():
+                    raise _Refused(f"NEWOBJ of {_show(cls)} (only oneflow.Tensor / oneflow.nn.Parameter)")
+                self.ids += 1
+                self.stack.append(_Unbuilt(cls.name, self.ids))
+            elif op == b"b":  # BUILD
+                state = self.pop()
+                obj = self.pop()
+                self.stack.append(self.build(obj, state))
+            elif op == b"s":  # SETITEM
+                v = self.pop()
+                k = self.pop()
+                self.setitems(self.top_dict(), [k, v])
+            elif op == b"u":  # SETITEMS
+                items = self.pop_mark()
+                if len(items) % 2:
+                    raise _Refused("malformed stream (odd SETITEMS)")
+                self.setitems(self.top_dict(), items)
+            else:
+                raise _Refused(f"pickle opcode {op!r} at byte {at}")
+
+    def put(self, i, obj):
+        self.memo[i] = obj
+        if type(obj) is _Unbuilt:
+            self.unbuilt_at.setdefault(obj.ident, []).append(i)
+
+    def line(self):
+        end = self.raw.find(b"\n", self.pos, self.pos + 256)
+        if end < 0:
+            raise _Refused("truncated stream (GLOBAL without its newline)")
+        s = self.text(self.raw[self.pos:end])
+        self.pos = end + 1
+        return s
+
+    def global_(self, module, name):
+        hit = ADMITTED.get((module, name))
+        if hit is None:
+            raise _Refused(f"global {module[:60]}.{name[:60]}")
+        return _Global(hit)
+
+    def top_dict(self):
+        if not self.stack or type(self.stack[-1]) not in (dict, _ODict):
+            raise _Refused(f"SETITEM(S) on {_show(self.stack[-1]) if self.stack else 'nothing'}")
+        return self.stack[-1]
+
+    def setitems(self, d, items):
+        for k, v in zip(items[::2], items[1::2]):
+            if type(k) not in (str, int):
+                raise _Refused(f"dict key {_show(k)}")
+            if type(v) is _Unbuilt:
+                raise _Refused("a tensor without its state")
+            d[k] = v
+
+    def build(self, obj, state):
+        if type(obj) is _Unbuilt:
+            if type(state) is not dict or set(state) != {"path"} or type(state["path"]) is not str:
+                raise _Refused(f"{obj.cls} state {_show(state)} (flow.save writes {{'path': folder}})")
+            rec = TensorRecord(obj.cls, state["path"])
+            for i in self.unbuilt_at.pop(obj.ident, ()):  # later GETs of it see the tensor
+                if self.memo.get(i) is obj:
+                    self.memo[i] = rec
+            return rec
+        if type(obj) is _ODict and not obj.built:
+            if type(state) is not dict or set(state) - {"_metadata"} or \
+                    not all(type(v) in (dict, _ODict) and not v for v in state.values()):
+                raise _Refused(f"OrderedDict state {_show(state)} (flow.save writes {{'_metadata': {{}}}})")
+            obj.built = True
+            return obj
+        raise _Refused(f"BUILD of {_show(obj)}")
+
+
+def _show(x) -> str:
+    if type(x) is _Global:
+        return x.name
+    if type(x) in (_Unbuilt, TensorRecord):
+        return x.cls
+    if type(x) is _ODict:
+        return "an OrderedDict"
+    return type(x).__name__ if type(x) not in (str, int) else repr(x)[:60]
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+class Entry(NamedTuple):
+    key: str
+    cls: str  # "oneflow.Tensor" | "oneflow.nn.Parameter" | "" (old layout)
+    folder: str  # absolute path of the tensor's folder
+    shape: tuple
+    dtype: np.dtype
+
+
+def is_flow_save_dir(path: str) -> bool:
+    """A folder with ``pickled_data``, or the older layout: folders holding ``out`` + ``meta``."""
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, PICKLE_FILE)):
+        return True
+    try:  # symlinked folders count here, so that reading refuses them by name
+        entries = [e for e in os.scandir(path) if e.is_dir()]
+    except OSError:
+        return False
+    return bool(entries) and all(os.path.isfile(os.path.join(e.path, DATA_FILE)) and
+                                 os.path.isfile(os.path.join(e.path, META_FILE)) for e in entries[:8])
+
+
+def _regular(path: str, what: str) -> os.stat_result:
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise CheckpointError(f"{path}: {what} cannot be read ({e.strerror})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise CheckpointError(f"{path}: refused: {what} is a symlink (a flow.save folder holds none)")
+    return st
+
+
+def _tensor_folder(root: str, name: str, where: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise CheckpointError(f"{where}: refused: tensor folder {name[:80]!r} is not a folder inside {root}")
+    d = os.path.join(root, name)
+    st = _regular(d, "tensor folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"{d}: tensor folder is not a directory")
+    for f in (DATA_FILE, META_FILE):
+        fst = _regular(os.path.join(d, f), f"tensor file {f}")
+        if not stat.S_ISREG(fst.st_mode):
+            raise CheckpointError(f"{os.path.join(d, f)}: not a regular file")
+    return d
+
+
+def _meta(d: str):
+    p = os.path.join(d, META_FILE)
+    if os.path.getsize(p) > _MAX_META:
+        raise CheckpointError(f"{p}: {os.path.getsize(p)} bytes is no VariableMetaInfo")
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{p}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    shape, dtype = parse_meta(text, p)
+    need = nbytes(shape, dtype)
+    size = os.path.getsize(os.path.join(d, DATA_FILE))
+    if size != need:
+        raise CheckpointError(f"{os.path.join(d, DATA_FILE)}: {size} bytes, but its meta says "
+                              f"{np.dtype(dtype).name} {list(shape)}, which needs {need}"
+                              + (" (truncated?)" if size < need else ""))
+    return shape, dtype
+
+
+def read_dir(path: str) -> list:
+    """The tensors of a flow.save folder: [Entry] in the state dict's order (nothing read yet)."""
+    st = _regular(path, "folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"{path}: not a directory (a flow.save checkpoint is a folder)")
+    pk = os.path.join(path, PICKLE_FILE)
+    out = []
+    if os.path.lexists(pk):
+        pst = _regular(pk, PICKLE_FILE)
+        if not stat.S_ISREG(pst.st_mode):
+            raise CheckpointError(f"{pk}: not a regular file")
+        if pst.st_size > MAX_PICKLE:
+            raise CheckpointError(f"{pk}: {pst.st_size} bytes, more than a state dict's pickle ({MAX_PICKLE})")
+        with open(pk, "rb") as f:
+            raw = f.read(MAX_PICKLE + 1)
+        records = parse_pickled_data(raw, pk)
+        for key, rec in records.items():
+            d = _tensor_folder(path, rec.folder, pk)
+            shape, dtype = _meta(d)
+            out.append(Entry(key, rec.cls, d, tuple(shape), np.dtype(dtype)))
+        return out
+    for e in sorted(os.scandir(path), key=lambda e: e.name):  # older layout: one folder per key
+        if e.is_file(follow_symlinks=False):  # snapshot_done, a config, a vocab: flow.load skips them too
+            continue
+        d = _tensor_folder(path, e.name, path)
+        shape, dtype = _meta(d)
+        out.append(Entry(e.name, "", d, tuple(shape), np.dtype(dtype)))
+    return out
+
+
+def read_tensor(e: Entry) -> np.ndarray:
+    """One tensor, fresh and native-order (size checked again: the file may have changed)."""
+    p = os.path.join(e.folder, DATA_FILE)
+    n = math.prod(e.shape)
+    try:
+        arr = np.fromfile(p, dtype=e.dtype, count=n)
+    except OSError as err:
+        raise CheckpointError(f"{p}: cannot read ({err.strerror or err})") from None
+    if arr.size != n:
+        raise CheckpointError(f"{p}: file ended early ({arr.size} of {n} elements)")
+    return arr.reshape(e.shape)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return (b"\x8c" + bytes([len(b)]) if len(b) < 256 else b"X" + struct.pack("<I", len(b))) + b
+
+
+class _Writer:
+    """Emits what Python's pickler (protocol 4) emits for flow.save's state-dict record."""
+
+    def __init__(self):
+        self.out, self.n = bytearray(), 0
+        self.memo = {}  # (kind, value) -> memo index
+
+    def memoize(self, key=None):
+        self.out += b"\x94"
+        if key is not None:
+            self.memo[key] = self.n
+        self.n += 1
+
+    def get(self, i):
+        self.out += b"h" + bytes([i]) if i < 256 else b"j" + struct.pack("<I", i)
+
+    def string(self, s, share=False):
+        if share and ("s", s) in self.memo:
+            return self.get(self.memo[("s", s)])
+        self.out += _str(s)
+        self.memoize(("s", s) if share else None)
+
+    def global_(self, module, name):
+        key = ("g", module, name)
+        if key in self.memo:
+            return self.get(self.memo[key])
+        self.string(module)
+        self.string(name)
+        self.out += b"\x93"
+        self.memoize(key)
+
+
+def pickle_state_dict(items) -> bytes:
+    """flow.save's ``pickled_data`` for ``items`` = [(key, cls, folder)], cls "oneflow.Tensor" or
+    "oneflow.nn.Parameter"; keys naming the same folder are one object, as a tied tensor is."""
+    w = _Writer()
+    w.out += b"}"
+    w.memoize()
+    w.out += b"("
+    w.string("protocol_version")
+    w.out += b"K\x01"
+    w.string("data")
+    w.global_("collections", "OrderedDict")
+    w.out += b")R"
+    w.memoize()
+    objs = {}
+    if items:
+        w.out += b"("
+    for key, cls, folder in items:
+        w.string(key)
+        if folder in objs:
+            w.get(objs[folder])
+            continue
+        module, _, name = cls.rpartition(".")
+        w.global_(module, name)
+        w.out += b")\x81"
+        objs[folder] = w.n
+        w.memoize()
+        w.out += b"}"
+        w.memoize()
+        w.string("path", share=True)
+        w.string(folder)
+        w.out += b"sb"
+    if items:
+        w.out += b"u"
+    w.out += b"}"
+    w.memoize()
+    w.string("_metadata")
+    w.global_("collections", "OrderedDict")
+    w.out += b")R"
+    w.memoize()
+    w.out += b"sbu."
+    body = bytes(w.out)
+    head = b"\x80\x04"
+    if len(body) >= 4:  # protocol 4 frames what follows PROTO (one frame: any reader takes it)
+        head += b"\x95" + struct.pack("<Q", len(body))
+    return head + body
+
+
+def write_tensor(d: str, arr: np.ndarray) -> None:
+    """``d/out`` + ``d/meta`` as OneFlow's _save_tensor_to_disk writes them."""
+    with writes_to(d):
+        os.makedirs(d)
+    dtype = arr.dtype
+    if dtype.byteorder == ">":
+        arr = arr.astype(dtype.newbyteorder("<"))
+    arr = np.ascontiguousarray(arr)
+    out = os.path.join(d, DATA_FILE)
+    with writes_to(out), open(out, "wb") as f:
+        if arr.size:
+            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+    meta = os.path.join(d, META_FILE)
+    with writes_to(meta), open(meta, "w") as f:
+        f.write(format_meta(arr.shape, arr.dtype))
+
+
+def write_state_dict(d: str, items, folder_prefix: str = "tensor_") -> None:
+    """A flow.save folder in the existing (staging) directory ``d``.
+
+    items: [(key, cls, what)] in state-dict order; ``what`` is a producer of the array, or
+    ``("tied", other_key)`` for a key that is the same tensor as an earlier one (written once, both
+    keys naming its folder, as flow.save pickles a tied Parameter). One tensor in memory at a time.
+    """
+    rows, folder_of, n = [], {}, 0
+    for key, cls, prod in items:
+        if isinstance(prod, tuple) and prod[0] == "tied":
+            rows.append((key, cls, folder_of[prod[1]]))
+            folder_of[key] = folder_of[prod[1]]
+            continue
+        folder = f"{folder_prefix}{n}"
+        n += 1
+        write_tensor(os.path.join(d, folder), np.asarray(prod()))
+        folder_of[key] = folder
+        rows.append((key, cls, folder))
+    p = os.path.join(d, PICKLE_FILE)
+    with writes_to(p), open(p, "wb") as f:
+        f.write(pickle_state_dict(rows))
+
+
+
+def keys_of(path: str):
+    """The state-dict keys of a flow.save folder, cheaply, for detection: a list, or None when
+    ``pickled_data`` is there but not admitted (reading then says why)."""
+    pk = os.path.join(path, PICKLE_FILE)
+    if os.path.lexists(pk):
+        try:
+            if os.path.getsize(pk) > MAX_PICKLE:
+                return None
+            with open(pk, "rb") as f:
+                return list(parse_pickled_data(f.read(), pk))
+        except (OSError, CheckpointError):
+            return None
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.is_dir())
+    except OSError:
+        return []

@@ -1,0 +1,259 @@
+"""The shared steps of the three flow.save formats (ofsd, ofmodels, libai): a name table in, a Source out.
+
+Each format module declares a :class:`Layout`: how one of its state-dict keys maps to canonical
+names (``classify``), and which keys, classes and tensors its own model's ``state_dict`` has for a
+set of canonical tensors (``items``). Everything else is here, once:
+
+- reading: the folder (:mod:`converters.flow_save`, pickled_data parsed as data), its config
+  (:mod:`converters.native_config`), every key accounted for in the report (mapped; a fused QKV
+  split into three; a tied copy or a buffer checked and dropped; unknown refused unless
+  ``--skip-unknown``), the tensors validated at the one gate (``Source``);
+- writing: flow.save's own files (pickled_data + ``tensor_N/``), a config the reader (and the
+  source codebase's user) reads back, ``vocab.txt``.
+
+Names of a bare ``BertModel`` carry no ``bert.`` prefix in every one of these codebases; they are
+read with it restored and written without it when the source has no head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from bert_of.checkpoint import copy_file
+from bert_of.errors import CheckpointError
+from bert_of.fs import writes_to
+from bert_of.tensors import TensorSpec
+from bert_of.converters import flow_save
+from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.mapping import apply, apply_shape, inverse
+from bert_of.converters.native_config import load_config
+
+VOCAB_FILE = "vocab.txt"
+CONFIG_FILE = "config.json"
+PARAM, BUFFER = "oneflow.nn.Parameter", "oneflow.Tensor"
+POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What one source key is. kind: "mapped" | "fused" | "tied" | "buffer"."""
+
+    kind: str
+    canonical: tuple = ()  # mapped: (name,); fused: the names it splits into; tied: (the twin,)
+    transform: Optional[str] = None  # mapped: format -> canonical (converters.mapping)
+    split: Optional[Callable] = None  # fused: (array, index) -> canonical array
+    check: Optional[Callable] = None  # buffer: array -> error text or None
+    note: str = ""
+
+
+@dataclass
+class Layout:
+    name: str
+    roots: tuple  # first name parts of a bare BertModel's keys
+    classify: Callable  # (key with "bert." restored, config) -> Hit | None
+    items: Callable  # (canonical names, config, bare) -> [(key, cls, ("canonical", name, transform) |
+    #                   ("fused", names, join) | ("tied", key) | ("buffer", array fn))]
+    write_config: Callable  # (config) -> dict written as config.json
+    description: str
+    no_pooler: Callable = lambda config: False  # the config builds the model without a pooler
+
+
+def _bare(keys, roots) -> bool:
+    return bool(keys) and not any(k.startswith("bert.") for k in keys) and \
+        any(k.split(".", 1)[0] in roots for k in keys)
+
+
+def read(path: str, opts: Options, layout: Layout) -> Source:
+    entries = flow_save.read_dir(path)
+    if not entries:
+        raise CheckpointError(f"{path}: an empty flow.save state dict")
+    config, cfg_path = load_config(path, opts.config, layout.name)
+    keys = [e.key for e in entries]
+    bare = _bare(keys, layout.roots)
+    full = {e.key: ("bert." + e.key if bare and e.key.split(".", 1)[0] in layout.roots else e.key) for e in entries}
+    where = os.path.join(path, flow_save.PICKLE_FILE) if os.path.isfile(os.path.join(path, flow_save.PICKLE_FILE)) \
+        else path
+    clf = [e for e in entries if full[e.key] in ("classifier.weight", "classifier.bias")]
+    for e in clf:
+        if full[e.key] == "classifier.weight" and len(e.shape) == 2:
+            config.num_labels = e.shape[0]
+
+    report, model, checks = [], [], []
+    back = {}  # canonical -> source key
+    for e in entries:
+        hit = layout.classify(full[e.key], config)
+        if hit is None:
+            if not opts.skip_unknown:
+                raise CheckpointError(f"{where}: tensor {e.key} has no place in a {layout.description} "
+                                      f"(--skip-unknown drops it)")
+            report.append(ReportLine(e.key, "dropped", note="not a BERT tensor (--skip-unknown)"))
+            continue
+        if hit.kind in ("mapped", "fused"):
+            for c in hit.canonical:
+                if c in back:
+                    raise CheckpointError(f"{where}: tensors {back[c]} and {e.key} are both {c}")
+                back[c] = e.key
+            model.append((e, hit))
+            note = hit.note or ("transposed" if hit.transform == "T" else "")
+            report.append(ReportLine(e.key, "mapped", ", ".join(hit.canonical), note))
+        else:
+            checks.append((e, hit))
+    for e, hit in checks:
+        if hit.kind == "tied":
+            twin = back.get(hit.canonical[0])
+            if twin is None:
+                raise CheckpointError(f"{where}: tensor {e.key} is tied to {hit.canonical[0]}, which is missing")
+            report.append(ReportLine(e.key, "dropped", note=hit.note or f"tied to {twin}, equal"))
+        else:
+            report.append(ReportLine(e.key, "dropped", note=hit.note))
+
+    tensors = []
+    ties = {}  # canonical -> [twin entries] whose bytes must equal it
+    for e, hit in checks:
+        if hit.kind == "tied":
+            ties.setdefault(hit.canonical[0], []).append(e)
+    for e, hit in model:
+        if hit.kind == "mapped":
+            c = hit.canonical[0]
+            spec = TensorSpec(c, e.dtype, apply_shape(hit.transform, e.shape))
+            tensors.append(cast_spec(spec, _producer(e, hit, None, ties.get(c, []), where), opts.dtype))
+        else:
+            n = len(hit.canonical)
+            if not e.shape or e.shape[0] % n:
+                raise CheckpointError(f"{where}: tensor {e.key} has shape {list(e.shape)}, not {n} fused parts")
+            shape = (e.shape[0] // n,) + tuple(e.shape[1:])
+            for j, c in enumerate(hit.canonical):
+                tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where), opts.dtype))
+    if POOLER[0] not in back and POOLER[1] not in back and layout.no_pooler(config):
+        # like HF's QA model: zeros the heads never read, left out again on write
+        H, dt = config.hidden_size, (tensors[0][0].dtype if tensors else np.dtype("<f4"))
+        for name, shape in ((POOLER[0], (H, H)), (POOLER[1], (H,))):
+            tensors.append((TensorSpec(name, dt, shape), (lambda s=shape, d=dt: np.zeros(s, d))))
+        for r in report:
+            if r.target == "bert.embeddings.word_embeddings.weight":
+                r.note = "no pooler in the source (add_pooling_layer false): bert.pooler filled with zeros"
+    buffers = [(e, hit) for e, hit in checks if hit.kind == "buffer"]
+    for e, hit in buffers:  # small (position ids): checked now, so a wrong one fails before any output
+        msg = hit.check(flow_save.read_tensor(e)) if hit.check else None
+        if msg:
+            raise CheckpointError(f"{where}: buffer {e.key} {msg}")
+    vocab = opts.vocab or _beside(path, VOCAB_FILE, cfg_path)
+    if opts.vocab and not os.path.isfile(opts.vocab):
+        raise CheckpointError(f"{opts.vocab}: vocab file not found")
+    return Source(path, layout.name, config, vocab, tensors, [], {}, report)
+
+
+def _beside(path, name, cfg_path):
+    for d in (path, os.path.dirname(os.path.abspath(path)), os.path.dirname(cfg_path or "")):
+        if d and os.path.isfile(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return None
+
+
+def _producer(e, hit, part, twins, where):
+    def produce():
+        arr = flow_save.read_tensor(e)
+        for t in twins:
+            if t.folder == e.folder:
+                continue  # one pickled object: the same tensor
+            other = flow_save.read_tensor(t)
+            if other.dtype != arr.dtype or other.shape != arr.shape or other.tobytes() != arr.tobytes():
+                raise CheckpointError(f"{where}: tensor {t.key} differs from {e.key}; the model ties them "
+                                      f"(bert_of keeps one)")
+        if part is not None:
+            return hit.split(arr, part)
+        return apply(hit.transform, arr)
+
+    return produce
+
+
+# --------------------------------------------------------------------------- write
+
+
+def write_files(source: Source, d: str, opts: Options, layout: Layout) -> list:
+    """pickled_data + tensor_N/ (flow.save's files), config.json, vocab.txt into ``d``."""
+    by_name = {s.name: (s, p) for s, p in source.tensors}
+    bare = not any(not n.startswith("bert.") for n in by_name)
+    rows = layout.items(list(by_name), source.config, bare)
+    covered = set()
+    items = []
+    for key, cls, what in rows:
+        if what[0] == "canonical":
+            _, name, transform = what
+            covered.add(name)
+            prod = by_name[name][1]
+            items.append((key, cls, (lambda p=prod, t=transform: apply(inverse(t), p()))))
+        elif what[0] == "fused":
+            _, names, join = what
+            covered.update(names)
+            prods = [by_name[n][1] for n in names]
+            items.append((key, cls, (lambda ps=prods, j=join: j([p() for p in ps]))))
+        elif what[0] == "skip":  # a tensor the target model does not have (checked by the layout)
+            covered.add(what[1])
+            continue
+        elif what[0] == "tied":
+            items.append((key, cls, ("tied", what[1])))
+        else:
+            items.append((key, cls, what[1]))
+    left = [n for n in by_name if n not in covered]
+    if left:
+        raise CheckpointError(f"{source.path}: tensor {left[0]} has no place in a {layout.description}")
+    flow_save.write_state_dict(d, items)
+    cfg = os.path.join(d, CONFIG_FILE)
+    with writes_to(cfg), open(cfg, "w") as f:
+        f.write(json.dumps(layout.write_config(source.config), indent=2, sort_keys=True) + "\n")
+    if source.vocab_file:
+        copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
+    return []
+
+
+def arange_check(config):
+    """The position_ids buffer: int64 [1, P] = 0..P-1."""
+    def check(arr):
+        P = config.max_position_embeddings
+        if arr.dtype.kind not in "iu" or arr.shape != (1, P) or not np.array_equal(arr.reshape(-1), np.arange(P)):
+            return f"is not 0..{P - 1} as int64 [1, {P}] (the models repo's position ids)"
+        return None
+    return check
+
+
+def arange_buffer(config):
+    return lambda: np.arange(config.max_position_embeddings, dtype=np.int64).reshape(1, -1)
+
+
+# --------------------------------------------------------------------------- detection
+
+_STATE_DICT_ROOTS = ("bert.", "embeddings.", "encoder.", "encoders.", "pooler.", "cls.", "cls_head.", "cls_squad.",
+                     "qa_outputs.", "classifier.", "final_layernorm.", "output_bias")
+
+
+def kind(path: str) -> Optional[str]:
+    """Which of the flow.save formats ``path`` is: "libai", "ofmodels", "ofsd" or None.
+
+    By its keys: LiBai's (``encoders.``, ``vocab_embeddings``, ``cls_head.``), the models repo's
+    (its ``position_ids`` buffer, ``output_bias``, ``cls_squad``, ``tokentype_embeddings``), else
+    bert_of's own. A ``pickled_data`` that is not admitted is ofsd's to refuse (with the reason);
+    the older layout (no pickled_data) must have state-dict names, so a lazy snapshot is not one.
+    """
+    if not flow_save.is_flow_save_dir(path):
+        return None
+    has_pickle = os.path.lexists(os.path.join(path, flow_save.PICKLE_FILE))
+    keys = flow_save.keys_of(path)
+    if keys is None:
+        return "ofsd"
+    if not has_pickle:
+        keys = [k for k in keys if "." in k and k.startswith(_STATE_DICT_ROOTS) or k == "output_bias"]
+        if not keys:
+            return None
+    if any(".encoders." in "." + k or "vocab_embeddings" in k or k.startswith("cls_head.") or
+           k.startswith("final_layernorm.") or ".final_layernorm." in k for k in keys):
+        return "libai"
+    if any(k.endswith("position_ids") or k.endswith("output_bias") or k.startswith("cls_squad.") or
+           "tokentype_embeddings" in k or k.endswith("decoder.weight") for k in keys):
+        return "ofmodels"
+    return "ofsd"

@@ -1,0 +1,49 @@
+"""bert_of's own modules saved the OneFlow way: ``flow.save(model.state_dict(), "ckpt")``.
+
+The keys are bert_of's canonical names (``bert.encoder.layer.0.attention.self.query.weight``;
+a bare ``BertModel`` without the ``bert.`` prefix), so the name table is the identity. The folder
+holds no config: it is ``--config``, else ``config.json`` (bert_of's, ``model.config.to_json_string()``;
+an HF or Google one is read with its numerics) in or beside the folder. Written folders get
+bert_of's ``config.json`` and ``vocab.txt`` inside, which ``flow.load`` ignores, so
+``model.load_state_dict(flow.load(dir), strict=True)`` and ``BertModel.from_pretrained(dir)`` both
+read them. Every numerics bert_of computes (pre-LN included) travels in that config.
+"""
+
+from __future__ import annotations
+
+from bert_of.tensors import expected_shapes
+from bert_of.converters import native
+from bert_of.converters.common import Options, Source
+from bert_of.converters.native import PARAM, Hit, Layout
+
+NAME = "ofsd"
+PRE_LN = True  # its config is bert_of's: it records every numerics bert_of computes
+
+
+def _classify(name, config):
+    return Hit("mapped", (name,)) if name in expected_shapes(config) else None
+
+
+def _items(names, config, bare):
+    order = {n: i for i, n in enumerate(expected_shapes(config))}
+    out = []
+    for n in sorted(names, key=lambda n: order.get(n, len(order))):
+        key = n[len("bert."):] if bare else n
+        out.append((key, PARAM, ("canonical", n, None)))
+    return out
+
+
+LAYOUT = Layout(NAME, ("embeddings", "encoder", "pooler"), _classify, _items, lambda c: c.to_dict(),
+                "bert_of model state dict")
+
+
+def detect(path: str) -> bool:
+    return native.kind(path) == NAME
+
+
+def read(path: str, opts: Options) -> Source:
+    return native.read(path, opts, LAYOUT)
+
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    return native.write_files(source, d, opts, LAYOUT)
