@@ -275,13 +275,14 @@ def _reading(pid):
     return None
 
 
-def _starting(pid, input_bytes):
-    """``pid`` has not read as much as one input yet (so it has finished no job), or None."""
+def _fresh(pid):
+    """``pid`` has written no records yet (so it has finished no job: a job writes its records, MBs
+    here, before it reports; a new process's I/O counters start at 0), or None."""
     try:
-        rchar = int(next(l for l in open(f"/proc/{pid}/io") if l.startswith("rchar:")).split()[1])
+        wchar = int(next(l for l in open(f"/proc/{pid}/io") if l.startswith("wchar:")).split()[1])
     except (OSError, StopIteration):
         return None
-    return "starting" if rchar < input_bytes and not _reading(pid) else None
+    return "fresh" if wchar < 65536 else None
 
 
 def _catch_worker(p, state):
@@ -306,17 +307,18 @@ def _catch_worker(p, state):
     raise AssertionError(f"no worker was caught in that state: {p.communicate()}")
 
 
-@pytest.mark.parametrize("when", ["reading its input", "before its input"])
+@pytest.mark.parametrize("when", ["reading its input", "before its first records"])
 def test_a_worker_killed_mid_run_ends_the_job_with_one_line(tmp_path, when):
     """A worker that dies (OOM killer, kill -9) is reported at once as that worker's death, naming its
     input, never as an error writing the output (its pipe breaks as it dies: EPIPE / ECONNRESET for
     the job the parent hands it); the other worker is stopped and nothing is left behind. The worker
-    is caught in the act (frozen while it has its job's input open: a job reads its input as it goes;
-    or before it has read one input's worth), so the test knows it has work. multiprocessing.Pool hung
-    here: its workers share a queue lock, and one that died holding it left the other waiting."""
-    copies, text = 200, open(os.path.join(TEXT, "classics.txt")).read()
-    p, out = _two_workers_at_work(tmp_path, inputs=4, copies=copies)
-    state = _reading if when == "reading its input" else lambda pid: _starting(pid, len(text.encode()) * copies)
+    is caught in the act, so the test knows it has work: frozen while it has its job's input open (a
+    job reads its input as it goes), or at first sight, before it has written any records (killed
+    that early, before it has read the job sent to it, it made the pool report "DST: cannot write
+    (Connection reset by peer / Broken pipe)"). multiprocessing.Pool hung here: its workers share a
+    queue lock, and one that died holding it left the other waiting."""
+    p, out = _two_workers_at_work(tmp_path, inputs=4, copies=200)
+    state = _reading if when == "reading its input" else _fresh
     victim, name, workers = _catch_worker(p, state)
     os.kill(victim, signal.SIGKILL)
     _, err = p.communicate(timeout=120)
@@ -324,7 +326,7 @@ def test_a_worker_killed_mid_run_ends_the_job_with_one_line(tmp_path, when):
     assert p.returncode == 1 and len(lines) == 1, (p.returncode, err)
     assert "the worker process making its records died (exit status -9)" in lines[0], lines
     named = [f"in{i}.txt" for i in range(4) if f"in{i}.txt: the worker" in lines[0]]
-    assert named == ([name] if name != "starting" else named) and len(named) == 1, lines
+    assert named == ([name] if name != "fresh" else named) and len(named) == 1, lines
     assert _leftovers(tmp_path) == [] and not out.exists()
     for pid in workers:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
