@@ -3,7 +3,7 @@
     .venv/bin/python bench/zoo_download_bench.py [--size-mb 300] [--runs 3]
 
 Generates a random file (incompressible, like model weights), serves it with
-zoo.serve.MirrorServer (sendfile, so the server is not the bottleneck) on
+tests/zoo_support/serve.py's MirrorServer (sendfile, so the server is not the bottleneck) on
 127.0.0.1, and alternates three clients for --runs rounds (rotating who goes
 first), each into a fresh file:
 
@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_of.zoo.download import DownloadOptions, fetch  # noqa: E402
-from bert_of.zoo.serve import MirrorServer  # noqa: E402
+from tests.zoo_support.serve import MirrorServer  # noqa: E402
 
 
 def make_file(path: str, size: int) -> str:

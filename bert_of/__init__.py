@@ -1,39 +1,15 @@
 """bert_of: BERT on OneFlow with exact, provenance-aware numerics.
 
 Importing ``bert_of`` is cheap: OneFlow (~1 s, ~400 MB) loads only when a model
-class is first touched, so converters and ``bert-of inspect`` stay light.
+class is first touched, so converters and ``bert-of inspect`` stay light. Importing it (and
+OneFlow through it) leaves the process as it was: no signal handler, mask, file descriptor or
+environment variable changes; a command line sets its process up explicitly (bert_of.process).
 """
 
-import os as _os
-import signal as _signal
-import sys as _sys
-
-# `bert-of` and `python -m bert_of...`: until a command runs there is nothing to clean up, so
-# Ctrl-C during start-up ends the process at once and quietly, as for any program (Python's own
-# handler would print a KeyboardInterrupt traceback from whichever import it interrupted).
-# bert_of.cli installs the command's handlers when it starts.
-_argv = getattr(_sys, "orig_argv", None) or _sys.argv
-if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "bert-of" or \
-        any(a == "-m" and b.startswith("bert_of") for a, b in zip(_argv, _argv[1:])):
-    try:
-        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-        # Threads native libraries start at import (NumPy's OpenBLAS pool, OneFlow's, TF's) must
-        # never receive Ctrl-C / SIGTERM: a signal they take runs whatever C handler is installed
-        # at that moment (OneFlow installs one that calls exit(-1)). Threads inherit the mask of
-        # the thread that starts them, so NumPy is imported with both blocked; bert_of._flow does
-        # the same for OneFlow.
-        _mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
-        try:
-            import numpy as _numpy  # noqa: F401
-        finally:
-            _signal.pthread_sigmask(_signal.SIG_SETMASK, _mask)
-    except ValueError:  # not the main thread: not a command line's start-up
-        pass
-
-from bert_of.config import BertConfig  # noqa: E402 - after the start-up signal disposition
-from bert_of.errors import BertOfError, CheckpointError, ConfigError  # noqa: E402
-from bert_of.hooks import register_resolver  # noqa: E402
-from bert_of.version import __version__  # noqa: E402
+from bert_of.config import BertConfig
+from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.hooks import register_resolver
+from bert_of.version import __version__
 
 _LAZY = {
     "BertModel": "bert_of.modeling",

@@ -21,18 +21,22 @@ import importlib.util
 import json
 import math
 import os
-import signal
 import sys
 import time
 
-from bert_of.config import BertConfig
+from bert_of import process
+
+if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports below load native libraries
+    process.setup()
+
+from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.common import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
-from bert_of.errors import BertOfError, Terminated
-from bert_of.fs import abandon_writes, atomic_write, defer_signal
+from bert_of.errors import BertOfError
+from bert_of.fs import atomic_write
 from bert_of.version import __version__
 
 
@@ -278,17 +282,17 @@ def _debug(args) -> bool:
 
 def dispatch(args) -> int:
     """Run a parsed subcommand. bert_of's errors and I/O errors become one line on stderr and exit
-    status 1; Ctrl-C / SIGTERM one line and 130 / 143 (see :func:`install_signal_handlers`); a
+    status 1; Ctrl-C / SIGTERM one line and 130 / 143 (see :mod:`bert_of.process`); a
     reader leaving the pipe (`bert-of ... | head`) is not an error. Anything else is a bug in
     bert_of: one line says so and how to see the traceback (``--debug`` or ``BERT_OF_DEBUG=1``,
     which re-raise)."""
-    install_signal_handlers()
-    _SIGNALS["running"] = True
+    process.setup()
     try:
-        configure(args)
-        return args.fn(args)
+        with process.command():
+            configure(args)
+            return args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); the with-blocks have cleaned up
-        return _stopped(e, getattr(args, "interrupt_note", ""))
+        return process.stopped(e, getattr(args, "interrupt_note", ""))
     except BertOfError as e:
         return _err(" ".join(str(e).split("\n")))
     except BrokenPipeError:
@@ -308,84 +312,16 @@ def dispatch(args) -> int:
         if _debug(args):
             raise
         return _internal(e)
-    finally:
-        _SIGNALS["running"] = False
-
-
-# --------------------------------------------------------------------------- signals
-#
-# Ctrl-C (SIGINT) and SIGTERM stop a command the same way: an exception raised in the main thread
-# (KeyboardInterrupt, Terminated) unwinds every ``with publishing(...)`` and run directory, so no
-# staging folder stays behind; then one line, and the process ends BY that signal. The shell
-# reports 130 / 143 either way, but only a death by the signal stops a shell loop: bash treats a
-# child that exits normally with 130 as having handled Ctrl-C and runs the next command.
-# Outside a command (start-up, shutdown), in a forked worker (its parent reports), and at a
-# second signal while unwinding, the process ends by the signal at once.
-
-_SIGNALS = {"pid": None, "running": False, "stopping": None}
-_SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
-
-
-def install_signal_handlers() -> None:
-    """Handle SIGINT and SIGTERM in this process as described above (idempotent; main thread)."""
-    if _SIGNALS["pid"] == os.getpid():
-        return
-    _SIGNALS.update(pid=os.getpid(), running=False, stopping=None)
-    for sig in _SIGNAL_WORDS:
-        signal.signal(sig, _on_signal)
-
-
-def _on_signal(signum, frame):
-    if os.getpid() != _SIGNALS["pid"]:  # a forked worker: its parent unwinds and reports
-        _die(signum)
-    if defer_signal(signum):  # inside a step a signal must not split: raised again at its end
-        return
-    if not _SIGNALS["running"] or _SIGNALS["stopping"]:
-        _err(_SIGNAL_WORDS[signum])
-        _die(signum)
-    if "oneflow" in sys.modules:
-        # An exception raised now may unwind through OneFlow's C++ (a pybind11 call, a graph run)
-        # and abort the process (SIGABRT/SIGSEGV, half-written output): clean up and end here.
-        _SIGNALS["stopping"] = signum
-        _err(_SIGNAL_WORDS[signum])
-        abandon_writes()
-        _die(signum)
-    _SIGNALS["stopping"] = signum
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-def _stopped(e: KeyboardInterrupt, note: str = "") -> int:
-    """One line for a command stopped by Ctrl-C or SIGTERM; its exit status (130 / 143)."""
-    signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
-    _SIGNALS["stopping"] = signum
-    _err(_SIGNAL_WORDS[signum] + note)
-    return 128 + signum
-
-
-def _die(signum: int) -> None:
-    """End this process by ``signum`` (default action), with stdout/stderr flushed."""
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-    os.kill(os.getpid(), signum)
-    os._exit(128 + signum)  # not reached
 
 
 def run_command(parser: argparse.ArgumentParser, argv=None, debug: bool = False) -> int:
     """A command line's whole life: signals handled from the start, parse, :func:`dispatch`; a
     command stopped by a signal ends the process by that signal (it does not return)."""
-    install_signal_handlers()
+    process.setup()
     args = parse(parser, argv)
     if debug:
         args.debug = True
-    code = dispatch(args)
-    if _SIGNALS["stopping"] and code == 128 + _SIGNALS["stopping"]:
-        _die(_SIGNALS["stopping"])
-    return code
+    return process.end_if_stopped(dispatch(args))
 
 
 def _internal(e: Exception) -> int:
@@ -424,7 +360,8 @@ def parse(parser: argparse.ArgumentParser, argv=None):
 
 
 def main(argv=None) -> int:
-    install_signal_handlers()
+    """``bert-of``: the process is set up for a command (bert_of.process), then the command line runs."""
+    process.setup()
     argv, debug = _take_debug(argv)
     try:
         parser = build_parser()

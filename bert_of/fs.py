@@ -25,12 +25,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
 import tempfile
 import time
 
 from bert_of.errors import BertOfError, OutputError
+from bert_of.process import at_abrupt_end, uninterrupted
 from bert_of.progress import log
 
 
@@ -180,40 +180,10 @@ def writes_to(path: str):
         raise _io_error(path, e) from None
 
 
-# --------------------------------------------------------------------------- signals
-#
-# A few steps must not be split by Ctrl-C or SIGTERM: creating a staging folder or temp file and
-# taking charge of it, swapping a tree in and removing the old one. The command line's handler
-# (bert_of.cli) asks ``defer_signal`` first; inside ``uninterrupted()`` the signal waits and is
-# raised again at the end of the block.
-
-_DEFER = {"depth": 0, "pending": None}
-
-
-@contextlib.contextmanager
-def uninterrupted():
-    _DEFER["depth"] += 1
-    try:
-        yield
-    finally:
-        _DEFER["depth"] -= 1
-        if not _DEFER["depth"] and _DEFER["pending"]:
-            sig, _DEFER["pending"] = _DEFER["pending"], None
-            signal.raise_signal(sig)
-
-
-def defer_signal(signum: int) -> bool:
-    """True (and the signal kept for later) when it arrived inside ``uninterrupted()``."""
-    if _DEFER["depth"]:
-        _DEFER["pending"] = _DEFER["pending"] or signum
-        return True
-    return False
-
-
 # What this process is writing and has not published yet: staging folders and temp files. Normally
 # the with-blocks remove them as an exception unwinds; a process that must end at once (a signal
-# while OneFlow's C++ is on the stack, where an exception can abort the process) calls
-# ``abandon_writes`` instead.
+# while OneFlow's C++ is on the stack, where an exception can abort the process) runs
+# ``abandon_writes`` instead (bert_of.process.at_abrupt_end).
 _UNFINISHED: dict = {}  # path -> "dir" | "file"
 
 
@@ -222,6 +192,9 @@ def abandon_writes() -> None:
     for path, kind in list(_UNFINISHED.items()):
         _UNFINISHED.pop(path, None)
         shutil.rmtree(path, ignore_errors=True) if kind == "dir" else _remove_quietly(path)
+
+
+at_abrupt_end(abandon_writes)
 
 
 # --------------------------------------------------------------------------- atomic files

@@ -22,17 +22,17 @@ variables), because that launcher
   it is killed itself.
 
 Here every rank dies with this process (``PR_SET_PDEATHSIG``: even SIGKILL of the parent stops
-them), SIGTERM / SIGINT are forwarded to the ranks, the first rank to fail ends the job, and its
-last error line is printed once, naming the rank.
+them), Ctrl-C / SIGTERM stop the ranks and end the job by that signal as they end one rank (130 /
+143; the handler is the command's, bert_of.process), the first rank to fail ends the job, and its
+last error line is printed once, naming the rank. Every rank is set up as a command's process
+(:func:`bert_of.process.setup`) before its target runs.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import runpy
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from bert_of import process
 from bert_of.errors import BertOfError, ConfigError
 
 # The package's parent: children import the same bert_of as this process.
@@ -113,8 +114,8 @@ def topology(args, nproc: int | None = None) -> Topology:
 
 def in_rank() -> bool:
     """True in a process started as one rank of several (by this module or any launcher that sets
-    OneFlow's variables). OneFlow itself puts WORLD_SIZE=1, RANK=-1 into os.environ of any process
-    that imported it: that is not a rank of several."""
+    OneFlow's variables). WORLD_SIZE=1 / RANK=-1 (what OneFlow's start-up puts in the environment of
+    a single process; bert_of.process takes it back out) is not a rank of several."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "-1")) >= 0
     except ValueError:
@@ -132,8 +133,8 @@ def free_port() -> int:
 
 
 def child_env() -> dict:
-    """This environment for a child process running bert_of: no rank variables of ours (OneFlow
-    puts some into os.environ of the process importing it), this bert_of first on the path."""
+    """This environment for a child process running bert_of: no rank variables of ours (a rank's
+    own, from its launcher), this bert_of first on the path."""
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARS and k != PARENT_ENV}
     env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -173,17 +174,9 @@ def rank_cpus(nproc: int) -> list | None:
 
 
 def _die_with_parent() -> None:
-    """In a rank started here: be killed when the process that started it dies (Linux)."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != int(parent):  # it died before prctl took effect
-        os._exit(1)
+    """In a process started here: be killed when the process that started it dies."""
+    if os.environ.get(PARENT_ENV):
+        process.die_with_parent(int(os.environ[PARENT_ENV]))
 
 
 def rank_main(argv: list) -> None:
@@ -192,6 +185,7 @@ def rank_main(argv: list) -> None:
     _die_with_parent()
     if os.environ.get(CPUS_ENV):  # before OneFlow starts: its threads inherit the mask
         os.sched_setaffinity(0, {int(c) for c in os.environ[CPUS_ENV].split(",")})
+    process.setup()  # a command's process, before the target's imports load native libraries
     if argv[:1] == ["-m"] and len(argv) >= 2:
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -270,56 +264,30 @@ class _Rank:
         if self.errors:
             return self.errors[-1]
         rc = self.proc.returncode
-        if rc is None:
-            what = "failed"
-        elif rc < 0:
-            try:
-                what = f"killed by {signal.Signals(-rc).name}"
-            except ValueError:
-                what = f"killed by signal {-rc}"
-        else:
-            what = f"exited with status {rc}"
+        what = "failed" if rc is None else process.how_it_ended(rc)
         last = next((l.strip() for l in reversed(self.tail) if not _CHATTER.match(l)), "")
         return what + (f"; last output: {last[:300]}" if last else "")
 
 
-def _signal_all(ranks, sig) -> None:
-    for r in ranks:
-        if r.proc.poll() is None:
-            try:
-                os.killpg(r.proc.pid, sig)  # the rank leads its own session
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def _stop(ranks, grace: float) -> None:
-    """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds."""
-    _signal_all(ranks, signal.SIGTERM)
-    end = time.monotonic() + grace
-    while time.monotonic() < end and any(r.proc.poll() is None for r in ranks):
-        time.sleep(0.05)
-    _signal_all(ranks, signal.SIGKILL)
-    for r in ranks:
-        r.proc.wait()
+    """SIGTERM every live rank (each leads its own session), SIGKILL what is left after ``grace`` s."""
+    process.stop_groups([r.proc for r in ranks], grace)
 
 
 def run_ranks(target: list, topo: Topology, grace: float = GRACE_S) -> int:
     """Run ``python TARGET...`` (``["-m", "bert_of.cli", ...]``) as this node's ranks of ``topo``
     and wait: 0 when every rank succeeded. Otherwise the first failure ends the job and raises
-    :class:`RankFailed` naming that rank and its last error; SIGTERM / SIGINT stop the ranks."""
+    :class:`RankFailed` naming that rank and its last error. Ctrl-C / SIGTERM of this process (the
+    command's handler raises KeyboardInterrupt / Terminated: bert_of.process) stop the ranks and go
+    on up, so the job ends as one rank would (130 / 143)."""
     envs = rank_envs(topo)
-    ranks, stopping = [], []
-
-    def on_signal(signum, _frame):
-        stopping.append(signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    ranks = []
     try:
-        for local, env in enumerate(envs):
+        for env in envs:
             rank = int(env["RANK"])
             ranks.append(_Rank(rank, target, env, show=rank == 0, stdout=None if rank == 0 else subprocess.DEVNULL))
         failed = None
-        while not stopping:
+        while True:
             # A rank that said its error has failed, whether or not it has exited: OneFlow's exit
             # waits for the other ranks, which wait in a collective for it.
             down = [r for r in ranks if r.failed_at is not None]
@@ -329,10 +297,6 @@ def run_ranks(target: list, topo: Topology, grace: float = GRACE_S) -> int:
             if all(r.returncode is not None for r in ranks):
                 break
             time.sleep(0.02)
-        if stopping:
-            _stop(ranks, grace)
-            raise KeyboardInterrupt if stopping[0] == signal.SIGINT else RankFailed(
-                f"terminated ({signal.Signals(stopping[0]).name}); ranks stopped")
         if failed is not None:
             _stop(ranks, min(grace, 2.0))  # the others wait in a collective for the dead rank
         for r in ranks:
@@ -340,11 +304,12 @@ def run_ranks(target: list, topo: Topology, grace: float = GRACE_S) -> int:
         if failed is not None:
             raise RankFailed(f"rank {failed.rank}: {failed.why()}")
         return 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated) of this process: the job stops as one
+        _stop(ranks, grace)
+        raise
     finally:
         if any(r.proc.poll() is None for r in ranks):  # an exception of our own: no rank outlives us
             _stop(ranks, 0)
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def relaunch(argv: list, topo: Topology) -> int:
@@ -386,17 +351,20 @@ def spawn(target: list, world: int, nodes: Topology | None = None, **popen) -> s
 
 
 def _job_main(argv: list) -> int:
+    """A background job of ranks (:func:`spawn`): its exit status and error line are the job's, and
+    Ctrl-C / SIGTERM stop the ranks and end it by that signal, as a command line."""
     _die_with_parent()  # and the ranks with this process
+    process.setup()
     nproc, nnodes, node_rank, addr, port = argv[:5]
     topo = Topology(int(nproc), int(nnodes), int(node_rank), addr, int(port) or None)
     try:
-        return run_ranks(argv[5:], topo.check())
+        with process.command():
+            return run_ranks(argv[5:], topo.check())
     except BertOfError as e:
         print(f"{ERROR_PREFIX}{e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"{ERROR_PREFIX}interrupted", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt as e:
+        return process.end_if_stopped(process.stopped(e))
 
 
 if __name__ == "__main__":

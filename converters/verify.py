@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from bert_of.errors import CheckpointError
+from bert_of.errors import BertOfError, CheckpointError
 from bert_of.tokenization import FullTokenizer
 from bert_of.converters import reference_np, tf1
 from bert_of.converters.common import Options, lower_case_of
@@ -143,15 +143,36 @@ def _numpy_runs(source, batches: dict) -> dict:
         return {name: reference_np.forward(layout, batch, heads) for name, batch in batches.items()}
 
 
+TF_EXTRA = "pip install 'bert_of[tf]'"
+
+
+class NeedsTensorFlow(BertOfError):
+    """The TF reference (Google's model in TensorFlow) was asked for and TensorFlow is not installed."""
+
+
+def tf_reference_module(name: str = "tf_reference", why: str = "verifying a TF1 checkpoint"):
+    """``bert_of.converters.<name>`` (the TF reference, or its training), which imports TensorFlow: the
+    optional ``tf`` extra. Without it, one line saying so."""
+    import importlib
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
+    try:
+        return importlib.import_module(f"bert_of.converters.{name}")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "tensorflow":
+            raise
+        raise NeedsTensorFlow(f"{why} runs the TF reference, which needs TensorFlow (the tf extra): "
+                              f"{TF_EXTRA}") from None
+
+
 def _tf_runs(source, batches: dict, dtype: str):
     """{batch: outputs} of TensorFlow's graph of Google's modeling.py: restoring a Google checkpoint
     from its own files; for a Keras h5, fed its weights (Google's names, the file's numerics).
     Or a string saying why it cannot run."""
     try:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
-        from bert_of.converters import tf_reference
-    except ImportError:
-        return "TensorFlow is not installed (the tf extra: pip install bert_of[tf])"
+        tf_reference = tf_reference_module(why="TensorFlow's run beside the reference")
+    except NeedsTensorFlow:
+        return f"not run: TensorFlow is not installed (the tf extra: {TF_EXTRA})"
     cfg = source.config.to_google_dict()
     if source.format == "tf":
         return {name: tf_reference.run_reference(source.path, cfg, batch, dtype=dtype)

@@ -1,7 +1,7 @@
 """SQuAD data: reading the official JSON, building model features, and turning per-feature
 start/end logits back into the official prediction files.
 
-Semantics follow google-research/bert ``run_squad.py`` (see ../shared/reference/evaluation.md):
+Semantics follow google-research/bert ``run_squad.py``:
 
 * contexts are split into *doc tokens* on whitespace (space, tab, CR, LF and U+202F), each doc
   token is WordPiece-tokenized; the answer's character span is projected onto doc tokens and

@@ -69,6 +69,16 @@ def run_cli(*args, check=True, timeout=600, process=False, env=None):
     return r
 
 
+def run_ranks(*target, nproc=2, timeout=300):
+    """``python TARGET...`` (a script and its arguments, or ``-m MODULE ...``) as ``nproc`` ranks of
+    bert_of's own launcher, as the product runs them (``python -m bert_of.launch --job``: a free
+    rendezvous port, the job's exit status and one error line naming a failed rank)."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
+    env["PYTHONPATH"] = ROOT
+    cmd = [sys.executable, "-m", "bert_of.launch", "--job", str(nproc), "1", "0", "127.0.0.1", "0", *map(str, target)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
 def _run_in_process(args, extra_env):
     """``bert-of ARGS`` as ``python -m bert_of.cli`` runs it, without a new interpreter: the same
     entry point, working directory and environment a subprocess would get (restored afterwards, with
@@ -116,7 +126,6 @@ def _run_in_process(args, extra_env):
             os.environ.update(env)
             for s, h in handlers.items():
                 signal.signal(s, h)
-            cli._SIGNALS.update(pid=None, running=False, stopping=None)
             setup_logging(0)
             allow_bars(True)
         fo.seek(0)

@@ -238,15 +238,15 @@ def test_ctrl_c_stops_a_shell_loop(tmp_path, big):
     assert os.listdir(out) == []
 
 
-def _two_workers_at_work(tmp_path):
-    """`data create-pretraining` on two inputs with 2 workers, started and past its staging folder."""
-    inputs = []
+def _two_workers_at_work(tmp_path, inputs=2, copies=40):
+    """`data create-pretraining` on ``inputs`` inputs with 2 workers, started and past its staging folder."""
+    paths = []
     text = open(os.path.join(TEXT, "classics.txt")).read()
-    for i in range(2):
-        inputs.append(tmp_path / f"in{i}.txt")
-        inputs[-1].write_text(text * 40)
+    for i in range(inputs):
+        paths.append(tmp_path / f"in{i}.txt")
+        paths[-1].write_text(text * copies)
     out = tmp_path / "data"
-    p = _start("data", "create-pretraining", "--input", *inputs, "--vocab", os.path.join(TEXT, "vocab.txt"),
+    p = _start("data", "create-pretraining", "--input", *paths, "--vocab", os.path.join(TEXT, "vocab.txt"),
                "--output", out, "--workers", "2")
     _wait_for_staging(tmp_path, p)
     return p, out
@@ -263,24 +263,70 @@ def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
     assert _leftovers(tmp_path) == [] and not out.exists()
 
 
-def test_a_worker_killed_mid_run_ends_the_job_with_one_line(tmp_path):
-    """A worker that dies (OOM killer, kill -9) is reported at once, naming its input; the other worker
-    is stopped and nothing is left behind. multiprocessing.Pool hung here: its workers share a queue
-    lock, and one that died holding it left the other waiting forever while the pool joined it."""
-    p, out = _two_workers_at_work(tmp_path)
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        workers = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
-        if len(workers) == 2:
-            break
-        time.sleep(0.01)
-    assert len(workers) == 2, workers
-    os.kill(workers[0], signal.SIGKILL)
+def _reading(pid):
+    """The input file (in*.txt) process ``pid`` has open, or None."""
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if os.path.basename(target).startswith("in") and target.endswith(".txt"):
+                return os.path.basename(target)
+    except OSError:
+        pass
+    return None
+
+
+def _fresh(pid):
+    """``pid`` has written no records yet (so it has finished no job: a job writes its records, MBs
+    here, before it reports; a new process's I/O counters start at 0), or None."""
+    try:
+        wchar = int(next(l for l in open(f"/proc/{pid}/io") if l.startswith("wchar:")).split()[1])
+    except (OSError, StopIteration):
+        return None
+    return "fresh" if wchar < 65536 else None
+
+
+def _catch_worker(p, state):
+    """A worker of ``p`` stopped (SIGSTOP) in ``state`` (``state(pid)`` is true): each worker is frozen
+    in turn, looked at, and let go if it is not in that state."""
+    end = time.monotonic() + 120
+    while time.monotonic() < end and p.poll() is None:
+        try:
+            workers = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+        except OSError:
+            workers = []
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            what = state(pid)
+            if what:
+                return pid, what, workers
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.001)
+    raise AssertionError(f"no worker was caught in that state: {p.communicate()}")
+
+
+@pytest.mark.parametrize("when", ["reading its input", "before its first records"])
+def test_a_worker_killed_mid_run_ends_the_job_with_one_line(tmp_path, when):
+    """A worker that dies (OOM killer, kill -9) is reported at once as that worker's death, naming its
+    input, never as an error writing the output (its pipe breaks as it dies: EPIPE / ECONNRESET for
+    the job the parent hands it); the other worker is stopped and nothing is left behind. The worker
+    is caught in the act, so the test knows it has work: frozen while it has its job's input open (a
+    job reads its input as it goes), or at first sight, before it has written any records (killed
+    that early, before it has read the job sent to it, it made the pool report "DST: cannot write
+    (Connection reset by peer / Broken pipe)"). multiprocessing.Pool hung here: its workers share a
+    queue lock, and one that died holding it left the other waiting."""
+    p, out = _two_workers_at_work(tmp_path, inputs=4, copies=200)
+    state = _reading if when == "reading its input" else _fresh
+    victim, name, workers = _catch_worker(p, state)
+    os.kill(victim, signal.SIGKILL)
     _, err = p.communicate(timeout=120)
     lines = [l for l in error_lines(err) if "%|" not in l]
     assert p.returncode == 1 and len(lines) == 1, (p.returncode, err)
     assert "the worker process making its records died (exit status -9)" in lines[0], lines
-    assert any(f"in{i}.txt: " in lines[0] for i in range(2)), lines
+    named = [f"in{i}.txt" for i in range(4) if f"in{i}.txt: the worker" in lines[0]]
+    assert named == ([name] if name != "fresh" else named) and len(named) == 1, lines
     assert _leftovers(tmp_path) == [] and not out.exists()
     for pid in workers:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]

@@ -16,14 +16,12 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli, run_ranks
 
 SQ = os.path.join(ROOT, "tests", "data", "squad")
 GL = os.path.join(ROOT, "tests", "data", "glue")
@@ -407,17 +405,15 @@ def test_bad_input_is_one_line_naming_the_record(env, tmp_path):
 
 @pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")
 def test_two_ranks_train_like_one(env, tmp_path):
-    """`python -m oneflow.distributed.launch --nproc_per_node 2 -m bert_of.cli finetune glue ...` (global
+    """`bert-of finetune glue ...` run as 2 ranks by a launcher (bert_of.launch's job: no --nproc, as under any
+    external launcher; global
     tensors: parameters broadcast, batch split over the ranks) takes the same steps as one process. Eager
     here to keep the test short; the graph path is the same code with global inputs (checked by hand)."""
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN,
             "--max-seq-length", 32, "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--no-record",
             "--mode", "eager"]
     ok(*base, "--output", tmp_path / "one")
-    e = dict(os.environ, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port",
-                        "29671", "-m", "bert_of.cli", *map(str, base), "--output", str(tmp_path / "two")],
-                       capture_output=True, text=True, timeout=300, env=e, cwd=ROOT)
+    r = run_ranks("-m", "bert_of.cli", *base, "--output", tmp_path / "two")
     assert r.returncode == 0, r.stderr[-3000:]
     one = json.load(open(tmp_path / "one" / "train_args.json"))
     two = json.load(open(tmp_path / "two" / "train_args.json"))

@@ -4,7 +4,8 @@
   exactly like 1 process on the same global batches;
 - refusals happen once, in the parent, before any rank starts;
 - a rank that fails or is killed ends the job quickly with one line naming it;
-- SIGTERM of the parent stops the ranks; SIGKILL of the parent stops them too (they watch it);
+- SIGTERM / SIGINT of the parent stop the ranks and end the job by that signal (143 / 130, as one
+  rank); SIGKILL of the parent stops them too (they watch it);
 - ranks other than 0 join OneFlow's rendezvous only once rank 0 listens (no 10 s retry sleep).
 """
 
@@ -202,8 +203,10 @@ def test_a_killed_rank_ends_the_job_quickly_naming_it(setup, tmp_path):
     assert _wait_gone(ranks, 5) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_the_ranks_die_with_the_parent(setup, tmp_path, sig):
+    """SIGTERM / SIGINT are forwarded and the job ends by the signal as one rank does (the shell sees
+    143 / 130); SIGKILL: each rank watches its parent."""
     run = tmp_path / "r"
     proc = _start(_args(setup, setup["two"], run, "--steps", 100000, "--nproc", 2))
     try:
@@ -211,12 +214,14 @@ def test_the_ranks_die_with_the_parent(setup, tmp_path, sig):
         ranks = _children(proc.pid)
         assert len(ranks) == 2
         os.kill(proc.pid, sig)
-        assert _wait_gone(ranks, 15) == []  # SIGTERM: forwarded; SIGKILL: each rank watches its parent
+        assert _wait_gone(ranks, 15) == []
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    if sig == signal.SIGTERM:
-        assert proc.returncode == 1 and error_lines(err) == ["bert-of: error: terminated (SIGTERM); ranks stopped"]
+    assert proc.returncode == -sig, (proc.returncode, err)
+    if sig != signal.SIGKILL:
+        word = "terminated" if sig == signal.SIGTERM else "interrupted"
+        assert error_lines(err) == [f"bert-of: error: {word}"], err
     n = len(_losses(run))
     time.sleep(1.5)
     assert len(_losses(run)) == n  # nobody writes into the run directory any more
@@ -266,8 +271,9 @@ def _accepted(s) -> int:
 def test_a_rank_joins_only_once_rank_0_listens(monkeypatch):
     """OneFlow 0.9 puts a rank that reaches the rendezvous before rank 0 listens to sleep a fixed 10 s
     (RpcClient::LoadServer), which cost about every other launch 10 s: ranks other than 0 wait for
-    rank 0's port before importing OneFlow (bert_of/_flow.py); rank 0 and single processes never wait."""
-    from bert_of import _flow
+    rank 0's port before importing OneFlow (bert_of.process, in a set-up process); rank 0 and single
+    processes never wait."""
+    from bert_of import process
 
     port = free_port()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -283,17 +289,17 @@ def test_a_rank_joins_only_once_rank_0_listens(monkeypatch):
 
     t = threading.Thread(target=open_later)
     t.start()
-    _flow._wait_for_rank0(timeout=60)
+    process.wait_for_rank0(timeout=60)
     returned = time.monotonic()
     t.join()
     s = opened["socket"]
     try:
         assert returned >= opened["at"] and _accepted(s) == 1  # it waited, then knocked once
         monkeypatch.setenv("RANK", "0")
-        _flow._wait_for_rank0(timeout=60)
+        process.wait_for_rank0(timeout=60)
         monkeypatch.setenv("RANK", "1")
         monkeypatch.setenv("WORLD_SIZE", "1")
-        _flow._wait_for_rank0(timeout=60)
+        process.wait_for_rank0(timeout=60)
         assert _accepted(s) == 0  # rank 0 and a single process: no knock
     finally:
         s.close()

@@ -14,7 +14,7 @@ from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, B
 from bert_of._flow import flow
 from bert_of.modeling import gelu_erf, gelu_tanh
 from bert_of.converters.verify import make_batch
-from tests.conftest import ROOT, TINY, write_vocab
+from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 
 CFG = BertConfig.from_google_dict(TINY)
 
@@ -142,10 +142,8 @@ def test_two_rank_global_tensors_match_single_process(pretraining_ckpt, tmp_path
     b = make_batch(CFG, batch_size=4, seq_len=12)
     ref = model(*_inputs(b)).to_dict()
     np.savez(tmp_path / "batch.npz", **b)
-    cmd = [sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port", "29571",
-           os.path.join(ROOT, "tests/scripts/dist_forward.py"), pretraining_ckpt, str(tmp_path / "batch.npz"),
-           str(tmp_path / "out.json"), str(tmp_path / "out.npz")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    r = run_ranks(os.path.join(ROOT, "tests/scripts/dist_forward.py"), pretraining_ckpt, tmp_path / "batch.npz",
+                  tmp_path / "out.json", tmp_path / "out.npz")
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["world"] == 2 and report["param_sbp"] == ["(oneflow.sbp.broadcast,)"]
@@ -190,23 +188,29 @@ def test_cpu_layer_norm_and_gelu_equal_the_textbook_forms():
 
 
 def test_fast_blas_is_asked_for_only_when_wanted():
+    """BERT_OF_BLAS=fast gives OneFlow's bundled OpenBLAS its Haswell kernels (as OpenBLAS itself
+    reports them), for its start-up only: os.environ is left as it was."""
     import subprocess
     import sys
 
-    code = ("import os; import bert_of._flow; print(os.environ.get('OPENBLAS_CORETYPE', '-'))")
+    code = ("import os, ctypes; before = dict(os.environ); import bert_of._flow; "
+            "lib = ctypes.CDLL(next(l.split()[-1] for l in open('/proc/self/maps') if 'liboneflow' in l)); "
+            "lib.gotoblas_corename.restype = ctypes.c_char_p; "
+            "print(lib.gotoblas_corename().decode(), dict(os.environ) == before)")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "BERT_OF_BLAS")}
     out = {}
     for mode in ("fast", "exact", None):
         e = dict(env, **({"BERT_OF_BLAS": mode} if mode else {}))
         out[mode] = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
-                                   check=True).stdout.split()[-1]
+                                   check=True).stdout.split()[-2:]
     with open("/proc/cpuinfo") as f:
         flags = next(line for line in f if line.startswith("flags")).split()
-    assert out["fast"] == ("Haswell" if {"avx2", "fma"} <= set(flags) else "-")
-    assert out["exact"] == "-" and out[None] == "-"
+    detected = out[None][0]
+    assert out["exact"] == [detected, "True"] and out[None][1] == "True"
+    assert out["fast"] == ["Haswell" if {"avx2", "fma"} <= set(flags) else detected, "True"]
     e = dict(env, BERT_OF_BLAS="fast", OPENBLAS_CORETYPE="Sandybridge")  # the user's choice wins
     assert subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
-                          check=True).stdout.split()[-1] == "Sandybridge"
+                          check=True).stdout.split()[-2:] == ["Sandybridge", "True"]
 
 
 # --------------------------------------------------------------------------- heads compute their loss

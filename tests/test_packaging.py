@@ -71,8 +71,18 @@ def test_wheel_holds_only_the_bert_of_namespace(wheel):
         names = z.namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"bert_of"}, tops
-    for f in ("bert_of/zoo/registry.json", "bert_of/eval/published.json", "bert_of/converters/tf1.py"):
+    for f in ("bert_of/zoo/registry.json", "bert_of/eval/published.json", "bert_of/converters/tf1.py",
+              *(f"bert_of/align/default-corpus/{n}" for n in ("sample_text.txt", "classics.txt", "vocab.txt"))):
         assert f in names, f
+    assert not [n for n in names if n.endswith("serve.py") or "/tests/" in n]  # test servers stay in tests/
+
+
+def test_the_shipped_align_corpus_is_the_test_corpus():
+    """align's default corpus ships with the package; it is the same text the tests use."""
+    for name in ("sample_text.txt", "classics.txt", "vocab.txt"):
+        with open(os.path.join(ROOT, "bert_of", "align", "default-corpus", name), "rb") as a, \
+                open(os.path.join(ROOT, "tests", "data", "text", name), "rb") as b:
+            assert a.read() == b.read(), name
 
 
 def test_wheel_installed_outside_the_repo_imports_every_subpackage(wheel, tmp_path):
@@ -92,6 +102,8 @@ def test_wheel_installed_outside_the_repo_imports_every_subpackage(wheel, tmp_pa
             "bad = [n for n, m in list(sys.modules.items()) if n.split('.')[0] in ('zoo', 'eval', 'converters')]\n"
             "assert not bad, bad\n"
             "from bert_of.zoo.registry import SHIPPED; import os; assert os.path.isfile(SHIPPED)\n"
+            "from bert_of.align.data import DEFAULT_CORPUS, DEFAULT_VOCAB\n"
+            f"assert all(p.startswith({str(target)!r}) and os.path.isfile(p) for p in (*DEFAULT_CORPUS, DEFAULT_VOCAB))\n"
             "print('ok', len(sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=str(target))
     r = subprocess.run([sys.executable, "-c", code], cwd=proj, env=env, capture_output=True, text=True, timeout=300)

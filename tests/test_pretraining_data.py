@@ -14,7 +14,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -28,7 +27,7 @@ from bert_of.tokenization import FastTokenizer
 from bert_of.data.ofrecord import OFRecordWriter, decode_record, encode_record, iter_raw_records, iter_records
 from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
 
-from tests.conftest import ROOT, error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli, run_ranks
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 SAMPLE = os.path.join(TEXT, "sample_text.txt")  # a copy of shared/data/sample_text.txt
@@ -436,10 +435,8 @@ def test_two_ranks_read_their_own_shards(dataset, tmp_path):
     shutil.copy(meta, five / "bert_of_data.json")
 
     batch = 4 if k % 4 == 0 else (2 if k % 2 == 0 else 1)
-    cmd = [sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", "2", "--master_port", "29573",
-           os.path.join(ROOT, "tests", "scripts", "data_rank_reader.py"), str(tmp_path), str(batch)]
-    cmd += [f"{n}={d}" for n, d in dirs.items()] + [f"data_five={five}@3"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    r = run_ranks(os.path.join(ROOT, "tests", "scripts", "data_rank_reader.py"), tmp_path, batch,
+                  *[f"{n}={d}" for n, d in dirs.items()], f"data_five={five}@3")
     assert r.returncode == 0, r.stderr[-3000:]
     reports = [json.load(open(tmp_path / f"rank{i}.json")) for i in range(2)]
     assert [rep["rank"] for rep in reports] == [0, 1] and reports[0]["world"] == 2

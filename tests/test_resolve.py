@@ -274,7 +274,7 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
         BertModel.from_pretrained(str(broken))
 
 
-MODEL_AND_BASE = ("errors", "version", "fs", "progress", "config", "hooks", "tensors", "checkpoint", "tokenization",
+MODEL_AND_BASE = ("errors", "version", "process", "fs", "progress", "config", "hooks", "tensors", "checkpoint", "tokenization",
                   "_flow", "outputs", "modeling")
 
 

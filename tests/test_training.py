@@ -3,8 +3,6 @@ weight-decay excludes, and 2-rank data parallelism (global graph, global eager, 
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from bert_of.config import BertConfig
 from bert_of.modeling import BertForPreTraining
 from bert_of.outputs import pretraining_loss
 from bert_of.training import TrainConfig, Trainer
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_ranks
 from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch
 
 
@@ -99,11 +97,9 @@ def test_it_learns():
 
 def test_two_ranks_global_graph_global_eager_and_ddp_match_one_process(tmp_path):
     single = [r["loss"] for r in _train(mode="eager")[0]]
-    for port, way in zip((29581, 29582, 29583), ("global-graph", "global-eager", "ddp")):
+    for way in ("global-graph", "global-eager", "ddp"):
         out = tmp_path / f"{way}.json"
-        r = subprocess.run([sys.executable, "-m", "oneflow.distributed.launch", "--nproc_per_node", "2",
-                            "--master_port", str(port), os.path.join(ROOT, "tests/scripts/dist_train.py"), way, str(out)],
-                           capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+        r = run_ranks(os.path.join(ROOT, "tests/scripts/dist_train.py"), way, out)
         assert r.returncode == 0, r.stderr[-3000:]
         got = json.loads(out.read_text())
         assert got["world"] == 2 and len(got["losses"]) == STEPS

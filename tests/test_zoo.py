@@ -1,4 +1,4 @@
-"""Model zoo on loopback: a real HTTP server (zoo.serve.MirrorServer on 127.0.0.1) serves Google-layout
+"""Model zoo on loopback: a real HTTP server (tests/zoo_support/serve.py: MirrorServer on 127.0.0.1) serves Google-layout
 zips built here (a tiny model saved by TensorFlow's own Saver, in Google's folder and file names).
 
 Covered: the shipped registry; a clean download; `bert-of zoo download bert-base` against a mirror of
@@ -33,7 +33,7 @@ from bert_of.zoo.core import MANIFEST, Zoo
 from bert_of.zoo.download import DownloadOptions, fetch
 from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, NotCachedError, OfflineError,
                         UnknownEntryError, UnsafeArchiveError, ZooError)
-from bert_of.zoo.serve import MirrorServer
+from tests.zoo_support.serve import MirrorServer
 
 GOOGLE = "https://storage.googleapis.com/"
 REAL_PATH = "bert_models/2018_10_18/uncased_L-12_H-768_A-12.zip"

@@ -25,10 +25,9 @@ be equal: it proves the check can see the difference it is about) or "info"
 experiments that need the same run (the 1-process baseline of 1, 3, 4) share it.
 
 Every run trains with :class:`bert_of.training.Trainer`, through its public API only.
-Multi-rank runs are executed by ``python -m oneflow.distributed.launch ... -m
-bert_of.align.runner BATCH.json RESULTS_DIR`` (all multi-rank runs of an invocation in
-one launch, started by :mod:`bert_of.launch`); 1-process runs in this process
-(``--jobs 1``) or in ``--jobs J`` worker processes.
+Multi-rank runs are executed as ranks of :mod:`bert_of.launch` (``python -m bert_of.launch
+--job ... -m bert_of.align.runner BATCH.json RESULTS_DIR``: all multi-rank runs of an invocation
+in one launch); 1-process runs in this process (``--jobs 1``) or in ``--jobs J`` worker processes.
 
 Modules: :mod:`~bert_of.align.plans` (the experiments as data), :mod:`~bert_of.align.data`
 (datasets), :mod:`~bert_of.align.runner` (runs, workers, launches, cache),

@@ -39,9 +39,9 @@ def _add_arguments(p):
     p.add_argument("--jobs", type=int, default=1, help="1-process runs in J worker processes (default 1: in this "
                    "process); multi-rank runs always launch their own processes")
     p.add_argument("--data-dir", metavar="DIR", help="dataset and finished-run cache (default: OUTPUT/data)")
-    p.add_argument("--corpus", nargs="+", metavar="FILE", help="text files for the pretraining data (default: the repository's "
-                   "tests/data/text/sample_text.txt and classics.txt)")
-    p.add_argument("--vocab", metavar="FILE", help="vocab.txt for --corpus (default tests/data/text/vocab.txt)")
+    p.add_argument("--corpus", nargs="+", metavar="FILE", help="text files for the pretraining data (default: the package's "
+                   "small corpus, bert_of/align/default-corpus)")
+    p.add_argument("--vocab", metavar="FILE", help="vocab.txt for --corpus (default: the one of the package's corpus)")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     p.add_argument("--perturb-lr", type=float, default=0.0, metavar="REL",
                    help="self-test: train the compared side of every equal comparison with lr x (1 + REL); the "

@@ -12,6 +12,7 @@ import numpy as np
 
 from bert_of.converters.common import Options
 from bert_of.converters.convert import convert
+from bert_of.converters.verify import tf_reference_module
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
 from bert_of.data.reader import PretrainingDataset
@@ -19,9 +20,9 @@ from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write, read_json, write_json
 from bert_of.progress import log
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-TEXT_DIR = os.path.join(REPO_ROOT, "tests", "data", "text")
+# The default corpus ships with the package (a wheel has no tests/data): bert_of/align/default-corpus/
+# (a folder name that is no identifier: setuptools takes such a folder for a package).
+TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default-corpus")
 
 DEFAULT_CORPUS = (os.path.join(TEXT_DIR, "sample_text.txt"), os.path.join(TEXT_DIR, "classics.txt"))
 
@@ -88,8 +89,7 @@ def prepare_data(data_dir: str, size: dict, corpus, vocab, quiet=False) -> dict:
     """
     for p in list(corpus) + [vocab]:
         if not os.path.isfile(p):
-            raise AlignError(f"{p}: not found (the default corpus is the repository's tests/data/text; "
-                             f"pass --corpus FILE... --vocab FILE)")
+            raise AlignError(f"{p}: not found (pass --corpus FILE... --vocab FILE)")
     S, P = size["seq_length"], size["max_predictions"]
     root = os.path.join(data_dir, f"seq{S}-pred{P}-{_data_key(size, corpus, vocab)}")
     dirs = {k: os.path.join(root, k) for k in ("base", "shuffle", "repeat", "uniform")}
@@ -193,7 +193,7 @@ class BatchStream:
 def prepare_tf_checkpoint(d: str, gcfg: dict, vocab: str, seed: int, global_step: int) -> tuple:
     """(TF prefix, converted bert_of folder), cached in ``d``: a Google-layout TF checkpoint with
     realistic weights, adam_m / adam_v slots and ``global_step``, and its ``tf2of --with-optimizer``."""
-    from bert_of.converters import tf_reference as ref  # TensorFlow: only this experiment needs it
+    ref = tf_reference_module(why="align's TF experiment")  # TensorFlow (the tf extra): only this needs it
 
     prefix, of_dir, marker = (os.path.join(d, n) for n in ("bert_model.ckpt", "converted-of", "done.json"))
     want = {"config": gcfg, "global_step": global_step, "seed": seed}

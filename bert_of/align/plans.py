@@ -9,6 +9,7 @@ import os
 
 from bert_of.align.data import AlignError, _json_default, _vocab_size, prepare_tf_checkpoint
 from bert_of.config import BertConfig
+from bert_of.converters.verify import tf_reference_module
 
 # --------------------------------------------------------------------------- constants
 
@@ -280,7 +281,7 @@ def _tf_google_config(ctx):
 def plan_tf_checkpoint(ctx):
     """A Google-layout TF checkpoint (weights + adam_m/adam_v + global_step), converted by
     ``convert tf2of --with-optimizer``; TF and bert_of continue it on the same batches."""
-    from bert_of.converters.tf_reference_train import google_learning_rate  # TensorFlow: only this plan
+    google_learning_rate = tf_reference_module("tf_reference_train", "align's TF experiment").google_learning_rate
 
     n = min(ctx.steps, TF_STEPS)
     g0, total, warmup, lr = 200, 1000, 100, 1e-4

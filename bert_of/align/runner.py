@@ -23,6 +23,7 @@ from bert_of.align.plans import BATCH, BY_NAME, SIZES, Ctx, _perturb, _run_key, 
 from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, plot_skipped, summary_markdown
 from bert_of.checkpoint import load_checkpoint
 from bert_of.config import BertConfig
+from bert_of.converters.verify import tf_reference_module
 from bert_of.fs import atomic_write, read_json
 from bert_of.launch import Topology, run_ranks, spawn
 from bert_of.modeling import BertForPreTraining
@@ -58,7 +59,7 @@ def _nudge(model, rel: float) -> None:
 
 def _tf_reference_run(spec: dict) -> dict:
     """Google's training in TF (converters/tf_reference_train.py) on the run's batches."""
-    from bert_of.converters.tf_reference_train import train_reference  # TensorFlow: only this run needs it
+    train_reference = tf_reference_module("tf_reference_train", "align's TF experiment").train_reference
 
     t0, c0 = time.perf_counter(), time.process_time()
     stream = BatchStream(spec["data"])

@@ -2,6 +2,10 @@
 
 import sys
 
-from bert_of.data.cli import main
+from bert_of import process
+
+process.setup()  # before the command's imports load native libraries
+
+from bert_of.data.cli import main  # noqa: E402
 
 sys.exit(main())

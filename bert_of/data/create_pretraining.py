@@ -45,7 +45,6 @@ import hashlib
 import os
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -56,6 +55,7 @@ import numpy as np
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError, OutputError
 from bert_of.fs import publishing, sha256_file, write_json
+from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
 from .instances import MaskingVocab, assemble, create_instances, shuffle
@@ -421,8 +421,7 @@ def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_cha
 
 def _serve(conn, init, progress: bool) -> None:
     """A worker process: jobs in, results out, over its own pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    as_worker()  # Ctrl-C is the parent's: it stops the workers
     if init is not None:
         _init_worker(*init)
     _WORKER["report"] = _PipeProgress(conn) if progress else None
@@ -469,28 +468,45 @@ def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: 
                             daemon=True)
             p.start()
             theirs.close()
-            workers.append({"proc": p, "conn": mine, "job": None})
+            workers.append({"proc": p, "conn": mine, "job": None, "lost": False})
         todo, results, done, seen = iter(range(len(jobs))), {}, 0, 0.0
 
+        # A worker's pipe that breaks (EOF, or ECONNRESET / EPIPE when it died with bytes unread) means
+        # the worker died: reported below as its death, naming its input, never as an I/O error.
         def feed(w):
             w["job"] = next(todo, None)
             if w["job"] is not None:
-                w["conn"].send(jobs[w["job"]])
+                try:
+                    w["conn"].send(jobs[w["job"]])
+                except OSError:
+                    w["lost"] = True
 
         def drain(w):
             nonlocal seen
-            try:
-                while w["job"] is not None and w["conn"].poll():
+            while w["job"] is not None and not w["lost"]:
+                try:
+                    if not w["conn"].poll():
+                        return
                     kind, value = w["conn"].recv()
-                    if kind == "progress":
-                        seen += value
-                    elif kind == "error":
-                        raise value
-                    else:
-                        results[w["job"]] = value
-                        feed(w)
-            except EOFError:
-                pass
+                except (EOFError, OSError):
+                    w["lost"] = True
+                    return
+                if kind == "progress":
+                    seen += value
+                elif kind == "error":
+                    raise value  # the worker's own error (an unreadable input is an OSError too)
+                else:
+                    results[w["job"]] = value
+                    feed(w)
+
+        def died(w):
+            """The worker of an unfinished job is gone (its pipe broke or it exited): its exit status."""
+            if w["lost"]:
+                w["proc"].join(timeout=30)  # the pipe closes as the process ends: its status follows
+                if w["proc"].is_alive():  # a pipe broken under a live worker: it cannot go on
+                    w["proc"].kill()
+                    w["proc"].join()
+            return not w["proc"].is_alive()
 
         for w in workers:
             feed(w)
@@ -499,9 +515,9 @@ def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: 
             wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy], timeout=0.2)
             for w in busy:
                 drain(w)
-                if w["job"] is not None and not w["proc"].is_alive():
+                if w["job"] is not None and (w["lost"] or not w["proc"].is_alive()):
                     drain(w)  # what it sent just before it ended (its error) comes first
-                    if w["job"] is not None:
+                    if w["job"] is not None and died(w):
                         raise DataError(f"{', '.join(jobs[w['job']][1])}: the worker process making its "
                                         f"records died (exit status {w['proc'].exitcode})")
             if not bar.disable:

@@ -1,4 +1,5 @@
-"""Run under `python -m oneflow.distributed.launch --nproc_per_node N`.
+"""Run as N ranks of bert_of's launcher (tests/conftest.py:run_ranks:
+`python -m bert_of.launch --job N 1 0 127.0.0.1 0 tests/scripts/data_rank_reader.py ...`).
 
 Each rank reads datasets with shuffle off through both readers, bert_of's NumPy
 `PretrainingDataset(rank, world_size)` and OneFlow's global `nn.OFRecordReader`

@@ -1,4 +1,5 @@
-"""Run under `python -m oneflow.distributed.launch --nproc_per_node N`.
+"""Run as N ranks of bert_of's launcher (tests/conftest.py:run_ranks:
+`python -m bert_of.launch --job N 1 0 127.0.0.1 0 tests/scripts/dist_forward.py ...`).
 
 Loads a bert_of checkpoint, makes parameters global broadcast and each rank's
 slice of the batch global split(0), runs the model eagerly and in an nn.Graph,

@@ -1,4 +1,5 @@
-"""Run under `python -m oneflow.distributed.launch --nproc_per_node N`.
+"""Run as N ranks of bert_of's launcher (tests/conftest.py:run_ranks:
+`python -m bert_of.launch --job N 1 0 127.0.0.1 0 tests/scripts/dist_train.py ...`).
 
 Trains a BertForPreTraining from one initialisation for a few steps, data
 parallel over the ranks in one of three ways, and writes the per-step losses

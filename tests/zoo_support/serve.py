@@ -1,6 +1,8 @@
 """A small Range-capable HTTP server for a local mirror folder, with fault injection.
 
-    python -m bert_of.zoo.serve MIRROR_DIR [--port 8000] [--bind 127.0.0.1]
+    python -m tests.zoo_support.serve MIRROR_DIR [--port 8000] [--bind 127.0.0.1]   # from the repository
+
+(a test and benchmark tool: it is not part of the installed package)
 
 serves ``MIRROR_DIR`` laid out like storage.googleapis.com
 (``bert_models/2018_10_18/uncased_L-12_H-768_A-12.zip``), so that
@@ -220,7 +222,7 @@ class MirrorServer(ThreadingHTTPServer):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bert_of.zoo.serve", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.zoo_support.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="mirror folder (bert_models/<date>/<name>.zip ...)")
     ap.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8000)

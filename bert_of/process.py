@@ -1,0 +1,328 @@
+"""The process a bert_of command runs in: its set-up, and every signal rule of bert_of.
+
+Importing bert_of changes nothing in the process. A command line (``bert-of``, ``python -m
+bert_of.cli``, the sub-CLIs) and every rank the launcher starts call :func:`setup` once, first:
+
+- SIGINT and SIGTERM get the command's handler: inside a command (:func:`command`) the signal
+  raises KeyboardInterrupt / :class:`~bert_of.errors.Terminated` in the main thread, which unwinds
+  every ``with publishing(...)`` (no staging folder stays behind); outside one (start-up,
+  shutdown), in a forked worker, at a second signal, or while OneFlow's C++ may be on the stack,
+  the process prints one line and ends BY the signal at once (the shell sees 130 / 143; only a
+  death by the signal stops a shell loop: bash takes a child's normal exit 130 as handled);
+- NumPy is imported with SIGINT / SIGTERM blocked, so the threads its BLAS starts never take one
+  (see :func:`oneflow_import` for why that matters);
+- OneFlow's import, whenever it comes, is prepared for a command: a rank other than 0 first waits
+  for rank 0's port, and OneFlow's start-up line on fd 2 is dropped.
+
+:func:`oneflow_import` wraps ``import oneflow`` in every process, set up or not: signals blocked
+around it, Python's SIGINT handler put back over the C one liboneflow installs, the environment
+variables it adds removed (WORLD_SIZE, RANK, MASTER_*, ...), BERT_OF_BLAS applied for its
+OpenBLAS. Only this module handles, blocks or sends signals (:func:`uninterrupted` keeps short
+steps whole; :func:`stop_groups` stops child process groups, :func:`as_worker` and
+:func:`die_with_parent` set up children).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from bert_of.errors import Terminated
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+ERROR_PREFIX = "bert-of: error: "
+
+# pid: the process set up (a fork is not); depth: commands running (they nest: pretrain registers
+# its checkpoint through the zoo's command); stopping: the signal that is ending this command.
+_STATE = {"pid": None, "depth": 0, "stopping": None}
+_DEFER = {"depth": 0, "pending": None}
+_AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.fs: unfinished writes)
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def setup() -> None:
+    """Make this process a bert_of command's (see the module doc). Main thread; idempotent."""
+    if _STATE["pid"] != os.getpid():
+        _STATE.update(pid=os.getpid(), depth=0, stopping=None)
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not _on_signal:
+            signal.signal(sig, _on_signal)
+    if "numpy" not in sys.modules:
+        with signals_blocked():
+            import numpy  # noqa: F401 - its BLAS threads start now, with the signals blocked
+
+
+def is_set_up() -> bool:
+    return _STATE["pid"] == os.getpid()
+
+
+def as_worker() -> None:
+    """In a worker process a command forked: Ctrl-C is the parent's (it stops the workers), SIGTERM
+    ends the worker at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def die_with_parent(parent: int) -> None:
+    """Be killed when process ``parent`` (the one that started this one) dies, even by SIGKILL (Linux;
+    elsewhere a no-op). Exits at once if it is already gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def signals_blocked():
+    """SIGINT and SIGTERM blocked in this thread for the block (threads started inside inherit that);
+    one that arrives meanwhile is delivered when it ends."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+# --------------------------------------------------------------------------- a command's signals
+
+
+@contextlib.contextmanager
+def command():
+    """A command runs: a signal now raises KeyboardInterrupt / Terminated in the main thread."""
+    if _STATE["depth"] == 0:
+        _STATE["stopping"] = None
+    _STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        _STATE["depth"] -= 1
+
+
+def stopped(e: KeyboardInterrupt, note: str = "") -> int:
+    """One line for a command stopped by Ctrl-C or SIGTERM; its exit status (130 / 143)."""
+    signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+    _STATE["stopping"] = signum
+    _say(WORDS[signum] + note)
+    return 128 + signum
+
+
+def end_if_stopped(code: int) -> int:
+    """A command line's last step: a command stopped by a signal ends the process by that signal
+    (it does not return); any other status is returned."""
+    if _STATE["stopping"] and code == 128 + _STATE["stopping"]:
+        die(_STATE["stopping"])
+    return code
+
+
+def at_abrupt_end(fn) -> None:
+    """Run ``fn()`` before the process ends at once on a signal (no unwinding then)."""
+    _AT_ABRUPT_END.append(fn)
+
+
+def _say(msg: str) -> None:
+    print(ERROR_PREFIX + msg, file=sys.stderr)
+
+
+def _on_signal(signum, frame):
+    if os.getpid() != _STATE["pid"]:  # a forked worker: its parent unwinds and reports
+        die(signum)
+    if _DEFER["depth"]:  # inside a step a signal must not split: raised again at its end
+        _DEFER["pending"] = _DEFER["pending"] or signum
+        return
+    if not _STATE["depth"] or _STATE["stopping"]:
+        _say(WORDS[signum])
+        die(signum)
+    _STATE["stopping"] = signum
+    if "oneflow" in sys.modules:
+        # An exception raised now may unwind through OneFlow's C++ (a pybind11 call, a graph run)
+        # and abort the process (SIGABRT/SIGSEGV, half-written output): clean up and end here.
+        _say(WORDS[signum])
+        for fn in _AT_ABRUPT_END:
+            fn()
+        die(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def die(signum: int) -> None:
+    """End this process by ``signum`` (default action), with stdout/stderr flushed."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached
+
+
+def how_it_ended(returncode: int) -> str:
+    """A child's exit status in words: "killed by SIGKILL", "exited with status 1"."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
+def stop_groups(procs, grace: float) -> None:
+    """SIGTERM the process group each live ``subprocess.Popen`` of ``procs`` leads, SIGKILL what is
+    left after ``grace`` seconds, and reap them all."""
+    def send(sig):
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    send(signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    send(signal.SIGKILL)
+    for p in procs:
+        p.wait()
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    """A step Ctrl-C / SIGTERM must not split (creating a staging folder or temp file and taking
+    charge of it, swapping a tree in): a signal that arrives inside waits for the end of the block."""
+    _DEFER["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEFER["depth"] -= 1
+        if not _DEFER["depth"] and _DEFER["pending"]:
+            sig, _DEFER["pending"] = _DEFER["pending"], None
+            signal.raise_signal(sig)
+
+
+# --------------------------------------------------------------------------- OneFlow's import
+
+
+# What OneFlow 0.9's import writes to stderr on every machine without RDMA (it uses InfiniBand only
+# for multi-node transfers, which this CPU/TCP setup never does).
+_NOISE = (b"libibverbs not available, ibv_fork_init skipped",)
+
+
+def _has_avx2_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split()
+                    return "avx2" in flags and "fma" in flags
+    except OSError:
+        pass
+    return False
+
+
+def _import_environment() -> dict:
+    """Variables OneFlow's start-up reads, for its import only. glog's "CUDA driver version is
+    insufficient" on CPU-only machines is noise. BERT_OF_BLAS=fast (`bert-of pretrain` / `finetune`
+    set it): OneFlow 0.9's bundled DYNAMIC_ARCH OpenBLAS does not recognise recent Xeons and runs
+    its SSE3 "Prescott" kernels; its Haswell (AVX2+FMA) kernels do the same GEMMs 3x faster. FMA
+    rounds differently, so exact-by-default work (convert, verify) keeps the detected kernels. An
+    OPENBLAS_CORETYPE the user set always wins."""
+    extra = {}
+    if "GLOG_minloglevel" not in os.environ:
+        extra["GLOG_minloglevel"] = "3"
+    if os.environ.get("BERT_OF_BLAS") == "fast" and "OPENBLAS_CORETYPE" not in os.environ and _has_avx2_fma():
+        extra["OPENBLAS_CORETYPE"] = "Haswell"
+    return extra
+
+
+def wait_for_rank0(timeout: float = 60.0) -> None:
+    """In a rank other than 0: wait until rank 0 accepts connections on MASTER_ADDR:MASTER_PORT.
+    ``import oneflow`` joins the ranks' rendezvous, and a rank that gets there before rank 0 listens
+    is told "unavailable" and sleeps a fixed 10 s before asking again (OneFlow 0.9's
+    RpcClient::LoadServer). Ranks start together, so about every other launch lost 10 s. Past
+    ``timeout``, OneFlow's own retries take over (they give up after 10 minutes)."""
+    try:
+        rank, world = int(os.environ.get("RANK", "-1")), int(os.environ.get("WORLD_SIZE", "1"))
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError):
+        return
+    if world <= 1 or rank <= 0:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((addr, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _stderr_filtered():
+    """fd 2 goes to a temporary file for the block; everything written there except OneFlow's
+    start-up line is passed on unchanged afterwards, errors included."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        with uninterrupted():  # a signal that reaches the handler anyway waits until fd 2 is back
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                kept = [ln for ln in tmp.read().splitlines(keepends=True) if not ln.strip().startswith(_NOISE)]
+                if kept:
+                    os.write(2, b"".join(kept))
+
+
+@contextlib.contextmanager
+def oneflow_import():
+    """``with oneflow_import(): import oneflow``, leaving the process as it was: liboneflow's static
+    initialiser installs a C handler for SIGINT that calls exit(-1) (Ctrl-C would end the process
+    with status 255, skipping Python's clean-up and its handler), and its start-up puts MASTER_ADDR,
+    MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK and CUDA_MODULE_LOADING into os.environ (read once,
+    while it starts). SIGINT and SIGTERM stay blocked in this thread during the import (the threads
+    OneFlow starts inherit that; :func:`setup` imports NumPy the same way, so no native thread takes
+    a signal while OneFlow's handler is in place), Python's handler is set again, a signal that
+    arrived meanwhile is delivered to it, and os.environ is put back as it was. In a process that
+    was :func:`setup`, a rank first waits for rank 0 and OneFlow's start-up line is dropped."""
+    if "oneflow" in sys.modules:
+        yield
+        return
+    if is_set_up():
+        wait_for_rank0()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    with signals_blocked() if main else contextlib.nullcontext():  # a signal waits until all is put back
+        before = dict(os.environ)
+        try:
+            os.environ.update(_import_environment())
+            with _stderr_filtered() if is_set_up() else contextlib.nullcontext():
+                yield
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            for k in set(os.environ) - set(before):
+                del os.environ[k]
+            os.environ.update({k: v for k, v in before.items() if os.environ.get(k) != v})

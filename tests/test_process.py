@@ -1,0 +1,98 @@
+"""A library whose import does nothing; a command's process set up by one explicit call.
+
+``import bert_of``, ``from bert_of import BertModel`` and a first model (which imports OneFlow)
+leave the process as they found it: the signal dispositions as the kernel has them (OneFlow's
+liboneflow installs a C SIGINT handler that Python's ``signal.getsignal`` does not see), the
+signal mask, fds 0-2 and os.environ. ``bert_of.process.setup()`` is what a command line does."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT, TINY
+
+# What the process looks like, printed as JSON: each signal's disposition as sigaction() reports it
+# (handler address and flags), the blocked set, what fds 0-2 are, the environment.
+_SNAPSHOT = r"""
+import ctypes, json, os, signal, sys
+
+class _SigAction(ctypes.Structure):  # glibc's struct sigaction on Linux
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+def snapshot():
+    sigs = {}
+    for s in range(1, 32):
+        if s in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        sa = _SigAction()
+        assert _libc.sigaction(s, None, ctypes.byref(sa)) == 0
+        sigs[s] = [sa.handler or 0, sa.flags, repr(signal.getsignal(s))]
+    fds = {}
+    for fd in (0, 1, 2):
+        try:
+            st = os.fstat(fd)
+            fds[fd] = [st.st_dev, st.st_ino, st.st_mode, os.readlink(f"/proc/self/fd/{fd}")]
+        except OSError as e:
+            fds[fd] = str(e)
+    return {"signals": sigs, "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "fds": fds, "environ": dict(os.environ)}
+"""
+
+
+def _run(body, env=None):
+    code = _SNAPSHOT + "\nout = {'start': snapshot()}\n" + body + "\nprint(json.dumps(out))\n"
+    env = dict(os.environ if env is None else env, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1]), r.stderr
+
+
+def _differences(a, b):
+    out = []
+    for key in a:
+        if isinstance(a[key], dict):
+            for k in sorted(set(a[key]) | set(b[key])):
+                if a[key].get(k) != b[key].get(k):
+                    out.append(f"{key}[{k}]: {a[key].get(k)!r} -> {b[key].get(k)!r}")
+        elif a[key] != b[key]:
+            out.append(f"{key}: {a[key]!r} -> {b[key]!r}")
+    return out
+
+
+def test_importing_bert_of_and_using_a_model_leaves_the_process_as_it_was():
+    body = (
+        "import bert_of\n"
+        "out['import bert_of'] = snapshot()\n"
+        "from bert_of import BertConfig, BertModel\n"
+        "out['from bert_of import BertModel'] = snapshot()\n"
+        f"m = BertModel(BertConfig.from_google_dict({TINY!r})); m.init_weights(); m.eval()\n"
+        "import numpy as np, oneflow as flow\n"
+        "ids = flow.tensor(np.arange(12).reshape(2, 6) % 90, dtype=flow.int64)\n"
+        "h = m(ids).last_hidden_state.numpy()\n"
+        "assert h.shape == (2, 6, 32), h.shape\n"
+        "out['a model built and run'] = snapshot()\n")
+    # Rank variables absent (OneFlow adds its own then), and an unusual SIGTERM handler to keep.
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "CUDA_MODULE_LOADING", "GLOG_minloglevel")}
+    out, _ = _run("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); out['start'] = snapshot()\n" + body,
+                  env)
+    start = out.pop("start")
+    assert start["signals"][str(int(15))][2] == "<Handlers.SIG_IGN: 1>"  # the control: the snapshot sees it
+    for step, now in out.items():
+        assert _differences(start, now) == [], step
+
+
+def test_oneflow_import_in_a_set_up_process_keeps_the_environment_and_drops_only_its_start_up_line():
+    out, err = _run("from bert_of import process\nprocess.setup()\nout['set up'] = snapshot()\n"
+                    "import bert_of._flow\nout['oneflow'] = snapshot()\n"
+                    "print('a real error', file=sys.stderr)\n")
+    start, set_up, after = out["start"], out["set up"], out["oneflow"]
+    changed = _differences(start, set_up)  # setup() sets the command's SIGINT / SIGTERM handlers, nothing else
+    assert len(changed) == 2 and all(c.startswith(("signals[2]", "signals[15]")) for c in changed), changed
+    assert "_on_signal" in set_up["signals"]["2"][2]
+    assert _differences(set_up, after) == []  # OneFlow's handler and variables undone
+    assert "libibverbs" not in err and "a real error" in err

@@ -1,0 +1,63 @@
+"""TensorFlow is the optional `tf` extra: without it, conversions (tf2of, hf2of, of2tf) work, and a
+verification that needs the TF reference says so in one line.
+
+Real processes in which ``import tensorflow`` fails as it does where the package is not installed:
+a ``sitecustomize`` on PYTHONPATH puts a finder first on ``sys.meta_path`` that raises
+ModuleNotFoundError for tensorflow (and its submodules)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, error_lines
+
+HF_TINY = os.path.join(ROOT, "tests", "data", "hf", "tiny_pt")
+
+_BLOCKER = '''
+import sys
+
+
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoTensorFlow())
+'''
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("no_tf")
+    (d / "sitecustomize.py").write_text(_BLOCKER)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(d), ROOT])
+    return env
+
+
+def _bert_of(env, *args):
+    return subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+
+
+def test_without_tensorflow_conversions_work_and_verify_says_it_needs_the_tf_extra(env, tmp_path):
+    r = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "ModuleNotFoundError: No module named 'tensorflow'" in r.stderr  # the control
+    of, tf, back = tmp_path / "of", tmp_path / "tf", tmp_path / "of2"
+    for args in (("hf2of", HF_TINY, "-o", of), ("of2tf", of, "-o", tf), ("tf2of", tf, "-o", back)):
+        r = _bert_of(env, "convert", *args)
+        assert r.returncode == 0 and "wrote" in r.stdout, (args, r.stderr)
+    assert _bert_of(env, "verify", of, back).returncode == 0  # bert_of against bert_of needs no TF
+
+    want = "bert-of: error: verifying a TF1 checkpoint runs the TF reference, which needs TensorFlow (the tf " \
+           "extra): pip install 'bert_of[tf]'"
+    r = _bert_of(env, "verify", tf, back)
+    assert r.returncode == 1 and error_lines(r.stderr) == [want], r.stderr
+    r = _bert_of(env, "convert", "tf2of", tf, "-o", tmp_path / "checked", "--verify")
+    assert r.returncode == 1 and error_lines(r.stderr) == [want], r.stderr
+    assert not (tmp_path / "checked").exists()
