@@ -30,7 +30,7 @@ from bert_of.tokenization import FullTokenizer
 from bert_of.converters import reference_np, tf1
 from bert_of.converters.common import Options, lower_case_of
 from bert_of.converters.convert import detect, read
-from bert_of.progress import Progress
+from bert_of.progress import Progress, log
 
 DEFAULT_TOL = 1e-5
 REAL_LEN = 128  # the real-token batch's longest row, at most (and at most max_position_embeddings)
@@ -283,6 +283,9 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
         bar.update(1)
     results = {k: _diffs(ref, v, batches) for k, v in runs.items()}
     worst = max((v for r in results.values() for v in r.values()), default=float("inf"))
+    for k, v in ecosystem.items():
+        if isinstance(v, str):  # TensorFlow missing: the NumPy reference still decides
+            log.info("verify: %s %s", k, v)
     return {
         "a": {"path": source.path, "format": fa}, "b": {"path": shown_b or b, "format": fb},
         "reference": reference, "tolerance": tol, "device": device, "batches": described,
