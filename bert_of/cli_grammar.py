@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import copy
 import textwrap
+import typing
+from dataclasses import MISSING, fields
 
+from bert_of.options import flag_of, nested, shown_in
 from bert_of.progress import DISABLE_ENV, allow_bars, bars_enabled, setup_logging
 
 # (flag, meaning, where, old spellings): an old spelling is (spelling, the commands that took it); it
@@ -82,12 +85,13 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        d = action.default
+        d = getattr(action, "field_default", action.default)
         if not action.option_strings or "default" in text.lower() or d is None or isinstance(d, bool) \
                 or d is argparse.SUPPRESS or d == [] or isinstance(action, (argparse._StoreConstAction,
                                                                             argparse._HelpAction)):
             return text
-        return f"{text} (default: %(default)s)"
+        shown = str(d).replace("%", "%%")  # the help is a %-format
+        return f"{text} (default: {shown})"
 
     def _format_action_invocation(self, action):
         old = getattr(action, "old_spellings", ())
@@ -107,6 +111,67 @@ def option(p, *flags, old=(), **kw) -> argparse.Action:
     action = p.add_argument(*flags, *old, **kw)
     action.old_spellings = tuple(old)
     return action
+
+
+def _kind(hint) -> tuple:
+    """(element type, repeatable) of a field's annotation: ``int | None`` -> (int, False), ``list`` -> (str, True)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    base = args[0]
+    if base is list or typing.get_origin(base) is list:
+        inner = typing.get_args(base)
+        return (inner[0] if inner else str), True
+    return base, False
+
+
+def _group(p, title):
+    if not title:
+        return p
+    for g in p._action_groups:
+        if g.title == title:
+            return g
+    return p.add_argument_group(title)
+
+
+def add_options(p, cls, command: str | None = None) -> None:
+    """The options of dataclass ``cls`` (fields made with :func:`bert_of.options.arg`) that ``command``
+    shows, on parser ``p``. An option not given is absent from the parsed namespace (argparse's
+    ``SUPPRESS``): :func:`bert_of.options.from_args` takes the field's default and a command can tell
+    what the user said (``--resume`` compares only those). The help shows the field's default."""
+    hints = typing.get_type_hints(cls)
+    own = cls.__dict__.get("__annotations__", {})  # a command's own options first, then what it extends
+    for f in sorted(fields(cls), key=lambda f: f.name not in own):
+        if nested(f) is not None:
+            add_options(p, nested(f), command)
+            continue
+        if not shown_in(f, command):
+            continue
+        md = f.metadata
+        g = _group(p, md.get("group"))
+        base, many = _kind(hints[f.name])
+        required = f.default is MISSING and f.default_factory is MISSING
+        kw = {"help": argparse.SUPPRESS if md.get("hidden") else md["help"]}
+        for k in ("metavar", "choices"):
+            if md.get(k) is not None:
+                kw[k] = md[k]
+        if md.get("positional"):
+            a = g.add_argument(f.name, type=base if base is not str else None, **kw)
+            continue
+        flags = [s for s in (md.get("short"), flag_of(f)) if s]
+        if base is bool:
+            off = md.get("off")
+            if off:  # a tri-state: on, off, or unset (None: the command decides)
+                ex = g.add_mutually_exclusive_group()
+                a = ex.add_argument(*flags, dest=f.name, action="store_true", default=argparse.SUPPRESS, **kw)
+                ex.add_argument(off[0], dest=f.name, action="store_false", default=argparse.SUPPRESS, help=off[1])
+            else:
+                a = g.add_argument(*flags, dest=f.name, action="store_true", default=argparse.SUPPRESS, **kw)
+        elif many:
+            a = g.add_argument(*flags, dest=f.name, action="append", type=base if base is not str else None,
+                               default=argparse.SUPPRESS, **kw)
+        else:
+            a = g.add_argument(*flags, dest=f.name, type=base if base is not str else None, required=required,
+                               default=argparse.SUPPRESS, **kw)
+        a.field_default = None if required or f.default_factory is not MISSING else f.default
 
 
 def output_option(p, help: str, *, required: bool = False, default=None, metavar: str = "PATH", old=()):

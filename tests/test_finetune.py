@@ -330,7 +330,7 @@ def test_learning_rate_schedule_is_googles():
     from bert_of.training import TrainConfig, build_optimizer, build_scheduler
 
     opt = build_optimizer(flow.nn.Linear(2, 2), TrainConfig(lr=2.0), for_graph=False)
-    sched = build_scheduler(opt, TrainConfig(total_steps=40, warmup_steps=4))
+    sched = build_scheduler(opt, TrainConfig(steps=40, warmup_steps=4))
     got = []
     for _ in range(41):
         got.append(opt.param_groups[0]["lr"])

@@ -92,7 +92,7 @@ def test_gradient_accumulation_matches_the_full_batch(mode):
 def test_it_learns():
     model = BertForPreTraining(BertConfig(**CONFIG))
     model.init_weights(seed=0)
-    trainer = Trainer(model, TrainConfig(mode="graph", optimizer="adamw", lr=5e-3, warmup_steps=3, total_steps=40))
+    trainer = Trainer(model, TrainConfig(mode="graph", optimizer="adamw", lr=5e-3, warmup_steps=3, steps=40))
     losses = [trainer.step(global_batch(0))["loss"] for _ in range(40)]
     assert losses[-1] < 0.5 * losses[0]
 

@@ -14,7 +14,7 @@ import os
 import sys
 
 from bert_of.cli import run_command
-from bert_of.cli_grammar import examples, option
+from bert_of.cli_grammar import examples
 from bert_of.progress import log
 from bert_of.zoo.core import FORMATS, Zoo
 from bert_of.zoo.download import DownloadOptions, human_size
@@ -38,8 +38,7 @@ EPILOG = examples("bert-of zoo list", "bert-of zoo download bert-base-uncased", 
 def _zoo(args) -> Zoo:
     return Zoo(cache_dir=args.cache_dir, registries=args.registry, offline=args.offline, endpoint=args.endpoint,
                download_options=DownloadOptions.from_env(timeout=getattr(args, "timeout", None),
-                                                         retries=getattr(args, "retries", None),
-                                                         progress=getattr(args, "progress", None)),
+                                                         retries=getattr(args, "retries", None)),
                quiet=False)  # -q: the bert_of logger's level
 
 
@@ -202,7 +201,7 @@ def cmd_remove(args) -> int:
 def cmd_add(args) -> int:
     z = _zoo(args)
     e = z.add(args.dir, args.name, aliases=args.alias, metadata=args.metadata, description=args.description,
-              force=args.force)
+              overwrite=args.overwrite)
     c = e.get("config") or {}
     print(f"registered {e['name']} -> {e['path']} ({e['source_format']}, {_params(e.get('params'))} parameters, "
           f"L={c.get('L')} H={c.get('H')} A={c.get('A')}, {len(e['files_sha256'])} files hashed) in "
@@ -261,7 +260,6 @@ def _fill(p: argparse.ArgumentParser) -> None:
                    help="seconds for the connection and each read (default 30, or BERT_OF_DOWNLOAD_TIMEOUT)")
     s.add_argument("--retries", type=int, metavar="N",
                    help="retries without progress before giving up (default 5, or BERT_OF_DOWNLOAD_RETRIES)")
-    s.add_argument("--progress", dest="progress", action="store_true", default=None, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_download, interrupt_note=" (a partial download is kept and resumes next time)")
 
     s = sub.add_parser("path", parents=[common], help="print the cached folder (error if not downloaded)",
@@ -302,8 +300,7 @@ def _fill(p: argparse.ArgumentParser) -> None:
     s.add_argument("--alias", action="append", default=[], metavar="NAME", help="another name for it (repeatable)")
     s.add_argument("--metadata", metavar="FILE", help="JSON: training metadata and evaluation results")
     s.add_argument("--description", metavar="TEXT", help="one line shown by zoo info")
-    option(s, "--overwrite", old=("--force",), dest="force", action="store_true",
-           help="replace an entry or alias of the same name")
+    s.add_argument("--overwrite", action="store_true", help="replace an entry or alias of the same name")
     s.set_defaults(fn=cmd_add)
 
 

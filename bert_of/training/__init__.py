@@ -1,7 +1,7 @@
 """Training BERT: one trainer for pretraining, SQuAD / GLUE fine-tuning and the alignment suite.
 
     from bert_of.training import TrainConfig, Trainer
-    trainer = Trainer(model, TrainConfig(mode="graph", lr=1e-4, total_steps=1000))
+    trainer = Trainer(model, TrainConfig(mode="graph", lr=1e-4, steps=1000))
     out = trainer.step(batch)   # numpy rows named like model.forward's arguments, labels included
 
 Modules: :mod:`~bert_of.training.optim` (config, optimizers, schedule, clipping, loss scaling),

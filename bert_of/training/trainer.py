@@ -245,7 +245,7 @@ class Trainer:
         out["step"] = np.asarray(self.global_step, np.int64)
         cfg = self.cfg
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        meta = {"optimizer": cfg.optimizer, "bias_correction": str(cfg.bias_correction).lower(), "eps": repr(cfg.eps),
+        meta = {"optimizer": cfg.optimizer, "bias_correction": str(cfg.bias_correction).lower(), "eps": repr(cfg.adam_eps),
                 "weight_decay": repr(cfg.weight_decay), "exclude_from_weight_decay": ",".join(cfg.no_decay),
                 "source": "bert_of", "parameters": str(len(names))}
         return out, meta
