@@ -16,7 +16,7 @@ import textwrap
 import typing
 from dataclasses import MISSING, fields
 
-from bert_of.options import flag_of, nested, shown_in
+from bert_of.options import flag_of, help_of, nested, required_in, shown_in
 from bert_of.progress import DISABLE_ENV, allow_bars, bars_enabled, setup_logging
 
 # (flag, meaning, where, old spellings): an old spelling is (spelling, the commands that took it); it
@@ -143,13 +143,13 @@ def add_options(p, cls, command: str | None = None) -> None:
         if nested(f) is not None:
             add_options(p, nested(f), command)
             continue
-        if not shown_in(f, command):
+        if not shown_in(f, command, cls):
             continue
         md = f.metadata
         g = _group(p, md.get("group"))
         base, many = _kind(hints[f.name])
-        required = f.default is MISSING and f.default_factory is MISSING
-        kw = {"help": argparse.SUPPRESS if md.get("hidden") else md["help"]}
+        required = required_in(f, command)
+        kw = {"help": argparse.SUPPRESS if md.get("hidden") else help_of(f, command)}
         for k in ("metavar", "choices"):
             if md.get(k) is not None:
                 kw[k] = md[k]
@@ -171,7 +171,7 @@ def add_options(p, cls, command: str | None = None) -> None:
         else:
             a = g.add_argument(*flags, dest=f.name, type=base if base is not str else None, required=required,
                                default=argparse.SUPPRESS, **kw)
-        a.field_default = None if required or f.default_factory is not MISSING else f.default
+        a.field_default = None if f.default is MISSING else f.default
 
 
 def output_option(p, help: str, *, required: bool = False, default=None, metavar: str = "PATH", old=()):

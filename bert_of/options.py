@@ -7,7 +7,7 @@ the base the training commands' options extend, so the trainer gets the same nam
     @dataclass(kw_only=True)
     class MyOptions:
         data: str = arg(help="input file", metavar="FILE")           # no default: required
-        steps: int = arg(1000, help="optimizer steps")                # --steps N
+        steps: int = arg(1000, group=TRAINING, help="optimizer steps")                # --steps N
         output: str = arg(help="where to write", short="-o", flag="--output")
 
 Importing this module is cheap (no OneFlow): parsers are built from it before anything heavy loads.
@@ -25,13 +25,15 @@ from bert_of.errors import ConfigError
 def arg(default=MISSING, *, help: str, flag: str | None = None, short: str | None = None, metavar: str | None = None,
         choices=None, group: str | None = None, commands: tuple | None = None, off: str | None = None,
         positional: bool = False, default_factory=MISSING, hidden: bool = False, path: bool = False,
-        on_resume: str | None = None):
+        on_resume: str | None = None, required=False, helps: dict | None = None):
     """A dataclass field that is also a command-line option.
 
     ``flag``: its spelling (default ``--`` + the name with dashes); ``short``: e.g. ``-o``;
     ``group``: the help section; ``commands``: the commands of a shared options class that show it
     (None: all); ``off``: for a ``bool | None`` field, the flag that sets False (``--no-lower-case``);
-    ``hidden``: parsed but not shown (no help line); ``path``: a file or folder (recorded absolute).
+    ``hidden``: parsed but not shown (no help line); ``path``: a file or folder (recorded absolute);
+    ``required``: True, or the commands that require an option the others may leave unset;
+    ``helps``: {command: help} where a shared option means something more precise.
     ``on_resume`` (runs that record their options, :func:`resumed`): None = a value given again
     must be the recorded one; ``"may grow"`` = it may be larger; ``"may change"``; ``"not kept"`` =
     not part of the run (this invocation's alone). The default is written here only: the help shows
@@ -40,7 +42,7 @@ def arg(default=MISSING, *, help: str, flag: str | None = None, short: str | Non
     assert on_resume in (None, "may grow", "may change", "not kept"), on_resume
     md = {"help": help, "flag": flag, "short": short, "metavar": metavar, "choices": choices, "group": group,
           "commands": commands, "off": off, "positional": positional, "hidden": hidden, "path": path,
-          "on_resume": on_resume}
+          "on_resume": on_resume, "required": required, "helps": helps or {}}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=md)
     return field(default=default, metadata=md)
@@ -50,13 +52,24 @@ def is_option(f: dataclasses.Field) -> bool:
     return "help" in f.metadata
 
 
+def help_of(f: dataclasses.Field, command: str | None = None) -> str:
+    return f.metadata["helps"].get(command, f.metadata["help"])
+
+
+def required_in(f: dataclasses.Field, command: str | None = None) -> bool:
+    req = f.metadata.get("required")
+    return (f.default is MISSING and f.default_factory is MISSING) or req is True or \
+        (isinstance(req, tuple) and command in req)
+
+
 def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def shown_in(f: dataclasses.Field, command: str | None) -> bool:
-    """Whether the option ``f`` belongs to ``command`` (a shared options class names its commands)."""
-    cmds = f.metadata.get("commands")
+def shown_in(f: dataclasses.Field, command: str | None, cls=None) -> bool:
+    """Whether the option ``f`` belongs to ``command``: a shared options class names its commands
+    in the field, or, for a field it extends, in its ``FIELD_COMMANDS`` ({name: commands})."""
+    cmds = getattr(cls, "FIELD_COMMANDS", {}).get(f.name, f.metadata.get("commands"))
     return is_option(f) and (cmds is None or command is None or command in cmds)
 
 
@@ -76,7 +89,7 @@ def from_args(cls, args, command: str | None = None, **given):
             kw[f.name] = given[f.name]
         elif nested(f) is not None:
             kw[f.name] = from_args(nested(f), args, command)
-        elif shown_in(f, command) and hasattr(args, f.name):
+        elif shown_in(f, command, cls) and hasattr(args, f.name):
             kw[f.name] = getattr(args, f.name)
     return cls(**kw)
 
@@ -92,7 +105,7 @@ def option_fields(cls, command: str | None = None) -> dict:
     for f in fields(cls):
         if nested(f) is not None:
             out.update(option_fields(nested(f), command))
-        elif shown_in(f, command):
+        elif shown_in(f, command, cls):
             out[flag_of(f)] = f
     return out
 
@@ -118,6 +131,9 @@ class Ranks:
 # --------------------------------------------------------------------------- training
 
 
+TRAINING = "training"
+
+
 @dataclass(kw_only=True)
 class TrainConfig:
     """How to train: the trainer's hyper-parameters, which the training commands' options extend
@@ -126,19 +142,19 @@ class TrainConfig:
     decay over the global step."""
 
     mode: str = arg("graph", help="nn.Graph (compiled) or eager execution", choices=("graph", "eager"))
-    optimizer: str = arg("adamw", help="adamw: Google's AdamWeightDecay (no bias correction); lamb; sgd",
+    optimizer: str = arg("adamw", group=TRAINING, help="adamw: Google's AdamWeightDecay (no bias correction); lamb; sgd",
                          choices=("adamw", "lamb", "sgd"))
-    lr: float = arg(1e-4, help="peak learning rate", metavar="LR")
-    warmup_steps: int = arg(0, help="linear warmup steps, then linear decay", metavar="N")
-    steps: int = arg(1000, help="total optimizer steps (the decay horizon; a resume may extend it)", metavar="N",
+    lr: float = arg(1e-4, group=TRAINING, help="peak learning rate", metavar="LR")
+    warmup_steps: int = arg(0, group=TRAINING, help="linear warmup steps, then linear decay", metavar="N")
+    steps: int = arg(1000, group=TRAINING, help="total optimizer steps (the decay horizon; a resume may extend it)", metavar="N",
                      on_resume="may grow")
-    weight_decay: float = arg(0.01, help="decoupled weight decay (not on LayerNorm / bias)", metavar="W")
-    clip_grad_norm: float = arg(1.0, help="global-norm clip; 0 turns it off", metavar="C")
-    adam_eps: float = arg(1e-6, help="Adam / LAMB epsilon", metavar="EPS")
-    grad_accum_steps: int = arg(1, help="micro-batches per optimizer step", metavar="K")
-    amp: bool = arg(False, help="mixed precision: fp16 autocast + loss scaling (GPU; graph: OneFlow's "
+    weight_decay: float = arg(0.01, group=TRAINING, help="decoupled weight decay (not on LayerNorm / bias)", metavar="W")
+    clip_grad_norm: float = arg(1.0, group=TRAINING, help="global-norm clip; 0 turns it off", metavar="C")
+    adam_eps: float = arg(1e-6, group=TRAINING, help="Adam / LAMB epsilon", metavar="EPS")
+    grad_accum_steps: int = arg(1, group=TRAINING, help="micro-batches per optimizer step", metavar="K")
+    amp: bool = arg(False, group=TRAINING, help="mixed precision: fp16 autocast + loss scaling (GPU; graph: OneFlow's "
                                 "GradScaler, eager: bert_of's dynamic loss scaler)")
-    seed: int = arg(0, help="initialisation, shuffling and dropout seed", metavar="S")
+    seed: int = arg(0, group=TRAINING, help="initialisation, shuffling and dropout seed", metavar="S")
     # fixed by Google's recipe (no flags)
     end_lr: float = 0.0
     power: float = 1.0
@@ -201,7 +217,7 @@ def resumed(cls, recorded: dict, args, command: str | None = None, **given):
         if not is_option(f):
             continue
         rule, have = f.metadata.get("on_resume"), f.name in recorded
-        if shown_in(f, command) and hasattr(args, f.name):
+        if shown_in(f, command, cls) and hasattr(args, f.name):
             new = _normal(f, getattr(args, f.name))
             old = recorded.get(f.name)
             if have and new != old and rule not in ("may change", "not kept") and \
@@ -213,5 +229,5 @@ def resumed(cls, recorded: dict, args, command: str | None = None, **given):
     return cls(**kw), differ
 
 
-__all__ = ["Ranks", "TrainConfig", "arg", "flag_of", "from_args", "given_options", "is_option", "nested",
-           "option_fields", "record", "resumed", "shown_in"]
+__all__ = ["Ranks", "TrainConfig", "arg", "flag_of", "from_args", "given_options", "help_of", "is_option", "nested",
+           "option_fields", "record", "required_in", "resumed", "shown_in"]

@@ -481,7 +481,7 @@ def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path)
     from bert_of.fs import LOCK_NAME, locked
 
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
-            "--batch-size", 10, "--max-steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
+            "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
     run = tmp_path / "run"
     ok(*base, "--output", tmp_path / "a", "--run-dir", run, "--save-every", 2, "--stop-after", 2)
     with locked(str(run / LOCK_NAME)):  # this process holds the run: a second writer is refused at once
@@ -519,6 +519,5 @@ def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
     pred = ["predict", "glue", "--model", tmp_path / "one", "--data", SST_TRAIN, "--mode", "graph"]
     ok(*pred, "-o", tmp_path / "p1")
-    r = run_cli(*pred, "--output", tmp_path / "p2.tsv", "--nproc", 2)  # the old meaning (a file) still works
-    assert "a file name is deprecated" in r.stderr
-    assert (tmp_path / "p1" / "predictions.tsv").read_text() == (tmp_path / "p2.tsv").read_text()
+    run_cli(*pred, "--output", tmp_path / "p2", "--nproc", 2)
+    assert (tmp_path / "p1" / "predictions.tsv").read_text() == (tmp_path / "p2" / "predictions.tsv").read_text()
