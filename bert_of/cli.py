@@ -28,7 +28,7 @@ import time
 from bert_of.config import BertConfig
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.common import Options, summarize
-from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
+from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, output_option
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify
 from bert_of.errors import BertOfError, Terminated
@@ -44,17 +44,8 @@ def _err(msg: str) -> int:
 # --------------------------------------------------------------------------- convert
 
 
-def _destination(args) -> str:
-    """convert's DST: ``-o DST`` (the old positional DST still works)."""
-    if args.output and args.dst and args.output != args.dst:
-        raise BertOfError(f"two destinations: {args.dst} and --output {args.output}")
-    if not (args.output or args.dst):
-        raise BertOfError("no destination: pass -o/--output DST")
-    return args.output or args.dst
-
-
 def cmd_convert(args) -> int:
-    args.dst = _destination(args)
+    args.dst = args.output
     opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
                    skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
                    numerics=args.numerics, no_meta=args.no_meta)
@@ -99,7 +90,7 @@ def _verify_staged(args, opts, reports: list):
 def cmd_verify(args) -> int:
     modes = tuple(m for item in args.modes or ["eager,graph"] for m in item.split(",") if m)
     report = verify(args.a, args.b, tol=args.tol, modes=modes, batch_size=args.batch_size,
-                    seq_len=args.seq_len, opts=Options(config=args.config, vocab=args.vocab),
+                    seq_len=args.max_seq_length, opts=Options(config=args.config, vocab=args.vocab),
                     reference_dtype=args.reference_dtype)
     text = format_report(report)
     print(text)
@@ -204,8 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("direction", metavar="DIRECTION", help="SRC2DST format pair: X2Y with X, Y among "
                    + ", ".join(FORMATS) + " (e.g. tf2of, of2tf)")
     c.add_argument("src", metavar="SRC", help="source checkpoint (directory, or a TF checkpoint prefix)")
-    c.add_argument("dst", nargs="?", help=argparse.SUPPRESS)  # the old positional DST
-    output_option(c, "destination directory (must not exist unless --overwrite)", metavar="DST")
+    output_option(c, "destination directory (must not exist unless --overwrite)", metavar="DST", required=True)
     c.add_argument("--config", metavar="FILE", help="config file if not beside SRC (bert_config.json for tf)")
     c.add_argument("--vocab", metavar="FILE", help="vocab.txt if not beside SRC")
     c.add_argument("--with-optimizer", action="store_true", help="convert optimizer state and step too")
@@ -235,13 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--modes", action="append", metavar="MODES",
                    help="bert_of modes to run, comma-separated or repeated (default: eager,graph)")
     v.add_argument("--batch-size", type=int, default=3, metavar="N", help="rows of the test batch")
-    option(v, "--max-seq-length", old=("--seq-len",), type=int, default=None, metavar="N", dest="seq_len",
-           help="padded length of the test batch (default: 16, at most max_position_embeddings)")
+    v.add_argument("--max-seq-length", type=int, default=None, metavar="N",
+                   help="padded length of the test batch (unset: 16, at most max_position_embeddings)")
     v.add_argument("--config", metavar="FILE", help="config for A if not beside it")
     v.add_argument("--vocab", metavar="FILE", help="vocab for A if not beside it")
     v.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
                    help="precision of the TF reference the tolerance applies to (both are reported)")
-    output_option(v, "also write the JSON report to this file", metavar="FILE", old=("--json",))
+    output_option(v, "also write the JSON report to this file", metavar="FILE")
     v.set_defaults(fn=cmd_verify)
 
     i = sub.add_parser("inspect", help="format, tensors, shapes, dtypes, parameter count",

@@ -21,7 +21,7 @@ import os
 import sys
 
 from bert_of.cli import run_command
-from bert_of.cli_grammar import examples, option, output_option
+from bert_of.cli_grammar import examples, output_option
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.finetune_cli import add_eval_commands
@@ -56,16 +56,6 @@ def _checkpoint(args):
     return None
 
 
-def _one(args, flag: str, dest: str, positional: str | None = None) -> str:
-    """A required file given as a flag (or, squad-score, positionally as the official scripts take it)."""
-    value, pos = getattr(args, dest), getattr(args, positional, None) if positional else None
-    if value and pos and value != pos:
-        raise BertOfError(f"{flag} {value} and a positional {pos}: give it once")
-    if not (value or pos):
-        raise BertOfError(f"{flag} is required")
-    return value or pos
-
-
 def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_path: str, tool: str,
             **extra) -> None:
     if args.no_record:
@@ -80,10 +70,8 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
 
 
 def cmd_squad_score(args) -> int:
-    args.data = _one(args, "--data", "data", "data_pos")
-    args.predictions = _one(args, "--predictions", "predictions", "pred_pos")
     score = squad_score(args.data, args.predictions, na_prob_file=args.na_prob_file,
-                        na_prob_thresh=args.na_prob_thresh, version=args.version,
+                        na_prob_thresh=args.na_prob_thresh, version=args.squad_version,
                         ignore_unknown_ids=args.ignore_unknown_ids, check_spans=not args.skip_span_check)
     for note in score.notes:
         log.info(note)
@@ -160,24 +148,18 @@ def _add_record_options(p) -> None:
     g.add_argument("--results", metavar="FILE",
                    help="results store (default: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
     g.add_argument("--no-record", action="store_true", help="do not append this evaluation to the results store")
-    option(g, "--model", old=("--checkpoint",), metavar="NAME_OR_DIR",
-           help="the checkpoint that produced the predictions: a folder is hashed into the record, "
-                "anything else is recorded as a name")
+    g.add_argument("--model", metavar="NAME_OR_DIR",
+                   help="the checkpoint that produced the predictions: a folder is hashed into the record, "
+                        "anything else is recorded as a name")
     g.add_argument("--name", metavar="NAME", help="the model's name in the table (default: --model's folder name)")
     g.add_argument("--hparam", action="append", metavar="KEY=VALUE",
                    help="hyper-parameter to record (repeatable; VALUE parsed as JSON when it is)")
 
 
-def _data_and_predictions(p, data_meta: str, pred_meta: str, legacy_positionals: bool) -> None:
-    """``--data`` and ``--predictions`` (squad-score also takes them as positionals, the official
-    scripts' order)."""
-    p.add_argument("--data", required=not legacy_positionals, metavar=data_meta,
-                   help="the labeled data file the predictions answer")
-    p.add_argument("--predictions", required=not legacy_positionals, metavar=pred_meta,
-                   help="the predictions file to score")
-    if legacy_positionals:
-        p.add_argument("data_pos", nargs="?", help=argparse.SUPPRESS)
-        p.add_argument("pred_pos", nargs="?", help=argparse.SUPPRESS)
+def _data_and_predictions(p, data_meta: str, pred_meta: str) -> None:
+    """``--data`` and ``--predictions``."""
+    p.add_argument("--data", required=True, metavar=data_meta, help="the labeled data file the predictions answer")
+    p.add_argument("--predictions", required=True, metavar=pred_meta, help="the predictions file to score")
 
 
 def add_parser(subparsers):
@@ -205,16 +187,15 @@ def add_parser(subparsers):
                             "bert-of eval squad-score --data dev-v1.1.json --predictions predictions.json",
                             "bert-of eval squad-score --data dev-v2.0.json --predictions predictions.json "
                             "--na-prob-file null_odds.json",
-                            "bert-of eval squad-score dev-v1.1.json predictions.json   # the official scripts' order",
                             "bert-of eval squad-score --data dev-v1.1.json --predictions p.json --model squad-model/ "
                             "--name my-bert"))
-    _data_and_predictions(s, "DATA.json", "PREDICTIONS.json", legacy_positionals=True)
+    _data_and_predictions(s, "DATA.json", "PREDICTIONS.json")
     s.add_argument("--na-prob-file", "-n", metavar="F", help="v2.0: question id -> probability of no answer")
     s.add_argument("--na-prob-thresh", "-t", type=float, default=1.0, metavar="T",
                    help='v2.0: predict "" if the no-answer probability exceeds this')
-    output_option(s, "write the JSON here instead of stdout", metavar="FILE", old=("--out-file",))
-    option(s, "--squad-version", old=("--version",), dest="version", choices=("1.1", "2.0"),
-           help="score as 1.1 or 2.0 regardless of the data file's version field")
+    output_option(s, "write the JSON here instead of stdout", metavar="FILE")
+    s.add_argument("--squad-version", choices=("1.1", "2.0"),
+                   help="score as 1.1 or 2.0 regardless of the data file's version field")
     s.add_argument("--ignore-unknown-ids", action="store_true",
                    help="ignore prediction ids that are not in the data (default: error)")
     s.add_argument("--skip-span-check", action="store_true",
@@ -231,7 +212,7 @@ def add_parser(subparsers):
                                         "bert-of eval glue-score --task xnli --language de --data xnli.dev.tsv "
                                         "--predictions p.tsv"))
     g.add_argument("--task", required=True, metavar="T", help=f"one of {', '.join(TASK_CHOICES)}")
-    _data_and_predictions(g, "dev.tsv", "preds.tsv", legacy_positionals=False)
+    _data_and_predictions(g, "dev.tsv", "preds.tsv")
     g.add_argument("--language", help="XNLI: score only this language's rows (e.g. zh)")
     _add_record_options(g)
     g.set_defaults(fn=cmd_glue_score)

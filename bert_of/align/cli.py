@@ -32,7 +32,7 @@ def _add_arguments(p):
     p.add_argument("--steps", type=int, default=1000, help="training steps per run (default 1000); controls run "
                    f"min(steps, {CONTROL_STEPS}), experiment 7 min(steps, {TF_STEPS})")
     output_option(p, "report directory: EXPERIMENT.json + .png, summary.json, README.md", default="align-out",
-                  metavar="DIR", old=("--out",))
+                  metavar="DIR")
     p.add_argument("--size", choices=tuple(SIZES), default="small",
                    help="model/data preset: tiny (tests), small (default: 2 layers, hidden 32, seq 32), mini "
                         "(4 layers, hidden 256, seq 128: for real hardware)")

@@ -36,5 +36,5 @@ def add_parser(sub) -> None:
                        epilog=examples("bert-of selftest", "bert-of selftest --quick -o selftest.json"))
     p.add_argument("--steps", type=int, default=50, metavar="N", help="align amp steps")
     p.add_argument("--quick", action="store_true", help="skip the throughput measurements")
-    output_option(p, "also write the JSON summary to this file", metavar="FILE", old=("--json",))
+    output_option(p, "also write the JSON summary to this file", metavar="FILE")
     p.set_defaults(fn=cmd_selftest)
