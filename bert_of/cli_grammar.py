@@ -128,8 +128,10 @@ def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
         for k in ("metavar", "choices"):
             if md.get(k) is not None:
                 kw[k] = md[k]
-        if md.get("positional"):
-            a = g.add_argument(f.name, type=base if base is not str else None, **kw)
+        if md.get("positional"):  # a list: one or more
+            a = g.add_argument(f.name, type=base if base is not str else None, **({"nargs": "+"} if many else {}),
+                               **kw)
+            a.field_default = None
             continue
         flags = [s for s in (md.get("short"), flag_of(f)) if s]
         if base is bool:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import sys
 import types
+from dataclasses import dataclass
 
-from bert_of.cli_grammar import add_options, examples, output_option
+from bert_of.cli_grammar import add_options, examples
 from bert_of.data.reader import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
 from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
 from bert_of.launch import in_rank, maybe_relaunch, topology
-from bert_of.options import TrainConfig, from_args, resumed
+from bert_of.options import TrainConfig, arg, from_args, resumed
 from bert_of.plots import FONT, draw, styles
 from bert_of.pretrain_options import RECORD_NAME, PretrainOptions, check_vocab, with_data_lengths
 
@@ -84,8 +85,18 @@ def _metrics_path(run: str) -> str:
     return run if run.endswith(".jsonl") else os.path.join(run, "metrics.jsonl")
 
 
+@dataclass(kw_only=True)
+class PlotOptions:
+    """``bert-of plot``."""
+
+    runs: list = arg(positional=True, metavar="RUN", help="run directories (or metrics.jsonl files)")
+    output: str | None = arg(None, short="-o", metavar="FILE",
+                             help=f"the PNG (unset: {PLOT_NAME} in the first run's directory)")
+
+
 def cmd_plot(args) -> int:
     """Loss / accuracy / lr curves of one or more runs (their metrics.jsonl) as a PNG."""
+    args = from_args(PlotOptions, args)
     runs = {}
     for run_dir in args.runs:
         path = _metrics_path(run_dir)
@@ -155,6 +166,5 @@ def add_parser(sub) -> None:
                                    "metrics.jsonl) in one PNG.",
                        epilog=examples("bert-of plot run/                      # writes run/curves.png",
                                        "bert-of plot run-a/ run-b/ -o compare.png"))
-    q.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
-    output_option(q, f"the PNG (unset: {PLOT_NAME} in the first run's directory)", metavar="FILE")
+    add_options(q, PlotOptions)
     q.set_defaults(fn=cmd_plot)
