@@ -142,9 +142,10 @@ def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
                 ex.add_argument(off[0], dest=f.name, action="store_false", default=argparse.SUPPRESS, help=off[1])
             else:
                 a = g.add_argument(*flags, dest=f.name, action="store_true", default=argparse.SUPPRESS, **kw)
-        elif many:
-            a = g.add_argument(*flags, dest=f.name, action="append", type=base if base is not str else None,
-                               default=argparse.SUPPRESS, **kw)
+        elif many:  # repeatable; with nargs "+" in the field also several values after one flag
+            a = g.add_argument(*flags, dest=f.name, action="extend" if md.get("nargs") else "append",
+                               type=base if base is not str else None, default=argparse.SUPPRESS, required=required,
+                               **({"nargs": md["nargs"]} if md.get("nargs") else {}), **kw)
         else:
             a = g.add_argument(*flags, dest=f.name, type=base if base is not str else None, required=required,
                                default=argparse.SUPPRESS, **kw)

@@ -74,8 +74,6 @@ def test_every_command_has_help_for_every_option_defaults_and_examples():
 # test below fails when one of them is converted (then remove it here) or a new one is added.
 NOT_CONVERTED = {
     ("align",), ("selftest",),
-    *(("zoo", c) for c in ("list", "info", "download", "path", "verify", "remove", "add")),
-    *(("data", c) for c in ("create-pretraining", "inspect", "reshard")),
 }
 COMMON = {"help", "quiet", "verbose", "no_progress", "debug"}  # cli_grammar.finish adds these to every command
 DEFAULT_IN_HELP = re.compile(r"\bdefaults?\b", re.I)

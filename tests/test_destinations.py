@@ -204,7 +204,7 @@ def test_ctrl_c_stops_a_shell_loop(tmp_path, big):
     """bash runs the next command of a loop when a child exits normally with 130: ending by the
     signal is what stops it."""
     out = tmp_path / "out"
-    script = (f"for i in 1 2; do {sys.executable} -m bert_of.cli convert of2tf {big} {out}/dst$i; "
+    script = (f"for i in 1 2; do {sys.executable} -m bert_of.cli convert of2tf {big} -o {out}/dst$i; "
               f"echo status=$?; done; echo loop-finished")
     p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=_env(), cwd=ROOT, start_new_session=True)
