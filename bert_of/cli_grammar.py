@@ -152,11 +152,6 @@ def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
         a.field_default = None if f.default is MISSING else f.default
 
 
-def output_option(p, help: str, *, required: bool = False, default=None, metavar: str = "PATH"):
-    """``-o/--output``: where the command writes (the grammar's one output flag)."""
-    return p.add_argument("-o", "--output", required=required, default=default, metavar=metavar, help=help)
-
-
 def examples(*lines: str) -> str:
     """An epilog: ``examples:`` and one command per line (``#`` starts a comment)."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
@@ -217,5 +212,4 @@ def configure(args) -> None:
         args.no_progress = True  # commands drawing a bar of their own draw none either
 
 
-__all__ = ["GRAMMAR", "HelpFormatter", "configure", "examples", "finish", "add_options", "grammar_markdown", "output_option",
-           "walk"]
+__all__ = ["GRAMMAR", "HelpFormatter", "add_options", "configure", "examples", "finish", "grammar_markdown", "walk"]

@@ -115,19 +115,28 @@ def option_fields(cls, command: str | None = None) -> dict:
 # --------------------------------------------------------------------------- the ranks of a job
 
 
-@dataclass(kw_only=True)
-class Ranks:
-    """Data-parallel ranks of a command (read by :func:`bert_of.launch.topology`)."""
+RANKS = "ranks (data parallel; under an external launcher give none of these)"
 
-    G = "ranks (data parallel; under an external launcher give none of these)"
-    nproc: int = arg(1, help="ranks on this machine (the command runs itself again as N ranks)", metavar="N", group=G)
+
+@dataclass(kw_only=True)
+class Nodes:
+    """The machines of a multi-rank job (read by :func:`bert_of.launch.topology`)."""
+
     nnodes: int = arg(1, help="machines in the job; every node runs the same command with its own --node-rank",
-                      metavar="M", group=G)
-    node_rank: int = arg(0, help="this machine's index, 0..M-1 (0 = master)", metavar="R", group=G)
+                      metavar="M", group=RANKS)
+    node_rank: int = arg(0, help="this machine's index, 0..M-1 (0 = master)", metavar="R", group=RANKS)
     master_addr: str = arg("127.0.0.1", help="node 0's address every node can reach (one machine: loopback)",
-                           metavar="A", group=G, on_resume="may change")
+                           metavar="A", group=RANKS, on_resume="may change")
     master_port: int | None = arg(None, help="a free TCP port on node 0, the same on every node (unset: any free "
-                                             "port; one node)", metavar="P", group=G, on_resume="may change")
+                                             "port; one node)", metavar="P", group=RANKS, on_resume="may change")
+
+
+@dataclass(kw_only=True)
+class Ranks(Nodes):
+    """Data-parallel ranks of a command: how many on this machine, over which machines."""
+
+    nproc: int = arg(1, help="ranks on this machine (the command runs itself again as N ranks)", metavar="N",
+                     group=RANKS)
 
 
 # --------------------------------------------------------------------------- training
@@ -231,5 +240,5 @@ def resumed(cls, recorded: dict, args, command: str | None = None, **given):
     return cls(**kw), differ
 
 
-__all__ = ["Ranks", "TrainConfig", "arg", "flag_of", "from_args", "given_options", "help_of", "is_option", "nested",
+__all__ = ["Nodes", "Ranks", "TrainConfig", "arg", "flag_of", "from_args", "given_options", "help_of", "is_option", "nested",
            "option_fields", "record", "required_in", "resumed", "shown_in"]
