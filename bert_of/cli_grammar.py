@@ -124,7 +124,7 @@ def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
         g = _group(p, md.get("group"))
         base, many = _kind(hints[f.name])
         required = required_in(f, command)
-        kw = {"help": argparse.SUPPRESS if md.get("hidden") else help_of(f, command)}
+        kw = {"help": help_of(f, command)}
         for k in ("metavar", "choices"):
             if md.get(k) is not None:
                 kw[k] = md[k]

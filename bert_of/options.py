@@ -24,14 +24,14 @@ from bert_of.errors import ConfigError
 
 def arg(default=MISSING, *, help: str, flag: str | None = None, short: str | None = None, metavar: str | None = None,
         choices=None, group: str | None = None, commands: tuple | None = None, off: str | None = None,
-        positional: bool = False, default_factory=MISSING, hidden: bool = False, path: bool = False,
+        positional: bool = False, default_factory=MISSING, path: bool = False,
         on_resume: str | None = None, required=False, helps: dict | None = None, nargs: str | None = None):
     """A dataclass field that is also a command-line option.
 
     ``flag``: its spelling (default ``--`` + the name with dashes); ``short``: e.g. ``-o``;
     ``group``: the help section; ``commands``: the commands of a shared options class that show it
     (None: all); ``off``: for a ``bool | None`` field, the flag that sets False (``--no-lower-case``);
-    ``hidden``: parsed but not shown (no help line); ``path``: a file or folder (recorded absolute);
+    ``path``: a file or folder (recorded absolute);
     ``required``: True, or the commands that require an option the others may leave unset;
     ``helps``: {command: help} where a shared option means something more precise; ``nargs``: "+"
     for a list option that also takes several values after one flag.
@@ -42,7 +42,7 @@ def arg(default=MISSING, *, help: str, flag: str | None = None, short: str | Non
     """
     assert on_resume in (None, "may grow", "may change", "not kept"), on_resume
     md = {"help": help, "flag": flag, "short": short, "metavar": metavar, "choices": choices, "group": group,
-          "commands": commands, "off": off, "positional": positional, "hidden": hidden, "path": path,
+          "commands": commands, "off": off, "positional": positional, "path": path,
           "on_resume": on_resume, "required": required, "helps": helps or {},
           "nargs": nargs}
     if default_factory is not MISSING:

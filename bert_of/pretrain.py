@@ -24,7 +24,7 @@ from bert_of.fs import atomic_write, read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
 from bert_of.options import TrainConfig, record
 from bert_of.pretrain_options import RECORD_NAME, PretrainOptions, check_vocab, with_data_lengths
-from bert_of.training.loop import fit
+from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
@@ -137,7 +137,8 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
 
     done = fit(trainer, data, opts.steps, batch_size=opts.batch_size, run=run_dir, log_every=opts.log_every,
                save_every=opts.save_every, keep=opts.keep, vocab_file=vocab_file,
-               progress=None if opts.quiet else "bar", what="pretrain", stop_after=opts.stop_after)
+               progress=None if opts.quiet else "bar", what="pretrain",
+               callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
     if done.stopped:
         return 0
     final = os.path.join(run_dir.path, "final")

@@ -49,7 +49,9 @@ class PretrainOptions(TrainConfig):
     ddp: bool = arg(False, help="eager DDP with local tensors instead of global tensors")
     zoo_name: str | None = arg(None, help="register the final checkpoint in the local zoo under NAME", metavar="NAME",
                                on_resume="may change")
-    stop_after: int = arg(0, help="tests: stop after this step", hidden=True, on_resume="not kept")
+    stop_after: int = arg(0, metavar="N", on_resume="not kept",
+                          help="stop once step N is done, resumable (e.g. a job in a scheduler's time slots: "
+                               "--resume continues it); 0 = run to --steps")
     ranks: Ranks = field(default_factory=Ranks)
     quiet: bool = False  # the common -q (no progress bar)
 

@@ -471,7 +471,7 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
         for name, t in ref.tensors.items():
             assert np.array_equal(t, ck.tensors[name]), (k, name)
     assert _one_error([*base, "--output", tmp_path / "d", "--resume"]) == \
-        "--resume and --save-every need --run-dir (where checkpoints go)"
+        "--resume, --save-every and --stop-after need --run-dir (where checkpoints go)"
 
 
 

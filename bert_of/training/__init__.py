@@ -12,7 +12,7 @@ Modules: :mod:`~bert_of.training.optim` (config, optimizers, schedule, clipping,
 Inside the library, import from those modules; this package namespace is for users.
 """
 
-from bert_of.training.loop import FitResult, ShuffledRows, fit
+from bert_of.training.loop import Callback, FitResult, ShuffledRows, StopAfter, fit
 from bert_of.training.optim import (DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler,
                                     clip_by_global_norm)
 from bert_of.training.runtime import Runtime
@@ -20,5 +20,5 @@ from bert_of.training.state import RunDir, latest_checkpoint, restore, save_chec
 from bert_of.training.trainer import Trainer, TrainGraph
 
 __all__ = ["TrainConfig", "Trainer", "TrainGraph", "Runtime", "DynamicLossScaler", "build_optimizer",
-           "build_scheduler", "clip_by_global_norm", "fit", "FitResult", "ShuffledRows", "save_checkpoint",
+           "build_scheduler", "clip_by_global_norm", "fit", "FitResult", "Callback", "StopAfter", "ShuffledRows", "save_checkpoint",
            "restore", "latest_checkpoint", "RunDir"]

@@ -28,7 +28,7 @@ from bert_of.options import TrainConfig
 from bert_of.progress import Progress
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
-from bert_of.training.loop import ShuffledRows, fit, note
+from bert_of.training.loop import ShuffledRows, StopAfter, fit, note
 from bert_of.training.runtime import Runtime, to_numpy
 from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
@@ -143,8 +143,8 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
     if opts.batch_size % rt.world or (opts.batch_size // rt.world) % cfg.grad_accum_steps:
         raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
                           f"{cfg.grad_accum_steps} accumulation step(s)")
-    if (opts.resume or opts.save_every) and not opts.run_dir:
-        raise ConfigError("--resume and --save-every need --run-dir (where checkpoints go)")
+    if (opts.resume or opts.save_every or opts.stop_after) and not opts.run_dir:
+        raise ConfigError("--resume, --save-every and --stop-after need --run-dir (where checkpoints go)")
     if opts.run_dir:
         out, run_dir = os.path.realpath(opts.output), os.path.realpath(opts.run_dir)
         if run_dir == out or run_dir.startswith(out + os.sep):  # publishing --output would replace the run
@@ -164,7 +164,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                  f"{opts.batch_size} over {rt.world} rank(s) on {rt.device}, lr {cfg.lr:g}, {cfg.mode} mode")
         res = fit(trainer, data, steps, batch_size=opts.batch_size, run=run, log_every=opts.log_every,
                   save_every=opts.save_every, vocab_file=getattr(model, "vocab_file", None), progress="lines",
-                  what=what, stop_after=opts.stop_after)
+                  what=what, callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
     model.eval()
     losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
     first = losses[0] if losses else None

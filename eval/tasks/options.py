@@ -60,7 +60,9 @@ class TaskOptions(TrainConfig):
                           group=TRAINING, commands=(TRAIN,))
     resume: bool = arg(False, help="continue the run in --run-dir exactly where it stopped", group=TRAINING,
                        commands=(TRAIN,))
-    stop_after: int = arg(0, help="tests: stop after this step", hidden=True, commands=(TRAIN,))
+    stop_after: int = arg(0, metavar="N", group=TRAINING, commands=(TRAIN,),
+                          help="stop once step N is done, publishing nothing (--resume continues the run in "
+                               "--run-dir); 0 = train to the end")
     # the results store
     results: str | None = arg(None, metavar="FILE", group=RESULTS, commands=RECORDING,
                               help="results store (unset: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
