@@ -19,7 +19,8 @@ import dataclasses
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
-from bert_of.errors import ConfigError
+from bert_of.errors import BertOfError, ConfigError
+from bert_of.fs import read_json
 
 
 def arg(default=MISSING, *, help: str, flag: str | None = None, short: str | None = None, metavar: str | None = None,
@@ -212,6 +213,25 @@ def record(opts) -> dict:
     return out
 
 
+RUN_RECORD = "run.json"  # a run directory's record of its options (RunDir writes it; a resume reads it)
+
+
+def resume_from_record(cls, directory: str, args, command: str | None = None, what: str = "bert-of", **given):
+    """The options of a resumed run: its record (``DIRECTORY/run.json``) with what this command line
+    gives on top; a given value that may not change on a resume is refused in one line naming it."""
+    path = os.path.join(directory, RUN_RECORD)
+    if not os.path.isfile(path):
+        raise BertOfError(f"{directory}: nothing to resume (no {RUN_RECORD}: not a run of {what})")
+    opts, differ = resumed(cls, read_json(path, "run record"), args, command, **given)
+    if differ:
+        may = [flag_of(f) for f in option_fields(cls, command).values()
+               if f.metadata.get("on_resume") in ("may grow", "may change")]
+        raise ConfigError(f"{directory}: cannot resume exactly with a different setup ({', '.join(differ)}); a resume "
+                          f"continues the run as recorded: give no options again, or change only {', '.join(may)} "
+                          "(--steps: larger)")
+    return opts
+
+
 def resumed(cls, recorded: dict, args, command: str | None = None, **given):
     """(options, differences) of a run resumed from its ``recorded`` options (:func:`record`) with
     what this command line gives on top. A differences entry (``"lr 0.001 -> 0.0005"``) is a given
@@ -241,4 +261,4 @@ def resumed(cls, recorded: dict, args, command: str | None = None, **given):
 
 
 __all__ = ["Nodes", "Ranks", "TrainConfig", "arg", "flag_of", "from_args", "given_options", "help_of", "is_option", "nested",
-           "option_fields", "record", "required_in", "resumed", "shown_in"]
+           "option_fields", "record", "required_in", "resume_from_record", "resumed", "shown_in", "RUN_RECORD"]

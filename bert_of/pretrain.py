@@ -22,8 +22,8 @@ from bert_of.data.reader import PretrainingDataset, dataset_vocab
 from bert_of.errors import ConfigError
 from bert_of.fs import atomic_write, read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
-from bert_of.options import TrainConfig, record
-from bert_of.pretrain_options import RECORD_NAME, PretrainOptions, check_vocab, with_data_lengths
+from bert_of.options import RUN_RECORD, TrainConfig, record
+from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
 from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
@@ -108,7 +108,7 @@ def run(opts: PretrainOptions) -> int:
         raise ConfigError(f"global batch {opts.batch_size} is not divisible by {rt.world} ranks")
     run_dir = RunDir(opts.output, rt, outputs=("final", ZOO_METADATA), own=(VOCAB_NAME, CONFIG_NAME), what="pretrain",
                      sources=(opts.data, opts.config, opts.vocab, opts.init_checkpoint),
-                     record=(RECORD_NAME, record(opts)))
+                     record=(RUN_RECORD, record(opts)))
     with run_dir.open(resume=opts.resume, overwrite=opts.overwrite):
         return _train(opts, rt, run_dir)
 

@@ -13,9 +13,9 @@ from bert_of.data.reader import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
 from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
 from bert_of.launch import in_rank, maybe_relaunch, topology
-from bert_of.options import TrainConfig, arg, from_args, resumed
+from bert_of.options import TrainConfig, arg, from_args, resume_from_record
 from bert_of.plots import FONT, draw, styles
-from bert_of.pretrain_options import RECORD_NAME, PretrainOptions, check_vocab, with_data_lengths
+from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
 
 def options(args) -> PretrainOptions:
     """The options of a parsed ``bert-of pretrain``; a ``--resume`` takes the run's record and lays
@@ -24,15 +24,7 @@ def options(args) -> PretrainOptions:
     opts = from_args(PretrainOptions, args, quiet=quiet)
     if not opts.resume:
         return opts
-    path = os.path.join(opts.output, RECORD_NAME)
-    if not os.path.isfile(path):
-        raise BertOfError(f"{opts.output}: nothing to resume (no {RECORD_NAME}: not a run of bert-of pretrain)")
-    opts, differ = resumed(PretrainOptions, read_json(path, "run record"), args, quiet=quiet, resume=True)
-    if differ:
-        raise ConfigError(f"{opts.output}: cannot resume exactly with a different setup ({', '.join(differ)}); a resume "
-                          "continues the run as recorded: give no options again, or only a larger --steps, "
-                          "--save-every, --keep, --log-every")
-    return opts
+    return resume_from_record(PretrainOptions, opts.output, args, what="bert-of pretrain", quiet=quiet, resume=True)
 
 
 def _set_blas(opts) -> None:

@@ -10,9 +10,6 @@ from bert_of.errors import ConfigError
 from bert_of.options import Ranks, TrainConfig, arg
 from bert_of.tokenization import vocab_size
 
-RECORD_NAME = "run.json"  # a run's options, as it runs (resume reads them)
-
-
 @dataclass(kw_only=True)
 class PretrainOptions(TrainConfig):
     """Everything ``bert-of pretrain`` takes: its parser is generated from these fields, and the
@@ -73,4 +70,4 @@ def with_data_lengths(opts: PretrainOptions) -> PretrainOptions:
     return replace(opts, max_seq_length=int(seq), max_predictions_per_seq=int(pred))
 
 
-__all__ = ["RECORD_NAME", "PretrainOptions", "check_vocab", "with_data_lengths"]
+__all__ = ["PretrainOptions", "check_vocab", "with_data_lengths"]

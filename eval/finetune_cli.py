@@ -26,7 +26,7 @@ from bert_of.errors import ConfigError
 from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, GlueOptions, SquadOptions
 from bert_of.fs import LOCK_NAME, check_unlocked
 from bert_of.launch import in_rank, maybe_relaunch, topology
-from bert_of.options import from_args
+from bert_of.options import from_args, resume_from_record
 
 FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correction, weight decay not on "
                  "LayerNorm/bias, linear warmup then linear decay to 0, global-norm clipping); steps = "
@@ -69,7 +69,14 @@ def cmd_task(args) -> int:
     the task's function of that name (``finetune_squad``, ``eval_glue``, ...)."""
     command, task = args.task_command
     opts = from_args(OPTIONS[task], args, command)
+    if command == TRAIN and opts.resume and opts.run_dir:  # the run's record gives what is not given again
+        opts = resume_from_record(OPTIONS[task], opts.run_dir, args, command, what=f"bert-of finetune {task}",
+                                  run_dir=opts.run_dir, resume=True)
     if command == TRAIN:
+        missing = [flag for flag, v in (("--model", opts.model), ("--train", opts.train), ("-o", opts.output)) if not v]
+        if missing:
+            raise ConfigError(f"finetune {task}: {', '.join(missing)} required (a --resume with --run-dir takes them "
+                              "from the run's record)")
         # Fine-tuning needs speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets its
         # AVX2/FMA kernels (bert_of/_flow.py) unless BERT_OF_BLAS=exact says otherwise.
         os.environ.setdefault("BERT_OF_BLAS", "fast")

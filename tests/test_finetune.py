@@ -455,7 +455,7 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
     ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--stop-after", 3)
     assert not os.path.exists(tmp_path / "b")  # "killed" after step 3: nothing published
     assert sorted(os.listdir(tmp_path / "run-b" / "checkpoints")) == ["step-0000003"]
-    _, err = ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--resume")
+    _, err = ok("finetune", "glue", "--run-dir", tmp_path / "run-b", "--resume")  # the run's record says the rest
     assert "resuming" in err and "at step 3" in err
     straight, resumed = _metrics(tmp_path / "run-a"), _metrics(tmp_path / "run-b")
     assert len(straight) == 6 and resumed == straight

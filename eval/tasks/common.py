@@ -24,7 +24,8 @@ from bert_of.eval.results import append_result, checkpoint_identity, file_identi
 from bert_of.eval.tasks.options import TaskOptions
 from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
 from bert_of.modeling import truncated_normal
-from bert_of.options import TrainConfig
+from bert_of.options import RUN_RECORD, TrainConfig
+from bert_of.options import record as options_record
 from bert_of.progress import Progress
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
@@ -149,7 +150,8 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         out, run_dir = os.path.realpath(opts.output), os.path.realpath(opts.run_dir)
         if run_dir == out or run_dir.startswith(out + os.sep):  # publishing --output would replace the run
             raise ConfigError(f"--run-dir {opts.run_dir}: must lie outside --output {opts.output}")
-    run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model)) if opts.run_dir else None
+    run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model),
+                 record=(RUN_RECORD, options_record(opts))) if opts.run_dir else None
     with run.open(opts.resume, opts.overwrite) if run else contextlib.nullcontext():
         flow.manual_seed(cfg.seed)
         trainer = Trainer(model, cfg, rt)

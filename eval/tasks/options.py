@@ -25,8 +25,9 @@ GLUE_MAX_SEQ_LENGTH = 128  # run_classifier.py's
 class TaskOptions(TrainConfig):
     """What fine-tuning, prediction and evaluation share (the trainer's fields are TrainConfig's)."""
 
-    model: str = arg(help="bert_of checkpoint folder (Google TF / HF folders are converted on the fly) or zoo name",
-                     metavar="NAME_OR_DIR", group=MODEL)
+    model: str | None = arg(None, metavar="NAME_OR_DIR", group=MODEL, required=RUNS,  # fine-tuning: unless resumed
+                            help="bert_of checkpoint folder (Google TF / HF folders are converted on the fly) or zoo "
+                                 "name")
     vocab: str | None = arg(None, help="vocab.txt if the checkpoint has none", metavar="FILE", group=MODEL)
     do_lower_case: bool | None = arg(None, group=MODEL, off=("--no-lower-case", "keep case (cased models)"),
                                      help="lower-case and strip accents (unset: yes for training; prediction "
@@ -36,42 +37,45 @@ class TaskOptions(TrainConfig):
     predict_batch_size: int = arg(32, help="prediction batch", metavar="N", group=MODEL)
     ranks: Ranks = field(default_factory=Ranks)
     # fine-tuning
-    train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,),
-                            required=True)
-    output: str | None = arg(None, short="-o", metavar="DIR", required=(TRAIN, PREDICT),
+    train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,))
+    output: str | None = arg(None, short="-o", metavar="DIR", required=(PREDICT,),
                              help="folder for the prediction files (GLUE: predictions.tsv)",
                              helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
                                     EVAL: "folder for the prediction files (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "TASK-DATA-TIME/)"})
-    overwrite: bool = arg(False, help="replace --output if it exists", group=TRAINING, commands=(TRAIN,))
+    overwrite: bool = arg(False, help="replace --output if it exists", group=TRAINING, commands=(TRAIN,),
+                          on_resume="not kept")
     batch_size: int = arg(32, help="global train batch", metavar="N", group=TRAINING, commands=(TRAIN,))
     steps: int | None = arg(None, help="train exactly N optimizer steps (unset: from --epochs)", metavar="N",
-                            group=TRAINING, commands=(TRAIN,))
+                            group=TRAINING, commands=(TRAIN,), on_resume="may grow")
     warmup_proportion: float = arg(0.1, help="warmup fraction of the steps", metavar="P", group=TRAINING,
                                    commands=(TRAIN,))
     warmup_steps: int = 0  # from warmup_proportion
     seed: int = arg(42, help="shuffling, dropout and new-head init", metavar="S", group=TRAINING, commands=(TRAIN,))
-    log_every: int = arg(50, help="print the loss every N steps", metavar="N", group=TRAINING, commands=(TRAIN,))
+    log_every: int = arg(50, help="print the loss every N steps", metavar="N", group=TRAINING, commands=(TRAIN,),
+                         on_resume="may change")
     eval_data: list = arg(default_factory=list, metavar="FILE", group=TRAINING, commands=(TRAIN,),
                           help="after training, evaluate on this labeled file and record the result (repeatable)")
-    run_dir: str | None = arg(None, help="keep metrics.jsonl and (with --save-every) resumable checkpoints here",
-                              metavar="DIR", group=TRAINING, commands=(TRAIN,))
+    run_dir: str | None = arg(None, metavar="DIR", group=TRAINING, commands=(TRAIN,), path=True, on_resume="not kept",
+                              help="keep run.json (the run's options), metrics.jsonl and (with --save-every) "
+                                   "resumable checkpoints here")
     save_every: int = arg(0, help="a resumable checkpoint in --run-dir every N steps; 0 = none", metavar="N",
-                          group=TRAINING, commands=(TRAIN,))
-    resume: bool = arg(False, help="continue the run in --run-dir exactly where it stopped", group=TRAINING,
-                       commands=(TRAIN,))
-    stop_after: int = arg(0, metavar="N", group=TRAINING, commands=(TRAIN,),
+                          group=TRAINING, commands=(TRAIN,), on_resume="may change")
+    resume: bool = arg(False, group=TRAINING, commands=(TRAIN,), on_resume="not kept",
+                       help="continue the run in --run-dir exactly where it stopped, with the options it recorded: "
+                            "give none again but --run-dir (or only a larger --steps, --save-every, --log-every)")
+    stop_after: int = arg(0, metavar="N", group=TRAINING, commands=(TRAIN,), on_resume="not kept",
                           help="stop once step N is done, publishing nothing (--resume continues the run in "
                                "--run-dir); 0 = train to the end")
     # the results store
-    results: str | None = arg(None, metavar="FILE", group=RESULTS, commands=RECORDING,
+    results: str | None = arg(None, metavar="FILE", group=RESULTS, commands=RECORDING, on_resume="may change",
                               help="results store (unset: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
     no_record: bool = arg(False, help="do not append the evaluation to the results store", group=RESULTS,
-                          commands=RECORDING)
+                          commands=RECORDING, on_resume="may change")
     name: str | None = arg(None, help="model name in the table (unset: folder or zoo name)", metavar="NAME",
-                           group=RESULTS, commands=RECORDING)
+                           group=RESULTS, commands=RECORDING, on_resume="may change")
     hparam: list = arg(default_factory=list, metavar="KEY=VALUE", group=RESULTS, commands=RECORDING,
-                       help="extra hyper-parameter to record (repeatable)")
+                       on_resume="may change", help="extra hyper-parameter to record (repeatable)")
 
     # the trainer's fields only fine-tuning shows (a prediction does not train; --mode serves all)
     FIELD_COMMANDS = {n: (TRAIN,) for n in ("optimizer", "weight_decay", "clip_grad_norm", "adam_eps",
@@ -121,7 +125,7 @@ class GlueOptions(TaskOptions):
                            helps={EVAL: "labeled TSV in the task's official layout"})
     lr: float = arg(2e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
     epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
-    task: str | None = arg(None, metavar="T", group=GLUE, required=(TRAIN,),
+    task: str | None = arg(None, metavar="T", group=GLUE,  # fine-tuning: required (finetune_glue says so)
                            help=f"one of {', '.join(TASK_CHOICES)} (unset: the task the model was fine-tuned for)",
                            helps={TRAIN: f"one of {', '.join(TASK_CHOICES)}"})
     language: str | None = arg(None, help="XNLI: only this language's rows (e.g. de)", metavar="LANG", group=GLUE)
