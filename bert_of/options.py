@@ -7,7 +7,7 @@ the base the training commands' options extend, so the trainer gets the same nam
     @dataclass(kw_only=True)
     class MyOptions:
         data: str = arg(help="input file", metavar="FILE")           # no default: required
-        steps: int = arg(1000, group=TRAINING, help="optimizer steps")                # --steps N
+        steps: int = arg(1000, help="optimizer steps")                # --steps N
         output: str = arg(help="where to write", short="-o", flag="--output")
 
 Importing this module is cheap (no OneFlow): parsers are built from it before anything heavy loads.
@@ -97,11 +97,6 @@ def from_args(cls, args, command: str | None = None, **given):
     return cls(**kw)
 
 
-def given_options(cls, args, command: str | None = None) -> set:
-    """The names of the options of ``cls`` the user gave on this command line."""
-    return {f.name for f in option_fields(cls, command).values() if hasattr(args, f.name)}
-
-
 def option_fields(cls, command: str | None = None) -> dict:
     """{flag: field} of every option ``command`` shows, nested groups included."""
     out = {}
@@ -154,18 +149,20 @@ class TrainConfig:
     decay over the global step."""
 
     mode: str = arg("graph", help="nn.Graph (compiled) or eager execution", choices=("graph", "eager"))
-    optimizer: str = arg("adamw", group=TRAINING, help="adamw: Google's AdamWeightDecay (no bias correction); lamb; sgd",
-                         choices=("adamw", "lamb", "sgd"))
+    optimizer: str = arg("adamw", group=TRAINING, choices=("adamw", "lamb", "sgd"),
+                         help="adamw: Google's AdamWeightDecay (no bias correction); lamb; sgd")
     lr: float = arg(1e-4, group=TRAINING, help="peak learning rate", metavar="LR")
     warmup_steps: int = arg(0, group=TRAINING, help="linear warmup steps, then linear decay", metavar="N")
-    steps: int = arg(1000, group=TRAINING, help="total optimizer steps (the decay horizon; a resume may extend it)", metavar="N",
-                     on_resume="may grow")
-    weight_decay: float = arg(0.01, group=TRAINING, help="decoupled weight decay (not on LayerNorm / bias)", metavar="W")
+    batch_size: int = arg(32, group=TRAINING, metavar="N", help="the global batch (all ranks together)")
+    steps: int = arg(1000, group=TRAINING, metavar="N", on_resume="may grow",
+                     help="total optimizer steps (the decay horizon; a resume may extend it)")
+    weight_decay: float = arg(0.01, group=TRAINING, metavar="W",
+                              help="decoupled weight decay (not on LayerNorm / bias)")
     clip_grad_norm: float = arg(1.0, group=TRAINING, help="global-norm clip; 0 turns it off", metavar="C")
     adam_eps: float = arg(1e-6, group=TRAINING, help="Adam / LAMB epsilon", metavar="EPS")
     grad_accum_steps: int = arg(1, group=TRAINING, help="micro-batches per optimizer step", metavar="K")
-    amp: bool = arg(False, group=TRAINING, help="mixed precision: fp16 autocast + loss scaling (GPU; graph: OneFlow's "
-                                "GradScaler, eager: bert_of's dynamic loss scaler)")
+    amp: bool = arg(False, group=TRAINING, help="mixed precision: fp16 autocast + loss scaling (GPU; graph: "
+                                                "OneFlow's GradScaler, eager: bert_of's dynamic loss scaler)")
     seed: int = arg(0, group=TRAINING, help="initialisation, shuffling and dropout seed", metavar="S")
     # fixed by Google's recipe (no flags)
     end_lr: float = 0.0
@@ -260,5 +257,5 @@ def resumed(cls, recorded: dict, args, command: str | None = None, **given):
     return cls(**kw), differ
 
 
-__all__ = ["Nodes", "Ranks", "TrainConfig", "arg", "flag_of", "from_args", "given_options", "help_of", "is_option", "nested",
-           "option_fields", "record", "required_in", "resume_from_record", "resumed", "shown_in", "RUN_RECORD"]
+__all__ = ["Nodes", "RUN_RECORD", "Ranks", "TrainConfig", "arg", "flag_of", "from_args", "help_of",
+           "is_option", "nested", "option_fields", "record", "required_in", "resume_from_record", "resumed", "shown_in"]

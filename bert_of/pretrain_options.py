@@ -31,7 +31,6 @@ class PretrainOptions(TrainConfig):
     blas: str = arg("fast", choices=("fast", "exact"),
                     help="CPU GEMM kernels: fast = OpenBLAS's AVX2/FMA kernels (3x; OneFlow's bundled OpenBLAS "
                          "misdetects recent Xeons), exact = the detected ones")
-    batch_size: int = arg(32, help="GLOBAL batch (split over ranks)", metavar="N")
     no_shuffle: bool = arg(False, help="read the records in order")
     no_dropout: bool = arg(False, help="dropout off (e.g. to compare runs step by step)")
     save_every: int = arg(0, help="a resumable checkpoint every N steps; 0 = only the final one", metavar="N",

@@ -45,7 +45,6 @@ class TaskOptions(TrainConfig):
                                           "TASK-DATA-TIME/)"})
     overwrite: bool = arg(False, help="replace --output if it exists", group=TRAINING, commands=(TRAIN,),
                           on_resume="not kept")
-    batch_size: int = arg(32, help="global train batch", metavar="N", group=TRAINING, commands=(TRAIN,))
     steps: int | None = arg(None, help="train exactly N optimizer steps (unset: from --epochs)", metavar="N",
                             group=TRAINING, commands=(TRAIN,), on_resume="may grow")
     warmup_proportion: float = arg(0.1, help="warmup fraction of the steps", metavar="P", group=TRAINING,
@@ -78,7 +77,7 @@ class TaskOptions(TrainConfig):
                        on_resume="may change", help="extra hyper-parameter to record (repeatable)")
 
     # the trainer's fields only fine-tuning shows (a prediction does not train; --mode serves all)
-    FIELD_COMMANDS = {n: (TRAIN,) for n in ("optimizer", "weight_decay", "clip_grad_norm", "adam_eps",
+    FIELD_COMMANDS = {n: (TRAIN,) for n in ("optimizer", "batch_size", "weight_decay", "clip_grad_norm", "adam_eps",
                                             "grad_accum_steps", "amp")}
 
 
