@@ -28,7 +28,7 @@ class TaskOptions(TrainConfig):
     model: str | None = arg(None, metavar="NAME_OR_DIR", group=MODEL, required=RUNS,  # fine-tuning: unless resumed
                             help="bert_of checkpoint folder (Google TF / HF folders are converted on the fly) or zoo "
                                  "name")
-    vocab: str | None = arg(None, help="vocab.txt if the checkpoint has none", metavar="FILE", group=MODEL)
+    vocab: str | None = arg(None, help="vocab.txt if the checkpoint has none", metavar="FILE", group=MODEL, path=True)
     do_lower_case: bool | None = arg(None, group=MODEL, off=("--no-lower-case", "keep case (cased models)"),
                                      help="lower-case and strip accents (unset: yes for training; prediction "
                                           "follows the model's train_args.json)")
@@ -37,8 +37,8 @@ class TaskOptions(TrainConfig):
     predict_batch_size: int = arg(32, help="prediction batch", metavar="N", group=MODEL)
     ranks: Ranks = field(default_factory=Ranks)
     # fine-tuning
-    train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,))
-    output: str | None = arg(None, short="-o", metavar="DIR", required=(PREDICT,),
+    train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,), path=True)
+    output: str | None = arg(None, short="-o", metavar="DIR", required=(PREDICT,), path=True,
                              help="folder for the prediction files (GLUE: predictions.tsv)",
                              helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
                                     EVAL: "folder for the prediction files (unset: $BERT_OF_HOME/eval/MODEL/"
