@@ -56,7 +56,7 @@ def main():
     groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": TRAIN["weight_decay"]},
               {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=TRAIN["lr"], betas=(0.9, 0.999), eps=1e-6)
-    warm, total = TRAIN["warmup_steps"], TRAIN["total_steps"]
+    warm, total = TRAIN["warmup_steps"], TRAIN["steps"]
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: s / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
 

@@ -33,7 +33,7 @@ CONFIG = dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attent
               max_position_embeddings=512, type_vocab_size=2, hidden_dropout_prob=0.1,
               attention_probs_dropout_prob=0.1)
 SEQ, PRED = 128, 20
-TRAIN = dict(optimizer="adamw", lr=1e-4, warmup_steps=10, total_steps=10000, weight_decay=0.01, clip_grad_norm=1.0)
+TRAIN = dict(optimizer="adamw", lr=1e-4, warmup_steps=10, steps=10000, weight_decay=0.01, clip_grad_norm=1.0)
 N_BATCHES = 4  # distinct synthetic batches cycled through
 EXPERIMENTS = ("graph:allow_fuse_add_to_output", "graph:allow_fuse_model_update_ops",
                "graph:enable_multi_tensor_update", "graph:allow_fuse_cast_scale", "graph:enable_straighten_algorithm")

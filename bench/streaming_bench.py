@@ -76,14 +76,14 @@ def main():
             continue
         src[f] = os.path.join(OUT, f)
         shutil.rmtree(src[f], ignore_errors=True)
-        results[f"of2{f}"] = run([BERT_OF, "convert", f"of2{f}", src["of"], src[f]])
+        results[f"of2{f}"] = run([BERT_OF, "convert", f"of2{f}", src["of"], "-o", src[f]])
     for x in fmts:
         for y in fmts:
             if x == y or x == "of":
                 continue
             dst = os.path.join(OUT, f"{x}2{y}")
             shutil.rmtree(dst, ignore_errors=True)
-            results[f"{x}2{y}"] = run([BERT_OF, "convert", f"{x}2{y}", src[x], dst, "--vocab",
+            results[f"{x}2{y}"] = run([BERT_OF, "convert", f"{x}2{y}", src[x], "-o", dst, "--vocab",
                                        os.path.join(src["of"], "vocab.txt")])
             shutil.rmtree(dst, ignore_errors=True)
     weights = os.path.join(src["of"], "model.safetensors")

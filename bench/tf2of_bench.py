@@ -71,7 +71,7 @@ def main():
     ours, anchor = [], []
     for _ in range(a.runs):  # alternate so drift on the machine hits both alike
         shutil.rmtree(ours_dst, ignore_errors=True)
-        ours.append(run(OURS + [src, ours_dst], env))
+        ours.append(run(OURS + [src, "-o", ours_dst], env))
         shutil.rmtree(hf_dst, ignore_errors=True)
         anchor.append(run([ANCHOR_PY, os.path.join(ROOT, "bench", "hf_tf_route.py"), src, hf_dst], env))
     o, h = summary(ours), summary(anchor)

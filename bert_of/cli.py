@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from bert_of import process
 
@@ -32,11 +33,12 @@ if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports b
 from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.common import Options, summarize
-from bert_of.cli_grammar import HelpFormatter, configure, examples, finish, option, output_option
+from bert_of.cli_grammar import HelpFormatter, add_options, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
 from bert_of.errors import BertOfError
 from bert_of.fs import atomic_write
+from bert_of.options import arg, from_args
 from bert_of.version import __version__
 
 
@@ -47,34 +49,53 @@ def _err(msg: str) -> int:
 
 # --------------------------------------------------------------------------- convert
 
+REFERENCE_HELP = "precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)"
 
-def _destination(args) -> str:
-    """convert's DST: ``-o DST`` (the old positional DST still works)."""
-    if args.output and args.dst and args.output != args.dst:
-        raise BertOfError(f"two destinations: {args.dst} and --output {args.output}")
-    if not (args.output or args.dst):
-        raise BertOfError("no destination: pass -o/--output DST")
-    return args.output or args.dst
+
+@dataclass(kw_only=True)
+class ConvertOptions:
+    """``bert-of convert``."""
+
+    direction: str = arg(positional=True, metavar="DIRECTION",
+                         help="SRC2DST format pair: X2Y with X, Y among " + ", ".join(FORMATS) + " (e.g. tf2of, of2tf)")
+    src: str = arg(positional=True, metavar="SRC", help="source checkpoint (directory, or a TF checkpoint prefix)")
+    output: str = arg(short="-o", metavar="DST", help="destination directory (must not exist unless --overwrite)")
+    config: str | None = arg(None, metavar="FILE", help="config file if not beside SRC (bert_config.json for tf)")
+    vocab: str | None = arg(None, metavar="FILE", help="vocab.txt if not beside SRC")
+    with_optimizer: bool = arg(False, help="convert optimizer state and step too")
+    skip_unknown: bool = arg(False, help="drop (and report) non-BERT tensors instead of failing")
+    dtype: str | None = arg(None, choices=("float32", "float16", "bfloat16"),
+                            help="cast floating tensors (unset: keep each tensor's dtype)")
+    numerics: str | None = arg(None, choices=("tf1", "lazy", "hf"),
+                               help="override the activation/LayerNorm-eps provenance recorded for the source")
+    no_meta: bool = arg(False, help="of2lazy: oldest snapshot layout (no meta files)")
+    overwrite: bool = arg(False, help="replace DST if it exists")
+    verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
+    tol: float = arg(DEFAULT_TOL, metavar="T", help="verification tolerance (max |diff|)")
+    reference_dtype: str = arg("float64", choices=("float64", "float32"), help=REFERENCE_HELP)
+
+    def reader_options(self) -> Options:
+        return Options(config=self.config, vocab=self.vocab, with_optimizer=self.with_optimizer,
+                       skip_unknown=self.skip_unknown, overwrite=self.overwrite, dtype=self.dtype,
+                       numerics=self.numerics, no_meta=self.no_meta)
 
 
 def cmd_convert(args) -> int:
-    args.dst = _destination(args)
-    opts = Options(config=args.config, vocab=args.vocab, with_optimizer=args.with_optimizer,
-                   skip_unknown=args.skip_unknown, overwrite=args.overwrite, dtype=args.dtype,
-                   numerics=args.numerics, no_meta=args.no_meta)
+    o = from_args(ConvertOptions, args)
+    opts = o.reader_options()
     t0 = time.perf_counter()
     reports = []
-    check = _verify_staged(args, reports) if args.verify else None  # DST appears only if it passes
+    check = _verify_staged(o, reports) if o.verify else None  # DST appears only if it passes
     try:
-        source, notes = convert(args.direction, args.src, args.dst, opts, check=check)
+        source, notes = convert(o.direction, o.src, o.output, opts, check=check)
     except VerificationFailed:
         print("\n".join(reports))
         raise
     dt = time.perf_counter() - t0
-    print(summarize(source.report, verbose=args.verbose))
+    print(summarize(source.report, verbose=getattr(args, "verbose", False)))
     for n in notes:
         print(n)
-    print(f"wrote {args.dst} ({args.direction}{', verified' if args.verify else ''}, {dt:.2f} s)")
+    print(f"wrote {o.output} ({o.direction}{', verified' if o.verify else ''}, {dt:.2f} s)")
     for r in reports:
         print(r)
     return 0
@@ -84,17 +105,16 @@ class VerificationFailed(BertOfError):
     """``convert --verify``: the converted files do not compute what the source does."""
 
 
-def _verify_staged(args, reports: list):
+def _verify_staged(o: "ConvertOptions", reports: list):
     """The check ``convert`` runs on the staged files (against the Source it read) before publishing them."""
-    fmt = parse_direction(args.direction)[1]
+    fmt = parse_direction(o.direction)[1]
 
     def check(source, stage):
-        report = verify_source(source, stage, fmt, tol=args.tol, reference_dtype=args.reference_dtype,
-                               shown_b=args.dst)
+        report = verify_source(source, stage, fmt, tol=o.tol, reference_dtype=o.reference_dtype, shown_b=o.output)
         reports.append(format_report(report))
         if not report["ok"]:
-            raise VerificationFailed(f"verification failed: max |diff| {report['worst']:.3g} > {args.tol:g}; "
-                                     f"{args.dst} not written")
+            raise VerificationFailed(f"verification failed: max |diff| {report['worst']:.3g} > {o.tol:g}; "
+                                     f"{o.output} not written")
 
     return check
 
@@ -102,17 +122,36 @@ def _verify_staged(args, reports: list):
 # --------------------------------------------------------------------------- verify
 
 
+@dataclass(kw_only=True)
+class VerifyOptions:
+    """``bert-of verify``."""
+
+    a: str = arg(positional=True, metavar="A", help="reference checkpoint (any format)")
+    b: str = arg(positional=True, metavar="B", help="checkpoint to compare with A (any format)")
+    tol: float = arg(DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
+    modes: list = arg(default_factory=list, metavar="MODES",
+                      help="bert_of modes to run, comma-separated or repeated (unset: eager and graph)")
+    batch_size: int = arg(3, metavar="N", help="rows of the test batch")
+    max_seq_length: int | None = arg(None, metavar="N",
+                                     help="padded length of the test batch (unset: 16, at most "
+                                          "max_position_embeddings)")
+    config: str | None = arg(None, metavar="FILE", help="config for A if not beside it")
+    vocab: str | None = arg(None, metavar="FILE", help="vocab for A if not beside it")
+    reference_dtype: str = arg("float64", choices=("float64", "float32"), help=REFERENCE_HELP)
+    output: str | None = arg(None, short="-o", metavar="FILE", help="also write the JSON report to this file")
+
+
 def cmd_verify(args) -> int:
-    modes = tuple(m for item in args.modes or ["eager,graph"] for m in item.split(",") if m)
-    report = verify(args.a, args.b, tol=args.tol, modes=modes, batch_size=args.batch_size,
-                    seq_len=args.seq_len, opts=Options(config=args.config, vocab=args.vocab),
-                    reference_dtype=args.reference_dtype)
+    o = from_args(VerifyOptions, args)
+    modes = tuple(m for item in o.modes or ["eager,graph"] for m in item.split(",") if m)
+    report = verify(o.a, o.b, tol=o.tol, modes=modes, batch_size=o.batch_size, seq_len=o.max_seq_length,
+                    opts=Options(config=o.config, vocab=o.vocab), reference_dtype=o.reference_dtype)
     text = format_report(report)
     print(text)
-    if args.output:
-        atomic_write(args.output, text + "\n")
+    if o.output:
+        atomic_write(o.output, text + "\n")
     if not report["ok"]:
-        return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {args.tol:g}")
+        return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {o.tol:g}")
     return 0
 
 
@@ -154,9 +193,21 @@ def inspect_path(path: str, config: str | None = None) -> dict:
     return info
 
 
+@dataclass(kw_only=True)
+class InspectOptions:
+    """``bert-of inspect``."""
+
+    path: str = arg(positional=True, metavar="PATH",
+                    help="checkpoint directory or TF checkpoint prefix (any format)")
+    json: bool = arg(False, help="print everything as JSON on stdout")
+    config: str | None = arg(None, metavar="FILE", path=True,
+                             help="config file if not beside PATH (a flow.save folder holds none)")
+
+
 def cmd_inspect(args) -> int:
-    info = inspect_path(args.path, args.config)
-    if args.json:
+    o = from_args(InspectOptions, args)
+    info = inspect_path(o.path, o.config)
+    if o.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{info['path']}: format {info['format']}")
@@ -210,26 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "--vocab vocab.txt --with-optimizer",
                            "bert-of convert of2hf bert-base-of/ -o hf/          # + tokenizer_config.json",
                            "bert-of convert h52hf tf_model_dir/ -o hf/ --dtype float16"))
-    c.add_argument("direction", metavar="DIRECTION", help="SRC2DST format pair: X2Y with X, Y among "
-                   + ", ".join(FORMATS) + " (e.g. tf2of, of2tf)")
-    c.add_argument("src", metavar="SRC", help="source checkpoint (directory, or a TF checkpoint prefix)")
-    c.add_argument("dst", nargs="?", help=argparse.SUPPRESS)  # the old positional DST
-    output_option(c, "destination directory (must not exist unless --overwrite)", metavar="DST")
-    c.add_argument("--config", metavar="FILE", help="config file if not beside SRC (bert_config.json for tf)")
-    c.add_argument("--vocab", metavar="FILE", help="vocab.txt if not beside SRC")
-    c.add_argument("--with-optimizer", action="store_true", help="convert optimizer state and step too")
-    c.add_argument("--skip-unknown", action="store_true", help="drop (and report) non-BERT tensors instead of failing")
-    c.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                   help="cast floating tensors (default: keep each tensor's dtype)")
-    c.add_argument("--numerics", choices=("tf1", "lazy", "hf"),
-                   help="override the activation/LayerNorm-eps provenance recorded for the source")
-    c.add_argument("--no-meta", action="store_true", help="of2lazy: oldest snapshot layout (no meta files)")
-    c.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    c.add_argument("--verify", action="store_true",
-                   help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
-    c.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="verification tolerance (max |diff|)")
-    c.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
-                   help="precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)")
+    add_options(c, ConvertOptions)
     c.set_defaults(fn=cmd_convert)
 
     v = sub.add_parser("verify", help="forward equality of two checkpoints (vs a float64 NumPy reference on A)",
@@ -239,19 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
                        epilog=examples("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
                                        "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
-    v.add_argument("a", metavar="A", help="reference checkpoint (any format)")
-    v.add_argument("b", metavar="B", help="checkpoint to compare with A (any format)")
-    v.add_argument("--tol", type=float, default=DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
-    v.add_argument("--modes", action="append", metavar="MODES",
-                   help="bert_of modes to run, comma-separated or repeated (default: eager,graph)")
-    v.add_argument("--batch-size", type=int, default=3, metavar="N", help="rows of the test batch")
-    option(v, "--max-seq-length", old=("--seq-len",), type=int, default=None, metavar="N", dest="seq_len",
-           help="padded length of the test batch (default: 16, at most max_position_embeddings)")
-    v.add_argument("--config", metavar="FILE", help="config for A if not beside it")
-    v.add_argument("--vocab", metavar="FILE", help="vocab for A if not beside it")
-    v.add_argument("--reference-dtype", choices=("float64", "float32"), default="float64",
-                   help="precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)")
-    output_option(v, "also write the JSON report to this file", metavar="FILE", old=("--json",))
+    add_options(v, VerifyOptions)
     v.set_defaults(fn=cmd_verify)
 
     i = sub.add_parser("inspect", help="format, tensors, shapes, dtypes, parameter count",
@@ -259,9 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "of its provenance), every tensor as bert_of reads it, the parameter count.",
                        epilog=examples("bert-of inspect uncased_L-12_H-768_A-12/",
                                        "bert-of inspect hf/ --json | jq .parameters"))
-    i.add_argument("path", metavar="PATH", help="checkpoint directory or TF checkpoint prefix (any format)")
-    i.add_argument("--json", action="store_true", help="print everything as JSON on stdout")
-    i.add_argument("--config", metavar="FILE", help="config file if not beside PATH (a flow.save folder holds none)")
+    add_options(i, InspectOptions)
     i.set_defaults(fn=cmd_inspect)
 
     # Subcommands owned by other packages (zoo, eval, ...) register themselves.

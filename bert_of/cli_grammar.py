@@ -1,9 +1,9 @@
 """One grammar for every ``bert-of`` command line: the same flag for the same concept, help with
 defaults and examples, and the options every command takes (-q, -v, --no-progress, --debug).
 
-Each command module builds its parser with :func:`option` (new spelling first, old spellings
-accepted but not shown), :class:`HelpFormatter` (shows defaults) and :func:`examples` (the
-epilog). :func:`finish` walks the finished parser tree and adds the common options to every
+A command's parser is generated from its options dataclass (:func:`add_options`, fields made
+with :func:`bert_of.options.arg`); :class:`HelpFormatter` shows the defaults and :func:`examples`
+writes the epilog. :func:`finish` walks the finished parser tree and adds the common options to every
 command; :func:`configure` applies them before a command runs. ``GRAMMAR`` is the table the
 README shows and ``tests/test_cli.py`` enforces.
 """
@@ -11,54 +11,46 @@ README shows and ``tests/test_cli.py`` enforces.
 from __future__ import annotations
 
 import argparse
-import copy
 import textwrap
+import typing
+from dataclasses import MISSING, fields
 
+from bert_of.options import flag_of, help_of, nested, required_in, shown_in
 from bert_of.progress import DISABLE_ENV, allow_bars, bars_enabled, setup_logging
 
-# (flag, meaning, where, old spellings): an old spelling is (spelling, the commands that took it); it
-# still works there for a release, hidden from help. "DST"/"DATA.json"/...: a positional form.
+# (flag, meaning, where): one spelling per concept, the same wherever it appears.
 GRAMMAR = [
     ("-o, --output", "where the command writes: a folder (checkpoint, run, dataset, predictions) or a file "
                      "(plot, JSON report, scores)",
-     "convert, verify, pretrain, plot, finetune, predict, eval, align, data create-pretraining",
-     (("DST", "convert"), ("--json", "verify"), ("--out", "plot, align"), ("--out-file", "eval squad-score"))),
-    ("--model", "the checkpoint to run or score: a folder in any format or a zoo name",
-     "finetune, predict, eval", (("--checkpoint", "eval squad-score, eval glue-score"),)),
-    ("--name", "the model's label: results table (finetune, eval), registry entry (zoo add)",
-     "finetune, eval, zoo add", (("--model NAME", "eval squad-score, eval glue-score"),)),
+     "convert, verify, pretrain, plot, finetune, predict, eval, align, data create-pretraining"),
+    ("--model", "the checkpoint to run or score: a folder in any format or a zoo name", "finetune, predict, eval"),
+    ("--name", "the model's label: results table (finetune, eval), registry entry (zoo add)", "finetune, eval, zoo add"),
     ("--data", "input data: OFRecord folder (pretrain), labeled or unlabeled file (predict, eval)",
-     "pretrain, predict, eval", (("DATA.json", "eval squad-score"),)),
-    ("--predictions", "a predictions file to score", "eval squad-score, eval glue-score",
-     (("PREDICTIONS.json", "eval squad-score"),)),
-    ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included", "data, pretrain, finetune, predict, eval, verify",
-     (("--seq-length", "pretrain"), ("--seq-len", "verify"))),
-    ("--max-predictions-per-seq", "masked positions per sequence", "data, pretrain",
-     (("--max-predictions", "pretrain"),)),
-    ("--grad-accum-steps", "micro-batches per optimizer step", "pretrain, finetune", (("--grad-accum", "pretrain"),)),
-    ("--steps", "optimizer steps to train", "pretrain, finetune, align", (("--max-steps", "finetune"),)),
-    ("--batch-size", "the global batch (all ranks together)", "pretrain, finetune", ()),
+     "pretrain, predict, eval"),
+    ("--predictions", "a predictions file to score", "eval squad-score, eval glue-score"),
+    ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included", "data, pretrain, finetune, predict, eval, verify"),
+    ("--max-predictions-per-seq", "masked positions per sequence", "data, pretrain"),
+    ("--grad-accum-steps", "micro-batches per optimizer step", "pretrain, finetune"),
+    ("--steps", "optimizer steps to train", "pretrain, finetune, align"),
+    ("--batch-size", "the global batch (all ranks together)", "pretrain, finetune"),
     ("--lr --seed --log-every --save-every --resume --mode --amp --nproc --vocab --config --task --json",
-     "one meaning wherever they appear", "pretrain, finetune, predict, eval, align, convert, inspect, zoo", ()),
-    ("--overwrite", "replace an existing output", "every command that writes", (("--force", "zoo add"),)),
-    ("--squad-version", "read / score SQuAD as 1.1 or 2.0", "eval squad-score, finetune/predict/eval squad",
-     (("--version", "eval squad-score, finetune squad, predict squad, eval squad"),)),
-    ("-q, --quiet", "errors only: no notes, no progress", "every command", ()),
-    ("-v, --verbose", "debug messages too (convert: every tensor in the report)", "every command", ()),
+     "one meaning wherever they appear", "pretrain, finetune, predict, eval, align, convert, inspect, zoo"),
+    ("--overwrite", "replace an existing output", "every command that writes"),
+    ("--squad-version", "read / score SQuAD as 1.1 or 2.0", "eval squad-score, finetune/predict/eval squad"),
+    ("-q, --quiet", "errors only: no notes, no progress", "every command"),
+    ("-v, --verbose", "debug messages too (convert: every tensor in the report)", "every command"),
     ("--no-progress", "no progress bars (as BERT_OF_DISABLE_PROGRESS_BARS=1); bars show only on a terminal, "
-                      "logs get a plain line every BERT_OF_PROGRESS_EVERY seconds (10)", "every command",
-     (("--progress", "zoo download"),)),
-    ("--debug", "the traceback of an unexpected error (as BERT_OF_DEBUG=1)", "every command", ()),
-    ("--version", "print bert-of's version", "bert-of", ()),
+                      "logs get a plain line every BERT_OF_PROGRESS_EVERY seconds (10)", "every command"),
+    ("--debug", "the traceback of an unexpected error (as BERT_OF_DEBUG=1)", "every command"),
+    ("--version", "print bert-of's version", "bert-of"),
 ]
 
 
 def grammar_markdown() -> str:
     """GRAMMAR as the README's table."""
-    rows = ["| flag | meaning | commands | old spellings (still accepted, hidden) |", "|---|---|---|---|"]
-    for flag, meaning, where, old in GRAMMAR:
-        olds = "; ".join(f"`{o}` ({w})" for o, w in old) or "-"
-        rows.append(f"| `{flag}` | {meaning} | {where} | {olds} |")
+    rows = ["| flag | meaning | commands |", "|---|---|---|"]
+    for flag, meaning, where in GRAMMAR:
+        rows.append(f"| `{flag}` | {meaning} | {where} |")
     return "\n".join(rows)
 
 
@@ -67,7 +59,7 @@ DEBUG_HELP = "show the traceback of an unexpected error (also: BERT_OF_DEBUG=1)"
 
 class HelpFormatter(argparse.HelpFormatter):
     """Prose paragraphs wrapped, indented blocks (examples, tables) kept as written; every option's
-    default shown unless its help already says it; old spellings (:func:`option`) not shown."""
+    default shown (an option made from a field (:func:`add_options`) shows its field's)."""
 
     def _fill_text(self, text, width, indent):
         out = []
@@ -82,36 +74,82 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        d = action.default
+        d = getattr(action, "field_default", action.default)
         if not action.option_strings or "default" in text.lower() or d is None or isinstance(d, bool) \
                 or d is argparse.SUPPRESS or d == [] or isinstance(action, (argparse._StoreConstAction,
                                                                             argparse._HelpAction)):
             return text
-        return f"{text} (default: %(default)s)"
-
-    def _format_action_invocation(self, action):
-        old = getattr(action, "old_spellings", ())
-        if not old:
-            return super()._format_action_invocation(action)
-        shown = copy.copy(action)
-        shown.option_strings = [s for s in action.option_strings if s not in old]
-        return super()._format_action_invocation(shown)
+        shown = str(d).replace("%", "%%")  # the help is a %-format
+        return f"{text} (default: {shown})"
 
     def _split_lines(self, text, width):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
-def option(p, *flags, old=(), **kw) -> argparse.Action:
-    """``p.add_argument(*flags, **kw)`` that also accepts the ``old`` spellings (kept for a release,
-    not shown in help)."""
-    action = p.add_argument(*flags, *old, **kw)
-    action.old_spellings = tuple(old)
-    return action
+def _kind(hint) -> tuple:
+    """(element type, repeatable) of a field's annotation: ``int | None`` -> (int, False), ``list`` -> (str, True)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    base = args[0]
+    if base is list or typing.get_origin(base) is list:
+        inner = typing.get_args(base)
+        return (inner[0] if inner else str), True
+    return base, False
 
 
-def output_option(p, help: str, *, required: bool = False, default=None, metavar: str = "PATH", old=()):
-    """``-o/--output``: where the command writes (the grammar's one output flag)."""
-    return option(p, "-o", "--output", old=old, required=required, default=default, metavar=metavar, help=help)
+def _group(p, title):
+    if not title:
+        return p
+    for g in p._action_groups:
+        if g.title == title:
+            return g
+    return p.add_argument_group(title)
+
+
+def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
+    """The options of dataclass ``cls`` (fields made with :func:`bert_of.options.arg`) that ``command``
+    shows, on parser ``p``. An option not given is absent from the parsed namespace (argparse's
+    ``SUPPRESS``): :func:`bert_of.options.from_args` takes the field's default and a command can tell
+    what the user said (``--resume`` compares only those). The help shows the field's default."""
+    if _group_of is None:
+        p.options = (cls, command)  # what the parser was made from (tests/test_cli.py checks the two agree)
+    hints = typing.get_type_hints(cls)
+    own = cls.__dict__.get("__annotations__", {})  # a command's own options first, then what it extends
+    for f in sorted(fields(cls), key=lambda f: f.name not in own):
+        if nested(f) is not None:
+            add_options(p, nested(f), command, _group_of=cls)
+            continue
+        if not shown_in(f, command, cls):
+            continue
+        md = f.metadata
+        g = _group(p, md.get("group"))
+        base, many = _kind(hints[f.name])
+        required = required_in(f, command)
+        kw = {"help": help_of(f, command)}
+        for k in ("metavar", "choices"):
+            if md.get(k) is not None:
+                kw[k] = md[k]
+        if md.get("positional"):  # a list: one or more
+            a = g.add_argument(f.name, type=base if base is not str else None, **({"nargs": "+"} if many else {}),
+                               **kw)
+            a.field_default = None
+            continue
+        flags = [s for s in (md.get("short"), flag_of(f)) if s]
+        if base is bool:
+            off = md.get("off")
+            if off:  # a tri-state: on, off, or unset (None: the command decides)
+                ex = g.add_mutually_exclusive_group()
+                a = ex.add_argument(*flags, dest=f.name, action="store_true", default=argparse.SUPPRESS, **kw)
+                ex.add_argument(off[0], dest=f.name, action="store_false", default=argparse.SUPPRESS, help=off[1])
+            else:
+                a = g.add_argument(*flags, dest=f.name, action="store_true", default=argparse.SUPPRESS, **kw)
+        elif many:  # repeatable; with nargs "+" in the field also several values after one flag
+            a = g.add_argument(*flags, dest=f.name, action="extend" if md.get("nargs") else "append",
+                               type=base if base is not str else None, default=argparse.SUPPRESS, required=required,
+                               **({"nargs": md["nargs"]} if md.get("nargs") else {}), **kw)
+        else:
+            a = g.add_argument(*flags, dest=f.name, type=base if base is not str else None, required=required,
+                               default=argparse.SUPPRESS, **kw)
+        a.field_default = None if f.default is MISSING else f.default
 
 
 def examples(*lines: str) -> str:
@@ -159,6 +197,7 @@ def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         return parser
     for path, p in walk(parser):
         p.formatter_class = HelpFormatter
+        p.allow_abbrev = False  # one spelling per option: no prefix of it stands for it
         _add_common(p, top=not path)
     parser._bert_of_finished = True
     return parser
@@ -173,5 +212,4 @@ def configure(args) -> None:
         args.no_progress = True  # commands drawing a bar of their own draw none either
 
 
-__all__ = ["GRAMMAR", "HelpFormatter", "configure", "examples", "finish", "grammar_markdown", "option", "output_option",
-           "walk"]
+__all__ = ["GRAMMAR", "HelpFormatter", "add_options", "configure", "examples", "finish", "grammar_markdown", "walk"]

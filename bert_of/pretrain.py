@@ -14,58 +14,21 @@ forward computes Google's loss from the batch's labels.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.data.reader import PretrainingDataset, dataset_vocab, read_meta
+from bert_of.data.reader import PretrainingDataset, dataset_vocab
 from bert_of.errors import ConfigError
-from bert_of.fs import read_json, sha256_file, write_json
+from bert_of.fs import atomic_write, read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
-from bert_of.tokenization import vocab_size
-from bert_of.training.loop import fit
-from bert_of.training.optim import TrainConfig
+from bert_of.options import RUN_RECORD, TrainConfig, record
+from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
+from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
-from bert_of.zoo import resolve_for
-from bert_of.zoo.cli import main as zoo_main
-
-
-@dataclass(kw_only=True)
-class PretrainOptions:
-    """Everything ``bert-of pretrain`` takes (its CLI options, same names and defaults)."""
-
-    data: str
-    output: str  # the run directory
-    config: str | None = None  # a new model from bert_config.json / config.json
-    init_checkpoint: str | None = None  # or continue one (any format, or a zoo name)
-    vocab: str | None = None
-    seq_length: int | None = None  # default: the data's bert_of_data.json
-    max_predictions: int | None = None
-    mode: str = "graph"
-    optimizer: str = "adamw"
-    lr: float = 1e-4
-    warmup_steps: int = 0
-    steps: int = 1000
-    batch_size: int = 32  # global, over all ranks
-    grad_accum: int = 1
-    weight_decay: float = 0.01
-    clip_grad_norm: float = 1.0  # 0: off
-    amp: bool = False
-    seed: int = 0
-    no_shuffle: bool = False
-    no_dropout: bool = False
-    save_every: int = 0
-    keep: int = 2
-    log_every: int = 10
-    resume: bool = False
-    overwrite: bool = False
-    ddp: bool = False
-    zoo_name: str | None = None
-    quiet: bool = False
-    stop_after: int = 0  # tests: stop ("killed") after this step
+from bert_of.zoo import Zoo, resolve_for
 
 
 ZOO_METADATA = "zoo_metadata.json"
@@ -95,87 +58,87 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b) or sha256_file(a) == sha256_file(b)
 
 
+VOCAB_NAME, CONFIG_NAME = "vocab.txt", "config.json"  # the run's own: a resume reads these, not a checkpoint's
+
+
 def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
-    """(config, vocab file, initial tensors or None) of the model to train. A resumed run's model
-    is the checkpoint's; a ``--config`` given again must describe it (:meth:`RunDir.start`). The
-    vocabulary: --vocab, else the run's (resume), else the one the data was made with, else the
+    """(config, vocab file, initial tensors or None) of the model to train. A resumed run's are
+    the run directory's own copies (made when it started: never a checkpoint's, which --keep may
+    delete). A new run's vocabulary: --vocab, else the one the data was made with, else the
     checkpoint's."""
-    data_vocab = dataset_vocab(opts.data)
-    if opts.config:
-        raw = read_json(opts.config, "model config")
-        config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
-            BertConfig.from_google_dict(raw, opts.config)
-        config.provenance = "bert_of"
     if run.resume_from:
-        if not opts.config:
-            config = BertConfig.from_json_file(os.path.join(run.resume_from, "config.json"))
-        vocab = os.path.join(run.resume_from, "vocab.txt")
-        return config, opts.vocab or (vocab if os.path.isfile(vocab) else data_vocab), None
+        own = os.path.join(run.path, CONFIG_NAME)
+        return BertConfig.from_json_file(own), os.path.join(run.path, VOCAB_NAME), None
+    data_vocab = dataset_vocab(opts.data)
     if opts.init_checkpoint:
         ck = load_checkpoint(resolve_for("--init-checkpoint", opts.init_checkpoint, vocab=opts.vocab).path)
         if not opts.vocab and data_vocab and ck.vocab_file and not _same_file(data_vocab, ck.vocab_file):
             raise ConfigError(f"{opts.data} was made with another vocabulary than {opts.init_checkpoint}'s "
                               f"({data_vocab} differs from {ck.vocab_file}): token ids would mean other words; "
                               "pass --vocab to choose one anyway")
-        return ck.config, opts.vocab or data_vocab or ck.vocab_file, ck.tensors
-    if opts.config:
-        return config, opts.vocab or data_vocab, None
-    raise ConfigError("pass --config (a new model), --init-checkpoint (continue one) or --resume")
+        config, vocab, tensors = ck.config, opts.vocab or data_vocab or ck.vocab_file, ck.tensors
+    elif opts.config:
+        raw = read_json(opts.config, "model config")
+        config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
+            BertConfig.from_google_dict(raw, opts.config)
+        config.provenance = "bert_of"
+        vocab, tensors = opts.vocab or data_vocab, None
+    else:
+        raise ConfigError("pass --config (a new model), --init-checkpoint (continue one) or --resume")
+    if opts.no_dropout:
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    if vocab is None:
+        raise ConfigError(f"no vocab.txt: {opts.data} does not record the one it was made with; pass --vocab")
+    if not os.path.isfile(vocab):
+        raise ConfigError(f"{vocab}: vocab file not found")
+    check_vocab(vocab, config.vocab_size)
+    if run.rt.is_main:  # the run owns what it reads from here on
+        with open(vocab, "rb") as f:
+            atomic_write(os.path.join(run.path, VOCAB_NAME), f.read())
+        atomic_write(os.path.join(run.path, CONFIG_NAME), config.to_json_string())
+    return config, vocab, tensors
 
 
 def run(opts: PretrainOptions) -> int:
+    """Train as ``opts`` says (a parsed command line: :func:`bert_of.pretrain_cli.options`, the data's
+    sequence lengths filled in: :func:`~bert_of.pretrain_cli.with_data_lengths`)."""
+    opts = with_data_lengths(opts)
     rt = Runtime.create(dist="ddp" if opts.ddp else "auto")
     if opts.batch_size % rt.world:
         raise ConfigError(f"global batch {opts.batch_size} is not divisible by {rt.world} ranks")
-    run_dir = RunDir(opts.output, rt, outputs=("final", ZOO_METADATA), what="pretrain",
-                     sources=(opts.data, opts.config, opts.vocab, opts.init_checkpoint))
+    run_dir = RunDir(opts.output, rt, outputs=("final", ZOO_METADATA), own=(VOCAB_NAME, CONFIG_NAME), what="pretrain",
+                     sources=(opts.data, opts.config, opts.vocab, opts.init_checkpoint),
+                     record=(RUN_RECORD, record(opts)))
     with run_dir.open(resume=opts.resume, overwrite=opts.overwrite):
         return _train(opts, rt, run_dir)
 
 
 def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
     config, vocab_file, tensors = _model_config(opts, run_dir)
-    if opts.no_dropout:
-        config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
-    if vocab_file is None:
-        raise ConfigError(f"no vocab.txt: {opts.data} does not record the one it was made with; pass --vocab")
-    if not os.path.isfile(vocab_file):
-        raise ConfigError(f"{vocab_file}: vocab file not found")
-    n_vocab = vocab_size(vocab_file)
-    if n_vocab > config.vocab_size:
-        raise ConfigError(f"{vocab_file} has {n_vocab} tokens but the config's vocab_size is {config.vocab_size}")
-
+    if opts.max_seq_length > config.max_position_embeddings:
+        raise ConfigError(f"{opts.data}: sequences of {opts.max_seq_length} exceed max_position_embeddings "
+                          f"{config.max_position_embeddings}")
     model = BertForPreTraining(config)
     if tensors is not None:
         model.load_canonical(tensors)
     elif not run_dir.resume_from:
         model.init_weights(seed=opts.seed)
     flow.manual_seed(opts.seed + rt.rank)
-    cfg = TrainConfig(mode=opts.mode, optimizer=opts.optimizer, lr=opts.lr, warmup_steps=opts.warmup_steps,
-                      total_steps=opts.steps, weight_decay=opts.weight_decay,
-                      clip_grad_norm=opts.clip_grad_norm or None, grad_accum_steps=opts.grad_accum,
-                      amp=opts.amp, seed=opts.seed)
+    cfg = TrainConfig.of(opts).check()
     trainer = Trainer(model, cfg, rt)
-
-    options = (read_meta(opts.data) or {}).get("options", {})
-    seq_len = opts.seq_length or options.get("max_seq_length")
-    max_pred = opts.max_predictions or options.get("max_predictions_per_seq")
-    if not seq_len or not max_pred:
-        raise ConfigError(f"{opts.data}: no bert_of_data.json: pass --max-seq-length and --max-predictions-per-seq")
-    if seq_len > config.max_position_embeddings:
-        raise ConfigError(f"{opts.data}: sequences of {seq_len} exceed max_position_embeddings "
-                          f"{config.max_position_embeddings}")
     data = PretrainingBatches(PretrainingDataset(
-        opts.data, opts.batch_size // rt.world, int(seq_len), int(max_pred), rank=rt.rank, world_size=rt.world,
-        shuffle=not opts.no_shuffle, seed=opts.seed, vocab_size=config.vocab_size))
+        opts.data, opts.batch_size // rt.world, opts.max_seq_length, opts.max_predictions_per_seq, rank=rt.rank,
+        world_size=rt.world, shuffle=not opts.no_shuffle, seed=opts.seed, vocab_size=config.vocab_size))
     # What an exact resume must find unchanged besides the train config (saved with every checkpoint).
-    setup = {"batch_size": opts.batch_size, "seq_length": int(seq_len), "max_predictions": int(max_pred),
+    setup = {"batch_size": opts.batch_size, "max_seq_length": opts.max_seq_length,
+             "max_predictions_per_seq": opts.max_predictions_per_seq,
              "config": {k: v for k, v in config.to_dict().items() if k != "provenance"}}
     run_dir.start(trainer, data, setup)
 
     done = fit(trainer, data, opts.steps, batch_size=opts.batch_size, run=run_dir, log_every=opts.log_every,
                save_every=opts.save_every, keep=opts.keep, vocab_file=vocab_file,
-               progress=None if opts.quiet else "bar", what="pretrain", stop_after=opts.stop_after)
+               progress=None if opts.quiet else "bar", what="pretrain",
+               callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
     if done.stopped:
         return 0
     final = os.path.join(run_dir.path, "final")
@@ -192,7 +155,9 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
                              "metrics": run_dir.metrics}}
         meta_path = os.path.join(run_dir.path, ZOO_METADATA)
         write_json(meta_path, meta)
-        return zoo_main(["add", final, "--name", opts.zoo_name, "--metadata", meta_path, "--overwrite"])
+        zoo = Zoo()
+        e = zoo.add(final, opts.zoo_name, metadata=meta_path, overwrite=True)
+        print(f"registered {e['name']} -> {e['path']} in {zoo.local_registry_path}")
     return 0
 
 

@@ -3,116 +3,71 @@ OneFlow); ``pretrain`` imports :mod:`bert_of.pretrain` when it runs."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from dataclasses import fields
+import types
+from dataclasses import dataclass
 
-from bert_of.cli_grammar import examples, option, output_option
-from bert_of.data.reader import dataset_vocab, read_meta
+from bert_of.cli_grammar import add_options, examples
+from bert_of.data.reader import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
 from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
-from bert_of.launch import add_arguments as add_rank_arguments
 from bert_of.launch import in_rank, maybe_relaunch, topology
+from bert_of.options import TrainConfig, arg, from_args, resume_from_record
 from bert_of.plots import FONT, draw, styles
-from bert_of.tokenization import vocab_size
+from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
+
+def options(args) -> PretrainOptions:
+    """The options of a parsed ``bert-of pretrain``; a ``--resume`` takes the run's record and lays
+    what this command line gives on top (refusing a change a resume cannot make)."""
+    quiet = getattr(args, "quiet", False)
+    opts = from_args(PretrainOptions, args, quiet=quiet)
+    if not opts.resume:
+        return opts
+    return resume_from_record(PretrainOptions, opts.output, args, what="bert-of pretrain", quiet=quiet, resume=True)
 
 
-def _add_arguments(p):
-    p.add_argument("--data", required=True, metavar="DIR",
-                   help="OFRecord pretraining data (made by bert-of data create-pretraining)")
-    output_option(p, "run directory: metrics.jsonl, checkpoints/, final/", required=True, metavar="DIR")
-    p.add_argument("--config", metavar="FILE", help="bert_config.json / config.json of a new model")
-    p.add_argument("--init-checkpoint", metavar="NAME_OR_DIR",
-                   help="continue pretraining a checkpoint in any format (tf, lazy, hf, ...) or a zoo name")
-    p.add_argument("--vocab", metavar="FILE",
-                   help="vocab.txt (default: the one the data was made with, else the checkpoint's)")
-    option(p, "--max-seq-length", old=("--seq-length",), dest="seq_length", type=int, metavar="N",
-           help="tokens per sequence (default: the data's, from its bert_of_data.json)")
-    option(p, "--max-predictions-per-seq", old=("--max-predictions",), dest="max_predictions", type=int, metavar="N",
-           help="masked positions per sequence (default: the data's)")
-    p.add_argument("--mode", choices=("graph", "eager"), default="graph",
-                   help="nn.Graph (compiled) or eager execution")
-    p.add_argument("--blas", choices=("fast", "exact"), default="fast",
-                   help="CPU GEMM kernels: fast = OpenBLAS's AVX2/FMA kernels (3x; OneFlow's bundled "
-                        "OpenBLAS misdetects recent Xeons), exact = the detected ones")
-    p.add_argument("--optimizer", choices=("adamw", "lamb", "sgd"), default="adamw",
-                   help="adamw: Google's AdamWeightDecay (no bias correction, eps 1e-6); lamb; sgd")
-    p.add_argument("--lr", type=float, default=1e-4, metavar="LR", help="peak learning rate")
-    p.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warmup steps, then linear decay")
-    p.add_argument("--steps", type=int, default=1000, metavar="N", help="total optimizer steps (the decay horizon)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="GLOBAL batch (split over ranks)")
-    option(p, "--grad-accum-steps", old=("--grad-accum",), dest="grad_accum", type=int, default=1, metavar="K",
-           help="micro-batches per optimizer step")
-    p.add_argument("--weight-decay", type=float, default=0.01, metavar="W",
-                   help="decoupled weight decay (not on LayerNorm / bias)")
-    p.add_argument("--clip-grad-norm", type=float, default=1.0, metavar="C", help="global-norm clip; 0 turns it off")
-    p.add_argument("--amp", action="store_true", help="fp16 autocast + dynamic loss scaling (graph, GPU)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="initialisation, shuffling and dropout seed")
-    p.add_argument("--no-shuffle", action="store_true", help="read the records in order")
-    p.add_argument("--no-dropout", action="store_true", help="dropout off (e.g. to compare runs step by step)")
-    p.add_argument("--save-every", type=int, default=0, metavar="N",
-                   help="a resumable checkpoint every N steps; 0 = only the final one")
-    p.add_argument("--keep", type=int, default=2, metavar="N", help="intermediate checkpoints to keep")
-    p.add_argument("--log-every", type=int, default=10, metavar="N", help="a metrics.jsonl record every N steps")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --output from its last checkpoint, exactly")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--ddp", action="store_true", help="eager DDP with local tensors instead of global tensors")
-    p.add_argument("--zoo-name", metavar="NAME", help="register the final checkpoint in the local zoo under NAME")
-    p.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
-    add_rank_arguments(p)
-
-
-def _set_blas(args) -> None:
+def _set_blas(opts) -> None:
     if "oneflow" not in sys.modules:  # read when OneFlow loads; inherited by relaunched ranks
-        os.environ["BERT_OF_BLAS"] = args.blas
+        os.environ["BERT_OF_BLAS"] = opts.blas
 
 
-def _preflight(args, world: int) -> None:
-    """The refusals ``run`` would make on every rank, made once here before ranks start (no OneFlow)."""
-    if args.batch_size < 1 or args.batch_size % world:
-        raise ConfigError(f"global batch {args.batch_size} is not divisible by {world} ranks")
-    if not os.path.isdir(args.data):
-        raise ConfigError(f"--data {args.data}: no such directory")
-    check_unlocked(os.path.join(args.output, LOCK_NAME), os.path.abspath(args.output))  # a run's one writer
-    options = (read_meta(args.data) or {}).get("options", {})
-    if not (args.seq_length or options.get("max_seq_length")) or \
-            not (args.max_predictions or options.get("max_predictions_per_seq")):
-        raise ConfigError(f"{args.data}: no bert_of_data.json: pass --seq-length and --max-predictions")
-    checkpoints = os.path.join(args.output, "checkpoints")
-    if args.resume:
-        if not os.path.isdir(checkpoints) or not any(n.startswith("step-") for n in os.listdir(checkpoints)):
-            raise BertOfError(f"{args.output}: nothing to resume (no checkpoints/step-*/trainer_state.json)")
-        return
-    if os.path.isdir(checkpoints) and not args.overwrite:
-        raise BertOfError(f"{args.output}: already holds a run (use --resume to continue or --overwrite)")
-    if args.vocab and not os.path.isfile(args.vocab):
-        raise ConfigError(f"--vocab {args.vocab}: no such file")
-    if args.init_checkpoint:
-        return  # the resolver (zoo names, downloads) runs in the ranks
-    if not args.config:
+def preflight(opts: PretrainOptions, world: int) -> PretrainOptions:
+    """The refusals of a run, made once before it starts (no OneFlow; before the ranks start when
+    there are several), and the options with the data's sequence lengths."""
+    if opts.batch_size < 1 or opts.batch_size % world:
+        raise ConfigError(f"global batch {opts.batch_size} is not divisible by {world} ranks")
+    TrainConfig.of(opts).check()
+    if not os.path.isdir(opts.data):
+        raise ConfigError(f"--data {opts.data}: no such directory")
+    check_unlocked(os.path.join(opts.output, LOCK_NAME), os.path.abspath(opts.output))  # a run's one writer
+    opts = with_data_lengths(opts)
+    if opts.resume:  # the run directory says what it holds (RunDir.open, in the run)
+        return opts
+    if opts.vocab and not os.path.isfile(opts.vocab):
+        raise ConfigError(f"--vocab {opts.vocab}: no such file")
+    if opts.init_checkpoint:
+        return opts  # the resolver (zoo names, downloads) runs where the model loads
+    if not opts.config:
         raise ConfigError("pass --config (a new model), --init-checkpoint (continue one) or --resume")
-    vocab = args.vocab or dataset_vocab(args.data)
+    vocab = opts.vocab or dataset_vocab(opts.data)
     if not vocab:
-        raise ConfigError("no vocab.txt: pass --vocab (the data does not record the one it was made with)")
-    limit = read_json(args.config, "model config").get("vocab_size")
-    n_vocab = vocab_size(vocab)
-    if isinstance(limit, int) and n_vocab > limit:
-        raise ConfigError(f"{vocab} has {n_vocab} tokens but the config's vocab_size is {limit}")
+        raise ConfigError(f"no vocab.txt: {opts.data} does not record the one it was made with; pass --vocab")
+    check_vocab(vocab, read_json(opts.config, "model config").get("vocab_size"))
+    return opts
 
 
 def cmd_pretrain(args) -> int:
-    _set_blas(args)
-    topo = topology(args)
-    if topo.world > 1 and not in_rank():
-        _preflight(args, topo.world)  # once, here, not once per rank
-    code = maybe_relaunch(args)
+    opts = options(args)
+    _set_blas(opts)
+    topo = topology(opts.ranks)
+    opts = preflight(opts, topo.world) if not in_rank() else with_data_lengths(opts)  # once, not once per rank
+    code = maybe_relaunch(types.SimpleNamespace(argv=args.argv, **vars(opts.ranks)))
     if code is not None:
         return code
-    from bert_of.pretrain import PretrainOptions, run
+    from bert_of.pretrain import run
 
-    return run(PretrainOptions(**{f.name: getattr(args, f.name) for f in fields(PretrainOptions)}))
+    return run(opts)
 
 
 PLOT_NAME = "curves.png"
@@ -122,8 +77,18 @@ def _metrics_path(run: str) -> str:
     return run if run.endswith(".jsonl") else os.path.join(run, "metrics.jsonl")
 
 
+@dataclass(kw_only=True)
+class PlotOptions:
+    """``bert-of plot``."""
+
+    runs: list = arg(positional=True, metavar="RUN", help="run directories (or metrics.jsonl files)")
+    output: str | None = arg(None, short="-o", metavar="FILE",
+                             help=f"the PNG (unset: {PLOT_NAME} in the first run's directory)")
+
+
 def cmd_plot(args) -> int:
     """Loss / accuracy / lr curves of one or more runs (their metrics.jsonl) as a PNG."""
+    args = from_args(PlotOptions, args)
     runs = {}
     for run_dir in args.runs:
         path = _metrics_path(run_dir)
@@ -184,15 +149,14 @@ def add_parser(sub) -> None:
                            "bert-of pretrain --data data/ --config bert_config.json -o run/ --nproc 2 --batch-size 64",
                            "bert-of pretrain --data data/ --init-checkpoint bert-base-uncased -o run/ --lr 2e-5",
                            "bert-of pretrain --data data/ -o run/ --resume        # continue exactly where it stopped",
+                           "bert-of pretrain --data data/ -o run/ --resume --steps 2000   # ... and train longer",
                            "bert-of plot run/                                   # -> run/curves.png"))
-    _add_arguments(p)
+    add_options(p, PretrainOptions)
     p.set_defaults(fn=cmd_pretrain)
     q = sub.add_parser("plot", help="PNG loss/accuracy/lr curves of training runs",
                        description="Loss, accuracy and learning-rate curves of one or more runs (their "
                                    "metrics.jsonl) in one PNG.",
                        epilog=examples("bert-of plot run/                      # writes run/curves.png",
                                        "bert-of plot run-a/ run-b/ -o compare.png"))
-    q.add_argument("runs", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files)")
-    output_option(q, f"the PNG (default: {PLOT_NAME} in the first run's directory)", metavar="FILE",
-                  old=("--out",))
+    add_options(q, PlotOptions)
     q.set_defaults(fn=cmd_plot)

@@ -19,9 +19,10 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 
 from bert_of.cli import run_command
-from bert_of.cli_grammar import examples, option, output_option
+from bert_of.cli_grammar import add_options, examples
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.finetune_cli import add_eval_commands
@@ -31,6 +32,7 @@ from bert_of.eval.results import (append_result, checkpoint_identity, file_ident
                                   load_results, make_record, select)
 from bert_of.eval.squad_metrics import squad_score
 from bert_of.fs import atomic_write
+from bert_of.options import arg, from_args
 from bert_of.progress import log
 
 
@@ -56,16 +58,6 @@ def _checkpoint(args):
     return None
 
 
-def _one(args, flag: str, dest: str, positional: str | None = None) -> str:
-    """A required file given as a flag (or, squad-score, positionally as the official scripts take it)."""
-    value, pos = getattr(args, dest), getattr(args, positional, None) if positional else None
-    if value and pos and value != pos:
-        raise BertOfError(f"{flag} {value} and a positional {pos}: give it once")
-    if not (value or pos):
-        raise BertOfError(f"{flag} is required")
-    return value or pos
-
-
 def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_path: str, tool: str,
             **extra) -> None:
     if args.no_record:
@@ -76,14 +68,70 @@ def _record(args, task: str, metrics: dict, *, split: str, data_path: str, pred_
     log.info(f"recorded in {path}")
 
 
+# --------------------------------------------------------------------------- options
+
+RESULTS = "results store"
+
+
+@dataclass(kw_only=True)
+class ScoreOptions:
+    """What ``eval squad-score`` and ``eval glue-score`` share: the files, and the record."""
+
+    data: str = arg(help="the labeled data file the predictions answer", metavar="DATA")
+    predictions: str = arg(help="the predictions file to score", metavar="PREDICTIONS")
+    results: str | None = arg(None, metavar="FILE", group=RESULTS,
+                              help="results store (unset: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
+    no_record: bool = arg(False, help="do not append this evaluation to the results store", group=RESULTS)
+    model: str | None = arg(None, metavar="NAME_OR_DIR", group=RESULTS,
+                            help="the checkpoint that produced the predictions: a folder is hashed into the record, "
+                                 "anything else is recorded as a name")
+    name: str | None = arg(None, metavar="NAME", group=RESULTS,
+                           help="the model's name in the table (unset: --model's folder name)")
+    hparam: list = arg(default_factory=list, metavar="KEY=VALUE", group=RESULTS,
+                       help="hyper-parameter to record (repeatable; VALUE parsed as JSON when it is)")
+
+
+@dataclass(kw_only=True)
+class SquadScoreOptions(ScoreOptions):
+    """``bert-of eval squad-score``: the official evaluate-v1.1.py / evaluate-v2.0.py."""
+
+    na_prob_file: str | None = arg(None, short="-n", metavar="F",  # -n, -t: the official scripts' short flags
+                                   help="v2.0: question id -> probability of no answer")
+    na_prob_thresh: float = arg(1.0, short="-t", metavar="T", help='v2.0: predict "" if the no-answer probability exceeds this')
+    output: str | None = arg(None, short="-o", metavar="FILE", help="write the JSON here instead of stdout")
+    squad_version: str | None = arg(None, choices=("1.1", "2.0"),
+                                    help="score as 1.1 or 2.0 regardless of the data file's version field")
+    ignore_unknown_ids: bool = arg(False, help="ignore prediction ids that are not in the data (unset: an error)")
+    skip_span_check: bool = arg(False, help="do not require answers to appear at their answer_start in the context")
+
+
+@dataclass(kw_only=True)
+class GlueScoreOptions(ScoreOptions):
+    """``bert-of eval glue-score``."""
+
+    task: str = arg(help=f"one of {', '.join(TASK_CHOICES)}", metavar="T")
+    language: str | None = arg(None, metavar="LANG", help="XNLI: score only this language's rows (e.g. zh)")
+
+
+@dataclass(kw_only=True)
+class ResultsOptions:
+    """``bert-of results``."""
+
+    results: str | None = arg(None, metavar="FILE", help="results store (unset: $BERT_OF_HOME/results.jsonl)")
+    format: str = arg("markdown", choices=("markdown", "csv", "json"), help="table format")
+    task: str | None = arg(None, metavar="TASK", help="only this task (e.g. squad-v1.1, squad-v2.0, mrpc, mnli-m, "
+                                                      "xnli-de)")
+    measured_only: bool = arg(False, help="leave out the published reference rows")
+    published_only: bool = arg(False, help="only the published reference rows")
+
+
 # --------------------------------------------------------------------------- commands
 
 
 def cmd_squad_score(args) -> int:
-    args.data = _one(args, "--data", "data", "data_pos")
-    args.predictions = _one(args, "--predictions", "predictions", "pred_pos")
+    args = from_args(SquadScoreOptions, args)
     score = squad_score(args.data, args.predictions, na_prob_file=args.na_prob_file,
-                        na_prob_thresh=args.na_prob_thresh, version=args.version,
+                        na_prob_thresh=args.na_prob_thresh, version=args.squad_version,
                         ignore_unknown_ids=args.ignore_unknown_ids, check_spans=not args.skip_span_check)
     for note in score.notes:
         log.info(note)
@@ -105,6 +153,7 @@ def cmd_squad_score(args) -> int:
 
 
 def cmd_glue_score(args) -> int:
+    args = from_args(GlueScoreOptions, args)
     task_spec(args.task)
     examples = read_examples(args.task, args.data, language=args.language)
     if any(e.label is None for e in examples):
@@ -140,6 +189,9 @@ def _check_task(task: str, records: list) -> None:
 
 
 def cmd_results(args) -> int:
+    args = from_args(ResultsOptions, args)
+    if args.measured_only and args.published_only:
+        raise BertOfError("--measured-only and --published-only: pass one of them")
     records = []
     if not args.published_only:
         records += load_results(args.results)
@@ -153,31 +205,6 @@ def cmd_results(args) -> int:
 
 
 # --------------------------------------------------------------------------- parser
-
-
-def _add_record_options(p) -> None:
-    g = p.add_argument_group("results store")
-    g.add_argument("--results", metavar="FILE",
-                   help="results store (default: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
-    g.add_argument("--no-record", action="store_true", help="do not append this evaluation to the results store")
-    option(g, "--model", old=("--checkpoint",), metavar="NAME_OR_DIR",
-           help="the checkpoint that produced the predictions: a folder is hashed into the record, "
-                "anything else is recorded as a name")
-    g.add_argument("--name", metavar="NAME", help="the model's name in the table (default: --model's folder name)")
-    g.add_argument("--hparam", action="append", metavar="KEY=VALUE",
-                   help="hyper-parameter to record (repeatable; VALUE parsed as JSON when it is)")
-
-
-def _data_and_predictions(p, data_meta: str, pred_meta: str, legacy_positionals: bool) -> None:
-    """``--data`` and ``--predictions`` (squad-score also takes them as positionals, the official
-    scripts' order)."""
-    p.add_argument("--data", required=not legacy_positionals, metavar=data_meta,
-                   help="the labeled data file the predictions answer")
-    p.add_argument("--predictions", required=not legacy_positionals, metavar=pred_meta,
-                   help="the predictions file to score")
-    if legacy_positionals:
-        p.add_argument("data_pos", nargs="?", help=argparse.SUPPRESS)
-        p.add_argument("pred_pos", nargs="?", help=argparse.SUPPRESS)
 
 
 def add_parser(subparsers):
@@ -205,21 +232,9 @@ def add_parser(subparsers):
                             "bert-of eval squad-score --data dev-v1.1.json --predictions predictions.json",
                             "bert-of eval squad-score --data dev-v2.0.json --predictions predictions.json "
                             "--na-prob-file null_odds.json",
-                            "bert-of eval squad-score dev-v1.1.json predictions.json   # the official scripts' order",
                             "bert-of eval squad-score --data dev-v1.1.json --predictions p.json --model squad-model/ "
                             "--name my-bert"))
-    _data_and_predictions(s, "DATA.json", "PREDICTIONS.json", legacy_positionals=True)
-    s.add_argument("--na-prob-file", "-n", metavar="F", help="v2.0: question id -> probability of no answer")
-    s.add_argument("--na-prob-thresh", "-t", type=float, default=1.0, metavar="T",
-                   help='v2.0: predict "" if the no-answer probability exceeds this')
-    output_option(s, "write the JSON here instead of stdout", metavar="FILE", old=("--out-file",))
-    option(s, "--squad-version", old=("--version",), dest="version", choices=("1.1", "2.0"),
-           help="score as 1.1 or 2.0 regardless of the data file's version field")
-    s.add_argument("--ignore-unknown-ids", action="store_true",
-                   help="ignore prediction ids that are not in the data (default: error)")
-    s.add_argument("--skip-span-check", action="store_true",
-                   help="do not require answers to appear at their answer_start in the context")
-    _add_record_options(s)
+    add_options(s, SquadScoreOptions)
     s.set_defaults(fn=cmd_squad_score)
 
     g = esub.add_parser("glue-score", help="score GLUE / XNLI predictions against a labeled TSV",
@@ -230,10 +245,7 @@ def add_parser(subparsers):
                                         "preds/predictions.tsv",
                                         "bert-of eval glue-score --task xnli --language de --data xnli.dev.tsv "
                                         "--predictions p.tsv"))
-    g.add_argument("--task", required=True, metavar="T", help=f"one of {', '.join(TASK_CHOICES)}")
-    _data_and_predictions(g, "dev.tsv", "preds.tsv", legacy_positionals=False)
-    g.add_argument("--language", help="XNLI: score only this language's rows (e.g. zh)")
-    _add_record_options(g)
+    add_options(g, GlueScoreOptions)
     g.set_defaults(fn=cmd_glue_score)
 
     add_eval_commands(esub)  # eval squad / eval glue: run a model, then score and record
@@ -242,12 +254,7 @@ def add_parser(subparsers):
                               description="Print the results store with the published reference numbers.",
                               epilog=examples("bert-of results", "bert-of results --task squad-v1.1 --format csv",
                                               "bert-of results --measured-only --format json"))
-    r.add_argument("--results", metavar="FILE", help="results store (default $BERT_OF_HOME/results.jsonl)")
-    r.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown", help="table format")
-    r.add_argument("--task", help="only this task (e.g. squad-v1.1, squad-v2.0, mrpc, mnli-m, xnli-de)")
-    which = r.add_mutually_exclusive_group()
-    which.add_argument("--measured-only", action="store_true", help="leave out the published reference rows")
-    which.add_argument("--published-only", action="store_true", help="only the published reference rows")
+    add_options(r, ResultsOptions)
     r.set_defaults(fn=cmd_results)
     return esub
 

@@ -23,13 +23,13 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|fs|hooks|progress|config|tensors|checkpoint|tokenization|varint)", 0),
+    (r"bert_of\.(errors|version|process|fs|hooks|progress|config|options|tensors|checkpoint|tokenization|varint)", 0),
     (r"bert_of\.(_flow|outputs|modeling|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
     (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),
     (r"bert_of\.(zoo|eval)(\..+)?", 4),
-    (r"bert_of|bert_of\.(__main__|cli|cli_grammar|plots|pretrain|pretrain_cli|finetune|align|commands|selftest)(\..+)?", 5),
+    (r"bert_of|bert_of\.(__main__|cli|cli_grammar|plots|pretrain|pretrain_cli|pretrain_options|finetune|align|commands|selftest)(\..+)?", 5),
 ]
 NAMES = {0: "base", 1: "model", 2: "formats", 3: "training", 4: "services", 5: "commands"}
 

@@ -71,7 +71,7 @@ def _one_line(r, needle):
 def test_two_conversions_into_one_new_destination_one_wins(tmp_path):
     src = _checkpoint(tmp_path / "src", vocab=20000, hidden=64)  # ~7 MB: the two overlap
     dst = tmp_path / "dst"
-    procs = [_start("convert", "of2hf", src, dst) for _ in range(2)]
+    procs = [_start("convert", "of2hf", src, "-o", dst) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 1], outs
@@ -93,11 +93,11 @@ def test_a_destination_that_is_holds_or_lies_inside_the_source_is_refused(tmp_pa
     (a / "notes.txt").write_text("the user's own")
     before = _tree(a)
     for dst, needle in ((src, "is the source"), (a, "holds the source"), (a / "ck" / "out", "lies inside the source")):
-        r = run_cli("convert", "of2hf", src, dst, "--overwrite", check=False)
+        r = run_cli("convert", "of2hf", src, "-o", dst, "--overwrite", check=False)
         _one_line(r, f"{dst}: {needle}")
     link = tmp_path / "alias"
     os.symlink(src, link)  # the source under another name
-    _one_line(run_cli("convert", "of2hf", src, link, "--overwrite", check=False), "is the source")
+    _one_line(run_cli("convert", "of2hf", src, "-o", link, "--overwrite", check=False), "is the source")
     assert _tree(a) == before and sorted(os.listdir(a)) == ["ck", "notes.txt"]
 
 
@@ -106,20 +106,20 @@ def test_overwrite_replaces_only_what_bert_of_wrote(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
-    _one_line(run_cli("convert", "of2tf", src, mine, "--overwrite", check=False),
+    _one_line(run_cli("convert", "of2tf", src, "-o", mine, "--overwrite", check=False),
               f"{mine}: holds thesis.tex, which bert_of did not write; not replacing it")
     assert os.listdir(mine) == ["thesis.tex"]
     out = tmp_path / "out"
-    run_cli("convert", "of2tf", src, out)
+    run_cli("convert", "of2tf", src, "-o", out)
     (out / "sub").mkdir()
     (out / "sub" / "photo.jpg").write_bytes(b"\xff\xd8")
-    _one_line(run_cli("convert", "of2hf", src, out, "--overwrite", check=False), "holds sub/photo.jpg")
+    _one_line(run_cli("convert", "of2hf", src, "-o", out, "--overwrite", check=False), "holds sub/photo.jpg")
     os.remove(out / "sub" / "photo.jpg")
-    run_cli("convert", "of2hf", src, out, "--overwrite")  # a TF folder becomes an HF one
+    run_cli("convert", "of2hf", src, "-o", out, "--overwrite")  # a TF folder becomes an HF one
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    run_cli("convert", "of2hf", src, empty, "--overwrite")  # nothing to lose
+    run_cli("convert", "of2hf", src, "-o", empty, "--overwrite")  # nothing to lose
     assert sorted(os.listdir(empty)) == ["config.json", "model.safetensors"]
 
 
@@ -148,10 +148,10 @@ def test_a_rerun_with_overwrite_replaces_what_bert_of_wrote_beyond_its_standard_
 def test_a_symlinked_destination_is_replaced_at_its_target(tmp_path):
     src = _checkpoint(tmp_path / "src")
     real = tmp_path / "store" / "real"
-    run_cli("convert", "of2tf", src, real)
+    run_cli("convert", "of2tf", src, "-o", real)
     link = tmp_path / "link"
     os.symlink(real, link)
-    run_cli("convert", "of2hf", src, link, "--overwrite")
+    run_cli("convert", "of2hf", src, "-o", link, "--overwrite")
     assert os.path.islink(link) and os.readlink(link) == str(real)
     assert sorted(os.listdir(real)) == ["config.json", "model.safetensors"]
     assert _leftovers(tmp_path) == [] and _leftovers(tmp_path / "store") == []
@@ -179,7 +179,7 @@ def _wait_for_staging(folder, proc, timeout=120):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_mid_conversion_removes_the_staging_folder_and_ends_by_it(tmp_path, big, sig):
     out = tmp_path / "out"
-    p = _start("convert", "of2tf", big, out / "dst")
+    p = _start("convert", "of2tf", big, "-o", out / "dst")
     _wait_dir(out, p)
     _wait_for_staging(out, p)
     os.killpg(p.pid, sig)  # as a terminal's Ctrl-C (the whole job), or as `timeout` / a scheduler
@@ -209,7 +209,7 @@ def test_ctrl_c_at_any_moment_of_start_up_prints_no_traceback(tmp_path):
     """From bert_of's first line on (Python's own start-up before it, ~50 ms, is Python's)."""
     src = _checkpoint(tmp_path / "src")
     for i, delay in enumerate((0.0, 0.05, 0.1, 0.2, 0.4, 0.8)):
-        p = _start("convert", "of2tf", src, tmp_path / f"dst{i}")
+        p = _start("convert", "of2tf", src, "-o", tmp_path / f"dst{i}")
         end = time.monotonic() + 60
         while not _mapped(p.pid, "numpy") and p.poll() is None and time.monotonic() < end:
             time.sleep(0.001)  # bert_of.cli is importing its modules
@@ -226,7 +226,7 @@ def test_ctrl_c_stops_a_shell_loop(tmp_path, big):
     """bash runs the next command of a loop when a child exits normally with 130: ending by the
     signal is what stops it."""
     out = tmp_path / "out"
-    script = (f"for i in 1 2; do {sys.executable} -m bert_of.cli convert of2tf {big} {out}/dst$i; "
+    script = (f"for i in 1 2; do {sys.executable} -m bert_of.cli convert of2tf {big} -o {out}/dst$i; "
               f"echo status=$?; done; echo loop-finished")
     p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=_env(), cwd=ROOT, start_new_session=True)

@@ -34,13 +34,13 @@ def test_absurdly_nested_squad_json_is_one_line(tmp_path, which):
     inner = '{"a": ' * 200_000 + "1" + "}" * 200_000
     if which == "data":
         deep.write_text('{"version": "v2.0", "data": ' + _nested(200_000) + "}")
-        args = (deep, P20, "--na-prob-file", NA20)
+        args = ("--data", deep, "--predictions", P20, "--na-prob-file", NA20)
     elif which == "predictions":
         deep.write_text('{"a1": ' + inner + "}")
-        args = (V20, deep, "--na-prob-file", NA20)
+        args = ("--data", V20, "--predictions", deep, "--na-prob-file", NA20)
     else:
         deep.write_text(inner)
-        args = (V20, P20, "--na-prob-file", deep)
+        args = ("--data", V20, "--predictions", P20, "--na-prob-file", deep)
     line = _fails(tmp_path, "squad-score", *args, needle=str(deep))
     assert "nested too deeply" in line
 
@@ -49,16 +49,16 @@ def test_nan_no_answer_probabilities_are_refused_before_scoring(tmp_path):
     na = json.load(open(NA20))
     nan = tmp_path / "na-nan.json"
     nan.write_text(json.dumps({k: float("nan") for k in na}))  # Python writes NaN, as a careless tool would
-    line = _fails(tmp_path, "squad-score", V20, P20, "--na-prob-file", nan, needle=str(nan))
+    line = _fails(tmp_path, "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", nan, needle=str(nan))
     assert "expected a finite number" in line
     inf = tmp_path / "na-inf.json"
     inf.write_text(json.dumps(dict(na, a3=float("inf"))))
-    _fails(tmp_path, "squad-score", V20, P20, "--na-prob-file", inf, needle="value for 'a3' is inf")
-    _fails(tmp_path, "squad-score", V20, P20, "--na-prob-file", NA20, "--na-prob-thresh", "nan",
+    _fails(tmp_path, "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", inf, needle="value for 'a3' is inf")
+    _fails(tmp_path, "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", NA20, "--na-prob-thresh", "nan",
            needle="--na-prob-thresh nan: expected a finite number")
     # the same files without the NaN score and record (the refusal is about the values, not the files)
     results = tmp_path / "ok.jsonl"
-    r = run_cli("eval", "squad-score", V20, P20, "--na-prob-file", NA20, "--results", results)
+    r = run_cli("eval", "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", NA20, "--results", results)
     assert json.loads(r.stdout)["total"] == 5 and len(results.read_text().splitlines()) == 1
 
 

@@ -328,7 +328,7 @@ def test_learning_rate_schedule_is_googles():
     from bert_of.training import TrainConfig, build_optimizer, build_scheduler
 
     opt = build_optimizer(flow.nn.Linear(2, 2), TrainConfig(lr=2.0), for_graph=False)
-    sched = build_scheduler(opt, TrainConfig(total_steps=40, warmup_steps=4))
+    sched = build_scheduler(opt, TrainConfig(steps=40, warmup_steps=4))
     got = []
     for _ in range(41):
         got.append(opt.param_groups[0]["lr"])
@@ -449,7 +449,7 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
     ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--stop-after", 3)
     assert not os.path.exists(tmp_path / "b")  # "killed" after step 3: nothing published
     assert sorted(os.listdir(tmp_path / "run-b" / "checkpoints")) == ["step-0000003"]
-    _, err = ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--resume")
+    _, err = ok("finetune", "glue", "--run-dir", tmp_path / "run-b", "--resume")  # the run's record says the rest
     assert "resuming" in err and "at step 3" in err
     straight, resumed = _metrics(tmp_path / "run-a"), _metrics(tmp_path / "run-b")
     assert len(straight) == 6 and resumed == straight
@@ -465,7 +465,7 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
         for name, t in ref.tensors.items():
             assert np.array_equal(t, ck.tensors[name]), (k, name)
     assert _one_error([*base, "--output", tmp_path / "d", "--resume"]) == \
-        "--resume and --save-every need --run-dir (where checkpoints go)"
+        "--resume, --save-every and --stop-after need --run-dir (where checkpoints go)"
 
 
 
@@ -475,7 +475,7 @@ def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path)
     from bert_of.fs import LOCK_NAME, locked
 
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
-            "--batch-size", 10, "--max-steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
+            "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
     run = tmp_path / "run"
     ok(*base, "--output", tmp_path / "a", "--run-dir", run, "--save-every", 2, "--stop-after", 2)
     with locked(str(run / LOCK_NAME)):  # this process holds the run: a second writer is refused at once
@@ -513,6 +513,5 @@ def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
     pred = ["predict", "glue", "--model", tmp_path / "one", "--data", SST_TRAIN, "--mode", "graph"]
     ok(*pred, "-o", tmp_path / "p1")
-    r = run_cli(*pred, "--output", tmp_path / "p2.tsv", "--nproc", 2)  # the old meaning (a file) still works
-    assert "a file name is deprecated" in r.stderr
-    assert (tmp_path / "p1" / "predictions.tsv").read_text() == (tmp_path / "p2.tsv").read_text()
+    run_cli(*pred, "--output", tmp_path / "p2", "--nproc", 2)
+    assert (tmp_path / "p1" / "predictions.tsv").read_text() == (tmp_path / "p2" / "predictions.tsv").read_text()

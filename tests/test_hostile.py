@@ -54,10 +54,10 @@ def converts_badly(tmp_path, src_dir, direction, needle, edit, *extra, subproces
     out = tmp_path / "out"
     out.mkdir()
     if subprocess_run:
-        r = run_cli("convert", direction, bad, out / "dst", *extra, check=False, process=True)
+        r = run_cli("convert", direction, bad, "-o", out / "dst", *extra, check=False, process=True)
         assert r.returncode >= 0, f"killed by signal {-r.returncode}"
         return one_line(r.returncode, r.stderr, needle, out)
-    rc, _, err = inproc("convert", direction, bad, out / "dst", *extra)
+    rc, _, err = inproc("convert", direction, bad, "-o", out / "dst", *extra)
     return one_line(rc, err, needle, out)
 
 
@@ -332,7 +332,7 @@ def _in_small_tmpfs(tmp_path, kib, args):
 
 @pytest.mark.parametrize("direction, kib", [("of2h5", 100), ("of2tf", 16), ("of2lazy", 60)])
 def test_disk_full_is_one_line_naming_the_file(src, tmp_path, direction, kib):
-    rc, err, left = _in_small_tmpfs(tmp_path, kib, ["convert", direction, src["of"], tmp_path / "mnt" / "dst"])
+    rc, err, left = _in_small_tmpfs(tmp_path, kib, ["convert", direction, src["of"], "-o", tmp_path / "mnt" / "dst"])
     line = one_line(rc, err, "no space left on the device")
     assert f"{tmp_path}/mnt/dst/" in line and ".tmp-" not in line, line  # the file, as DST will name it
     assert left == [], left
@@ -490,7 +490,7 @@ def test_squad_score_accepts_what_the_official_script_scores(tmp_path):
         {"id": "c", "question": "Which city?", "answers": [{"text": "Warsaw", "answer_start": 0}]}]}]}]}
     (tmp_path / "d.json").write_text(json.dumps(data))
     (tmp_path / "p.json").write_text(json.dumps({"a": "the Vistula", "b": "Poland", "c": "Krakow"}))
-    rc, out, err = inproc("eval", "squad-score", tmp_path / "d.json", tmp_path / "p.json", "--no-record")
+    rc, out, err = inproc("eval", "squad-score", "--data", tmp_path / "d.json", "--predictions", tmp_path / "p.json", "--no-record")
     assert rc == 0, err
     # a: EM 0, F1 2*(1/1)*(1/2)/(1/1+1/2) = 2/3 ("vistula" of "vistula river"); b: 1/1; c: 0/0
     assert json.loads(out) == {"exact_match": 100 / 3, "f1": 100 * (2 / 3 + 1) / 3}

@@ -231,7 +231,7 @@ def test_align_runs_its_two_rank_runs_over_two_nodes(tmp_path):
     """`bert-of align data-parallel --nnodes 2`: node 0 runs the suite, node 1 lends the second rank
     of its 2-rank runs (same OUT: the filesystem the nodes share)."""
     out, port = tmp_path / "align", free_port()
-    nodes = [_start(["align", "data-parallel", "--size", "tiny", "--steps", 4, "--out", out, "--nnodes", 2,
+    nodes = [_start(["align", "data-parallel", "--size", "tiny", "--steps", 4, "-o", out, "--nnodes", 2,
                      "--node-rank", r, "--master-port", port]) for r in (1, 0)]
     try:
         (out1, err1), (out0, err0) = [p.communicate(timeout=400) for p in nodes]

@@ -303,7 +303,7 @@ def test_whole_word_masking_masks_every_piece_of_a_word(tmp_path, vocab):
     _, id2tok = vocab
     out = tmp_path / "wwm"
     run_data("create-pretraining", "--input", SAMPLE, CLASSICS, "--vocab", VOCAB, "--output", out,
-             "--whole-word-mask", "--dupe-factor", 5, "--no-progress")
+             "--do-whole-word-mask", "--dupe-factor", 5, "--no-progress")
     multi_piece = 0
     for r in read_dir(out):
         m = int(r["masked_lm_weights"].sum())
@@ -584,14 +584,16 @@ def test_reshard_and_cli_registration(dataset, tmp_path):
 
     import argparse
 
+    from bert_of.cli_grammar import finish
+
     root = argparse.ArgumentParser(prog="bert-of")
     data_cli.add_parser(root.add_subparsers(dest="command"))
+    finish(root)  # the common options (-q, --no-progress, ...) on every command
     args = root.parse_args(["data", "inspect", dataset])
     assert args.fn(args) == 0
     args = root.parse_args(["data", "create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output",
-                            str(tmp_path / "c"), "--whole-word-mask", "--seed", "9", "--no-progress"])
-    assert args.do_whole_word_mask if hasattr(args, "do_whole_word_mask") else args.whole_word_mask
-    assert args.random_seed == 9 and args.fn(args) == 0
+                            str(tmp_path / "c"), "--do-whole-word-mask", "--random-seed", "9", "--no-progress"])
+    assert args.do_whole_word_mask and args.random_seed == 9 and args.fn(args) == 0
 
 
 # --------------------------------------------------------------------------- speed path: same draws, same bytes

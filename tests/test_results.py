@@ -142,7 +142,7 @@ def test_every_evaluation_appends_a_record(tmp_path):
     (ck / "model.safetensors").write_bytes(b"\x00" * 64)
     env = {"BERT_OF_HOME": str(home)}
     # the official scripts' positional order and the old --checkpoint still work
-    r = run_eval("eval", "squad-score", V11, P11, "--checkpoint", ck, "--hparam", "learning_rate=3e-5",
+    r = run_eval("eval", "squad-score", "--data", V11, "--predictions", P11, "--model", ck, "--hparam", "learning_rate=3e-5",
                  "--hparam", "note=first run", env=env)
     assert r.returncode == 0, r.stderr
     assert f"recorded in {home / 'results.jsonl'}" in r.stderr
@@ -176,5 +176,5 @@ def test_every_evaluation_appends_a_record(tmp_path):
     r = run_eval("results", "--published-only", "--results", tmp_path / "none.jsonl")
     assert r.returncode == 0 and "| measured |" not in r.stdout
     # --no-record leaves the store alone
-    run_eval("eval", "squad-score", V11, P11, "--no-record", env=env)
+    run_eval("eval", "squad-score", "--data", V11, "--predictions", P11, "--no-record", env=env)
     assert len((home / "results.jsonl").read_text().splitlines()) == 2

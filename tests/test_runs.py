@@ -106,8 +106,8 @@ def test_a_resume_with_another_setup_names_the_difference(setup, runs, tmp_path)
     _fails(_args(setup, run, "--resume", "--batch-size", "16"), "different setup (batch_size 8 -> 16)")
     args = _args(setup, run, "--resume")
     args[args.index("--config") + 1] = setup / "bert_config_3.json"
-    _fails(args, "different setup (config.num_hidden_layers 2 -> 3)")
-    _fails(_args(setup, run, "--resume", "--no-dropout"), "config.attention_probs_dropout_prob 0.1 -> 0.0")
+    _fails(args, f"different setup (config '{setup / 'bert_config.json'}' -> '{setup / 'bert_config_3.json'}')")
+    _fails(_args(setup, run, "--resume", "--no-dropout"), "different setup (no_dropout False -> True)")
     _fails(_args(setup, run, "--overwrite", "--resume"), "pass one of them")
     _fails(_args(setup, run), "already holds a run (metrics.jsonl, checkpoints)")
     _fails(_args(setup, run, "--output", setup / "data"), "is the source")
@@ -118,7 +118,8 @@ def test_overwrite_removes_only_what_the_run_wrote(setup, runs, tmp_path):
     shutil.copytree(runs[1], run)
     (run / "notes.txt").write_text("mine")
     run_cli(*_args(setup, run, "--overwrite", "--steps", "2", "--save-every", "0"))
-    assert sorted(os.listdir(run)) == [".bert_of.lock", "final", "metrics.jsonl", "notes.txt"]
+    assert sorted(os.listdir(run)) == [".bert_of.lock", "config.json", "final", "metrics.jsonl", "notes.txt", "run.json",
+                                       "vocab.txt"]
     assert [r["step"] for r in _metrics(run)] == [1, 2]
 
 

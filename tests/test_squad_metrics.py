@@ -89,7 +89,7 @@ def test_v1_fixture_by_hand(capsys):
     # normalisation (1, 1); q3 F1 6/7; q4 "The" -> "" (0, 0); q5 no prediction (0, 0, still
     # counted); q6 "about 260 km": vs "roughly 260 kilometres" F1 1/3, vs "260 kilometres"
     # P 1/3 R 1/2 F1 0.4 -> max 0.4; q7 "  WARSAW  " (1, 1).
-    r = run_eval("eval", "squad-score", V11, P11, "--no-record")
+    r = run_eval("eval", "squad-score", "--data", V11, "--predictions", P11, "--no-record")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert list(out) == ["exact_match", "f1"]
@@ -153,7 +153,7 @@ def test_v2_na_prob_threshold_and_best_thresholds():
 
 
 def test_v2_cli_output_format():
-    r = run_eval("eval", "squad-score", V20, P20, "--na-prob-file", NA20, "--no-record")
+    r = run_eval("eval", "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", NA20, "--no-record")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert r.stdout == json.dumps(out, indent=2) + "\n"  # evaluate-v2.0.py prints indent=2
@@ -178,7 +178,7 @@ def test_v2_missing_predictions_are_skipped_and_reported(tmp_path):
     preds = json.load(open(P20))
     del preds["a4"]
     p = write_json(tmp_path / "p.json", preds)
-    r = run_eval("eval", "squad-score", V20, p, "--no-record")
+    r = run_eval("eval", "squad-score", "--data", V20, "--predictions", p, "--no-record")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     # a4 leaves every total: exact (a1 + a3) / 4, NoAns over a3 only.
@@ -215,7 +215,7 @@ def test_version_comes_from_the_data_file(tmp_path):
 ])
 def test_bad_input_one_line_error(data, preds, extra, message):
     extra = [os.path.join(D, x) if x.endswith(".json") else x for x in extra]
-    r = run_eval("eval", "squad-score", os.path.join(D, data), os.path.join(D, preds), *extra, "--no-record")
+    r = run_eval("eval", "squad-score", "--data", os.path.join(D, data), "--predictions", os.path.join(D, preds), *extra, "--no-record")
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr

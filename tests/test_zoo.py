@@ -574,7 +574,7 @@ def test_zoo_add_registers_a_local_checkpoint(home, tmp_path, release):
     z = Zoo(cache_dir=str(home))
     assert z.resolve("my-pretrain") == str(ckpt) and z.path("mine") == str(ckpt)
     assert run_zoo("verify", "mine", env=env).returncode == 0
-    # a name that is taken needs --force
+    # a name that is taken needs --overwrite
     r = run_zoo("add", ckpt, "--name", "bert-base", env=env)
     assert r.returncode == 1 and "already names the entry bert-base-uncased" in r.stderr
     # modified after registering: verify says which file

@@ -12,9 +12,11 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 from bert_of.cli import run_command
-from bert_of.cli_grammar import examples, option
+from bert_of.cli_grammar import add_options, examples
+from bert_of.options import arg, from_args
 from bert_of.progress import log
 from bert_of.zoo.core import FORMATS, Zoo
 from bert_of.zoo.download import DownloadOptions, human_size
@@ -35,11 +37,81 @@ EPILOG = examples("bert-of zoo list", "bert-of zoo download bert-base-uncased", 
                   "bert-of zoo add run/final --name my-mini-bert") + "\n\n" + ENV_HELP
 
 
+# --------------------------------------------------------------------------- options
+
+ZOO = "zoo options"
+NAME_HELP = "registry name or alias (case-insensitive), e.g. bert-base-uncased, bert-base"
+FORMAT_HELP = "of: bert_of checkpoint; tf: Google's files as published; lazy/hf: converted"
+DEFAULT_FORMAT = "of"
+
+
+@dataclass(kw_only=True)
+class ZooOptions:
+    """What every ``bert-of zoo`` command takes: where the registry and the cache are."""
+
+    registry: list = arg(default_factory=list, metavar="FILE", group=ZOO,
+                         help="extra registry file (repeatable; after BERT_OF_REGISTRY; later files override by name)")
+    cache_dir: str | None = arg(None, metavar="DIR", group=ZOO, help="cache folder (unset: BERT_OF_HOME or "
+                                                                      "~/.cache/bert_of)")
+    offline: bool | None = arg(None, group=ZOO, help="never touch the network (as BERT_OF_OFFLINE=1)")
+    endpoint: str | None = arg(None, metavar="URL", group=ZOO,
+                               help="mirror replacing https://storage.googleapis.com/ in registry URLs (as "
+                                    "BERT_OF_ENDPOINT)")
+
+
+@dataclass(kw_only=True)
+class ListOptions(ZooOptions):
+    downloaded: bool = arg(False, help="only entries in the cache (or local)")
+    json: bool = arg(False, help="print the entries as JSON on stdout")
+
+
+@dataclass(kw_only=True)
+class InfoOptions(ZooOptions):
+    name: str = arg(positional=True, metavar="NAME", help=NAME_HELP)
+    json: bool = arg(False, help="print the entry as JSON on stdout")
+
+
+@dataclass(kw_only=True)
+class FetchOptions(ZooOptions):
+    name: str = arg(positional=True, metavar="NAME", help=NAME_HELP)
+    format: str = arg(DEFAULT_FORMAT, choices=FORMATS, help=FORMAT_HELP)
+    no_verify: bool = arg(False, help="skip the forward-equality check after converting")
+    force: bool = arg(False, help="download and build again even if cached")
+    keep_archive: bool = arg(False, help="keep the downloaded archive in the cache")
+    timeout: float | None = arg(None, metavar="S", help="seconds for the connection and each read (unset: "
+                                                        "BERT_OF_DOWNLOAD_TIMEOUT, else the downloader's)")
+    retries: int | None = arg(None, metavar="N", help="retries without progress before giving up (unset: "
+                                                      "BERT_OF_DOWNLOAD_RETRIES, else the downloader's)")
+
+
+@dataclass(kw_only=True)
+class PathOptions(ZooOptions):
+    name: str = arg(positional=True, metavar="NAME", help=NAME_HELP)
+    format: str = arg(DEFAULT_FORMAT, choices=FORMATS, help=FORMAT_HELP)
+
+
+@dataclass(kw_only=True)
+class CachedOptions(ZooOptions):
+    """``zoo verify`` and ``zoo remove``: every cached format, or one."""
+
+    name: str = arg(positional=True, metavar="NAME", help=NAME_HELP)
+    format: str | None = arg(None, choices=FORMATS, help="only this cached format (unset: every cached one)")
+
+
+@dataclass(kw_only=True)
+class AddOptions(ZooOptions):
+    dir: str = arg(positional=True, metavar="DIR", help="the checkpoint folder (any format bert-of convert reads)")
+    name: str = arg(metavar="NAME", help="the entry's name in the zoo")
+    alias: list = arg(default_factory=list, metavar="NAME", help="another name for it (repeatable)")
+    metadata: str | None = arg(None, metavar="FILE", help="JSON: training metadata and evaluation results")
+    description: str | None = arg(None, metavar="TEXT", help="one line shown by zoo info")
+    overwrite: bool = arg(False, help="replace an entry or alias of the same name")
+
+
 def _zoo(args) -> Zoo:
     return Zoo(cache_dir=args.cache_dir, registries=args.registry, offline=args.offline, endpoint=args.endpoint,
                download_options=DownloadOptions.from_env(timeout=getattr(args, "timeout", None),
-                                                         retries=getattr(args, "retries", None),
-                                                         progress=getattr(args, "progress", None)),
+                                                         retries=getattr(args, "retries", None)),
                quiet=False)  # -q: the bert_of logger's level
 
 
@@ -53,6 +125,7 @@ def _params(n) -> str:
 
 
 def cmd_list(args) -> int:
+    args = from_args(ListOptions, args)
     z = _zoo(args)
     rows = z.rows()
     if args.downloaded:
@@ -83,6 +156,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_info(args) -> int:
+    args = from_args(InfoOptions, args)
     z = _zoo(args)
     info = z.info(args.name)
     if args.json:
@@ -155,6 +229,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_download(args) -> int:
+    args = from_args(FetchOptions, args)
     z = _zoo(args)
     try:
         path = z.download(args.name, args.format, verify=not args.no_verify, force=args.force,
@@ -167,11 +242,13 @@ def cmd_download(args) -> int:
 
 
 def cmd_path(args) -> int:
+    args = from_args(PathOptions, args)
     print(_zoo(args).path(args.name, args.format))
     return 0
 
 
 def cmd_verify(args) -> int:
+    args = from_args(CachedOptions, args)
     z = _zoo(args)
     results = z.verify(args.name, args.format)
     bad = []
@@ -190,6 +267,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_remove(args) -> int:
+    args = from_args(CachedOptions, args)
     z = _zoo(args)
     removed = z.remove(args.name, args.format)
     if not removed:
@@ -238,9 +316,10 @@ def cmd_cache_prune(args) -> int:
 
 
 def cmd_add(args) -> int:
+    args = from_args(AddOptions, args)
     z = _zoo(args)
     e = z.add(args.dir, args.name, aliases=args.alias, metadata=args.metadata, description=args.description,
-              force=args.force)
+              overwrite=args.overwrite)
     c = e.get("config") or {}
     print(f"registered {e['name']} -> {e['path']} ({e['source_format']}, {_params(e.get('params'))} parameters, "
           f"L={c.get('L')} H={c.get('H')} A={c.get('A')}, {len(e['files_sha256'])} files hashed) in "
@@ -252,37 +331,23 @@ def cmd_add(args) -> int:
 
 
 def _fill(p: argparse.ArgumentParser) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    g = common.add_argument_group("zoo options")
-    g.add_argument("--registry", action="append", default=[], metavar="FILE",
-                   help="extra registry file (repeatable; after BERT_OF_REGISTRY; later files override by name)")
-    g.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: BERT_OF_HOME or ~/.cache/bert_of)")
-    g.add_argument("--offline", action="store_true", default=None,
-                   help="never touch the network (as BERT_OF_OFFLINE=1)")
-    g.add_argument("--endpoint", metavar="URL",
-                   help="mirror replacing https://storage.googleapis.com/ in registry URLs (as BERT_OF_ENDPOINT)")
-    name_help = "registry name or alias (case-insensitive), e.g. bert-base-uncased, bert-base"
-    fmt_help = "of: bert_of checkpoint; tf: Google's files as published; lazy/hf: converted"
-
     sub = p.add_subparsers(dest="zoo_command", required=True, metavar="ZOO_COMMAND")
 
-    s = sub.add_parser("list", parents=[common], help="table of entries: params, size, format, downloaded?, SQuAD",
+    s = sub.add_parser("list", help="table of entries: params, size, format, downloaded?, SQuAD",
                        description="List every registry entry.",
                        epilog=examples("bert-of zoo list", "bert-of zoo list --downloaded",
                                        "bert-of zoo list --json | jq '.entries[].name'"))
-    s.add_argument("--downloaded", action="store_true", help="only entries in the cache (or local)")
-    s.add_argument("--json", action="store_true", help="print the entries as JSON on stdout")
+    add_options(s, ListOptions)
     s.set_defaults(fn=cmd_list)
 
-    s = sub.add_parser("info", parents=[common], help="everything about one entry",
+    s = sub.add_parser("info", help="everything about one entry",
                        description="URLs, hashes, config, license, provenance, evaluation results with sources, "
                                    "cache state, and which registry the entry came from.",
                        epilog=examples("bert-of zoo info bert-base-uncased", "bert-of zoo info bert-large --json"))
-    s.add_argument("name", metavar="NAME", help=name_help)
-    s.add_argument("--json", action="store_true", help="print the entry as JSON on stdout")
+    add_options(s, InfoOptions)
     s.set_defaults(fn=cmd_info)
 
-    s = sub.add_parser("download", parents=[common], help="download, verify, extract, convert, cache; print the path",
+    s = sub.add_parser("download", help="download, verify, extract, convert, cache; print the path",
                        description="Download NAME (resuming a partial download), verify SHA-256, extract safely, "
                                    "convert (tf2of by default) with a forward-equality check, publish into the "
                                    "cache atomically, and print the folder. Cached entries return at once. "
@@ -290,44 +355,32 @@ def _fill(p: argparse.ArgumentParser) -> None:
                        epilog=examples("bert-of zoo download bert-base-uncased",
                                        "bert-of zoo download bert-large-cased --format tf    # Google's files",
                                        "MODEL=$(bert-of zoo download bert-base -q)          # just the path"))
-    s.add_argument("name", metavar="NAME", help=name_help)
-    s.add_argument("--format", choices=FORMATS, default="of", help=fmt_help)
-    s.add_argument("--no-verify", action="store_true", help="skip the forward-equality check after converting")
-    s.add_argument("--force", action="store_true", help="download and build again even if cached")
-    s.add_argument("--keep-archive", action="store_true", help="keep the downloaded archive in the cache")
-    s.add_argument("--timeout", type=float, metavar="S",
-                   help="seconds for the connection and each read (default 30, or BERT_OF_DOWNLOAD_TIMEOUT)")
-    s.add_argument("--retries", type=int, metavar="N",
-                   help="retries without progress before giving up (default 5, or BERT_OF_DOWNLOAD_RETRIES)")
-    s.add_argument("--progress", dest="progress", action="store_true", default=None, help=argparse.SUPPRESS)
+    add_options(s, FetchOptions)
     s.set_defaults(fn=cmd_download, interrupt_note=" (a partial download is kept and resumes next time)")
 
-    s = sub.add_parser("path", parents=[common], help="print the cached folder (error if not downloaded)",
+    s = sub.add_parser("path", help="print the cached folder (error if not downloaded)",
                        description="Print NAME's folder in the cache; an error (exit 1) when it is not there. "
                                    "Never downloads.",
                        epilog=examples("bert-of zoo path bert-base-uncased", "ls $(bert-of zoo path bert-base --format tf)"))
-    s.add_argument("name", metavar="NAME", help=name_help)
-    s.add_argument("--format", choices=FORMATS, default="of", help=fmt_help)
+    add_options(s, PathOptions)
     s.set_defaults(fn=cmd_path)
 
-    s = sub.add_parser("verify", parents=[common], help="re-hash the cached files against their manifest",
+    s = sub.add_parser("verify", help="re-hash the cached files against their manifest",
                        description="Re-hash every cached file of NAME against the SHA-256 recorded when it was "
                                    "published (and, for Google's files, against the registry). Exit 1 on any "
                                    "difference.",
                        epilog=examples("bert-of zoo verify bert-base-uncased", "bert-of zoo verify bert-base --format tf"))
-    s.add_argument("name", metavar="NAME", help=name_help)
-    s.add_argument("--format", choices=FORMATS, help="only this cached format (default: every cached one)")
+    add_options(s, CachedOptions)
     s.set_defaults(fn=cmd_verify)
 
-    s = sub.add_parser("remove", parents=[common], help="delete cached folders; unregister a `zoo add` entry",
+    s = sub.add_parser("remove", help="delete cached folders; unregister a `zoo add` entry",
                        description="Delete NAME's cached folders and partial downloads (all formats, or --format). "
                                    "For an entry made by `zoo add`, also unregister it; its folder is not touched.",
                        epilog=examples("bert-of zoo remove bert-large-uncased", "bert-of zoo remove bert-base --format hf"))
-    s.add_argument("name", metavar="NAME", help=name_help)
-    s.add_argument("--format", choices=FORMATS, help="only this cached format (default: all)")
+    add_options(s, CachedOptions)
     s.set_defaults(fn=cmd_remove)
 
-    s = sub.add_parser("add", parents=[common], help="register a local checkpoint folder (e.g. from pretraining)",
+    s = sub.add_parser("add", help="register a local checkpoint folder (e.g. from pretraining)",
                        description="Register DIR (a bert_of checkpoint, or any format bert-of convert reads) under "
                                    "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
                                    "its files. Every tensor is read: one holding NaN or inf (a diverged run) is "
@@ -335,13 +388,7 @@ def _fill(p: argparse.ArgumentParser) -> None:
                                    "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.",
                        epilog=examples("bert-of zoo add run/final --name my-mini-bert",
                                        "bert-of zoo add run/final --name my-mini-bert --alias mini --overwrite"))
-    s.add_argument("dir", metavar="DIR", help="the checkpoint folder (any format bert-of convert reads)")
-    s.add_argument("--name", required=True, metavar="NAME", help="the entry's name in the zoo")
-    s.add_argument("--alias", action="append", default=[], metavar="NAME", help="another name for it (repeatable)")
-    s.add_argument("--metadata", metavar="FILE", help="JSON: training metadata and evaluation results")
-    s.add_argument("--description", metavar="TEXT", help="one line shown by zoo info")
-    option(s, "--overwrite", old=("--force",), dest="force", action="store_true",
-           help="replace an entry or alias of the same name")
+    add_options(s, AddOptions)
     s.set_defaults(fn=cmd_add)
 
     _fill_cache(sub, common)

@@ -211,9 +211,9 @@ class Zoo:
 
     # ------------------------------------------------------------------ add, list, info
     def add(self, directory: str, name: str, aliases=(), metadata: str | None = None,
-            description: str | None = None, force: bool = False) -> dict:
+            description: str | None = None, overwrite: bool = False) -> dict:
         """Register a local checkpoint folder (referenced in place, content-hashed) in registry.local.json."""
-        return _local.add(self, directory, name, aliases, metadata, description, force)
+        return _local.add(self, directory, name, aliases, metadata, description, overwrite)
 
     def rows(self) -> list:
         """One dict per entry for `zoo list`."""

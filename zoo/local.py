@@ -27,7 +27,7 @@ def config_summary(cfg) -> dict:
 
 
 def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
-        description: str | None = None, force: bool = False) -> dict:
+        description: str | None = None, overwrite: bool = False) -> dict:
     """Register a local checkpoint folder (referenced in place, content-hashed) in registry.local.json."""
     directory = os.path.abspath(os.path.expanduser(directory))
     if not os.path.isdir(directory):
@@ -72,9 +72,9 @@ def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
         reg = z.registry  # read under the lock: a concurrent `zoo add` of the same name is seen
         for n in [name] + entry["aliases"]:
             other = reg.lookup(n)
-            if other is not None and not force:
+            if other is not None and not overwrite:
                 raise ZooError(f"{n}: already names the entry {other['name']} (from {other['_registry']}); "
-                               "choose another --name/--alias, or pass --force to replace it")
+                               "choose another --name/--alias, or pass --overwrite to replace it")
         if name in reg.entries and reg.entries[name]["_registry"] != z.local_registry_path:
             z.log(f"note: {name} now overrides the entry of {reg.entries[name]['_registry']} "
                   "(later registries win, whole entry)")

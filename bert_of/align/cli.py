@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
 from bert_of.align.report import format_summary, plot_report, plot_skipped
 from bert_of.cli import run_command
-from bert_of.cli_grammar import examples, output_option
+from bert_of.cli_grammar import add_options, examples
 from bert_of.errors import BertOfError
 from bert_of.fs import read_json
-from bert_of.launch import add_arguments as add_rank_arguments
 from bert_of.launch import topology
+from bert_of.options import Nodes, arg, from_args
 
 _DOC = ("bert-of align: prove that eager, graph, multi-rank, accumulation and converted checkpoints "
         "train the same.")
@@ -26,35 +27,44 @@ EXAMPLES = examples("bert-of align list                              # the exper
                     "bert-of align all -o docs/align --replot          # redraw the plots from the reports")
 
 
+@dataclass(kw_only=True)
+class AlignOptions:
+    """``bert-of align``."""
+
+    experiments: list = arg(positional=True, metavar="EXPERIMENT",
+                            help="all, list, or names / numbers: " + ", ".join(f"{n} {m}" for n, m, _, _ in EXPERIMENTS))
+    steps: int = arg(1000, metavar="N", help=f"training steps per run; controls run min(steps, {CONTROL_STEPS}), "
+                                             f"experiment 7 min(steps, {TF_STEPS})")
+    output: str = arg("align-out", short="-o", metavar="DIR",
+                      help="report directory: EXPERIMENT.json + .png, summary.json, README.md")
+    size: str = arg("small", choices=tuple(SIZES),
+                    help="model/data preset: tiny (tests), small (2 layers, hidden 32, seq 32), mini (4 layers, "
+                         "hidden 256, seq 128: for real hardware)")
+    jobs: int = arg(1, metavar="J", help="1-process runs in J worker processes (1: in this process); multi-rank runs "
+                                         "always launch their own processes")
+    data_dir: str | None = arg(None, metavar="DIR", help="dataset and finished-run cache (unset: OUTPUT/data)")
+    corpus: list = arg(default_factory=list, nargs="+", metavar="FILE",
+                       help="text files for the pretraining data (unset: the package's small corpus, "
+                            "bert_of/align/default-corpus)")
+    vocab: str | None = arg(None, metavar="FILE", help="vocab.txt for --corpus (unset: the one of the package's corpus)")
+    seed: int = arg(0, metavar="S", help="initialisation seed")
+    perturb_lr: float = arg(0.0, metavar="REL", help="self-test: train the compared side of every equal comparison "
+                                                     "with lr x (1 + REL); the experiments should then fail")
+    replot: bool = arg(False, help="only redraw OUTPUT/EXPERIMENT.png from the reports already in OUTPUT (no "
+                                   "training)")
+    fresh: bool = arg(False, help="re-run everything (unset: runs finished by an earlier invocation with the same "
+                                  "spec and code are reused from DATA_DIR/runs/)")
+    nodes: Nodes = field(default_factory=Nodes)  # multi-rank runs over several machines: same OUTPUT on each
+    quiet: bool = False  # the common -q
+
+
 def _add_arguments(p):
-    p.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
-                   help="all, list, or names / numbers: " + ", ".join(f"{n} {m}" for n, m, _, _ in EXPERIMENTS))
-    p.add_argument("--steps", type=int, default=1000, help="training steps per run (default 1000); controls run "
-                   f"min(steps, {CONTROL_STEPS}), experiment 7 min(steps, {TF_STEPS})")
-    output_option(p, "report directory: EXPERIMENT.json + .png, summary.json, README.md", default="align-out",
-                  metavar="DIR", old=("--out",))
-    p.add_argument("--size", choices=tuple(SIZES), default="small",
-                   help="model/data preset: tiny (tests), small (default: 2 layers, hidden 32, seq 32), mini "
-                        "(4 layers, hidden 256, seq 128: for real hardware)")
-    p.add_argument("--jobs", type=int, default=1, help="1-process runs in J worker processes (default 1: in this "
-                   "process); multi-rank runs always launch their own processes")
-    p.add_argument("--data-dir", metavar="DIR", help="dataset and finished-run cache (default: OUTPUT/data)")
-    p.add_argument("--corpus", nargs="+", metavar="FILE", help="text files for the pretraining data (default: the package's "
-                   "small corpus, bert_of/align/default-corpus)")
-    p.add_argument("--vocab", metavar="FILE", help="vocab.txt for --corpus (default: the one of the package's corpus)")
-    p.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
-    p.add_argument("--perturb-lr", type=float, default=0.0, metavar="REL",
-                   help="self-test: train the compared side of every equal comparison with lr x (1 + REL); the "
-                        "experiments should then fail")
-    p.add_argument("--replot", action="store_true", help="only redraw OUTPUT/EXPERIMENT.png from the reports "
-                   "already in OUTPUT (no training)")
-    p.add_argument("--fresh", action="store_true", help="re-run everything (default: runs finished by an earlier "
-                   "invocation with the same spec and code are reused from DATA_DIR/runs/)")
-    add_rank_arguments(p, nproc=False)  # multi-rank runs over several machines: same OUTPUT (shared) on each
+    add_options(p, AlignOptions)
     p.set_defaults(fn=cmd_align)
 
 
 def cmd_align(args) -> int:
+    args = from_args(AlignOptions, args, quiet=getattr(args, "quiet", False))
     if [e.lower() for e in args.experiments] == ["list"]:
         for num, name, title, _ in EXPERIMENTS:
             print(f"{num} {name:<15} {title}")
@@ -63,11 +73,11 @@ def cmd_align(args) -> int:
         return replot(args.output, args.experiments)
     from bert_of.align.runner import follow, run_experiments
 
-    nodes = topology(args, nproc=1)
+    nodes = topology(args.nodes, nproc=1)
     if nodes.node_rank > 0:  # node 0 runs the suite; this node lends its ranks to the multi-rank runs
         return follow(args.output, nodes, quiet=args.quiet)
     summary = run_experiments(args.experiments, steps=args.steps, out=args.output, size=args.size, jobs=args.jobs,
-                              data_dir=args.data_dir, corpus=args.corpus, vocab=args.vocab, seed=args.seed,
+                              data_dir=args.data_dir, corpus=args.corpus or None, vocab=args.vocab, seed=args.seed,
                               perturb_lr=args.perturb_lr, quiet=args.quiet, fresh=args.fresh,
                               nodes=nodes if nodes.nnodes > 1 else None)
     print(format_summary(summary))

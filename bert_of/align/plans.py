@@ -75,7 +75,7 @@ class Ctx:
 
     def spec(self, train, mode, data=None, dist="none", world=1, steps=None, variant=None, init=None):
         t = dict(train)
-        t.setdefault("total_steps", self.steps)
+        t.setdefault("steps", self.steps)
         if t.get("end_lr") == "const":
             t["end_lr"] = t["lr"]
         t["mode"] = mode
@@ -115,7 +115,7 @@ def plan_schedulers(ctx):
         runs[f"{opt} graph"] = ctx.spec(t, "graph")
         comps.append((f"{opt} eager", f"{opt} graph", "equal", ""))
     # the drift the OneFlow work saw: one side with flow.optim.AdamW's defaults
-    ctrl = dict(_sched("adamw", ctx.steps), eps=1e-8, bias_correction=True)
+    ctrl = dict(_sched("adamw", ctx.steps), adam_eps=1e-8, bias_correction=True)
     n = min(ctx.steps, CONTROL_STEPS)
     runs["adamw eager, OneFlow defaults (eps 1e-8, bias correction)"] = ctx.spec(ctrl, "eager", steps=n)
     comps.append(("adamw graph", "adamw eager, OneFlow defaults (eps 1e-8, bias correction)", "differ",
@@ -292,8 +292,8 @@ def plan_tf_checkpoint(ctx):
           "data": ctx.data(), "steps": n, "init_lr": lr, "total_steps": total, "warmup_steps": warmup}
     # Google's rate from global step g0 on is lr * (1 - (g0 + t) / T): the same line as a
     # fresh PolynomialLR from lr * (1 - g0 / T) to 0 over T - g0 steps (warmup is over).
-    train = dict(optimizer="adamw", lr=lr * (1 - g0 / total), total_steps=total - g0, warmup_steps=0, end_lr=0.0,
-                 power=1.0, weight_decay=0.01, clip_grad_norm=1.0, eps=1e-6, bias_correction=False)
+    train = dict(optimizer="adamw", lr=lr * (1 - g0 / total), steps=total - g0, warmup_steps=0, end_lr=0.0,
+                 power=1.0, weight_decay=0.01, clip_grad_norm=1.0, adam_eps=1e-6, bias_correction=False)
     init = {"kind": "checkpoint", "path": of_dir, "optimizer": True}
     expected_lr = [google_learning_rate(g0 + i, lr, total, warmup) for i in range(n)]
     return {

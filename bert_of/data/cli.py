@@ -15,9 +15,11 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass, fields
 
-from bert_of.cli_grammar import examples, output_option
+from bert_of.cli_grammar import add_options, examples, finish
 from bert_of.fs import publishing, write_json
+from bert_of.options import arg, from_args
 
 from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, PretrainingOptions, _check_output,
                                  check_output_spares_inputs, create_pretraining_data)
@@ -28,16 +30,58 @@ from .text import MAX_LINE_CHARS
 # --------------------------------------------------------------------------- create-pretraining
 
 
+@dataclass(kw_only=True)
+class CreatePretrainingOptions(PretrainingOptions):
+    """``bert-of data create-pretraining``: what to read and write, and how (the instance options are
+    :class:`PretrainingOptions`)."""
+
+    input: list = arg(default_factory=list, metavar="FILE", required=True, nargs="+",
+                      help="text files (also comma-separated lists, glob patterns, directories); repeat to add "
+                           "more (--input a.txt --input b.txt)")
+    vocab: str = arg(metavar="FILE", help="WordPiece vocab.txt")
+    output: str = arg(short="-o", metavar="DIR", help="output directory (must be new or empty unless --overwrite)")
+    num_parts: int = arg(1, metavar="N", help="part files to deal instances into, >= the data-parallel ranks that "
+                                              "will read them")
+    workers: int | None = arg(None, metavar="N", help="processes (unset: CPUs, at most one per file)")
+    combine_files: bool = arg(False, help="all inputs form one corpus with one random stream, exactly as Google's "
+                                          "script (single process); unset: each file is a corpus with its own seed, "
+                                          "in parallel")
+    config: str | None = arg(None, metavar="FILE", help="model config (config.json / bert_config.json / checkpoint "
+                                                        "dir): check vocab_size and max_position_embeddings against it")
+    max_line_chars: int = arg(MAX_LINE_CHARS, metavar="N", help="refuse a line longer than this many characters "
+                                                                "(0: no limit)")
+    overwrite: bool = arg(False, help="replace OUTPUT if it exists")
+    json: bool = arg(False, help="print the summary as JSON")
+
+
+@dataclass(kw_only=True)
+class InspectOptions:
+    """``bert-of data inspect``."""
+
+    path: str = arg(positional=True, metavar="DIR", help="an OFRecord dataset directory (part files, "
+                                                         "bert_of_data.json)")
+    check: bool = arg(False, help="parse and range-check every record (unset: framing + first record)")
+    json: bool = arg(False, help="print the report as JSON")
+
+
+@dataclass(kw_only=True)
+class ReshardOptions:
+    """``bert-of data reshard``."""
+
+    src: str = arg(positional=True, metavar="SRC", help="the dataset to re-deal (left unchanged)")
+    dst: str = arg(positional=True, metavar="DST", help="the new dataset directory (may not be, contain or lie inside "
+                                                        "SRC)")
+    num_parts: int = arg(metavar="N", help="part files to write, >= the ranks that will read them")
+    overwrite: bool = arg(False, help="replace DST if it exists")
+
+
 def cmd_create_pretraining(args) -> int:
-    opts = PretrainingOptions(
-        max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
-        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
-        random_seed=args.random_seed, do_lower_case=args.do_lower_case, do_whole_word_mask=args.whole_word_mask)
-    s = create_pretraining_data(args.input, args.vocab, args.output, options=opts, num_parts=args.num_parts,
-                                workers=args.workers, combine_files=args.combine_files, config=args.config,
-                                overwrite=args.overwrite, progress=not args.no_progress,
-                                max_line_chars=args.max_line_chars)
-    if args.json:
+    o = from_args(CreatePretrainingOptions, args)
+    opts = PretrainingOptions(**{f.name: getattr(o, f.name) for f in fields(PretrainingOptions)})
+    s = create_pretraining_data(o.input, o.vocab, o.output, options=opts, num_parts=o.num_parts, workers=o.workers,
+                                combine_files=o.combine_files, config=o.config, overwrite=o.overwrite,
+                                progress=not getattr(args, "no_progress", False), max_line_chars=o.max_line_chars)
+    if o.json:
         print(json.dumps(s, indent=2))
     else:
         rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else float("inf")
@@ -86,6 +130,7 @@ def inspect_dataset(data_dir: str, check: bool = False) -> dict:
 
 
 def cmd_inspect(args) -> int:
+    args = from_args(InspectOptions, args)
     info = inspect_dataset(args.path, check=args.check)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -156,6 +201,7 @@ def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict
 
 
 def cmd_reshard(args) -> int:
+    args = from_args(ReshardOptions, args)
     s = reshard(args.src, args.dst, args.num_parts, overwrite=args.overwrite)
     print(f"wrote {s['output']}: {s['num_records']} records in {s['num_parts']} part file(s)")
     return 0
@@ -177,59 +223,17 @@ def _add_commands(sub) -> None:
                     "one sentence per line, blank lines between documents. Writes OFRecord part files "
                     "part-00000 ..., vocab.txt (a copy of --vocab) and bert_of_data.json into OUTPUT "
                     "(atomically). OUTPUT may not be, contain or lie inside an input.")
-    c.add_argument("--input", nargs="+", action="extend", required=True, metavar="FILE",
-                   help="text files (also comma-separated lists, glob patterns, directories); "
-                        "repeat to add more (--input a.txt --input b.txt)")
-    c.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
-    output_option(c, "output directory (must be new or empty unless --overwrite)", required=True, metavar="DIR")
-    c.add_argument("--max-seq-length", type=int, default=128, help="tokens per instance, [CLS]/[SEP] included "
-                   "(default 128)")
-    c.add_argument("--max-predictions-per-seq", type=int, default=20, help="masked positions per instance at most "
-                   "(default 20)")
-    c.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens to predict (default 0.15)")
-    c.add_argument("--short-seq-prob", type=float, default=0.1,
-                   help="probability of a shorter random target length (default 0.1)")
-    c.add_argument("--dupe-factor", type=int, default=10, help="passes over the data, each with new masks "
-                   "(default 10)")
-    c.add_argument("--random-seed", "--seed", type=int, default=12345,
-                   help="makes the output reproducible (default 12345, Google's)")
-    lc = c.add_mutually_exclusive_group()
-    lc.add_argument("--do-lower-case", dest="do_lower_case", action="store_true", default=True,
-                    help="lower-case and strip accents (default; uncased vocabularies)")
-    lc.add_argument("--no-lower-case", "--cased", dest="do_lower_case", action="store_false",
-                    help="keep case and accents (cased vocabularies)")
-    c.add_argument("--whole-word-mask", "--do-whole-word-mask", action="store_true",
-                   help="mask all WordPieces of a word together")
-    c.add_argument("--num-parts", type=int, default=1,
-                   help="part files to deal instances into, >= the data-parallel ranks that will read them "
-                        "(default 1)")
-    c.add_argument("--workers", type=int, default=None, help="processes (default: CPUs, at most one per file)")
-    c.add_argument("--combine-files", action="store_true",
-                   help="all inputs form one corpus with one random stream, exactly as Google's script "
-                        "(single process); default: each file is a corpus with its own seed, in parallel")
-    c.add_argument("--config", help="model config (config.json / bert_config.json / checkpoint dir): "
-                                    "check vocab_size and max_position_embeddings against it")
-    c.add_argument("--max-line-chars", type=int, default=MAX_LINE_CHARS,
-                   help=f"refuse a line longer than this many characters (default {MAX_LINE_CHARS:,}; 0: no limit)")
-    c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    c.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_options(c, CreatePretrainingOptions)
     c.set_defaults(fn=cmd_create_pretraining)
 
     i = sub.add_parser("inspect", help="part files, record counts and features of an OFRecord dataset",
                        epilog=examples("bert-of data inspect data/", "bert-of data inspect data/ --check --json"))
-    i.add_argument("path", metavar="DIR", help="an OFRecord dataset directory (part files, bert_of_data.json)")
-    i.add_argument("--check", action="store_true", help="parse and range-check every record "
-                   "(default: framing + first record)")
-    i.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_options(i, InspectOptions)
     i.set_defaults(fn=cmd_inspect)
 
     r = sub.add_parser("reshard", help="re-deal an OFRecord dataset into N part files (e.g. one per rank)",
                        epilog=examples("bert-of data reshard data/ data-8/ --num-parts 8"))
-    r.add_argument("src", metavar="SRC", help="the dataset to re-deal (left unchanged)")
-    r.add_argument("dst", metavar="DST", help="the new dataset directory (may not be, contain or lie inside SRC)")
-    r.add_argument("--num-parts", type=int, required=True, help="part files to write, >= the ranks that will read them")
-    r.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    add_options(r, ReshardOptions)
     r.set_defaults(fn=cmd_reshard)
 
 
@@ -250,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from bert_of.cli import dispatch
 
-    return dispatch(build_parser().parse_args(argv))
+    return dispatch(finish(build_parser()).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ from bert_of.fs import publishing, sha256_file, write_json
 from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
+from bert_of.options import arg
+
 from .instances import MaskingVocab, assemble, create_instances, shuffle
 from .ofrecord import OFRecordWriter, encode_records, iter_raw_records
 from .text import MAX_LINE_CHARS, DataError, read_corpus
@@ -74,16 +76,20 @@ __all__ = ["DataError", "PretrainingOptions", "create_pretraining_data", "make_t
            "check_output_spares_inputs", "DATASET_META", "DATASET_VOCAB", "PART_FORMAT"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PretrainingOptions:
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 10
-    random_seed: int = 12345
-    do_lower_case: bool = True
-    do_whole_word_mask: bool = False
+    """How instances are made: google-research/bert's create_pretraining_data.py flags, its names
+    and defaults (``bert-of data create-pretraining`` generates its options from these fields)."""
+
+    max_seq_length: int = arg(128, metavar="N", help="tokens per instance, [CLS]/[SEP] included")
+    max_predictions_per_seq: int = arg(20, metavar="N", help="masked positions per instance at most")
+    masked_lm_prob: float = arg(0.15, metavar="P", help="share of tokens to predict")
+    short_seq_prob: float = arg(0.1, metavar="P", help="probability of a shorter random target length")
+    dupe_factor: int = arg(10, metavar="N", help="passes over the data, each with new masks")
+    random_seed: int = arg(12345, metavar="S", help="makes the output reproducible (Google's seed)")
+    do_lower_case: bool = arg(True, off=("--no-lower-case", "keep case and accents (cased vocabularies)"),
+                              help="lower-case and strip accents (uncased vocabularies)")
+    do_whole_word_mask: bool = arg(False, help="mask all WordPieces of a word together")
 
     def validate(self) -> None:
         if self.max_seq_length < 5:

@@ -140,7 +140,7 @@ def throughput_worker(mode: str, amp: bool, dist: str, batch: int, steps: int, w
     model = BertForPreTraining(BertConfig(**BASE))
     model.init_weights(seed=0)
     rt = Runtime.create("cuda", dist=dist)
-    trainer = Trainer(model, TrainConfig(mode=mode, amp=amp, lr=1e-4, warmup_steps=10, total_steps=10000), rt)
+    trainer = Trainer(model, TrainConfig(mode=mode, amp=amp, lr=1e-4, warmup_steps=10, steps=10000), rt)
     batches = [_batch(batch, rt.rank, rt.world, i) for i in range(2)]
     t0 = time.perf_counter()
     for i in range(warmup):

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
-from bert_of.cli_grammar import examples, output_option
+from bert_of.cli_grammar import add_options, examples
 from bert_of.fs import atomic_write
+from bert_of.options import arg, from_args
+
+
+@dataclass(kw_only=True)
+class SelftestOptions:
+    """``bert-of selftest``."""
+
+    steps: int = arg(50, metavar="N", help="align amp steps")
+    quick: bool = arg(False, help="skip the throughput measurements")
+    output: str | None = arg(None, short="-o", metavar="FILE", help="also write the JSON summary to this file")
 
 
 def cmd_selftest(args) -> int:
     from bert_of.selftest.checks import selftest
 
+    args = from_args(SelftestOptions, args)
     summary = selftest(steps=args.steps, quick=args.quick)
     text = json.dumps(summary, indent=2)
     print(text)
@@ -34,7 +46,5 @@ def add_parser(sub) -> None:
                                    "One JSON summary on stdout; exit 1 if a check fails. Without CUDA: the CPU "
                                    "parts, exit 0.",
                        epilog=examples("bert-of selftest", "bert-of selftest --quick -o selftest.json"))
-    p.add_argument("--steps", type=int, default=50, metavar="N", help="align amp steps")
-    p.add_argument("--quick", action="store_true", help="skip the throughput measurements")
-    output_option(p, "also write the JSON summary to this file", metavar="FILE", old=("--json",))
+    add_options(p, SelftestOptions)
     p.set_defaults(fn=cmd_selftest)

@@ -1,7 +1,7 @@
 """Training BERT: one trainer for pretraining, SQuAD / GLUE fine-tuning and the alignment suite.
 
     from bert_of.training import TrainConfig, Trainer
-    trainer = Trainer(model, TrainConfig(mode="graph", lr=1e-4, total_steps=1000))
+    trainer = Trainer(model, TrainConfig(mode="graph", lr=1e-4, steps=1000))
     out = trainer.step(batch)   # numpy rows named like model.forward's arguments, labels included
 
 Modules: :mod:`~bert_of.training.optim` (config, optimizers, schedule, clipping, loss scaling),
@@ -12,7 +12,7 @@ Modules: :mod:`~bert_of.training.optim` (config, optimizers, schedule, clipping,
 Inside the library, import from those modules; this package namespace is for users.
 """
 
-from bert_of.training.loop import FitResult, ShuffledRows, fit
+from bert_of.training.loop import Callback, FitResult, ShuffledRows, StopAfter, fit
 from bert_of.training.optim import (DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler,
                                     clip_by_global_norm)
 from bert_of.training.runtime import Runtime
@@ -20,5 +20,5 @@ from bert_of.training.state import RunDir, latest_checkpoint, restore, save_chec
 from bert_of.training.trainer import Trainer, TrainGraph
 
 __all__ = ["TrainConfig", "Trainer", "TrainGraph", "Runtime", "DynamicLossScaler", "build_optimizer",
-           "build_scheduler", "clip_by_global_norm", "fit", "FitResult", "ShuffledRows", "save_checkpoint",
+           "build_scheduler", "clip_by_global_norm", "fit", "FitResult", "Callback", "StopAfter", "ShuffledRows", "save_checkpoint",
            "restore", "latest_checkpoint", "RunDir"]

@@ -1,5 +1,6 @@
-"""The training loop every command shares: steps over a data source, ``metrics.jsonl``, progress,
-periodic checkpoints; and the shuffled-rows data source of fine-tuning.
+"""The training loop every command shares: steps over a data source, then its callbacks
+(``metrics.jsonl`` and progress, periodic checkpoints, a stop at a step); and the shuffled-rows
+data source of fine-tuning.
 
 A data source has ``next_batch()`` (this rank's rows: a dict of numpy arrays named like the
 model's forward arguments), ``state_dict()`` and ``load_state_dict()`` (its position, for an
@@ -24,7 +25,7 @@ class FitResult:
     steps: int  # the trainer's global step at the end
     losses: list = field(default_factory=list)  # the loss of every step this call ran
     seconds: float = 0.0
-    stopped: bool = False  # ended early by stop_after
+    stopped: bool = False  # ended early by a callback (e.g. StopAfter)
 
 
 def note(rt, msg: str) -> None:
@@ -39,51 +40,101 @@ def _json_number(v):
     return round(v, 7) if math.isfinite(v) else None
 
 
+class Callback:
+    """Work :func:`fit` does after a step: ``after_step`` returns True to stop training there
+    (what it did stays: a stopped run resumes). ``close`` runs when the loop ends, however."""
+
+    def after_step(self, trainer, data, out: dict, step: int) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class LogMetrics(Callback):
+    """Every ``every`` steps (and at the last): a ``metrics.jsonl`` record on rank 0 (step, the step's
+    outputs, samples/s over ``batch_size`` global rows, mode, world) and, with ``lines``, the loss
+    as a note; else (``bar``) a progress bar (:class:`bert_of.progress.Progress`: a bar on a
+    terminal, a line every few seconds otherwise)."""
+
+    def __init__(self, trainer, steps: int, batch_size: int, every: int, metrics: str | None, progress, what: str):
+        self.rt, self.steps, self.batch_size, self.every, self.metrics = trainer.rt, steps, batch_size, every, metrics
+        self.lines, self.mode = progress == "lines", trainer.cfg.mode
+        self.bar = Progress(what, total=steps, initial=trainer.global_step, unit="step") \
+            if progress == "bar" and self.rt.is_main else None
+        self.t0 = self.t_last = time.perf_counter()
+        self.first = self.n_last = trainer.global_step
+        self.window = []
+
+    def after_step(self, trainer, data, out, step):
+        if math.isfinite(out["loss"]):
+            self.window.append(out["loss"])
+        if self.bar is not None:
+            self.bar.update(1, loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
+        if step % self.every == 0 or step == self.steps:
+            now = time.perf_counter()
+            rate = (step - self.n_last) * self.batch_size / max(now - self.t_last, 1e-9)
+            if self.metrics:
+                append_jsonl(self.metrics, {"step": step, **{k: _json_number(v) for k, v in out.items()},
+                                            "samples_per_s": round(rate, 3), "mode": self.mode, "world": self.rt.world})
+            if self.lines:
+                eta = (self.steps - step) * (now - self.t0) / (step - self.first)
+                mean = f"{sum(self.window) / len(self.window):.4f}" if self.window else "nan"
+                note(self.rt, f"step {step}/{self.steps}  loss {mean}  lr {out['lr']:.3g}  "
+                              f"{rate:.1f} examples/s  eta {eta:.0f} s")
+            self.t_last, self.n_last, self.window = now, step, []
+        return False
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class SaveCheckpoints(Callback):
+    """A resumable checkpoint in ``run``'s ``checkpoints/`` every ``every`` steps (the newest ``keep`` stay)."""
+
+    def __init__(self, run: RunDir, every: int, keep: int, vocab_file: str | None):
+        self.run, self.every, self.keep, self.vocab_file = run, every, keep, vocab_file
+
+    def after_step(self, trainer, data, out, step):
+        if step % self.every == 0:
+            self.run.save(trainer, data, self.vocab_file, self.keep)
+        return False
+
+
+class StopAfter(Callback):
+    """Stop once the global step reaches ``step`` (the run stays resumable from its checkpoints)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def after_step(self, trainer, data, out, step):
+        return step >= self.step
+
+
 def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None, log_every: int = 10,
         save_every: int = 0, keep: int = 2, vocab_file: str | None = None, progress: str | None = "bar",
-        what: str = "train", stop_after: int = 0) -> FitResult:
-    """Step ``trainer`` until its global step reaches ``steps``.
-
-    Every ``log_every`` steps (and at the last) rank 0 appends a record to ``run``'s
-    ``metrics.jsonl`` (step, the step's outputs, samples/s over ``batch_size`` global rows per
-    step, mode, world) and, with ``progress="lines"``, prints the loss; ``"bar"`` shows progress
-    instead (:class:`bert_of.progress.Progress`: a bar on a terminal, else a line every few
-    seconds). Every ``save_every`` steps a checkpoint goes to ``run``'s ``checkpoints/``. A
-    non-finite loss stops training with one line naming the step (:meth:`Trainer._read`); the
-    checkpoints already saved stay.
+        what: str = "train", callbacks=()) -> FitResult:
+    """Step ``trainer`` until its global step reaches ``steps``; after each step the callbacks run:
+    :class:`LogMetrics` (every ``log_every`` steps), :class:`SaveCheckpoints` (every ``save_every``
+    steps, with a ``run``), then ``callbacks`` (e.g. :class:`StopAfter`); one returning True stops
+    the loop. A non-finite loss stops training with one line naming the step
+    (:meth:`Trainer._read`); the checkpoints already saved stay.
     """
     rt = trainer.rt
     metrics = run.metrics if run is not None and rt.is_main else None
-    bar = None
-    if progress == "bar" and rt.is_main:
-        bar = Progress(what, total=steps, initial=trainer.global_step, unit="step")
+    work = [LogMetrics(trainer, steps, batch_size, log_every, metrics, progress, what)]
+    if save_every and run is not None:
+        work.append(SaveCheckpoints(run, save_every, keep, vocab_file))
+    work += list(callbacks)
     res = FitResult(trainer.global_step)
-    t0 = t_last = time.perf_counter()
-    first, n_last, window = trainer.global_step, trainer.global_step, []
+    t0 = time.perf_counter()
     try:
         while trainer.global_step < steps:
             out = trainer.step(data.next_batch())
-            step = trainer.global_step
             res.losses.append(out["loss"])
-            if math.isfinite(out["loss"]):
-                window.append(out["loss"])
-            if bar is not None:
-                bar.update(1, loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
-            if step % log_every == 0 or step == steps:
-                now = time.perf_counter()
-                rate = (step - n_last) * batch_size / max(now - t_last, 1e-9)
-                if metrics:
-                    append_jsonl(metrics, {"step": step, **{k: _json_number(v) for k, v in out.items()},
-                                           "samples_per_s": round(rate, 3), "mode": trainer.cfg.mode, "world": rt.world})
-                if progress == "lines":
-                    eta = (steps - step) * (now - t0) / (step - first)
-                    mean = f"{sum(window) / len(window):.4f}" if window else "nan"
-                    note(rt, f"step {step}/{steps}  loss {mean}  lr {out['lr']:.3g}  "
-                             f"{rate:.1f} examples/s  eta {eta:.0f} s")
-                t_last, n_last, window = now, step, []
-            if save_every and run is not None and step % save_every == 0:
-                run.save(trainer, data, vocab_file, keep)
-            if stop_after and step >= stop_after:  # for tests: a "kill" at a known step
+            stop = [cb.after_step(trainer, data, out, trainer.global_step) for cb in work]
+            if any(stop):
                 res.stopped = True
                 break
     except NonFiniteError as e:
@@ -91,8 +142,8 @@ def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None
         raise NonFiniteError(f"{what}: {e}; training stopped, nothing published"
                              + (f" (the last checkpoint, {kept}, stays)" if kept else "")) from None
     finally:
-        if bar is not None:
-            bar.close()
+        for cb in work:
+            cb.close()
     res.steps, res.seconds = trainer.global_step, time.perf_counter() - t0
     return res
 

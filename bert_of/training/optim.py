@@ -1,45 +1,14 @@
 """Optimizers, Google's learning-rate schedule, global-norm clipping and the eager loss scaler.
 
-Defaults are Google's (optimization.py): AdamW without bias correction, eps 1e-6, weight decay
-0.01 not on bias / LayerNorm, clipping at global norm 1.0, linear warmup from 0 then polynomial
-decay over the global step.
+The recipe is Google's (optimization.py); the hyper-parameters and their defaults are
+:class:`bert_of.options.TrainConfig`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
-
-
-@dataclass
-class TrainConfig:
-    """How to train: everything an exact resume must find unchanged (saved with checkpoints)."""
-
-    mode: str = "graph"  # graph | eager
-    optimizer: str = "adamw"  # adamw | lamb | sgd
-    lr: float = 1e-4
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    end_lr: float = 0.0
-    power: float = 1.0
-    weight_decay: float = 0.01
-    no_decay: tuple = ("bias", "LayerNorm", "layer_norm")
-    betas: tuple = (0.9, 0.999)
-    eps: float = 1e-6
-    bias_correction: bool = False  # Google's AdamWeightDecayOptimizer has none
-    momentum: float = 0.9
-    clip_grad_norm: float | None = 1.0
-    grad_accum_steps: int = 1
-    amp: bool = False
-    seed: int = 0
-    extra: dict = field(default_factory=dict)
-
-    def to_dict(self):
-        d = asdict(self)
-        d["no_decay"], d["betas"] = list(self.no_decay), list(self.betas)
-        return d
+from bert_of.options import TrainConfig  # noqa: F401 - the trainer's config, defined with the options
 
 
 # --------------------------------------------------------------------------- optimizer and schedule
@@ -62,10 +31,10 @@ def build_optimizer(model, cfg: TrainConfig, for_graph: bool):
         groups = [{"params": [p for n, p in named if _decays(n, cfg)], "weight_decay": cfg.weight_decay},
                   {"params": [p for n, p in named if not _decays(n, cfg)], "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":
-        opt = flow.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+        opt = flow.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
                                do_bias_correction=cfg.bias_correction)
     elif cfg.optimizer == "lamb":
-        opt = flow.optim.LAMB(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, adam_w_mode=True,
+        opt = flow.optim.LAMB(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, adam_w_mode=True,
                               do_bias_correction=cfg.bias_correction)
     elif cfg.optimizer == "sgd":
         opt = flow.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
@@ -103,7 +72,7 @@ def build_scheduler(opt, cfg: TrainConfig):
     instead of to lr; chaining LinearLR and PolynomialLR without interval rescaling does not.
     """
     sch = flow.optim.lr_scheduler
-    decay = sch.PolynomialLR(opt, decay_batch=cfg.total_steps, end_learning_rate=cfg.end_lr, power=cfg.power)
+    decay = sch.PolynomialLR(opt, decay_batch=cfg.steps, end_learning_rate=cfg.end_lr, power=cfg.power)
     if cfg.warmup_steps <= 0:
         return decay
     ramp = sch.LinearLR(opt, start_factor=0.0, end_factor=1.0, total_iters=cfg.warmup_steps)

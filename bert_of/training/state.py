@@ -39,6 +39,7 @@ from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, WEIGHTS_NAME, Tenso
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.fs import (LOCK_NAME, check_sources, filter_jsonl, foreign_entry, locked, publishing, read_json,
                         remove_stale_staging, sha256_file, write_json)
+from bert_of.progress import log
 
 CKPT_DIR = "checkpoints"
 STATE_NAME = "trainer_state.json"
@@ -196,13 +197,17 @@ def _differences(theirs: dict, mine: dict, prefix: str = "") -> list:
 
 
 def check_resumable(path: str, state: dict, trainer, setup: dict | None = None) -> None:
-    """Refuse a resume that could not be exact: another train config, rank count or setup."""
-    mine = _jsonable({k: v for k, v in trainer.cfg.to_dict().items() if k != "extra"})
-    theirs = {k: v for k, v in state["train_config"].items() if k != "extra"}
+    """Refuse a resume that could not be exact: another train config, rank count or setup. The
+    one change a resume may make is a longer run (more ``steps``: :func:`restore` re-plans)."""
+    mine = _jsonable({k: v for k, v in trainer.cfg.to_dict().items() if k not in ("extra", "steps")})
+    theirs = {k: v for k, v in state["train_config"].items() if k not in ("extra", "steps")}
     differ = _differences(theirs, mine)
     if state["world_size"] != trainer.rt.world:
         differ.append(f"world size {state['world_size']} -> {trainer.rt.world}")
     differ += _differences(state.get("setup") or {}, _jsonable(setup or {}))
+    planned = state["train_config"].get("steps")
+    if trainer.cfg.steps != planned and not (isinstance(planned, int) and trainer.cfg.steps > planned):
+        differ.append(f"steps {planned!r} -> {trainer.cfg.steps!r} (a resume may extend a run, not shorten it)")
     if differ:
         raise ConfigError(f"{path}: cannot resume exactly with a different setup ({', '.join(differ)})")
 
@@ -219,7 +224,11 @@ def restore(trainer, path: str, data, setup: dict | None = None, state: dict | N
     trainer.model.load_canonical(ck.tensors, strict_heads=True)
     trainer.load_optimizer_state(ck.optimizer)
     trainer.global_step = state["global_step"]
-    trainer.sched.load_state_dict(state["scheduler"])
+    if state["train_config"].get("steps") == trainer.cfg.steps:
+        trainer.sched.load_state_dict(state["scheduler"])
+    else:  # a longer run: the schedule of the new horizon, at this step (as Google's continues to a larger
+        for _ in range(trainer.global_step):  # num_train_steps): its rate is a function of the step alone
+            trainer.sched.step()
     for group, lr in zip(trainer.opt.param_groups, trainer.sched.get_last_lr()):
         group["lr"] = lr  # eager steps read it; graph mode only reports it
     data.load_state_dict(state["data"][trainer.rt.rank])
@@ -245,12 +254,16 @@ class RunDir:
             fit(trainer, data, steps, run=run, ...)
 
     ``outputs``: what else of the command's lives in it (``--overwrite`` removes those too, never
-    anything else); ``sources``: inputs it must not be, hold or lie inside.
+    anything else); ``sources``: inputs it must not be, hold or lie inside; ``record``: (file name,
+    the run's options) kept in it, which a resume reads first; ``own``: the files a resumed run reads
+    instead of a checkpoint's (a vocabulary, a config), which the command writes when it starts.
     """
 
-    def __init__(self, path: str, rt, *, outputs=(), sources=(), what: str = "train"):
+    def __init__(self, path: str, rt, *, outputs=(), sources=(), what: str = "train", record=None, own=()):
         self.path, self.rt, self.what = os.path.abspath(path), rt, what
-        self.ours = (METRICS_NAME, CKPT_DIR, *outputs)
+        self.record = record  # (file name, the run's options as data): written when the run starts or resumes
+        self.own = ((record[0],) if record else ()) + tuple(own)  # the run's own files, written before its first step
+        self.ours = (METRICS_NAME, CKPT_DIR, *outputs, *self.own)
         self.sources = tuple(sources)
         self.metrics = os.path.join(self.path, METRICS_NAME)
         self.resume_from = self.state = None
@@ -278,6 +291,10 @@ class RunDir:
                 self.resume_from, self.state = self._resumable()
             else:
                 self._fresh(overwrite)
+            if self.record:
+                self.rt.barrier()  # every rank has looked at the directory before the run writes into it
+                if self.rt.is_main:
+                    write_json(os.path.join(self.path, self.record[0]), self.record[1])
             yield self
 
     def _tidy(self) -> None:
@@ -291,17 +308,20 @@ class RunDir:
                     shutil.rmtree(os.path.join(d, n), ignore_errors=True)
 
     def _remove_if_unused(self) -> None:
-        if os.listdir(self.path) == [LOCK_NAME]:  # a run that failed before writing anything
+        names = os.listdir(self.path)
+        if set(names) <= {LOCK_NAME, *self.own}:  # a run that failed before its first step
             with contextlib.suppress(OSError):
-                os.remove(os.path.join(self.path, LOCK_NAME))
+                for n in sorted(names, key=lambda n: n == LOCK_NAME):  # the lock last
+                    os.remove(os.path.join(self.path, n))
                 os.rmdir(self.path)
 
     def _fresh(self, overwrite: bool) -> None:
         present = [n for n in self.ours if os.path.lexists(os.path.join(self.path, n))]
         if not present:
             return
-        if not overwrite:
-            raise BertOfError(f"{self.path}: already holds a run ({', '.join(present)}); use --resume to continue "
+        made = [n for n in present if n not in self.own]  # what its steps made
+        if made and not overwrite:  # (only the run's own files: it stopped before its first step, start again)
+            raise BertOfError(f"{self.path}: already holds a run ({', '.join(made)}); use --resume to continue "
                               "it or --overwrite to start again")
         for n in present:
             p = os.path.join(self.path, n)
@@ -342,6 +362,10 @@ class RunDir:
         if self.resume_from is None:
             return
         restore(trainer, self.resume_from, data, self.setup, self.state)
+        planned = self.state["train_config"].get("steps")
+        if self.rt.is_main and planned != trainer.cfg.steps:
+            log.info(f"{self.what}: {planned} -> {trainer.cfg.steps} steps: the learning-rate schedule is re-planned "
+                     f"for {trainer.cfg.steps} steps from step {trainer.global_step}")
         if self.rt.is_main:
             step = trainer.global_step
             filter_jsonl(self.metrics, lambda r: isinstance(r.get("step"), int) and r["step"] <= step)

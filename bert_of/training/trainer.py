@@ -115,7 +115,6 @@ class Trainer:
         self.graph = TrainGraph(model, self.opt, self.sched, cfg) if cfg.mode == "graph" else None
         # Eager AMP keeps its own dynamic loss scale; the graph uses OneFlow's GradScaler conf.
         self.scaler = DynamicLossScaler() if cfg.amp and cfg.mode == "eager" else None
-        self.grad_hook = None  # tests inject non-finite gradients here: fn(trainer, params)
         self.keys = None
         self.global_step = 0
         self.nonfinite = 0  # consecutive steps with a non-finite loss (AMP skips a few)
@@ -197,8 +196,6 @@ class Trainer:
             micro_values.append(values)
         out = self._read(self.forward.names, micro_values)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.grad_hook is not None:
-            self.grad_hook(self, params)
         if self.scaler is None or self.scaler.unscale_and_check(params):
             if self.cfg.clip_grad_norm:
                 out["grad_norm"] = scalar(clip_by_global_norm(params, float(self.cfg.clip_grad_norm)))
@@ -245,7 +242,7 @@ class Trainer:
         out["step"] = np.asarray(self.global_step, np.int64)
         cfg = self.cfg
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        meta = {"optimizer": cfg.optimizer, "bias_correction": str(cfg.bias_correction).lower(), "eps": repr(cfg.eps),
+        meta = {"optimizer": cfg.optimizer, "bias_correction": str(cfg.bias_correction).lower(), "eps": repr(cfg.adam_eps),
                 "weight_decay": repr(cfg.weight_decay), "exclude_from_weight_decay": ",".join(cfg.no_decay),
                 "source": "bert_of", "parameters": str(len(names))}
         return out, meta

@@ -1,11 +1,11 @@
 """Fine-tuning and prediction for SQuAD (v1.1 / v2.0) and GLUE / XNLI, on the shared trainer.
 
-    squad.finetune_squad(SquadTrainOptions(...)) / predict_squad(...) / eval_squad(...)
-    glue.finetune_glue(GlueTrainOptions(...))    / predict_glue(...)  / eval_glue(...)
+    squad.finetune_squad(SquadOptions(...)) / predict_squad(...) / eval_squad(...)
+    glue.finetune_glue(GlueOptions(...))    / predict_glue(...)  / eval_glue(...)
 
-Options are typed dataclasses (:mod:`~bert_of.eval.tasks.common`, ``squad``, ``glue``; the CLI,
-:mod:`bert_of.eval.finetune_cli`, converts its arguments into them). Values left at None take the
-task's defaults, which are google-research/bert's:
+Options are one dataclass per task (:mod:`~bert_of.eval.tasks.options`; the CLI,
+:mod:`bert_of.eval.finetune_cli`, generates its parsers from them). The defaults are
+google-research/bert's:
 
 * SQuAD (``run_squad.py`` flag defaults): lr 5e-5, batch 32, 3 epochs (2 for v2.0), warmup
   proportion 0.1, max_seq_length 384, doc_stride 128, max_query_length 64; prediction n-best 20,

@@ -1,4 +1,4 @@
-"""What SQuAD and GLUE fine-tuning share: options, hyper-parameters, models and tokenizers,
+"""What SQuAD and GLUE fine-tuning share: models and tokenizers,
 training on the shared :class:`~bert_of.training.Trainer`, prediction batches, publishing the
 fine-tuned checkpoint, and records in the results store."""
 
@@ -10,7 +10,7 @@ import math
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,123 +21,34 @@ from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
+from bert_of.eval.tasks.options import TaskOptions
 from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
 from bert_of.modeling import truncated_normal
+from bert_of.options import RUN_RECORD, TrainConfig
+from bert_of.options import record as options_record
 from bert_of.progress import Progress
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
-from bert_of.training.loop import ShuffledRows, fit, note
-from bert_of.training.optim import TrainConfig
+from bert_of.training.loop import ShuffledRows, StopAfter, fit, note
 from bert_of.training.runtime import Runtime, to_numpy
 from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
-COMMON_DEFAULTS = dict(weight_decay=0.01, clip_grad_norm=1.0, adam_eps=1e-6, seed=42, mode="graph",
-                       grad_accum_steps=1, log_every=50, predict_batch_size=32)
 
 
-# --------------------------------------------------------------------------- options
-
-
-@dataclass(kw_only=True)
-class ModelOptions:
-    """The model to run and how (None: the default)."""
-
-    model: str  # a checkpoint folder in any format bert_of reads, or a zoo name
-    vocab: str | None = None  # vocab.txt when the checkpoint has none
-    do_lower_case: bool | None = None  # None: lower-case for training; prediction follows train_args.json
-    mode: str | None = None  # graph (default) | eager
-    device: str | None = None  # cpu | cuda | auto (default)
-    predict_batch_size: int | None = None
-
-
-@dataclass(kw_only=True)
-class RecordOptions:
-    """Where and how an evaluation is recorded."""
-
-    results: str | None = None  # the results store (default: $BERT_OF_HOME/results.jsonl)
-    no_record: bool = False
-    name: str | None = None  # the model's name in the table
-    hparam: list = field(default_factory=list)  # extra KEY=VALUE hyper-parameters to record
-
-
-@dataclass(kw_only=True)
-class TrainOptions(ModelOptions, RecordOptions):
-    """Fine-tuning: None takes the task's default (google-research/bert's)."""
-
-    train: str
-    output: str  # the fine-tuned checkpoint folder (published whole at the end)
-    overwrite: bool = False
-    lr: float | None = None
-    batch_size: int | None = None  # global, over all ranks
-    epochs: float | None = None
-    max_steps: int | None = None  # exactly this many steps instead of epochs
-    warmup_proportion: float | None = None
-    weight_decay: float | None = None
-    clip_grad_norm: float | None = None  # 0: off
-    adam_eps: float | None = None
-    seed: int | None = None
-    grad_accum_steps: int | None = None
-    amp: bool = False
-    log_every: int | None = None
-    eval_data: list = field(default_factory=list)  # labeled files to evaluate after training
-    run_dir: str | None = None  # metrics.jsonl and checkpoints/ for --save-every / --resume
-    save_every: int = 0
-    resume: bool = False
-    stop_after: int = 0  # tests: stop ("killed") after this step, publishing nothing
-
-
-@dataclass
-class Hyper:
-    """Fine-tuning hyper-parameters, resolved, as recorded in train_args.json."""
-
-    lr: float
-    batch_size: int
-    epochs: float
-    warmup_proportion: float
-    weight_decay: float
-    clip_grad_norm: float | None
-    adam_eps: float
-    seed: int
-    mode: str
-    grad_accum_steps: int
-    amp: bool
-    max_steps: int | None = None
-    steps: int = 0
-    warmup_steps: int = 0
-
-
-def hyper(opts: TrainOptions, defaults: dict, epochs_default: float) -> Hyper:
-    def pick(name, default):
-        v = getattr(opts, name)
-        return default if v is None else v
-
-    h = Hyper(lr=float(pick("lr", defaults["lr"])), batch_size=int(pick("batch_size", defaults["batch_size"])),
-              epochs=float(pick("epochs", epochs_default)),
-              warmup_proportion=float(pick("warmup_proportion", defaults["warmup_proportion"])),
-              weight_decay=float(pick("weight_decay", COMMON_DEFAULTS["weight_decay"])),
-              clip_grad_norm=pick("clip_grad_norm", COMMON_DEFAULTS["clip_grad_norm"]),
-              adam_eps=float(pick("adam_eps", COMMON_DEFAULTS["adam_eps"])),
-              seed=int(pick("seed", COMMON_DEFAULTS["seed"])), mode=pick("mode", COMMON_DEFAULTS["mode"]),
-              grad_accum_steps=int(pick("grad_accum_steps", COMMON_DEFAULTS["grad_accum_steps"])),
-              amp=bool(opts.amp), max_steps=opts.max_steps)
-    if h.clip_grad_norm is not None and h.clip_grad_norm <= 0:
-        h.clip_grad_norm = None
-    if h.mode not in ("graph", "eager"):
-        raise ConfigError(f"--mode {h.mode!r}: expected graph or eager")
-    if h.lr <= 0 or h.batch_size < 1 or h.epochs <= 0 or not 0 <= h.warmup_proportion < 1 or h.grad_accum_steps < 1:
-        raise ConfigError("need --lr > 0, --batch-size >= 1, --epochs > 0, 0 <= --warmup-proportion < 1, "
-                          "--grad-accum-steps >= 1")
-    return h
+def check_train(opts: TaskOptions, epochs: float) -> None:
+    """The fine-tuning values the trainer's own check (:meth:`TrainConfig.check`) does not cover."""
+    if opts.batch_size < 1 or epochs <= 0 or not 0 <= opts.warmup_proportion < 1:
+        raise ConfigError("need --batch-size >= 1, --epochs > 0, 0 <= --warmup-proportion < 1")
 
 
 # --------------------------------------------------------------------------- models and tokenizers
 
 
 @contextlib.contextmanager
-def model_folder(opts: ModelOptions, trained: str | None = None):
+def model_folder(opts: TaskOptions, trained: str | None = None):
     """(bert_of folder, display name, identity path) of the model to run: ``trained`` (a folder just
     written), else ``opts.model`` resolved by the zoo's resolver (another format is converted once
     into the cache; the identity path names the original files)."""
@@ -217,56 +128,53 @@ def check_seq_len(model_config, max_seq_length: int, path: str) -> None:
 # --------------------------------------------------------------------------- training and prediction
 
 
-def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: TrainOptions, what: str):
+def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float, rt: Runtime, what: str):
     """Google's schedule over the feature ``arrays`` (named like the model's forward arguments,
-    labels included) on the shared trainer. Returns (summary for train_args.json, finished)."""
+    labels included) on the shared trainer: ``opts.steps``, else ``epochs`` over ``n_examples``.
+    Returns (the trainer's config as run, summary for train_args.json, finished)."""
     n = len(next(iter(arrays.values())))
     if n == 0:
         raise EvalDataError(f"{what}: no training features")
-    h.steps = int(h.max_steps) if h.max_steps else int(n_examples / h.batch_size * h.epochs)
-    if h.steps < 1:
-        raise ConfigError(f"{what}: {n_examples} examples / batch {h.batch_size} * {h.epochs:g} epochs is less "
-                          "than one step (lower --batch-size or set --max-steps)")
-    h.warmup_steps = int(h.steps * h.warmup_proportion)
-    if h.batch_size % rt.world or (h.batch_size // rt.world) % h.grad_accum_steps:
-        raise ConfigError(f"--batch-size {h.batch_size} must split evenly over {rt.world} rank(s) and "
-                          f"{h.grad_accum_steps} accumulation step(s)")
-    if (opts.resume or opts.save_every) and not opts.run_dir:
-        raise ConfigError("--resume and --save-every need --run-dir (where checkpoints go)")
+    check_train(opts, epochs)
+    steps = int(opts.steps) if opts.steps else int(n_examples / opts.batch_size * epochs)
+    if steps < 1:
+        raise ConfigError(f"{what}: {n_examples} examples / batch {opts.batch_size} * {epochs:g} epochs is less "
+                          "than one step (lower --batch-size or set --steps)")
+    cfg = TrainConfig.of(opts, steps=steps, warmup_steps=int(steps * opts.warmup_proportion)).check()
+    if opts.batch_size % rt.world or (opts.batch_size // rt.world) % cfg.grad_accum_steps:
+        raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
+                          f"{cfg.grad_accum_steps} accumulation step(s)")
+    if (opts.resume or opts.save_every or opts.stop_after) and not opts.run_dir:
+        raise ConfigError("--resume, --save-every and --stop-after need --run-dir (where checkpoints go)")
     if opts.run_dir:
         out, run_dir = os.path.realpath(opts.output), os.path.realpath(opts.run_dir)
         if run_dir == out or run_dir.startswith(out + os.sep):  # publishing --output would replace the run
             raise ConfigError(f"--run-dir {opts.run_dir}: must lie outside --output {opts.output}")
-    run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model)) if opts.run_dir else None
+    run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model),
+                 record=(RUN_RECORD, options_record(opts))) if opts.run_dir else None
     with run.open(opts.resume, opts.overwrite) if run else contextlib.nullcontext():
-        flow.manual_seed(h.seed)
-        cfg = TrainConfig(mode=h.mode, optimizer="adamw", lr=h.lr, warmup_steps=h.warmup_steps, total_steps=h.steps,
-                          end_lr=0.0, power=1.0, weight_decay=h.weight_decay, eps=h.adam_eps, bias_correction=False,
-                          clip_grad_norm=h.clip_grad_norm, grad_accum_steps=h.grad_accum_steps, amp=h.amp,
-                          seed=h.seed)
+        flow.manual_seed(cfg.seed)
         trainer = Trainer(model, cfg, rt)
-        data = ShuffledRows(arrays, h.batch_size, h.seed, rt)
+        data = ShuffledRows(arrays, opts.batch_size, cfg.seed, rt)
         if run:  # what an exact resume must find unchanged besides the train config
-            run.start(trainer, data, {"batch_size": h.batch_size, "examples": n_examples, "features": n,
+            run.start(trainer, data, {"batch_size": opts.batch_size, "examples": n_examples, "features": n,
                                       "config": {k: v for k, v in model.config.to_dict().items()
                                                  if k != "provenance"}})
             if run.resume_from:
                 note(rt, f"{what}: resuming {run.resume_from} at step {trainer.global_step}")
-        note(rt, f"{what}: {n_examples} examples, {n} features; {h.steps} steps (warmup {h.warmup_steps}) of batch "
-                 f"{h.batch_size} over {rt.world} rank(s) on {rt.device}, lr {h.lr:g}, {h.mode} mode")
-        res = fit(trainer, data, h.steps, batch_size=h.batch_size, run=run,
-                  log_every=opts.log_every or COMMON_DEFAULTS["log_every"], save_every=opts.save_every,
-                  vocab_file=getattr(model, "vocab_file", None), progress="lines", what=what,
-                  stop_after=opts.stop_after)
+        note(rt, f"{what}: {n_examples} examples, {n} features; {steps} steps (warmup {cfg.warmup_steps}) of batch "
+                 f"{opts.batch_size} over {rt.world} rank(s) on {rt.device}, lr {cfg.lr:g}, {cfg.mode} mode")
+        res = fit(trainer, data, steps, batch_size=opts.batch_size, run=run, log_every=opts.log_every,
+                  save_every=opts.save_every, vocab_file=getattr(model, "vocab_file", None), progress="lines",
+                  what=what, callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
     model.eval()
     losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
     first = losses[0] if losses else None
     if run and run.resume_from:  # the run's first step was logged by the first invocation
         logged = [r for r in read_jsonl(run.metrics, "metrics") if r.get("step") == 1]
         first = logged[0]["loss"] if logged else first
-    return {"steps": h.steps, "warmup_steps": h.warmup_steps, "first_loss": first,
-            "final_loss": losses[-1] if losses else None,
-            "train_seconds": round(res.seconds, 3)}, not res.stopped
+    return cfg, {"first_loss": first, "final_loss": losses[-1] if losses else None,
+                 "train_seconds": round(res.seconds, 3)}, not res.stopped
 
 
 class _PredictGraph(flow.nn.Graph):
@@ -326,13 +234,13 @@ def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Ru
         rt.barrier()  # the other ranks may read the folder next (evaluation after training)
 
 
-def check_output(opts: TrainOptions) -> None:
+def check_output(opts: TaskOptions) -> None:
     """Fail at once, before any work, on an ``--output`` that could not be published: existing
     without ``--overwrite``, holding files bert_of did not write, or one of the inputs."""
     check_destination(opts.output, opts.overwrite, train_sources(opts))
 
 
-def train_sources(opts: TrainOptions, model_path: str | None = None) -> tuple:
+def train_sources(opts: TaskOptions, model_path: str | None = None) -> tuple:
     """The inputs of a fine-tuning, which its ``--output`` must not be, hold or lie inside."""
     return (model_path or opts.model, opts.train, opts.vocab, *(opts.eval_data or ()))
 
@@ -349,18 +257,36 @@ def identity(path: str, name: str) -> dict:
     return ident
 
 
-def base_args(task: str, h: Hyper, rt: Runtime, ident_path: str, model_name: str, train_path: str,
-              lower: bool) -> dict:
+def base_args(task: str, opts: TaskOptions, cfg: TrainConfig, epochs: float, rt: Runtime, ident_path: str,
+              model_name: str, lower: bool) -> dict:
     """train_args.json: what was fine-tuned from what, how, where and when."""
     return {"task": task, "base_checkpoint": identity(ident_path, model_name),
-            "train_data": file_identity(train_path), "do_lower_case": lower,
-            "hparams": {"lr": h.lr, "batch_size": h.batch_size, "epochs": h.epochs, "max_steps": h.max_steps,
-                        "warmup_proportion": h.warmup_proportion, "weight_decay": h.weight_decay,
-                        "clip_grad_norm": h.clip_grad_norm, "adam_eps": h.adam_eps, "bias_correction": False,
-                        "seed": h.seed, "mode": h.mode, "amp": h.amp, "grad_accum_steps": h.grad_accum_steps,
+            "train_data": file_identity(opts.train), "do_lower_case": lower,
+            "hparams": {"lr": cfg.lr, "batch_size": opts.batch_size, "epochs": epochs, "steps": cfg.steps,
+                        "warmup_proportion": opts.warmup_proportion, "warmup_steps": cfg.warmup_steps,
+                        "weight_decay": cfg.weight_decay, "clip_grad_norm": cfg.clip_grad_norm or None,
+                        "adam_eps": cfg.adam_eps, "bias_correction": cfg.bias_correction, "seed": cfg.seed,
+                        "mode": cfg.mode, "amp": cfg.amp, "grad_accum_steps": cfg.grad_accum_steps,
                         "ranks": rt.world, "device": rt.device},
             "date": utc_now(), "hardware": hardware_info(), "bert_of_version": __version__,
             "command": _command_line()}
+
+
+def finish_finetuning(model, opts: TaskOptions, rt: Runtime, args: dict, summary: dict, finished: bool,
+                      model_path: str, evaluate) -> dict:
+    """The end of a fine-tuning: train_args.json and the checkpoint published in ``opts.output``
+    (unless stopped early), then ``evaluate(eval options, trained=, model=, rt=)`` on each
+    ``--eval-data`` file, with the options of the evaluation of the checkpoint just written."""
+    args.update(summary)
+    if not finished:
+        return args
+    save_finetuned(model, opts.output, args, opts.overwrite, rt, train_sources(opts, model_path))
+    note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+             f"{summary['train_seconds']:.1f} s)")
+    for data in opts.eval_data:
+        evaluate(replace(opts, data=data, output=None, model=opts.output, name=None), trained=opts.output,
+                 model=model, rt=rt)
+    return args
 
 
 def _command_line() -> str | None:
@@ -381,7 +307,7 @@ def model_display_name(model: str) -> str:
     return os.path.basename(os.path.abspath(model).rstrip(os.sep)) if os.path.isdir(model) else model
 
 
-def record(opts: RecordOptions, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred_path: str,
+def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred_path: str,
            model_path: str, model_name: str, train_args: dict, settings: dict, tool: str, new_head: bool) -> None:
     if opts.no_record or not rt.is_main:
         return

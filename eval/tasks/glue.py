@@ -1,6 +1,6 @@
 """GLUE / XNLI: fine-tuning, prediction and evaluation (run_classifier.py semantics).
 
-    finetune_glue(GlueTrainOptions(...)) / predict_glue(GluePredictOptions(...)) / eval_glue(GlueEvalOptions(...))
+    finetune_glue(GlueOptions(...)) / predict_glue(GlueOptions(...)) / eval_glue(GlueOptions(...))
 
 The model is :class:`~bert_of.modeling.BertForSequenceClassification`; its forward computes the
 loss from ``labels``: cross-entropy, or the mean squared error of STS-B's one-output head.
@@ -19,45 +19,17 @@ from bert_of.errors import CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue import (compute_metrics, convert_example_to_features, get_labels, read_examples,
                                result_task_name, task_spec)
-from bert_of.eval.tasks.common import (COMMON_DEFAULTS, ModelOptions, RecordOptions, TrainOptions, base_args,
-                                       check_output, check_seq_len, checkpoint_head_labels, default_eval_dir, hyper,
-                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
-                                       read_train_args, record, save_finetuned, train, train_sources)
+from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, checkpoint_head_labels,
+                                       default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
+                                       model_display_name, model_folder, read_train_args, record, train)
+from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
 from bert_of.fs import atomic_open
-from bert_of.progress import log, progress_iter
+from bert_of.progress import progress_iter
 from bert_of.modeling import BertForSequenceClassification
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime
 
-GLUE_TRAIN_DEFAULTS = dict(lr=2e-5, batch_size=32, epochs=3.0, warmup_proportion=0.1, max_seq_length=128)
 PREDICTIONS_FILE = "predictions.tsv"
-
-
-@dataclass(kw_only=True)
-class GlueDataOptions:
-    task: str | None = None  # None (prediction): the task the model was fine-tuned for
-    language: str | None = None  # XNLI: only this language's rows
-    max_seq_length: int | None = None  # None: 128, or (prediction) as the model was trained
-
-
-@dataclass(kw_only=True)
-class GlueTrainOptions(TrainOptions, GlueDataOptions):
-    """``bert-of finetune glue``."""
-
-    skip_malformed: bool = False  # skip training lines with too few columns (QQP's train file has a few)
-
-
-@dataclass(kw_only=True)
-class GluePredictOptions(ModelOptions, GlueDataOptions):
-    """``bert-of predict glue``."""
-
-    data: str
-    output: str | None = None  # the folder for predictions.tsv (GLUE submission format); "*.tsv": the file itself
-
-
-@dataclass(kw_only=True)
-class GlueEvalOptions(GluePredictOptions, RecordOptions):
-    """``bert-of eval glue``: output None = $BERT_OF_HOME/eval/MODEL/TASK-DATA-TIME/."""
 
 
 @dataclass
@@ -84,11 +56,11 @@ def _glue_arrays(examples, labels, max_seq_length, tok) -> dict:
     return out
 
 
-def _glue_seq_len(opts: GlueDataOptions, train_args: dict) -> int:
+def _glue_seq_len(opts: GlueOptions, train_args: dict) -> int:
     v = opts.max_seq_length
     glue_trained = train_args.get("task") and not str(train_args["task"]).startswith("squad")
     saved = (train_args.get("hparams") or {}).get("max_seq_length") if glue_trained else None
-    return int(v if v is not None else (saved or GLUE_TRAIN_DEFAULTS["max_seq_length"]))
+    return int(v if v is not None else (saved or GLUE_MAX_SEQ_LENGTH))
 
 
 def _classifier_labels(task: str):
@@ -103,7 +75,7 @@ def _check_head(path: str, num_labels: int, task: str, name: str) -> None:
                               "(a checkpoint fine-tuned for another task?)")
 
 
-def finetune_glue(opts: GlueTrainOptions) -> dict:
+def finetune_glue(opts: GlueOptions) -> dict:
     """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
     if not opts.task:
@@ -114,63 +86,38 @@ def finetune_glue(opts: GlueTrainOptions) -> dict:
     if any(e.label is None for e in examples):
         raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
     labels, num_labels = _classifier_labels(opts.task)
-    h = hyper(opts, GLUE_TRAIN_DEFAULTS, GLUE_TRAIN_DEFAULTS["epochs"])
     max_seq = _glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         _check_head(path, num_labels, spec.name, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
-        model, _ = load_model(BertForSequenceClassification, path, seed=h.seed, num_labels=num_labels)
+        model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
         check_seq_len(model.config, max_seq, path)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = _glue_arrays(examples, labels, max_seq, tok)
-        summary, finished = train(model, arrays, len(examples), h, rt, opts, f"finetune {spec.name}")
-        task = spec.name.lower()
-        args = base_args(task, h, rt, ident, name, opts.train, tok.do_lower_case)
-        args["hparams"].update(max_seq_length=max_seq, steps=h.steps, warmup_steps=h.warmup_steps)
-        args.update(labels=labels, language=opts.language, train_examples=len(examples), **summary)
-        if not finished:
-            return args
-        save_finetuned(model, opts.output, args, opts.overwrite, rt, train_sources(opts, path))
-    note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-             f"{summary['train_seconds']:.1f} s)")
-    for data in opts.eval_data:
-        eval_glue(_after_training(opts, data), trained=opts.output, model=model, rt=rt)
-    return args
+        cfg, summary, finished = train(model, arrays, len(examples), opts, opts.epochs, rt, f"finetune {spec.name}")
+        args = base_args(spec.name.lower(), opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args["hparams"].update(max_seq_length=max_seq)
+        args.update(labels=labels, language=opts.language, train_examples=len(examples))
+        return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_glue)
 
 
-def _after_training(opts: GlueTrainOptions, data: str) -> GlueEvalOptions:
-    """The options of the evaluation of the checkpoint just written."""
-    keep = {k: getattr(opts, k) for k in GlueEvalOptions.__dataclass_fields__ if hasattr(opts, k)}
-    return GlueEvalOptions(**dict(keep, data=data, output=None, model=opts.output, name=None))
-
-
-def predictions_file(output: str) -> str:
-    """``OUTPUT/predictions.tsv``; an ``--output`` ending in .tsv names the file (deprecated)."""
-    if output.endswith(".tsv"):
-        log.warning(f"--output {output}: a file name is deprecated; --output names a folder "
-                    f"(predictions.tsv inside)")
-        return output
-    return os.path.join(output, PREDICTIONS_FILE)
-
-
-def _glue_task(opts: GlueDataOptions, train_args: dict) -> str:
+def _glue_task(opts: GlueOptions, train_args: dict) -> str:
     task = opts.task or train_args.get("task")
     if not task:
         raise ConfigError("--task is required (the model's train_args.json does not name one)")
     return task
 
 
-def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=None,
+def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
                  rt: Runtime | None = None) -> GlueRun | None:
     """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
-    file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output`` (a path ending
-    in ``.tsv`` is the file itself: the old meaning, deprecated). ``trained``/``model``: the folder just
-    written by fine-tuning and its model in memory."""
+    file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output``.
+    ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict glue: no --output folder")
-    out_file = predictions_file(opts.output)
+    out_file = os.path.join(opts.output, PREDICTIONS_FILE)
     with model_folder(opts, trained) as (path, name, ident):
         train_args = read_train_args(path)
         task = _glue_task(opts, train_args)
@@ -186,8 +133,7 @@ def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=Non
         new_head = False
         if model is None:
             _check_head(path, num_labels, spec.name, name)
-            model, missing = load_model(BertForSequenceClassification, path, seed=COMMON_DEFAULTS["seed"],
-                                        num_labels=num_labels)
+            model, missing = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
             new_head = bool(missing)
             if new_head:
                 note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
@@ -196,14 +142,12 @@ def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=Non
         check_seq_len(model.config, max_seq, path)
         arrays = _glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        mode = opts.mode or COMMON_DEFAULTS["mode"]
-        bs = opts.predict_batch_size or COMMON_DEFAULTS["predict_batch_size"]
-        (logits,) = infer(model, inputs, ("logits",), int(bs), mode, rt)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
         if labels is None:
             preds = [float(v) for v in logits.reshape(-1)]
         else:
             preds = [labels[i] for i in logits.argmax(axis=-1)]
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
         if opts.language:
             settings["language"] = opts.language
         if not rt.is_main:
@@ -217,7 +161,7 @@ def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=Non
         return GlueRun(examples, preds, out_file, settings, path, name, ident, train_args, new_head)
 
 
-def eval_glue(opts: GlueEvalOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
+def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict + score (eval.glue metrics, percent) + record; prints the scores as JSON."""
     rt = rt or Runtime.create(opts.device)
     if not opts.output:

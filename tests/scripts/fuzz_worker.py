@@ -234,7 +234,7 @@ def check_case(fmt, src, work, i, rng, verify, progress):
     out = os.path.join(case, "out")
     os.makedirs(out)
     dst = os.path.join(out, "dst")
-    rc, stdout, stderr = run_cli(["convert", DIRECTION[fmt], s, dst])
+    rc, stdout, stderr = run_cli(["convert", DIRECTION[fmt], s, "-o", dst])
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     result = {"case": i, "mutation": desc, "rc": rc}
     problems = []

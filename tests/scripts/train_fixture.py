@@ -5,7 +5,7 @@ import numpy as np
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
               max_position_embeddings=40, type_vocab_size=2, hidden_dropout_prob=0.0,
               attention_probs_dropout_prob=0.0)
-TRAIN = dict(optimizer="adamw", lr=1e-3, warmup_steps=2, total_steps=20, weight_decay=0.01, clip_grad_norm=1.0)
+TRAIN = dict(optimizer="adamw", lr=1e-3, warmup_steps=2, steps=20, weight_decay=0.01, clip_grad_norm=1.0)
 STEPS = 6
 B, S, P = 8, 16, 4
 

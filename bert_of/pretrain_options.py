@@ -1,0 +1,72 @@
+"""The options of ``bert-of pretrain`` (its parser is generated from them) and the checks of them
+that need no OneFlow: importing this is cheap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from bert_of.data.reader import read_meta
+from bert_of.errors import ConfigError
+from bert_of.options import Ranks, TrainConfig, arg
+from bert_of.tokenization import vocab_size
+
+@dataclass(kw_only=True)
+class PretrainOptions(TrainConfig):
+    """Everything ``bert-of pretrain`` takes: its parser is generated from these fields, and the
+    trainer's part (:class:`TrainConfig`) is the same fields."""
+
+    data: str = arg(help="OFRecord pretraining data (made by bert-of data create-pretraining)", metavar="DIR",
+                    path=True)
+    output: str = arg(help="run directory: run.json, vocab.txt, config.json, metrics.jsonl, checkpoints/, final/",
+                      short="-o", metavar="DIR", path=True, on_resume="not kept")  # the record is in it
+    config: str | None = arg(None, help="bert_config.json / config.json of a new model", metavar="FILE", path=True)
+    init_checkpoint: str | None = arg(None, help="continue pretraining a checkpoint in any format (tf, lazy, hf, "
+                                                 "...) or a zoo name", metavar="NAME_OR_DIR")
+    vocab: str | None = arg(None, help="vocab.txt (unset: the one the data was made with, else the checkpoint's)",
+                            metavar="FILE", path=True)
+    max_seq_length: int | None = arg(None, help="tokens per sequence (unset: the data's, from its bert_of_data.json)",
+                                     metavar="N")
+    max_predictions_per_seq: int | None = arg(None, help="masked positions per sequence (unset: the data's)",
+                                              metavar="N")
+    blas: str = arg("fast", choices=("fast", "exact"),
+                    help="CPU GEMM kernels: fast = OpenBLAS's AVX2/FMA kernels (3x; OneFlow's bundled OpenBLAS "
+                         "misdetects recent Xeons), exact = the detected ones")
+    no_shuffle: bool = arg(False, help="read the records in order")
+    no_dropout: bool = arg(False, help="dropout off (e.g. to compare runs step by step)")
+    save_every: int = arg(0, help="a resumable checkpoint every N steps; 0 = only the final one", metavar="N",
+                          on_resume="may change")
+    keep: int = arg(2, help="intermediate checkpoints to keep", metavar="N", on_resume="may change")
+    log_every: int = arg(10, help="a metrics.jsonl record every N steps", metavar="N", on_resume="may change")
+    resume: bool = arg(False, on_resume="not kept",
+                       help="continue the run in --output from its last checkpoint, exactly, with the options it "
+                            "recorded (run.json): give none again, or only a larger --steps, --save-every, --keep, "
+                            "--log-every")
+    overwrite: bool = arg(False, help="replace an existing run directory", on_resume="not kept")
+    ddp: bool = arg(False, help="eager DDP with local tensors instead of global tensors")
+    zoo_name: str | None = arg(None, help="register the final checkpoint in the local zoo under NAME", metavar="NAME",
+                               on_resume="may change")
+    stop_after: int = arg(0, metavar="N", on_resume="not kept",
+                          help="stop once step N is done, resumable (e.g. a job in a scheduler's time slots: "
+                               "--resume continues it); 0 = run to --steps")
+    ranks: Ranks = field(default_factory=Ranks)
+    quiet: bool = False  # the common -q (no progress bar)
+
+
+def check_vocab(vocab: str, limit, what: str = "the config's") -> None:
+    """A vocabulary must fit the model's embedding table."""
+    n_vocab = vocab_size(vocab)
+    if isinstance(limit, int) and n_vocab > limit:
+        raise ConfigError(f"{vocab} has {n_vocab} tokens but {what} vocab_size is {limit}")
+
+
+def with_data_lengths(opts: PretrainOptions) -> PretrainOptions:
+    """``opts`` with the sequence lengths the data was made with filled in (where not given)."""
+    made = (read_meta(opts.data) or {}).get("options", {})
+    seq = opts.max_seq_length or made.get("max_seq_length")
+    pred = opts.max_predictions_per_seq or made.get("max_predictions_per_seq")
+    if not seq or not pred:
+        raise ConfigError(f"{opts.data}: no bert_of_data.json: pass --max-seq-length and --max-predictions-per-seq")
+    return replace(opts, max_seq_length=int(seq), max_predictions_per_seq=int(pred))
+
+
+__all__ = ["PretrainOptions", "check_vocab", "with_data_lengths"]
