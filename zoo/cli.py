@@ -108,6 +108,21 @@ class AddOptions(ZooOptions):
     overwrite: bool = arg(False, help="replace an entry or alias of the same name")
 
 
+@dataclass(kw_only=True)
+class CacheListOptions(ZooOptions):
+    json: bool = arg(False, help="print the items as JSON on stdout")
+
+
+@dataclass(kw_only=True)
+class CacheRemoveOptions(ZooOptions):
+    ids: list = arg(positional=True, nargs="+", metavar="ID", help="what to remove")
+
+
+@dataclass(kw_only=True)
+class CachePruneOptions(ZooOptions):
+    dry_run: bool = arg(False, help="say what would be removed; remove nothing")
+
+
 def _zoo(args) -> Zoo:
     return Zoo(cache_dir=args.cache_dir, registries=args.registry, offline=args.offline, endpoint=args.endpoint,
                download_options=DownloadOptions.from_env(timeout=getattr(args, "timeout", None),
@@ -278,6 +293,7 @@ def cmd_remove(args) -> int:
 
 
 def cmd_cache_list(args) -> int:
+    args = from_args(CacheListOptions, args)
     z = _zoo(args)
     rows = z.cache_rows()
     if args.json:
@@ -297,6 +313,7 @@ def cmd_cache_list(args) -> int:
 
 
 def cmd_cache_remove(args) -> int:
+    args = from_args(CacheRemoveOptions, args)
     z = _zoo(args)
     for ident in args.ids:
         for r in z.cache_remove(ident):
@@ -305,6 +322,7 @@ def cmd_cache_remove(args) -> int:
 
 
 def cmd_cache_prune(args) -> int:
+    args = from_args(CachePruneOptions, args)
     z = _zoo(args)
     rows = z.cache_prune(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -391,10 +409,10 @@ def _fill(p: argparse.ArgumentParser) -> None:
     add_options(s, AddOptions)
     s.set_defaults(fn=cmd_add)
 
-    _fill_cache(sub, common)
+    _fill_cache(sub)
 
 
-def _fill_cache(sub, common) -> None:
+def _fill_cache(sub) -> None:
     s = sub.add_parser("cache", help="what the cache holds (zoo entries, converted copies), its size; remove, prune",
                        description="The cache as a whole: zoo entries, partial downloads and the bert_of copies of "
                                    "checkpoints in other formats that `--model DIR`, `from_pretrained(DIR)` and "
@@ -402,24 +420,24 @@ def _fill_cache(sub, common) -> None:
                        epilog=examples("bert-of zoo cache list", "bert-of zoo cache remove ~/models/minilm-hf",
                                        "bert-of zoo cache prune --dry-run"))
     cache = s.add_subparsers(dest="cache_command", required=True, metavar="CACHE_COMMAND")
-    c = cache.add_parser("list", parents=[common], help="every item: id, kind, size, state, source",
+    c = cache.add_parser("list", help="every item: id, kind, size, state, source",
                          description="Every item in the cache with its size; a converted copy's state says whether "
                                      "its source is still there as it was.",
                          epilog=examples("bert-of zoo cache list", "bert-of zoo cache list --json"))
-    c.add_argument("--json", action="store_true", help="print the items as JSON on stdout")
+    add_options(c, CacheListOptions)
     c.set_defaults(fn=cmd_cache_list)
-    c = cache.add_parser("remove", parents=[common], help="remove converted copies or zoo entries",
+    c = cache.add_parser("remove", help="remove converted copies or zoo entries",
                          description="Remove each ID: a converted copy (its id, a prefix of 6+ characters of it, or "
                                      "the path of the source it was converted from) or a zoo entry (NAME or "
                                      "NAME/FORMAT, as `bert-of zoo remove`).",
                          epilog=examples("bert-of zoo cache remove 3f2a9c", "bert-of zoo cache remove ./my-hf-model"))
-    c.add_argument("ids", nargs="+", metavar="ID", help="what to remove")
+    add_options(c, CacheRemoveOptions)
     c.set_defaults(fn=cmd_cache_remove)
-    c = cache.add_parser("prune", parents=[common], help="remove converted copies no source needs any more",
+    c = cache.add_parser("prune", help="remove converted copies no source needs any more",
                          description="Remove the converted copies whose sources are gone or now hold other content "
                                      "(a source that was only touched or copied keeps its copy).",
                          epilog=examples("bert-of zoo cache prune", "bert-of zoo cache prune --dry-run"))
-    c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    add_options(c, CachePruneOptions)
     c.set_defaults(fn=cmd_cache_prune)
 
 

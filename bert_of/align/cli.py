@@ -44,8 +44,8 @@ class AlignOptions:
                                          "always launch their own processes")
     data_dir: str | None = arg(None, metavar="DIR", help="dataset and finished-run cache (unset: OUTPUT/data)")
     corpus: list = arg(default_factory=list, nargs="+", metavar="FILE",
-                       help="text files for the pretraining data (unset: the package's small corpus, "
-                            "bert_of/align/default-corpus)")
+                       help="text files for the pretraining data (unset: the small corpus the "
+                            "package ships beside bert_of/align)")
     vocab: str | None = arg(None, metavar="FILE", help="vocab.txt for --corpus (unset: the one of the package's corpus)")
     seed: int = arg(0, metavar="S", help="initialisation seed")
     perturb_lr: float = arg(0.0, metavar="REL", help="self-test: train the compared side of every equal comparison "
