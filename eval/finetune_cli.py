@@ -134,8 +134,8 @@ def _positive(args, *names):
 
 
 def _fast_blas():
-    """Fine-tuning needs speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets its
-    AVX2/FMA kernels (bert_of/_flow.py) unless BERT_OF_BLAS=exact says otherwise."""
+    """Fine-tuning and prediction need speed, not bit-parity with TF: OneFlow's bundled OpenBLAS
+    gets its AVX2/FMA kernels (bert_of/_flow.py) unless BERT_OF_BLAS=exact says otherwise."""
     os.environ.setdefault("BERT_OF_BLAS", "fast")
 
 
@@ -197,6 +197,7 @@ def cmd_finetune_glue(args) -> int:
 
 
 def cmd_predict_squad(args) -> int:
+    _fast_blas()
     _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
     code = _ranks(args)
     if code is not None:
@@ -208,6 +209,7 @@ def cmd_predict_squad(args) -> int:
 
 
 def cmd_predict_glue(args) -> int:
+    _fast_blas()
     _positive(args, "max_seq_length", "predict_batch_size")
     code = _ranks(args)
     if code is not None:
@@ -219,6 +221,7 @@ def cmd_predict_glue(args) -> int:
 
 
 def cmd_eval_squad(args) -> int:
+    _fast_blas()
     _positive(args, "max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")
     code = _ranks(args)
     if code is not None:
@@ -230,6 +233,7 @@ def cmd_eval_squad(args) -> int:
 
 
 def cmd_eval_glue(args) -> int:
+    _fast_blas()
     _positive(args, "max_seq_length", "predict_batch_size")
     code = _ranks(args)
     if code is not None:

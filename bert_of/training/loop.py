@@ -41,7 +41,7 @@ def _json_number(v):
 
 def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None, log_every: int = 10,
         save_every: int = 0, keep: int = 2, vocab_file: str | None = None, progress: str | None = "bar",
-        what: str = "train", stop_after: int = 0) -> FitResult:
+        what: str = "train", stop_after: int = 0, unit: str = "samples") -> FitResult:
     """Step ``trainer`` until its global step reaches ``steps``.
 
     Every ``log_every`` steps (and at the last) rank 0 appends a record to ``run``'s
@@ -78,8 +78,9 @@ def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None
                 if progress == "lines":
                     eta = (steps - step) * (now - t0) / (step - first)
                     mean = f"{sum(window) / len(window):.4f}" if window else "nan"
-                    note(rt, f"step {step}/{steps}  loss {mean}  lr {out['lr']:.3g}  "
-                             f"{rate:.1f} examples/s  eta {eta:.0f} s")
+                    # metrics.jsonl keeps this step's loss; the line says it shows the window's mean
+                    note(rt, f"step {step}/{steps}  loss {mean} (mean of {len(window) or 1} step(s); step "
+                             f"{out['loss']:.4f})  lr {out['lr']:.3g}  {rate:.1f} {unit}/s  eta {eta:.0f} s")
                 t_last, n_last, window = now, step, []
             if save_every and run is not None and step % save_every == 0:
                 run.save(trainer, data, vocab_file, keep)

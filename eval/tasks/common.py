@@ -10,6 +10,7 @@ import math
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,7 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
 from bert_of.modeling import truncated_normal
-from bert_of.progress import Progress
+from bert_of.progress import Progress, log
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
 from bert_of.training.loop import ShuffledRows, fit, note
@@ -217,9 +218,11 @@ def check_seq_len(model_config, max_seq_length: int, path: str) -> None:
 # --------------------------------------------------------------------------- training and prediction
 
 
-def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: TrainOptions, what: str):
+def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: TrainOptions, what: str,
+          unit: str = "examples"):
     """Google's schedule over the feature ``arrays`` (named like the model's forward arguments,
-    labels included) on the shared trainer. Returns (summary for train_args.json, finished)."""
+    labels included) on the shared trainer; ``unit`` names what a row is in the progress line
+    ("windows": SQuAD's features). Returns (summary for train_args.json, finished)."""
     n = len(next(iter(arrays.values())))
     if n == 0:
         raise EvalDataError(f"{what}: no training features")
@@ -252,12 +255,12 @@ def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: Tra
                                                  if k != "provenance"}})
             if run.resume_from:
                 note(rt, f"{what}: resuming {run.resume_from} at step {trainer.global_step}")
-        note(rt, f"{what}: {n_examples} examples, {n} features; {h.steps} steps (warmup {h.warmup_steps}) of batch "
+        note(rt, f"{what}: {n_examples} examples, {n} {unit if unit != 'examples' else 'features'}; {h.steps} steps (warmup {h.warmup_steps}) of batch "
                  f"{h.batch_size} over {rt.world} rank(s) on {rt.device}, lr {h.lr:g}, {h.mode} mode")
         res = fit(trainer, data, h.steps, batch_size=h.batch_size, run=run,
                   log_every=opts.log_every or COMMON_DEFAULTS["log_every"], save_every=opts.save_every,
                   vocab_file=getattr(model, "vocab_file", None), progress="lines", what=what,
-                  stop_after=opts.stop_after)
+                  stop_after=opts.stop_after, unit=unit)
     model.eval()
     losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
     first = losses[0] if losses else None
@@ -279,31 +282,100 @@ class _PredictGraph(flow.nn.Graph):
         return tuple(getattr(out, k) for k in self.outputs)
 
 
-def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: Runtime) -> list:
-    """Run ``model`` (eval mode) over rows of ``inputs`` (input_ids, token_type_ids, attention_mask) in
-    fixed-size global batches (the last one padded); returns one float32 array per output name."""
+# OneFlow 0.9 never shares memory between a CPU graph's intermediate tensors (its planner skips CPU
+# tasks: oneflow/core/job/intra_job_mem_sharing_util.cpp, InitMemoryChains), so a compiled CPU graph
+# holds every activation of its batch for its whole life: ~440 MB per row for MiniLM at 384 tokens,
+# where eager frees each tensor after use. A CPU graph therefore runs few rows per call (smaller
+# graphs are no slower per row: README "Inference"); CUDA graphs reuse memory and keep the batch.
+GRAPH_CPU_BUDGET = 512 * 2 ** 20  # bytes of activations one CPU predict graph may hold
+LENGTH_STEP = 32  # a bucketed (eager) batch is cut to a multiple of this many tokens
+
+
+def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET) -> int | None:
+    """Rows per call of a CPU predict graph over ``length`` tokens (None: no limit, CUDA). The
+    estimate counts a layer's activations per row as its graph keeps them: ~10 [heads, L, L]
+    attention tensors and a few [L, I] / [L, H] ones (measured: MiniLM, BERT-base)."""
+    if device != "cpu":
+        return None
+    c = config
+    per_row = 4 * c.num_hidden_layers * (10 * c.num_attention_heads * length * length
+                                         + 4 * length * c.intermediate_size + 12 * length * c.hidden_size)
+    return max(1, int(budget // per_row))
+
+
+def _batches(lengths: np.ndarray, batch_size: int, bucket: bool, width: int):
+    """(row indices, tokens) of each batch: in input order, or (``bucket``) rows sorted by length
+    and each batch cut to its longest row rounded up to LENGTH_STEP (at most ``width``)."""
+    n = len(lengths)
+    order = np.argsort(lengths, kind="stable") if bucket else np.arange(n)
+    for lo in range(0, n, batch_size):
+        idx = order[lo:lo + batch_size]
+        if bucket:
+            longest = int(lengths[idx].max())
+            yield idx, min(width, max(LENGTH_STEP, -(-longest // LENGTH_STEP) * LENGTH_STEP))
+        else:
+            yield idx, width
+
+
+def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: Runtime, *,
+          bucket: bool = False, graph_budget: int = GRAPH_CPU_BUDGET, stats: dict | None = None) -> list:
+    """Run ``model`` (eval mode, no autograd) over rows of ``inputs`` (input_ids, token_type_ids,
+    attention_mask: [n, S]) in global batches of ``batch_size`` rows; returns one float32 array per
+    output name, rows in input order.
+
+    ``bucket``: in eager mode, rows sorted by length and each batch cut to its longest row (rounded
+    up to LENGTH_STEP tokens); for outputs with no position axis (a classifier's logits), where the
+    attention mask makes the cut rows' results the same to float rounding. Position-wise outputs
+    (SQuAD's logits) keep all S positions, since run_squad's n-best also ranks padding positions.
+
+    Graph mode compiles ONE graph, [rows per call, S], the last batch padded to it, and reports its
+    build once. One, because OneFlow 0.9 frees nothing of a compiled graph when it is deleted
+    (measured: +1.7 GB per MiniLM graph of 4 x 384, kept after ``del`` and gc), so length buckets
+    would each add a graph's memory for good; on CPU a call runs at most :func:`graph_rows` rows.
+    ``stats`` (a dict) receives the graphs built, their build seconds, the rows per call and the
+    token positions computed (padding included)."""
     model.eval()
     n = len(inputs[0])
+    width = int(inputs[0].shape[1])
+    bucket = bucket and mode == "eager"
+    lengths = inputs[2].sum(axis=1) if bucket else np.full(n, width)
     batch_size = max(1, min(batch_size, n))
+    if mode == "graph":
+        cap = graph_rows(model.config, width, rt.device, graph_budget)
+        if cap is not None:
+            batch_size = min(batch_size, cap * rt.world)
     batch_size = -(-batch_size // rt.world) * rt.world
-    graph = _PredictGraph(model, outputs) if mode == "graph" else None
-    results = [[] for _ in outputs]
-    with flow.no_grad(), Progress("predict", total=n, unit="row") as bar:
-        for lo in range(0, n, batch_size):
-            rows = [a[lo:lo + batch_size] for a in inputs]
-            real = len(rows[0])
-            if real < batch_size:  # static shapes: pad with copies of the first row, drop their outputs
+    results = [None] * len(outputs)
+    graph, built, build_s, positions = None, 0, 0.0, 0
+    with flow.no_grad(), Progress("predict", total=n, unit="window") as bar:
+        for idx, tokens in _batches(lengths, batch_size, bucket, width):
+            real = len(idx)
+            rows = [a[idx, :tokens] for a in inputs]
+            if (mode == "graph" or rt.world > 1) and real < batch_size:  # static shapes: pad with copies of row 0
                 rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
             tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
-            if graph is not None:
-                vals = graph(*tensors)
+            positions += rows[0].size
+            if mode == "graph":
+                if graph is None:
+                    graph, t0 = _PredictGraph(model, outputs), time.perf_counter()
+                    vals = [to_numpy(v) for v in graph(*tensors)]  # the first call compiles
+                    built, build_s = 1, time.perf_counter() - t0
+                else:
+                    vals = [to_numpy(v) for v in graph(*tensors)]
             else:
                 out = model(*tensors)
-                vals = tuple(getattr(out, k) for k in outputs)
-            for acc, v in zip(results, vals):
-                acc.append(to_numpy(v)[:real].astype(np.float32))
+                vals = [to_numpy(getattr(out, k)) for k in outputs]
+            for j, v in enumerate(vals):
+                v = v[:real].astype(np.float32)
+                if results[j] is None:
+                    results[j] = np.zeros((n,) + v.shape[1:], np.float32)
+                results[j][idx] = v
             bar.update(real)
-    return [np.concatenate(r, axis=0) for r in results]
+    if stats is not None:
+        stats.update(graphs=built, build_seconds=round(build_s, 3), batch_size=batch_size, positions=positions)
+    if built:
+        log.info(f"predict: graph of {batch_size} x {width} tokens compiled (and run once) in {build_s:.1f} s")
+    return results
 
 
 # --------------------------------------------------------------------------- saving and records

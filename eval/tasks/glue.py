@@ -198,7 +198,7 @@ def predict_glue(opts: GluePredictOptions, trained: str | None = None, model=Non
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         mode = opts.mode or COMMON_DEFAULTS["mode"]
         bs = opts.predict_batch_size or COMMON_DEFAULTS["predict_batch_size"]
-        (logits,) = infer(model, inputs, ("logits",), int(bs), mode, rt)
+        (logits,) = infer(model, inputs, ("logits",), int(bs), mode, rt, bucket=True)
         if labels is None:
             preds = [float(v) for v in logits.reshape(-1)]
         else:

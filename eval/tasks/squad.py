@@ -132,7 +132,7 @@ def finetune_squad(opts: SquadTrainOptions) -> dict:
                   "attention_mask": arr["input_mask"], "start_positions": arr["start_positions"],
                   "end_positions": arr["end_positions"]}
         task = f"squad-v{'2.0' if v2 else '1.1'}"
-        summary, finished = train(model, arrays, len(examples), h, rt, opts, f"finetune {task}")
+        summary, finished = train(model, arrays, len(examples), h, rt, opts, f"finetune {task}", unit="windows")
         args = base_args(task, h, rt, ident, name, opts.train, tok.do_lower_case)
         args["hparams"].update(lengths, steps=h.steps, warmup_steps=h.warmup_steps)
         args.update(train_examples=len(examples), train_features=n_features, **summary)
