@@ -11,7 +11,8 @@ transformers 4.57.6 + torch 2.13 (2 threads) from .venv-anchor (`make bench-env`
 SQuAD heads, the same NumPy-drawn windows on both sides, max_seq 128 and 384. The machine is
 shared: for each configuration the transformers row runs first, then bert_of eager, then graph, so
 load drift hits all three alike; read the ratios (bert_of / transformers), recorded per row with the
-load average. Prints one JSON object and writes it to --out (default bench/results/infer.json).
+load average. Then where the time goes: one encoder layer's pieces (GEMMs, attention, softmax, the
+whole layer) timed in each library at 4 x 384 tokens, alternating, median of --profile-rounds. Prints one JSON object and writes it to --out (default bench/results/infer.json).
 """
 
 import argparse
@@ -58,6 +59,8 @@ def main():
     ap.add_argument("--seqs", default="128,384")
     ap.add_argument("--tasks", default="predict,train")
     ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--profile-rounds", type=int, default=3,
+                    help="rounds of the per-piece profile at 384 tokens, 4 rows (hf and bert_of alternating); 0: none")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "infer.json"))
     a = ap.parse_args()
     if not os.path.exists(HF_PY):
@@ -85,11 +88,23 @@ def main():
                     for row in group:
                         print(json.dumps(row), file=sys.stderr, flush=True)
                     rows_out.extend(group)
+        profile = {}
+        for model in a.models.split(",") if a.profile_rounds else []:
+            runs = {"hf": [], "of": []}
+            for _ in range(a.profile_rounds):
+                for impl, py in (("hf", HF_PY), ("of", OF_PY)):
+                    r = run(py, ["--impl", impl, "--model", model, "--seq", "384", "--batch", "4",
+                                 "--task", "profile"], tmp)
+                    if "ms" in r:
+                        runs[impl].append(r["ms"])
+            med = {impl: {k: sorted(x[k] for x in v)[len(v) // 2] for k in v[0]} for impl, v in runs.items() if v}
+            profile[model] = med
+            print(json.dumps({"profile": model, **med}), file=sys.stderr, flush=True)
     res = {"bench": "infer", "quick": a.quick, "minutes": round((time.time() - t_start) / 60, 1),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
            "targets": "predict at 384: speed_vs_hf >= 1, rss_vs_hf <= 1.2; train: speed_vs_hf >= 0.9, "
                       "rss_vs_hf <= 1.5",
-           "rows": rows_out}
+           "rows": rows_out, "profile_ms_384x4": profile}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)

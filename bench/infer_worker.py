@@ -135,6 +135,72 @@ def run_of(a, data):
     return res
 
 
+def pieces(fw, a):
+    """--task profile: one encoder layer's pieces at [--batch rows, --seq] for --model's shape, in
+    milliseconds (median of 5 after one warm-up): GEMMs (q/k/v + attention output, FFN up and
+    down), the attention's batched matmuls and softmax, then the whole layer as each library runs
+    it. Where a prediction's time goes, side by side."""
+    c = MINILM if a.model == "minilm" else BASE
+    B, S, H, N, I = a.batch, a.seq, c["hidden_size"], c["num_attention_heads"], c["intermediate_size"]
+    D = H // N
+    rng = np.random.default_rng(0)
+    arr = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    x, w4, w_up, w_dn = arr(B * S, H), arr(H, H), arr(I, H), arr(H, I)
+    q, k, v = arr(B, N, S, D), arr(B, N, S, D), arr(B, N, S, D)
+    scores = arr(B, N, S, S)
+    if fw == "torch":
+        import torch
+        import transformers
+
+        torch.set_num_threads(a.threads)
+        T = torch.from_numpy
+        x, w4, w_up, w_dn, q, k, v, scores = map(T, (x, w4, w_up, w_dn, q, k, v, scores))
+        cfg = transformers.BertConfig(**c, hidden_act="gelu_new", hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+        layer = transformers.models.bert.modeling_bert.BertLayer(cfg).eval()
+        hid, u = x.reshape(B, S, H), torch.nn.functional.linear(x, w_up)
+        ops = {"gemm q/k/v/out (4x [BS,H]x[H,H])": lambda: [torch.nn.functional.linear(x, w4) for _ in range(4)][-1],
+               "gemm ffn up [BS,H]x[H,I]": lambda: torch.nn.functional.linear(x, w_up),
+               "gemm ffn down [BS,I]x[I,H]": lambda: torch.nn.functional.linear(u, w_dn),
+               "attention q.k^T and p.v": lambda: torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v),
+               "softmax [B,N,S,S]": lambda: torch.softmax(scores, -1),
+               "whole layer (sdpa)": lambda: layer(hid)[0]}
+        run = lambda f: f()  # noqa: E731
+        ctx = torch.inference_mode
+    else:
+        os.environ.setdefault("BERT_OF_BLAS", "fast")
+        from bert_of._flow import flow
+        from bert_of.config import BertConfig
+        from bert_of.modeling import BertLayer
+
+        F = lambda t: flow.tensor(t)  # noqa: E731
+        x, w4, w_up, w_dn, q, k, v, scores = map(F, (x, w4, w_up, w_dn, q, k, v, scores))
+        layer = BertLayer(BertConfig(**c, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        layer.eval()
+        hid, mask = x.reshape(B, S, H), flow.zeros(B, 1, 1, S)
+        lin = lambda a_, w: flow.matmul(a_, w, transpose_b=True)  # noqa: E731
+        u = lin(x, w_up)
+        ops = {"gemm q/k/v/out (4x [BS,H]x[H,H])": lambda: [lin(x, w4) for _ in range(4)][-1],
+               "gemm ffn up [BS,H]x[H,I]": lambda: lin(x, w_up),
+               "gemm ffn down [BS,I]x[I,H]": lambda: lin(u, w_dn),
+               "attention q.k^T and p.v": lambda: flow.matmul(flow.matmul(q, k, transpose_b=True), v),
+               "softmax [B,N,S,S]": lambda: flow.softmax(scores, dim=-1),
+               "whole layer": lambda: layer(hid, mask)}
+        run = lambda f: f().numpy()  # noqa: E731  (numpy(): OneFlow runs asynchronously)
+        ctx = flow.no_grad
+    out = {}
+    with ctx():
+        for name, f in ops.items():
+            run(f)
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                run(f)
+                times.append((time.perf_counter() - t0) * 1000)
+            out[name] = round(sorted(times)[2], 1)
+    return {"ms": out}
+
+
 def predict_loop(batch, a, loaded):
     """--rows windows in batches of --batch, timed whole (as a prediction run is)."""
     t0 = time.perf_counter()
@@ -162,7 +228,7 @@ def main():
     ap.add_argument("--model", choices=("minilm", "base"), required=True)
     ap.add_argument("--model-dir")
     ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--task", choices=("predict", "train"), required=True)
+    ap.add_argument("--task", choices=("predict", "train", "profile"), required=True)
     ap.add_argument("--rows", type=int, default=32, help="predict: windows timed")
     ap.add_argument("--batch", type=int, default=32, help="predict batch / train step windows")
     ap.add_argument("--steps", type=int, default=2, help="train: steps timed")
@@ -170,8 +236,10 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     n = max(a.rows, a.batch) if a.task == "predict" else a.batch * (a.steps + 1)
-    data = windows(n, a.seq)
-    res = (run_hf if a.impl == "hf" else run_of)(a, data)
+    if a.task == "profile":
+        res = pieces("torch" if a.impl == "hf" else "oneflow", a)
+    else:
+        res = (run_hf if a.impl == "hf" else run_of)(a, windows(n, a.seq))
     res.update(impl=a.impl, mode="eager" if a.impl == "hf" else a.mode, model=a.model, seq=a.seq, task=a.task,
                batch=a.batch, peak_rss_mib=status("VmHWM"))
     with open(a.out, "w") as f:

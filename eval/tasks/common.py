@@ -294,6 +294,9 @@ class _PredictGraph(flow.nn.Graph):
 # where eager frees each tensor after use. A CPU graph therefore runs few rows per call (smaller
 # graphs are no slower per row: README "Inference"); CUDA graphs reuse memory and keep the batch.
 GRAPH_CPU_BUDGET = 512 * 2 ** 20  # bytes of activations one CPU predict graph may hold
+# Eager frees as it goes, but a call's [B, heads, L, L] attention tensors still peak with B; a few
+# rows per call keep the peak near transformers' (whose CPU attention is fused) at no cost in speed.
+EAGER_CPU_BUDGET = 128 * 2 ** 20
 LENGTH_STEP = 32  # a bucketed (eager) batch is cut to a multiple of this many tokens
 
 
@@ -309,10 +312,21 @@ def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET)
     return max(1, int(budget // per_row))
 
 
+def eager_rows(config, length: int, device: str, budget: int = EAGER_CPU_BUDGET) -> int | None:
+    """Rows per eager CPU call over ``length`` tokens (None: no limit): eager holds about three
+    [heads, L, L] tensors and a few [L, I] / [L, H] ones of one layer at a time."""
+    if device != "cpu":
+        return None
+    c = config
+    per_row = 4 * (3 * c.num_attention_heads * length * length + 2 * length * c.intermediate_size
+                   + 6 * length * c.hidden_size)
+    return max(1, int(budget // per_row))
+
+
 # A CPU train graph keeps, besides the forward's activations, their gradients and the backward's
 # temporaries, none shared either: ~3.5x a predict graph per row (MiniLM at 128 tokens: 276 MB/row).
 TRAIN_GRAPH_FACTOR = 3.5
-GRAPH_CPU_TRAIN_BUDGET = 1536 * 2 ** 20  # bytes of activations one CPU train graph may hold
+GRAPH_CPU_TRAIN_BUDGET = 768 * 2 ** 20  # bytes of activations one CPU train graph may hold
 
 
 def graph_accum_steps(config, length: int, rows: int, device: str, k: int = 1,
@@ -358,7 +372,8 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     Graph mode compiles ONE graph, [rows per call, S], the last batch padded to it, and reports its
     build once. One, because OneFlow 0.9 frees nothing of a compiled graph when it is deleted
     (measured: +1.7 GB per MiniLM graph of 4 x 384, kept after ``del`` and gc), so length buckets
-    would each add a graph's memory for good; on CPU a call runs at most :func:`graph_rows` rows.
+    would each add a graph's memory for good. On CPU a call runs at most :func:`graph_rows` rows
+    (graph) or :func:`eager_rows` (eager), whatever ``batch_size`` says: the results are the same.
     ``stats`` (a dict) receives the graphs built, their build seconds, the rows per call and the
     token positions computed (padding included)."""
     model.eval()
@@ -367,10 +382,10 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     bucket = bucket and mode == "eager"
     lengths = inputs[2].sum(axis=1) if bucket else np.full(n, width)
     batch_size = max(1, min(batch_size, n))
-    if mode == "graph":
-        cap = graph_rows(model.config, width, rt.device, graph_budget)
-        if cap is not None:
-            batch_size = min(batch_size, cap * rt.world)
+    cap = (graph_rows(model.config, width, rt.device, graph_budget) if mode == "graph"
+           else eager_rows(model.config, width, rt.device))
+    if cap is not None:
+        batch_size = min(batch_size, cap * rt.world)
     batch_size = -(-batch_size // rt.world) * rt.world
     results = [None] * len(outputs)
     graph, built, build_s, positions = None, 0, 0.0, 0
