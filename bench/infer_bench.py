@@ -52,6 +52,33 @@ def run(py, args, tmp):
     return row
 
 
+def markdown(res: dict) -> str:
+    """The README's tables from a results object."""
+    lines = ["| model | seq | task | transformers w/s | bert_of eager w/s (x) | bert_of graph w/s (x) | "
+             "transformers peak RSS | eager RSS (x) | graph RSS (x) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [r for r in res["rows"] if "error" not in r]
+    for r in rows:
+        if r["impl"] != "hf":
+            continue
+        same = lambda x: x["model"] == r["model"] and x["seq"] == r["seq"] and x["task"] == r["task"]  # noqa: E731
+        of = {x["mode"]: x for x in rows if x["impl"] == "of" and same(x)}
+        cell = lambda m, k, fmt: (f"{fmt(of[m][k])} ({of[m]['speed_vs_hf' if k == 'windows_per_s' else 'rss_vs_hf']:.2f})"  # noqa: E731
+                                   if m in of else "-")
+        w = lambda v: f"{v:.2f}"  # noqa: E731
+        mb = lambda v: f"{v} MiB"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['seq']} | {r['task']} (batch {r['batch']}) | {w(r['windows_per_s'])} | "
+                     f"{cell('eager', 'windows_per_s', w)} | {cell('graph', 'windows_per_s', w)} | "
+                     f"{mb(r['peak_rss_mib'])} | {cell('eager', 'peak_rss_mib', mb)} | {cell('graph', 'peak_rss_mib', mb)} |")
+    for model, med in (res.get("profile_ms_384x4") or {}).items():
+        if "hf" in med and "of" in med:
+            lines += ["", f"One {model} layer at 4 x 384 tokens, ms (median of rounds):", "",
+                      "| piece | transformers (torch, 2 threads) | bert_of (OneFlow 0.9) | bert_of / transformers |",
+                      "|---|---|---|---|"]
+            for (k, hv), (k2, ov) in zip(med["hf"].items(), med["of"].items()):
+                lines.append(f"| {k2} | {hv} | {ov} | {ov / hv:.2f} |" if hv else f"| {k2} | {hv} | {ov} | - |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="train steps of 8 windows, 32 windows predicted")
@@ -61,8 +88,13 @@ def main():
     ap.add_argument("--modes", default="eager,graph")
     ap.add_argument("--profile-rounds", type=int, default=3,
                     help="rounds of the per-piece profile at 384 tokens, 4 rows (hf and bert_of alternating); 0: none")
+    ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and stop")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "infer.json"))
     a = ap.parse_args()
+    if a.render:
+        with open(a.render) as f:
+            print(markdown(json.load(f)))
+        return
     if not os.path.exists(HF_PY):
         raise SystemExit("no .venv-anchor (transformers + torch): run `make bench-env` first")
     train_batch, rows, steps = (8, 32, 2) if a.quick else (32, 64, 2)
@@ -109,6 +141,7 @@ def main():
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res))
+    print(markdown(res), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,15 @@ def test_graph_predictions_equal_eager_with_one_graph_and_a_padded_last_call(cla
     rt, rows = Runtime.create("cpu"), _rows()
     (eager,) = infer(classifier, rows, ("logits",), 32, "eager", rt)
     stats = {}
-    # a budget of 2 rows' activations: 2 rows per call, 6 calls, the last one padded
-    per_row = 2 ** 30 // graph_rows(classifier.config, 80, "cpu", 2 ** 30)
+    # a budget of 2 rows of one layer's activations: one layer graph, 2 rows per call, the last padded
+    per_row = 2 ** 30 // graph_rows(classifier.config, 80, "cpu", 2 ** 30, layers=1)
     (graph,) = infer(classifier, rows, ("logits",), 32, "graph", rt, bucket=True, graph_budget=2 * per_row,
                      stats=stats)
-    assert stats["graphs"] == 1 and stats["batch_size"] == 2 and stats["build_seconds"] > 0
+    assert stats["graphs"] == 1 and stats["batch_size"] == 2 and stats["build_seconds"] > 0 and stats["layerwise"]
     np.testing.assert_allclose(graph, eager, rtol=0, atol=1e-5)
+    assert "forward" not in vars(classifier.bert.encoder)  # the encoder's own forward is back
+    (again,) = infer(classifier, rows, ("logits",), 5, "eager", rt)
+    np.testing.assert_allclose(again, eager, rtol=0, atol=2e-6)
 
 
 def test_position_outputs_keep_every_position(classifier):
@@ -62,9 +65,12 @@ def test_position_outputs_keep_every_position(classifier):
     rt, rows = Runtime.create("cpu"), _rows(n=5)
     start, end = infer(qa, rows, ("start_logits", "end_logits"), 2, "eager", rt)
     s1, e1 = infer(qa, rows, ("start_logits", "end_logits"), 5, "eager", rt)
-    assert start.shape == end.shape == (5, 80)
+    s2, e2 = infer(qa, rows, ("start_logits", "end_logits"), 5, "graph", rt, graph_budget=1)  # 1 row per call
+    assert start.shape == end.shape == s2.shape == (5, 80)
     np.testing.assert_allclose(start, s1, rtol=0, atol=2e-6)
     np.testing.assert_allclose(end, e1, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(s2, s1, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(e2, e1, rtol=0, atol=1e-5)
 
 
 def test_cpu_graph_rows_follow_the_activation_budget():

@@ -288,6 +288,52 @@ class _PredictGraph(flow.nn.Graph):
         return tuple(getattr(out, k) for k in self.outputs)
 
 
+class _LayerGraph(flow.nn.Graph):
+    """One encoder layer (a copy of layer 0) as a graph: hidden [b, S, H], mask adder [b, 1, 1, S]."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def build(self, hidden, mask_adder):
+        return self.layer(hidden, mask_adder)
+
+
+class _LayerwiseEncoder:
+    """A CPU graph for the encoder that holds one layer's activations instead of every layer's:
+    ONE compiled layer graph runs each layer in turn, that layer's weights copied into the graph's
+    own first (~28 MB per BERT-base layer, once per batch), ``rows`` rows per call (the last call
+    padded). Embeddings, pooler and head stay eager (a few % of the work). It replaces
+    ``encoder.forward`` while ``infer`` runs; the layer is the model's own module code."""
+
+    def __init__(self, encoder, config, rows: int):
+        self.encoder, self.rows = encoder, rows
+        self.template = type(encoder.layer[0])(config).eval()  # weights: copied in per layer
+        self.graph, self.build_seconds = _LayerGraph(self.template), 0.0
+        self.own = list(self.template.parameters())
+
+    def __call__(self, hidden, mask_adder):
+        b = hidden.shape[0]
+        for layer in self.encoder.layer:
+            for mine, theirs in zip(self.own, layer.parameters()):
+                mine.copy_(theirs)
+            outs = []
+            for lo in range(0, b, self.rows):
+                h, m = hidden[lo:lo + self.rows], mask_adder[lo:lo + self.rows]
+                real = h.shape[0]
+                if real < self.rows:  # one shape: pad with copies of the chunk's first row
+                    h = flow.cat([h, h[:1].repeat(self.rows - real, 1, 1)])
+                    m = flow.cat([m, m[:1].repeat(self.rows - real, 1, 1, 1)])
+                t0 = time.perf_counter() if not self.build_seconds else None
+                out = self.graph(h, m)
+                if t0 is not None:  # the first call compiles
+                    out.numpy()
+                    self.build_seconds = time.perf_counter() - t0
+                outs.append(out[:real])
+            hidden = flow.cat(outs) if len(outs) > 1 else outs[0]
+        return hidden
+
+
 # OneFlow 0.9 never shares memory between a CPU graph's intermediate tensors (its planner skips CPU
 # tasks: oneflow/core/job/intra_job_mem_sharing_util.cpp, InitMemoryChains), so a compiled CPU graph
 # holds every activation of its batch for its whole life: ~440 MB per row for MiniLM at 384 tokens,
@@ -300,14 +346,15 @@ EAGER_CPU_BUDGET = 128 * 2 ** 20
 LENGTH_STEP = 32  # a bucketed (eager) batch is cut to a multiple of this many tokens
 
 
-def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET) -> int | None:
-    """Rows per call of a CPU predict graph over ``length`` tokens (None: no limit, CUDA). The
-    estimate counts a layer's activations per row as its graph keeps them: ~10 [heads, L, L]
-    attention tensors and a few [L, I] / [L, H] ones (measured: MiniLM, BERT-base)."""
+def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET, layers: int | None = None) -> int | None:
+    """Rows per call of a CPU predict graph over ``length`` tokens (None: no limit, CUDA) of
+    ``layers`` encoder layers (default: the model's). The estimate counts a layer's activations
+    per row as its graph keeps them: ~10 [heads, L, L] attention tensors and a few [L, I] / [L, H]
+    ones (measured: MiniLM, BERT-base)."""
     if device != "cpu":
         return None
     c = config
-    per_row = 4 * c.num_hidden_layers * (10 * c.num_attention_heads * length * length
+    per_row = 4 * (layers or c.num_hidden_layers) * (10 * c.num_attention_heads * length * length
                                          + 4 * length * c.intermediate_size + 12 * length * c.hidden_size)
     return max(1, int(budget // per_row))
 
@@ -369,11 +416,13 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     attention mask makes the cut rows' results the same to float rounding. Position-wise outputs
     (SQuAD's logits) keep all S positions, since run_squad's n-best also ranks padding positions.
 
-    Graph mode compiles ONE graph, [rows per call, S], the last batch padded to it, and reports its
-    build once. One, because OneFlow 0.9 frees nothing of a compiled graph when it is deleted
-    (measured: +1.7 GB per MiniLM graph of 4 x 384, kept after ``del`` and gc), so length buckets
-    would each add a graph's memory for good. On CPU a call runs at most :func:`graph_rows` rows
-    (graph) or :func:`eager_rows` (eager), whatever ``batch_size`` says: the results are the same.
+    Graph mode compiles ONE graph and reports its build once. One, because OneFlow 0.9 frees
+    nothing of a compiled graph when it is deleted (measured: +1.7 GB per MiniLM graph of 4 x 384,
+    kept after ``del`` and gc), so length buckets would each add a graph's memory for good. In one
+    CPU process that graph is one encoder layer, run for every layer (:class:`_LayerwiseEncoder`,
+    :func:`graph_rows` of one layer per call); on CUDA or several ranks it is the whole model,
+    [rows per call, S], the last batch padded to it. Eager CPU calls hold at most
+    :func:`eager_rows` rows, whatever ``batch_size`` says: the results are the same.
     ``stats`` (a dict) receives the graphs built, their build seconds, the rows per call and the
     token positions computed (padding included)."""
     model.eval()
@@ -382,41 +431,60 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     bucket = bucket and mode == "eager"
     lengths = inputs[2].sum(axis=1) if bucket else np.full(n, width)
     batch_size = max(1, min(batch_size, n))
-    cap = (graph_rows(model.config, width, rt.device, graph_budget) if mode == "graph"
-           else eager_rows(model.config, width, rt.device))
-    if cap is not None:
-        batch_size = min(batch_size, cap * rt.world)
+    encoders = [m for m in model.modules() if type(m).__name__ == "BertEncoder"]
+    layerwise = None
+    if mode == "graph" and rt.device == "cpu" and rt.world == 1 and len(encoders) == 1:
+        rows = graph_rows(model.config, width, rt.device, graph_budget, layers=1)
+        layerwise = _LayerwiseEncoder(encoders[0], model.config, min(rows, batch_size))
+    else:
+        cap = (graph_rows(model.config, width, rt.device, graph_budget) if mode == "graph"
+               else eager_rows(model.config, width, rt.device))
+        if cap is not None:
+            batch_size = min(batch_size, cap * rt.world)
     batch_size = -(-batch_size // rt.world) * rt.world
+    whole_graph = mode == "graph" and layerwise is None
     results = [None] * len(outputs)
-    graph, built, build_s, positions = None, 0, 0.0, 0
-    with flow.no_grad(), Progress("predict", total=n, unit="window") as bar:
-        for idx, tokens in _batches(lengths, batch_size, bucket, width):
-            real = len(idx)
-            rows = [a[idx, :tokens] for a in inputs]
-            if (mode == "graph" or rt.world > 1) and real < batch_size:  # static shapes: pad with copies of row 0
-                rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
-            tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
-            positions += rows[0].size
-            if mode == "graph":
-                if graph is None:
-                    graph, t0 = _PredictGraph(model, outputs), time.perf_counter()
-                    vals = [to_numpy(v) for v in graph(*tensors)]  # the first call compiles
-                    built, build_s = 1, time.perf_counter() - t0
+    graph, build_s, positions = None, 0.0, 0
+    if layerwise is not None:
+        encoders[0].forward = layerwise  # an instance attribute: nn.Module.__call__ finds it first
+    try:
+        with flow.no_grad(), Progress("predict", total=n, unit="window") as bar:
+            for idx, tokens in _batches(lengths, batch_size, bucket, width):
+                real = len(idx)
+                rows = [a[idx, :tokens] for a in inputs]
+                if (whole_graph or rt.world > 1) and real < batch_size:  # static shapes: pad with copies of row 0
+                    rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
+                tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
+                positions += rows[0].size
+                if whole_graph:
+                    if graph is None:
+                        graph, t0 = _PredictGraph(model, outputs), time.perf_counter()
+                        vals = [to_numpy(v) for v in graph(*tensors)]  # the first call compiles
+                        build_s = time.perf_counter() - t0
+                    else:
+                        vals = [to_numpy(v) for v in graph(*tensors)]
                 else:
-                    vals = [to_numpy(v) for v in graph(*tensors)]
-            else:
-                out = model(*tensors)
-                vals = [to_numpy(getattr(out, k)) for k in outputs]
-            for j, v in enumerate(vals):
-                v = v[:real].astype(np.float32)
-                if results[j] is None:
-                    results[j] = np.zeros((n,) + v.shape[1:], np.float32)
-                results[j][idx] = v
-            bar.update(real)
+                    out = model(*tensors)
+                    vals = [to_numpy(getattr(out, k)) for k in outputs]
+                for j, v in enumerate(vals):
+                    v = v[:real].astype(np.float32)
+                    if results[j] is None:
+                        results[j] = np.zeros((n,) + v.shape[1:], np.float32)
+                    results[j][idx] = v
+                bar.update(real)
+    finally:
+        if layerwise is not None:
+            del encoders[0].forward  # the module's own forward again
+    built = 1 if (graph is not None or (layerwise is not None and layerwise.build_seconds)) else 0
+    if layerwise is not None:
+        build_s, per_call, what = layerwise.build_seconds, layerwise.rows, "one encoder layer"
+    else:
+        per_call, what = batch_size, "the model"
     if stats is not None:
-        stats.update(graphs=built, build_seconds=round(build_s, 3), batch_size=batch_size, positions=positions)
+        stats.update(graphs=built, build_seconds=round(build_s, 3), batch_size=per_call, positions=positions,
+                     layerwise=layerwise is not None)
     if built:
-        log.info(f"predict: graph of {batch_size} x {width} tokens compiled (and run once) in {build_s:.1f} s")
+        log.info(f"predict: graph of {what}, {per_call} x {width} tokens, compiled (and run once) in {build_s:.1f} s")
     return results
 
 
