@@ -434,8 +434,11 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     encoders = [m for m in model.modules() if type(m).__name__ == "BertEncoder"]
     layerwise = None
     if mode == "graph" and rt.device == "cpu" and rt.world == 1 and len(encoders) == 1:
-        rows = graph_rows(model.config, width, rt.device, graph_budget, layers=1)
-        layerwise = _LayerwiseEncoder(encoders[0], model.config, min(rows, batch_size))
+        cap = min(graph_rows(model.config, width, rt.device, graph_budget, layers=1), batch_size)
+        rows = max(r for r in range(1, cap + 1) if batch_size % r == 0)  # a batch splits with no padding
+        if 2 * rows < cap:  # unless that makes calls too small: fewest calls, least padding
+            rows = -(-batch_size // -(-batch_size // cap))
+        layerwise = _LayerwiseEncoder(encoders[0], model.config, rows)
     else:
         cap = (graph_rows(model.config, width, rt.device, graph_budget) if mode == "graph"
                else eager_rows(model.config, width, rt.device))
