@@ -52,11 +52,28 @@ def run(py, args, tmp):
     return row
 
 
+def _medians(rows: list) -> list:
+    """One row per (impl, mode, model, seq, task): the median of each figure over the rounds (the
+    ratios are medians of the per-round ratios, each measured side by side)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["impl"], r["mode"], r["model"], r["seq"], r["task"]), []).append(r)
+    out = []
+    for g in groups.values():
+        m = dict(g[0], rounds=len(g))
+        for k in ("windows_per_s", "peak_rss_mib", "speed_vs_hf", "rss_vs_hf"):
+            vals = sorted(x[k] for x in g if x.get(k) is not None)
+            if vals:
+                m[k] = vals[len(vals) // 2] if len(vals) % 2 else round((vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2, 3)
+        out.append(m)
+    return out
+
+
 def markdown(res: dict) -> str:
     """The README's tables from a results object."""
     lines = ["| model | seq | task | transformers w/s | bert_of eager w/s (x) | bert_of graph w/s (x) | "
              "transformers peak RSS | eager RSS (x) | graph RSS (x) |", "|---|---|---|---|---|---|---|---|---|"]
-    rows = [r for r in res["rows"] if "error" not in r]
+    rows = _medians([r for r in res["rows"] if "error" not in r])
     for r in rows:
         if r["impl"] != "hf":
             continue
@@ -86,6 +103,8 @@ def main():
     ap.add_argument("--seqs", default="128,384")
     ap.add_argument("--tasks", default="predict,train")
     ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat each group (transformers, eager, graph) this many times; tables show medians")
     ap.add_argument("--profile-rounds", type=int, default=3,
                     help="rounds of the per-piece profile at 384 tokens, 4 rows (hf and bert_of alternating); 0: none")
     ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and stop")
@@ -109,17 +128,19 @@ def main():
                     common = ["--model", model, "--seq", str(seq), "--task", task]
                     common += (["--rows", str(rows), "--batch", "32"] if task == "predict"
                                else ["--batch", str(train_batch), "--steps", str(steps)])
-                    hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
-                    group = [hf]
-                    for mode in a.modes.split(","):
-                        row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp)
-                        if "error" not in row and "error" not in hf:
-                            row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
-                            row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)
-                        group.append(row)
-                    for row in group:
-                        print(json.dumps(row), file=sys.stderr, flush=True)
-                    rows_out.extend(group)
+                    for rnd in range(a.rounds):
+                        hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
+                        group = [hf]
+                        for mode in a.modes.split(","):
+                            row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp)
+                            if "error" not in row and "error" not in hf:
+                                row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
+                                row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)
+                            group.append(row)
+                        for row in group:
+                            row["round"] = rnd
+                            print(json.dumps(row), file=sys.stderr, flush=True)
+                        rows_out.extend(group)
         profile = {}
         for model in a.models.split(",") if a.profile_rounds else []:
             runs = {"hf": [], "of": []}

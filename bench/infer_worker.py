@@ -118,10 +118,8 @@ def run_of(a, data):
         infer(model, rows, ("start_logits", "end_logits"), a.batch, a.mode, rt, stats=stats)
         secs = time.perf_counter() - t0
         build = stats["build_seconds"]
-        steady = (a.rows - stats["batch_size"]) / (secs - build) if build and a.rows > stats["batch_size"] else None
         return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded,
-                    graph_build_s=build or None, graph_rows_per_call=stats["batch_size"] if build else None,
-                    windows_per_s_after_build=round(steady, 3) if steady else None)
+                    graph_build_s=build or None, rows_per_call=stats["batch_size"])
     accum = graph_accum_steps(model.config, a.seq, a.batch, rt.device) if a.mode == "graph" else 1
     cfg = TrainConfig(mode=a.mode, optimizer="adamw", lr=5e-5, total_steps=1000, weight_decay=0.01, eps=1e-6,
                       bias_correction=False, clip_grad_norm=1.0, grad_accum_steps=accum, seed=0)
