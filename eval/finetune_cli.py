@@ -77,9 +77,9 @@ def cmd_task(args) -> int:
         if missing:
             raise ConfigError(f"finetune {task}: {', '.join(missing)} required (a --resume with --run-dir takes them "
                               "from the run's record)")
-        # Fine-tuning needs speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets its
-        # AVX2/FMA kernels (bert_of/_flow.py) unless BERT_OF_BLAS=exact says otherwise.
-        os.environ.setdefault("BERT_OF_BLAS", "fast")
+    # Fine-tuning and prediction need speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets
+    # its AVX2/FMA kernels (bert_of.process, at OneFlow's import) unless BERT_OF_BLAS=exact says otherwise.
+    os.environ.setdefault("BERT_OF_BLAS", "fast")
     _positive(opts, *POSITIVE[command])
     code = _ranks(args, opts)
     if code is not None:

@@ -138,6 +138,8 @@ def test_finetune_squad_lifts_em_f1_far_above_the_untrained_model(squad):
     assert squad.after["exact_match"] - squad.before["exact_match"] >= 30
     log = [l for l in error_lines(squad.log) if l.startswith("step ")]
     assert len(log) == 4 and log[-1].startswith("step 40/40")
+    # the rate counts windows (SQuAD features), and the loss shown says it is the window's mean
+    assert all(" windows/s " in l and "(mean of 10 step(s); step " in l for l in log), log
     first, last = (float(l.split()[3]) for l in (log[0], log[-1]))
     assert last < 0.5 * first
 

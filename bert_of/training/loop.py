@@ -57,8 +57,10 @@ class LogMetrics(Callback):
     as a note; else (``bar``) a progress bar (:class:`bert_of.progress.Progress`: a bar on a
     terminal, a line every few seconds otherwise)."""
 
-    def __init__(self, trainer, steps: int, batch_size: int, every: int, metrics: str | None, progress, what: str):
+    def __init__(self, trainer, steps: int, batch_size: int, every: int, metrics: str | None, progress, what: str,
+                 unit: str = "samples"):
         self.rt, self.steps, self.batch_size, self.every, self.metrics = trainer.rt, steps, batch_size, every, metrics
+        self.unit = unit
         self.lines, self.mode = progress == "lines", trainer.cfg.mode
         self.bar = Progress(what, total=steps, initial=trainer.global_step, unit="step") \
             if progress == "bar" and self.rt.is_main else None
@@ -80,8 +82,9 @@ class LogMetrics(Callback):
             if self.lines:
                 eta = (self.steps - step) * (now - self.t0) / (step - self.first)
                 mean = f"{sum(self.window) / len(self.window):.4f}" if self.window else "nan"
-                note(self.rt, f"step {step}/{self.steps}  loss {mean}  lr {out['lr']:.3g}  "
-                              f"{rate:.1f} examples/s  eta {eta:.0f} s")
+                # metrics.jsonl keeps this step's loss; the line says it shows the window's mean
+                note(self.rt, f"step {step}/{self.steps}  loss {mean} (mean of {len(self.window) or 1} step(s); "
+                              f"step {out['loss']:.4f})  lr {out['lr']:.3g}  {rate:.1f} {self.unit}/s  eta {eta:.0f} s")
             self.t_last, self.n_last, self.window = now, step, []
         return False
 
@@ -114,16 +117,16 @@ class StopAfter(Callback):
 
 def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None, log_every: int = 10,
         save_every: int = 0, keep: int = 2, vocab_file: str | None = None, progress: str | None = "bar",
-        what: str = "train", callbacks=()) -> FitResult:
+        what: str = "train", callbacks=(), unit: str = "samples") -> FitResult:
     """Step ``trainer`` until its global step reaches ``steps``; after each step the callbacks run:
     :class:`LogMetrics` (every ``log_every`` steps), :class:`SaveCheckpoints` (every ``save_every``
     steps, with a ``run``), then ``callbacks`` (e.g. :class:`StopAfter`); one returning True stops
-    the loop. A non-finite loss stops training with one line naming the step
+    the loop. ``unit`` names what a row is in the progress line. A non-finite loss stops training with one line naming the step
     (:meth:`Trainer._read`); the checkpoints already saved stay.
     """
     rt = trainer.rt
     metrics = run.metrics if run is not None and rt.is_main else None
-    work = [LogMetrics(trainer, steps, batch_size, log_every, metrics, progress, what)]
+    work = [LogMetrics(trainer, steps, batch_size, log_every, metrics, progress, what, unit)]
     if save_every and run is not None:
         work.append(SaveCheckpoints(run, save_every, keep, vocab_file))
     work += list(callbacks)

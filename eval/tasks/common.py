@@ -10,6 +10,7 @@ import math
 import os
 import shlex
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -26,7 +27,7 @@ from bert_of.fs import bert_of_home, check_destination, publishing, read_json, r
 from bert_of.modeling import truncated_normal
 from bert_of.options import RUN_RECORD, TrainConfig
 from bert_of.options import record as options_record
-from bert_of.progress import Progress
+from bert_of.progress import Progress, log
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
 from bert_of.training.loop import ShuffledRows, StopAfter, fit, note
@@ -128,10 +129,12 @@ def check_seq_len(model_config, max_seq_length: int, path: str) -> None:
 # --------------------------------------------------------------------------- training and prediction
 
 
-def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float, rt: Runtime, what: str):
+def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float, rt: Runtime, what: str,
+          unit: str = "examples"):
     """Google's schedule over the feature ``arrays`` (named like the model's forward arguments,
-    labels included) on the shared trainer: ``opts.steps``, else ``epochs`` over ``n_examples``.
-    Returns (the trainer's config as run, summary for train_args.json, finished)."""
+    labels included) on the shared trainer: ``opts.steps``, else ``epochs`` over ``n_examples``;
+    ``unit`` names what a row is in the progress line ("windows": SQuAD's features). Returns (the
+    trainer's config as run, summary for train_args.json, finished)."""
     n = len(next(iter(arrays.values())))
     if n == 0:
         raise EvalDataError(f"{what}: no training features")
@@ -154,6 +157,14 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                  record=(RUN_RECORD, options_record(opts))) if opts.run_dir else None
     with run.open(opts.resume, opts.overwrite) if run else contextlib.nullcontext():
         flow.manual_seed(cfg.seed)
+        if cfg.mode == "graph":  # CPU graph memory grows with the micro-batch (graph_rows): bound it
+            rows = opts.batch_size // rt.world
+            accum = graph_accum_steps(model.config, int(arrays["input_ids"].shape[1]), rows, rt.device,
+                                      cfg.grad_accum_steps)
+            if accum != cfg.grad_accum_steps:
+                note(rt, f"{what}: graph steps of {accum} micro-batches x {rows // accum} rows (CPU graph memory "
+                         "grows with the micro-batch; the step is the same to float rounding)")
+                cfg = replace(cfg, grad_accum_steps=accum)
         trainer = Trainer(model, cfg, rt)
         data = ShuffledRows(arrays, opts.batch_size, cfg.seed, rt)
         if run:  # what an exact resume must find unchanged besides the train config
@@ -162,11 +173,12 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                                                  if k != "provenance"}})
             if run.resume_from:
                 note(rt, f"{what}: resuming {run.resume_from} at step {trainer.global_step}")
-        note(rt, f"{what}: {n_examples} examples, {n} features; {steps} steps (warmup {cfg.warmup_steps}) of batch "
-                 f"{opts.batch_size} over {rt.world} rank(s) on {rt.device}, lr {cfg.lr:g}, {cfg.mode} mode")
+        note(rt, f"{what}: {n_examples} examples, {n} {unit if unit != 'examples' else 'features'}; {steps} steps "
+                 f"(warmup {cfg.warmup_steps}) of batch {opts.batch_size} over {rt.world} rank(s) on {rt.device}, "
+                 f"lr {cfg.lr:g}, {cfg.mode} mode")
         res = fit(trainer, data, steps, batch_size=opts.batch_size, run=run, log_every=opts.log_every,
                   save_every=opts.save_every, vocab_file=getattr(model, "vocab_file", None), progress="lines",
-                  what=what, callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
+                  what=what, callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [], unit=unit)
     model.eval()
     losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
     first = losses[0] if losses else None
@@ -187,31 +199,207 @@ class _PredictGraph(flow.nn.Graph):
         return tuple(getattr(out, k) for k in self.outputs)
 
 
-def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: Runtime) -> list:
-    """Run ``model`` (eval mode) over rows of ``inputs`` (input_ids, token_type_ids, attention_mask) in
-    fixed-size global batches (the last one padded); returns one float32 array per output name."""
+class _LayerGraph(flow.nn.Graph):
+    """One encoder layer (a copy of layer 0) as a graph: hidden [b, S, H], mask adder [b, 1, 1, S]."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def build(self, hidden, mask_adder):
+        return self.layer(hidden, mask_adder)
+
+
+class _LayerwiseEncoder:
+    """A CPU graph for the encoder that holds one layer's activations instead of every layer's:
+    ONE compiled layer graph runs each layer in turn, that layer's weights copied into the graph's
+    own first (~28 MB per BERT-base layer, once per batch), ``rows`` rows per call (the last call
+    padded). Embeddings, pooler and head stay eager (a few % of the work). It replaces
+    ``encoder.forward`` while ``infer`` runs; the layer is the model's own module code."""
+
+    def __init__(self, encoder, config, rows: int):
+        self.encoder, self.rows = encoder, rows
+        self.template = type(encoder.layer[0])(config).eval()  # weights: copied in per layer
+        self.graph, self.build_seconds = _LayerGraph(self.template), 0.0
+        self.own = list(self.template.parameters())
+
+    def __call__(self, hidden, mask_adder):
+        b = hidden.shape[0]
+        for layer in self.encoder.layer:
+            for mine, theirs in zip(self.own, layer.parameters()):
+                mine.copy_(theirs)
+            outs = []
+            for lo in range(0, b, self.rows):
+                h, m = hidden[lo:lo + self.rows], mask_adder[lo:lo + self.rows]
+                real = h.shape[0]
+                if real < self.rows:  # one shape: pad with copies of the chunk's first row
+                    h = flow.cat([h, h[:1].repeat(self.rows - real, 1, 1)])
+                    m = flow.cat([m, m[:1].repeat(self.rows - real, 1, 1, 1)])
+                t0 = time.perf_counter() if not self.build_seconds else None
+                out = self.graph(h, m)
+                if t0 is not None:  # the first call compiles
+                    out.numpy()
+                    self.build_seconds = time.perf_counter() - t0
+                outs.append(out[:real])
+            hidden = flow.cat(outs) if len(outs) > 1 else outs[0]
+        return hidden
+
+
+# OneFlow 0.9 never shares memory between a CPU graph's intermediate tensors (its planner skips CPU
+# tasks: oneflow/core/job/intra_job_mem_sharing_util.cpp, InitMemoryChains), so a compiled CPU graph
+# holds every activation of its batch for its whole life: ~440 MB per row for MiniLM at 384 tokens,
+# where eager frees each tensor after use. A CPU graph therefore runs few rows per call (smaller
+# graphs are no slower per row: README "Inference"); CUDA graphs reuse memory and keep the batch.
+GRAPH_CPU_BUDGET = 512 * 2 ** 20  # bytes of activations one CPU predict graph may hold
+# Eager frees as it goes, but a call's [B, heads, L, L] attention tensors still peak with B; a few
+# rows per call keep the peak near transformers' (whose CPU attention is fused) at no cost in speed.
+EAGER_CPU_BUDGET = 128 * 2 ** 20
+LENGTH_STEP = 32  # a bucketed (eager) batch is cut to a multiple of this many tokens
+
+
+def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET, layers: int | None = None) -> int | None:
+    """Rows per call of a CPU predict graph over ``length`` tokens (None: no limit, CUDA) of
+    ``layers`` encoder layers (default: the model's). The estimate counts a layer's activations
+    per row as its graph keeps them: ~10 [heads, L, L] attention tensors and a few [L, I] / [L, H]
+    ones (measured: MiniLM, BERT-base)."""
+    if device != "cpu":
+        return None
+    c = config
+    per_row = 4 * (layers or c.num_hidden_layers) * (10 * c.num_attention_heads * length * length
+                                         + 4 * length * c.intermediate_size + 12 * length * c.hidden_size)
+    return max(1, int(budget // per_row))
+
+
+def eager_rows(config, length: int, device: str, budget: int = EAGER_CPU_BUDGET) -> int | None:
+    """Rows per eager CPU call over ``length`` tokens (None: no limit): eager holds about three
+    [heads, L, L] tensors and a few [L, I] / [L, H] ones of one layer at a time."""
+    if device != "cpu":
+        return None
+    c = config
+    per_row = 4 * (3 * c.num_attention_heads * length * length + 2 * length * c.intermediate_size
+                   + 6 * length * c.hidden_size)
+    return max(1, int(budget // per_row))
+
+
+# A CPU train graph keeps, besides the forward's activations, their gradients and the backward's
+# temporaries, none shared either: ~3.5x a predict graph per row (MiniLM at 128 tokens: 276 MB/row).
+TRAIN_GRAPH_FACTOR = 3.5
+GRAPH_CPU_TRAIN_BUDGET = 768 * 2 ** 20  # bytes of activations one CPU train graph may hold
+
+
+def graph_accum_steps(config, length: int, rows: int, device: str, k: int = 1,
+                      budget: int = GRAPH_CPU_TRAIN_BUDGET) -> int:
+    """Micro-batches per step of a CPU train graph over ``rows`` (this rank's batch) of ``length``
+    tokens: the fewest, a multiple of ``k`` (the asked accumulation) dividing ``rows``, whose
+    micro-batch fits ``budget``. Fine-tuning losses are means over rows, so equal micro-batches
+    give the same step to float rounding (the graph scales each micro-batch's loss by 1/k)."""
+    if device != "cpu":
+        return k
+    cap = graph_rows(config, length, device, int(budget / TRAIN_GRAPH_FACTOR))
+    for m in range(k, rows + 1, k):
+        if rows % m == 0 and rows // m <= cap:
+            return m
+    return k
+
+
+def _batches(lengths: np.ndarray, batch_size: int, bucket: bool, width: int):
+    """(row indices, tokens) of each batch: in input order, or (``bucket``) rows sorted by length
+    and each batch cut to its longest row rounded up to LENGTH_STEP (at most ``width``)."""
+    n = len(lengths)
+    order = np.argsort(lengths, kind="stable") if bucket else np.arange(n)
+    for lo in range(0, n, batch_size):
+        idx = order[lo:lo + batch_size]
+        if bucket:
+            longest = int(lengths[idx].max())
+            yield idx, min(width, max(LENGTH_STEP, -(-longest // LENGTH_STEP) * LENGTH_STEP))
+        else:
+            yield idx, width
+
+
+def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: Runtime, *,
+          bucket: bool = False, graph_budget: int = GRAPH_CPU_BUDGET, stats: dict | None = None) -> list:
+    """Run ``model`` (eval mode, no autograd) over rows of ``inputs`` (input_ids, token_type_ids,
+    attention_mask: [n, S]) in global batches of ``batch_size`` rows; returns one float32 array per
+    output name, rows in input order.
+
+    ``bucket``: in eager mode, rows sorted by length and each batch cut to its longest row (rounded
+    up to LENGTH_STEP tokens); for outputs with no position axis (a classifier's logits), where the
+    attention mask makes the cut rows' results the same to float rounding. Position-wise outputs
+    (SQuAD's logits) keep all S positions, since run_squad's n-best also ranks padding positions.
+
+    Graph mode compiles ONE graph and reports its build once. One, because OneFlow 0.9 frees
+    nothing of a compiled graph when it is deleted (measured: +1.7 GB per MiniLM graph of 4 x 384,
+    kept after ``del`` and gc), so length buckets would each add a graph's memory for good. In one
+    CPU process that graph is one encoder layer, run for every layer (:class:`_LayerwiseEncoder`,
+    :func:`graph_rows` of one layer per call); on CUDA or several ranks it is the whole model,
+    [rows per call, S], the last batch padded to it. Eager CPU calls hold at most
+    :func:`eager_rows` rows, whatever ``batch_size`` says: the results are the same.
+    ``stats`` (a dict) receives the graphs built, their build seconds, the rows per call and the
+    token positions computed (padding included)."""
     model.eval()
     n = len(inputs[0])
+    width = int(inputs[0].shape[1])
+    bucket = bucket and mode == "eager"
+    lengths = inputs[2].sum(axis=1) if bucket else np.full(n, width)
     batch_size = max(1, min(batch_size, n))
+    encoders = [m for m in model.modules() if type(m).__name__ == "BertEncoder"]
+    layerwise = None
+    if mode == "graph" and rt.device == "cpu" and rt.world == 1 and len(encoders) == 1:
+        cap = min(graph_rows(model.config, width, rt.device, graph_budget, layers=1), batch_size)
+        rows = max(r for r in range(1, cap + 1) if batch_size % r == 0)  # a batch splits with no padding
+        if 2 * rows < cap:  # unless that makes calls too small: fewest calls, least padding
+            rows = -(-batch_size // -(-batch_size // cap))
+        layerwise = _LayerwiseEncoder(encoders[0], model.config, rows)
+    else:
+        cap = (graph_rows(model.config, width, rt.device, graph_budget) if mode == "graph"
+               else eager_rows(model.config, width, rt.device))
+        if cap is not None:
+            batch_size = min(batch_size, cap * rt.world)
     batch_size = -(-batch_size // rt.world) * rt.world
-    graph = _PredictGraph(model, outputs) if mode == "graph" else None
-    results = [[] for _ in outputs]
-    with flow.no_grad(), Progress("predict", total=n, unit="row") as bar:
-        for lo in range(0, n, batch_size):
-            rows = [a[lo:lo + batch_size] for a in inputs]
-            real = len(rows[0])
-            if real < batch_size:  # static shapes: pad with copies of the first row, drop their outputs
-                rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
-            tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
-            if graph is not None:
-                vals = graph(*tensors)
-            else:
-                out = model(*tensors)
-                vals = tuple(getattr(out, k) for k in outputs)
-            for acc, v in zip(results, vals):
-                acc.append(to_numpy(v)[:real].astype(np.float32))
-            bar.update(real)
-    return [np.concatenate(r, axis=0) for r in results]
+    whole_graph = mode == "graph" and layerwise is None
+    results = [None] * len(outputs)
+    graph, build_s, positions = None, 0.0, 0
+    if layerwise is not None:
+        encoders[0].forward = layerwise  # an instance attribute: nn.Module.__call__ finds it first
+    try:
+        with flow.no_grad(), Progress("predict", total=n, unit="window") as bar:
+            for idx, tokens in _batches(lengths, batch_size, bucket, width):
+                real = len(idx)
+                rows = [a[idx, :tokens] for a in inputs]
+                if (whole_graph or rt.world > 1) and real < batch_size:  # static shapes: pad with copies of row 0
+                    rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
+                tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
+                positions += rows[0].size
+                if whole_graph:
+                    if graph is None:
+                        graph, t0 = _PredictGraph(model, outputs), time.perf_counter()
+                        vals = [to_numpy(v) for v in graph(*tensors)]  # the first call compiles
+                        build_s = time.perf_counter() - t0
+                    else:
+                        vals = [to_numpy(v) for v in graph(*tensors)]
+                else:
+                    out = model(*tensors)
+                    vals = [to_numpy(getattr(out, k)) for k in outputs]
+                for j, v in enumerate(vals):
+                    v = v[:real].astype(np.float32)
+                    if results[j] is None:
+                        results[j] = np.zeros((n,) + v.shape[1:], np.float32)
+                    results[j][idx] = v
+                bar.update(real)
+    finally:
+        if layerwise is not None:
+            del encoders[0].forward  # the module's own forward again
+    built = 1 if (graph is not None or (layerwise is not None and layerwise.build_seconds)) else 0
+    if layerwise is not None:
+        build_s, per_call, what = layerwise.build_seconds, layerwise.rows, "one encoder layer"
+    else:
+        per_call, what = batch_size, "the model"
+    if stats is not None:
+        stats.update(graphs=built, build_seconds=round(build_s, 3), batch_size=per_call, positions=positions,
+                     layerwise=layerwise is not None)
+    if built:
+        log.info(f"predict: graph of {what}, {per_call} x {width} tokens, compiled (and run once) in {build_s:.1f} s")
+    return results
 
 
 # --------------------------------------------------------------------------- saving and records

