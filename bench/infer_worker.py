@@ -121,7 +121,7 @@ def run_of(a, data):
         return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded,
                     graph_build_s=build or None, rows_per_call=stats["batch_size"])
     accum = graph_accum_steps(model.config, a.seq, a.batch, rt.device) if a.mode == "graph" else 1
-    cfg = TrainConfig(mode=a.mode, optimizer="adamw", lr=5e-5, total_steps=1000, weight_decay=0.01, eps=1e-6,
+    cfg = TrainConfig(mode=a.mode, optimizer="adamw", lr=5e-5, steps=1000, weight_decay=0.01, adam_eps=1e-6,
                       bias_correction=False, clip_grad_norm=1.0, grad_accum_steps=accum, seed=0)
     trainer = Trainer(model, cfg, rt)
 

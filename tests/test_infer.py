@@ -109,7 +109,7 @@ def test_a_graph_step_in_micro_batches_equals_the_whole_batch_step():
     for k in (1, 4):
         flow.manual_seed(5)
         model = BertForQuestionAnswering(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
-        tr = Trainer(model, TrainConfig(mode="graph", lr=1e-3, total_steps=10, grad_accum_steps=k))
+        tr = Trainer(model, TrainConfig(mode="graph", lr=1e-3, steps=10, grad_accum_steps=k))
         losses = [tr.step(batch)["loss"] for _ in range(3)]
         runs.append((losses, model.qa_outputs.weight.numpy().copy()))
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)

@@ -223,7 +223,8 @@ class _LayerwiseEncoder:
         self.graph, self.build_seconds = _LayerGraph(self.template), 0.0
         self.own = list(self.template.parameters())
 
-    def __call__(self, hidden, mask_adder):
+    def __call__(self, hidden, mask_adder, input_norm=None):
+        assert input_norm is None, "a pre-LN encoder is not run layer by layer"
         b = hidden.shape[0]
         for layer in self.encoder.layer:
             for mine, theirs in zip(self.own, layer.parameters()):
@@ -344,7 +345,9 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     batch_size = max(1, min(batch_size, n))
     encoders = [m for m in model.modules() if type(m).__name__ == "BertEncoder"]
     layerwise = None
-    if mode == "graph" and rt.device == "cpu" and rt.world == 1 and len(encoders) == 1:
+    # (post-LN without query-key layer scaling: every layer then computes the same function of its weights)
+    if mode == "graph" and rt.device == "cpu" and rt.world == 1 and len(encoders) == 1 and \
+            not model.config.pre_ln and not model.config.query_key_layer_scaling:
         cap = min(graph_rows(model.config, width, rt.device, graph_budget, layers=1), batch_size)
         rows = max(r for r in range(1, cap + 1) if batch_size % r == 0)  # a batch splits with no padding
         if 2 * rows < cap:  # unless that makes calls too small: fewest calls, least padding
