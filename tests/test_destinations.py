@@ -131,16 +131,16 @@ def test_a_rerun_with_overwrite_replaces_what_bert_of_wrote_beyond_its_standard_
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("".join(f"w{i}\n" for i in range(99)))
     out = tmp_path / "out"
-    run_cli("convert", "of2hf", src, out, "--vocab", vocab)
+    run_cli("convert", "of2hf", src, "-o", out, "--vocab", vocab)
     written = sorted(os.listdir(out))
     assert "special_tokens_map.json" in written and "tokenizer_config.json" in written
     listed = json.loads((out / ".bert_of-files.json").read_text())["files"]
     assert sorted(listed) == sorted(n for n in written if n not in ("config.json", "model.safetensors", "vocab.txt",
                                                                   ".bert_of-files.json"))
-    run_cli("convert", "of2hf", src, out, "--vocab", vocab, "--overwrite")  # the same command again
+    run_cli("convert", "of2hf", src, "-o", out, "--vocab", vocab, "--overwrite")  # the same command again
     assert sorted(os.listdir(out)) == written
     (out / "tokenizer.json").write_text("{}")  # the user's (not listed)
-    _one_line(run_cli("convert", "of2hf", src, out, "--vocab", vocab, "--overwrite", check=False),
+    _one_line(run_cli("convert", "of2hf", src, "-o", out, "--vocab", vocab, "--overwrite", check=False),
               f"{out}: holds tokenizer.json, which bert_of did not write; not replacing it")
     assert (out / "tokenizer.json").read_text() == "{}"
 
