@@ -145,7 +145,10 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
     vocab = opts.vocab or _beside(path, VOCAB_FILE, cfg_path)
     if opts.vocab and not os.path.isfile(opts.vocab):
         raise CheckpointError(f"{opts.vocab}: vocab file not found")
-    return Source(path, layout.name, config, vocab, tensors, [], {}, report)
+    source = Source(path, layout.name, config, vocab, tensors, [], {}, report)
+    # the tensors as the file stores them, for verify's reference (its own names and layout)
+    source.stored = {e.key: (lambda e=e: flow_save.read_tensor(e)) for e, _ in model}
+    return source
 
 
 def _beside(path, name, cfg_path):

@@ -67,7 +67,10 @@ def _classify(name, config):
 
 
 def _items(names, config, bare):
-    order = {n: i for i, n in enumerate(expected_shapes(config))}
+    canonical = [n for n in expected_shapes(config) if n != MLM_BIAS]
+    # the models repo's BertLMPredictionHead registers output_bias before its transform
+    canonical.insert(canonical.index("cls.predictions.transform.dense.weight"), MLM_BIAS)
+    order = {n: i for i, n in enumerate(canonical)}
     have = sorted(names, key=lambda n: order.get(n, len(order)))
     pre = "" if bare else "bert."
     out = [(pre + "embeddings.position_ids", BUFFER, ("buffer", native.arange_buffer(config)))]

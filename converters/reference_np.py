@@ -261,6 +261,110 @@ class Lazy(Layout):
                 ("output_weights", "output_bias", "out_in")]})}  # off-by-one split, and Google's
 
 
+class OfStateDict(BertOf):
+    """bert_of's own module state dict saved with flow.save: the canonical names (bare for a BertModel)."""
+    name = "ofsd"
+
+
+class OfModels(HuggingFace):
+    """Oneflow-Inc/models NLP/BERT: original BERT's scopes; the MLM bias is ``output_bias`` (the
+    decoder's weight and bias ARE the word embeddings and it); an older revision keeps bare
+    Parameter embeddings; its SQuAD head is ``cls_squad``; its mask is ``(mask - 1) * 10000``."""
+    name = "ofmodels"
+    mask_value = -10000.0
+    NAMES = {**HuggingFace.NAMES,
+             "word": HuggingFace.NAMES["word"] + [("bert.embeddings.word_embeddings", None)],
+             "type": HuggingFace.NAMES["type"] + [("bert.embeddings.tokentype_embeddings", None)],
+             "pos": HuggingFace.NAMES["pos"] + [("bert.embeddings.position_embeddings", None)],
+             "mlm_bias": [("cls.predictions.output_bias", None), ("output_bias", None)],
+             **_roles({}, None, {}, {}, {"qa": [("cls_squad.weight", "cls_squad.bias", "out_in")]})}
+
+
+class LiBai(Layout):
+    """LiBai's BertModel in LiBai's own placement (libai/models/bert_model.py): no LayerNorm on the
+    embeddings; each layer normalises its input (``input_layernorm``) and, before the MLP, its
+    attention sum (``post_attention_layernorm``); ``final_layernorm`` closes the stack. Pre-LN
+    (``apply_residual_post_layernorm=False``, LiBai's default): the residual is the sum before the
+    norm; post-LN (True): the residual is the normed value. q, k, v are one fused [3H, H] weight,
+    interleaved per head ([heads, 3, head_size, H]). The MLM head's LayerNorm is at eps 1e-5."""
+    name = "libai"
+    _E = "bert.encoders.{i}."
+    NAMES = _roles({}, None,
+                   {"in_ln": ([_E + "input_layernorm.weight"], [_E + "input_layernorm.bias"]),
+                    "pa_ln": ([_E + "post_attention_layernorm.weight"], [_E + "post_attention_layernorm.bias"]),
+                    "final_ln": (["bert.final_layernorm.weight"], ["bert.final_layernorm.bias"]),
+                    "mlm_ln": (["cls_head.predictions.layernorm.weight"], ["cls_head.predictions.layernorm.bias"])},
+                   {"word": "bert.embeddings.vocab_embeddings.weight",
+                    "type": "bert.embeddings.tokentype_embeddings.weight",
+                    "pos": "bert.embeddings.position_embeddings.weight", "mlm_bias": "cls_head.lm_logits.bias"},
+                   {role: [(s_ + ".weight", s_ + ".bias", "out_in")] for role, s_ in {
+                       "qkv": _E + "self_attention.query_key_value", "ao": _E + "self_attention.dense",
+                       "in": _E + "mlp.dense_h_to_4h", "out": _E + "mlp.dense_4h_to_h", "pool": "bert.pooler.dense",
+                       "mlm": "cls_head.predictions.dense", "nsp": "cls_head.seq_relationship",
+                       "clf": "classifier"}.items()})
+
+    def __init__(self, tensors, config, numerics, residual_post_ln: bool, head_eps: float = 1e-5):
+        super().__init__(tensors, config, numerics)
+        self.residual_post_ln, self.head_eps = residual_post_ln, head_eps
+        self.bare = not any(n.startswith(("bert.", "cls_head.")) for n in tensors)  # a BertModel's own names
+
+    def spell(self, name):
+        return name[len("bert."):] if self.bare and name.startswith("bert.") else name
+
+    def qkv(self, i: int, num_heads: int):
+        w = np.asarray(self.tensors[self.stored("qkv.w", i)](), np.float64)  # [3H, H]
+        b = np.asarray(self.tensors[self.stored("qkv.b", i)](), np.float64)  # [3H]
+        H = w.shape[1]
+        w, b = w.reshape(num_heads, 3, H // num_heads, H), b.reshape(num_heads, 3, H // num_heads)
+        return [(w[:, j].reshape(H, H).T, b[:, j].reshape(H)) for j in range(3)]
+
+    def forward(self, batch: dict, num_heads: int) -> dict:
+        ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
+        B, S = ids.shape
+        act, eps = ACTIVATIONS[self.act], self.eps
+        word = self.vector("word")
+        x = word[ids] + self.vector("type")[types] + self.positions()[:S][None]
+        adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+        i = 0
+        while self.stored("qkv.w", i) is not None:
+            H = x.shape[-1]
+            d = H // num_heads
+            ln_in = layer_norm(x, *self.ln("in_ln", i), eps)
+            (wq, bq), (wk, bk), (wv, bv) = self.qkv(i, num_heads)
+
+            def heads(t):
+                return t.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3)
+
+            q, k, v = heads(ln_in @ wq + bq), heads(ln_in @ wk + bk), heads(ln_in @ wv + bv)
+            probs = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder)
+            w, b = self.dense("ao", i)
+            attn = (probs @ v).transpose(0, 2, 1, 3).reshape(B, S, H) @ w + b
+            x = (ln_in if self.residual_post_ln else x) + attn
+            ln_pa = layer_norm(x, *self.ln("pa_ln", i), eps)
+            w1, b1 = self.dense("in", i)
+            w2, b2 = self.dense("out", i)
+            x = (ln_pa if self.residual_post_ln else x) + act(ln_pa @ w1 + b1) @ w2 + b2
+            i += 1
+        x = layer_norm(x, *self.ln("final_ln"), eps)
+        out = {"sequence_output": x}
+        pooled = None
+        if self.has("pool.w"):
+            w, b = self.dense("pool")
+            pooled = out["pooled_output"] = np.tanh(x[:, 0] @ w + b)
+        if self.has("mlm.w"):
+            w, b = self.dense("mlm")
+            h = layer_norm(act(x @ w + b), *self.ln("mlm_ln"), self.head_eps)
+            out["prediction_logits"] = h @ word.T + self.vector("mlm_bias")
+        if self.has("nsp.w") and pooled is not None:
+            w, b = self.dense("nsp")
+            out["seq_relationship_logits"] = pooled @ w + b
+        if self.has("clf.w") and pooled is not None:
+            w, b = self.dense("clf")
+            out["logits"] = pooled @ w + b
+        return out
+
+
+NATIVE = {c.name: c for c in (OfStateDict, OfModels, LiBai)}
 LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
 # What the lazy BERT computes, by the snapshot's provenance: (GELU for "gelu", LayerNorm epsilon)
 LAZY_PROVENANCE = {"lazy": ("gelu_erf", 1e-5), "tf1": ("gelu_tanh", 1e-12), "hf": ("gelu_erf", 1e-12)}
@@ -299,7 +403,17 @@ def read_config(path: str) -> dict:
 
 
 def layout_for(source) -> Layout:
-    """The reference layout of a ``Source``: its stored tensors and its own config file."""
+    """The reference layout of a ``Source``: its stored tensors and its own config file. (A flow.save
+    folder holds no config: its numerics are what the reader found for it, from the config beside
+    it: LiBai's config.yaml, the models repo's arguments, bert_of's config.json.)"""
+    if source.format in NATIVE:
+        c = source.config
+        act, eps = c.hidden_act, float(c.layer_norm_eps)
+        if source.format == "libai":
+            # bert_of's config holds LiBai's post-LN as the shifted post-LN BERT, its pre-LN as "pre"
+            return LiBai(source.stored, {}, (act, eps), residual_post_ln=c.layernorm_placement != "pre",
+                         head_eps=c.head_layer_norm_eps if c.head_layer_norm_eps is not None else 1e-5)
+        return NATIVE[source.format](source.stored, {}, (act, eps))
     config = read_config(source.config_file) if source.config_file and os.path.isfile(source.config_file) else {}
     act, eps = numerics(source.format, config, source.native_numerics or source.config.provenance)
     if act not in ACTIVATIONS:
@@ -314,6 +428,8 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
     [B, H], prediction_logits [B, S, V] (MLM on every position), seq_relationship_logits [B, 2],
     start_logits / end_logits [B, S], logits [B, L]."""
     ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
+    if hasattr(layout, "forward"):  # a codebase whose placement is its own (LiBai)
+        return layout.forward(batch, num_heads)
     B, S = ids.shape
     act, eps = ACTIVATIONS[layout.act], layout.eps
     word = layout.vector("word")
