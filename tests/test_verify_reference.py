@@ -1,7 +1,7 @@
 """verify's reference (converters/reference_np.py) is independent and has teeth, for every format.
 
 A realistic-magnitude BERT (trained-BERT weight scales, where tanh- and erf-GELU differ by ~5e-4)
-is written in every source format, converted to bert_of's format (bert_of's own to HF's), and then
+is written in every source format (OneFlow's own flow.save folders of bert_of, the models repo and LiBai included), converted to bert_of's format (bert_of's own to HF's), and then
 broken the ways a reader or writer could break it: q and k swapped, a kernel left untransposed, the
 other GELU, the other LayerNorm epsilon. The NumPy reference reads the SOURCE as its own format stores it, so each
 of those must be a difference above the tolerance; the untouched conversion must pass.
@@ -24,7 +24,7 @@ CONFIG = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "num_att
           "intermediate_size": 37, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
           "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 64, "type_vocab_size": 2,
           "initializer_range": 0.02}
-SOURCES = ("tf", "hf", "h5", "lazy", "of")
+SOURCES = ("tf", "hf", "h5", "lazy", "of", "ofsd", "ofmodels", "libai")
 TARGET = {"of": "hf"}  # each source converted to bert_of's format; bert_of's own to HF's
 ACT_FLIP = {"gelu_erf": "gelu_tanh", "gelu_tanh": "gelu_erf", "gelu": "gelu_new", "gelu_new": "gelu"}
 
