@@ -254,8 +254,9 @@ def _two_workers_at_work(tmp_path, inputs=2, copies=40):
 
 def test_ctrl_c_to_a_worker_pool_stops_quietly(tmp_path):
     p, out = _two_workers_at_work(tmp_path)
-    time.sleep(0.3)  # the workers are at work
-    os.killpg(p.pid, signal.SIGINT)
+    pid, _, _ = _catch_worker(p, _reading)  # a worker is at work (caught reading its input) ...
+    os.killpg(p.pid, signal.SIGINT)  # ... when Ctrl-C reaches the whole group
+    os.kill(pid, signal.SIGCONT)
     _, err = p.communicate(timeout=120)
     lines = [l for l in error_lines(err) if "%|" not in l]  # the progress bar's own line
     assert lines == ["bert-of: error: interrupted"], (err, p.returncode)
