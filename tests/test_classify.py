@@ -196,3 +196,19 @@ def test_regression_csv_gives_pearson_and_spearman(env, tmp_path):
     assert got["pearson"] == pytest.approx(100 * _pearson(y, v), abs=1e-6)
     assert got["spearman"] == pytest.approx(100 * _pearson(_ranks(y), _ranks(v)), abs=1e-6)
     assert got["mse"] == pytest.approx(sum((a - b) ** 2 for a, b in zip(y, v)) / len(y), rel=1e-6)
+
+
+def test_a_bad_training_row_or_output_name_is_one_error_line(env, tmp_path):
+    bad = tmp_path / "train.csv"
+    bad.write_text("\ufefftext,label\nfine,positive\n,negative\n", encoding="utf-8")  # a BOM, then an empty text
+    cases = [(["finetune", "classify", "--model", env.base, "--train", bad, "-o", tmp_path / "m", "--steps", 1],
+              f"{bad}: line 3: column 'text': empty"),
+             (["predict", "classify", "--model", env.base, "--data", S_NEW, "-o", tmp_path / "p.txt"],
+              f"-o {tmp_path / 'p.txt'}: a predictions file ends .csv or .jsonl"),
+             (["predict", "classify", "--model", env.base, "--data", S_NEW, "-o", tmp_path / "p.csv"],
+              "tiny: not fine-tuned by `bert-of finetune classify` (its train_args.json records no classify problem "
+              "and labels)")]
+    for args, message in cases:
+        r = run_cli(*args, check=False)
+        assert r.returncode == 1 and error_lines(r.stderr) == [f"bert-of: error: {message}"], r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["train.csv"]  # nothing written
