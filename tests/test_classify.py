@@ -1,4 +1,4 @@
-"""`bert-of finetune / predict / eval classify` on a user's own files (tests/data/user/*.csv).
+"""`bert-of finetune / predict / eval classify|tag` on a user's own files (tests/data/user/).
 
 A tiny BERT (hidden 32, 2 layers, vocabulary from the shipped files) is fine-tuned for a few steps;
 the tests check the whole path (columns, string labels and their recorded order, features, head,
@@ -41,6 +41,8 @@ def _vocab(path):
             for row in _rows(os.path.join(USER, name)):
                 for v in row.values():
                     words.update(bt.tokenize(v))
+    for name in ("ner-train.conll", "ner-dev.conll"):
+        words.update(w for line in open(os.path.join(USER, name), encoding="utf-8") for w in bt.tokenize(line))
     chars = sorted({c for w in words for c in w})
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
     vocab += [c for c in chars if c not in words] + ["##" + c for c in chars]
@@ -212,3 +214,62 @@ def test_a_bad_training_row_or_output_name_is_one_error_line(env, tmp_path):
         r = run_cli(*args, check=False)
         assert r.returncode == 1 and error_lines(r.stderr) == [f"bert-of: error: {message}"], r.stderr
     assert sorted(os.listdir(tmp_path)) == ["train.csv"]  # nothing written
+
+
+# --------------------------------------------------------------------------- tagging
+
+N_TRAIN, N_DEV = os.path.join(USER, "ner-train.conll"), os.path.join(USER, "ner-dev.conll")
+
+
+def _conll(path):
+    """(tokens, tags) per sentence, read here without bert_of."""
+    out, cur = [], []
+    for line in open(path, encoding="utf-8"):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            if cur:
+                out.append(cur)
+            cur = []
+        else:
+            cur.append((parts[0], parts[-1]))
+    if cur:
+        out.append(cur)
+    return [([w for w, _ in s], [t for _, t in s]) for s in out]
+
+
+def _spans(tags):
+    """BIO entities (type, first, last): a B- starts one, an I- of another type (or after O) too."""
+    out, start, typ = set(), None, None
+    for i, t in enumerate(list(tags) + ["O"]):
+        if t == "O" or t.startswith("B-") or (t.startswith("I-") and t[2:] != typ):
+            if start is not None:
+                out.add((typ, start, i - 1))
+            start, typ = (i, t[2:]) if t != "O" else (None, None)
+    return out
+
+
+def test_tag_conll_end_to_end_with_entity_scores_recomputed(env, tmp_path):
+    ft = tmp_path / "ner"
+    run_cli("finetune", "tag", "--model", env.base, "--train", N_TRAIN, "-o", ft, "--steps", 40, "--lr", 3e-3,
+            *FAST, "--no-record")
+    args = json.load(open(ft / "train_args.json"))
+    assert args["task"] == "tag" and args["labels"][0] == "O" and args["final_loss"] < args["first_loss"]
+    r = run_cli("eval", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "ev", "--results", env.results)
+    got = json.loads(r.stdout[r.stdout.index("{"):])
+    gold = _conll(N_DEV)
+    preds = [json.loads(l) for l in open(tmp_path / "ev" / "predictions.jsonl", encoding="utf-8")]
+    assert [p["tokens"] for p in preds] == [g[0] for g in gold] and got["examples"] == len(gold)
+    tp = n_pred = n_true = 0
+    for (_, t), p in zip(gold, preds):
+        assert len(p["tags"]) == len(t) and set(p["tags"]) <= set(args["labels"])
+        a, b = _spans(t), _spans(p["tags"])
+        tp, n_pred, n_true = tp + len(a & b), n_pred + len(b), n_true + len(a)
+    prec, rec = tp / n_pred if n_pred else 0.0, tp / n_true
+    f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+    assert got["precision"] == pytest.approx(100 * prec) and got["recall"] == pytest.approx(100 * rec)
+    assert got["f1"] == pytest.approx(100 * f1) and got["f1"] > 0  # the model learned some entities
+    run_cli("predict", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "p.conll")
+    assert _conll(tmp_path / "p.conll") == [(p["tokens"], p["tags"]) for p in preds]
+    from bert_of.eval.results import load_results
+
+    assert [x["metrics"]["f1"] for x in load_results(env.results) if x["task"] == "tag"] == [pytest.approx(got["f1"])]

@@ -169,5 +169,29 @@ class ClassifyOptions(TaskOptions):
                                           "model was trained)")
 
 
-__all__ = ["ClassifyOptions", "EVAL", "GLUE_MAX_SEQ_LENGTH", "GlueOptions", "PREDICT", "SQUAD_EPOCHS", "SQUAD_LENGTHS", "SQUAD_V2_EPOCHS",
+TAGGING = "tagging"
+
+
+@dataclass(kw_only=True)
+class TagOptions(TaskOptions):
+    """``bert-of finetune tag`` / ``predict tag`` / ``eval tag``: CoNLL-2003-style files or JSON Lines
+    with ``tokens`` and ``tags`` (a tag on each word's first WordPiece, as transformers' NER example)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True, path=True,
+                           help="CoNLL file (token first, tag last) or JSON Lines with tokens (tags not needed)",
+                           helps={EVAL: "tagged CoNLL file or JSON Lines with tokens and tags"})
+    output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
+                             help="predictions file: JSON Lines (tokens, tags) when it ends .jsonl, else CoNLL "
+                                  "(token TAB tag)",
+                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                                    EVAL: "folder for predictions.jsonl (unset: $BERT_OF_HOME/eval/MODEL/"
+                                          "tag-DATA-TIME/)"})
+    lr: float = arg(5e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
+    max_seq_length: int | None = arg(None, metavar="N", group=TAGGING,
+                                     help=f"WordPieces per sentence (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as "
+                                          "the model was trained); words past it are tagged O")
+
+
+__all__ = ["ClassifyOptions", "TagOptions", "EVAL", "GLUE_MAX_SEQ_LENGTH", "GlueOptions", "PREDICT", "SQUAD_EPOCHS", "SQUAD_LENGTHS", "SQUAD_V2_EPOCHS",
            "SquadOptions", "TRAIN", "TaskOptions"]
