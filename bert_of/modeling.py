@@ -577,6 +577,33 @@ class BertForSequenceClassification(_WithBert):
         return res
 
 
+IGNORE_INDEX = -100  # label of positions without a loss (later sub-tokens, [CLS], [SEP], padding): HF's
+
+
+class BertForTokenClassification(_WithBert):
+    """A tag per token on the sequence output (HF's ``BertForTokenClassification``, same names)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> SequenceClassifierOutput:
+        """-> logits [B, S, num_labels] (plus sequence/pooled).
+
+        With ``labels`` [B, S] (int64 tag ids, IGNORE_INDEX where no loss) also the mean
+        cross-entropy over the labelled positions.
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
+                                       logits=self.classifier(self.dropout(out.sequence_output)))
+        if labels is not None:
+            k = self.config.num_labels
+            res.loss = flow.nn.functional.cross_entropy(res.logits.reshape(-1, k), labels.reshape(-1),
+                                                        ignore_index=IGNORE_INDEX)
+        return res
+
+
 def model_class_for(names) -> type:
     """The class whose parameters a checkpoint's canonical names describe."""
     names = set(names)

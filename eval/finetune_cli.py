@@ -23,7 +23,7 @@ import types
 
 from bert_of.cli_grammar import add_options, examples
 from bert_of.errors import ConfigError
-from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, GlueOptions, SquadOptions
+from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.fs import LOCK_NAME, check_unlocked
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
@@ -32,7 +32,7 @@ FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correc
                  "LayerNorm/bias, linear warmup then linear decay to 0, global-norm clipping); steps = "
                  "int(examples / batch * epochs). --nproc N: N ranks on this machine; --nnodes M --node-rank R "
                  "--master-addr A --master-port P: across machines (--batch-size is the global batch).")
-OPTIONS = {"squad": SquadOptions, "glue": GlueOptions}
+OPTIONS = {"squad": SquadOptions, "glue": GlueOptions, "classify": ClassifyOptions, "tag": TagOptions}
 POSITIVE = {TRAIN: ("batch_size", "steps", "grad_accum_steps", "log_every", "max_seq_length", "predict_batch_size"),
             PREDICT: ("max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length"),
             EVAL: ("max_seq_length", "predict_batch_size", "n_best_size", "max_answer_length")}
@@ -84,9 +84,9 @@ def cmd_task(args) -> int:
     code = _ranks(args, opts)
     if code is not None:
         return code
-    from bert_of.eval.tasks import glue, squad
+    from bert_of.eval.tasks import classify, glue, squad, tag
 
-    getattr({"squad": squad, "glue": glue}[task], f"{command}_{task}")(opts)
+    getattr({"squad": squad, "glue": glue, "classify": classify, "tag": tag}[task], f"{command}_{task}")(opts)
     return 0
 
 
@@ -116,6 +116,18 @@ def add_eval_commands(esub) -> None:
                              "result to the results store.",
                  epilog=examples("bert-of eval glue --model mrpc-model/ --data MRPC/dev.tsv",
                                  "bert-of eval glue --model xnli-model/ --task xnli --language de --data xnli.dev.tsv"))
+    _task_parser(esub, EVAL, "classify", help="predict your own labeled CSV / TSV / JSON Lines file, score it and "
+                                               "record it",
+                 description="Classify DATA with a model from `bert-of finetune classify` (its classes, in its "
+                             "order), write OUTPUT/predictions.csv, score it (accuracy, macro-F1, MCC; regression: "
+                             "Pearson, Spearman, MSE), print that JSON and append it to the results store.",
+                 epilog=examples("bert-of eval classify --model sentiment-model/ --data dev.csv"))
+    _task_parser(esub, EVAL, "tag", help="tag a labeled CoNLL / JSON Lines file with a model, score it (entities) "
+                                          "and record it",
+                 description="Tag DATA with a model from `bert-of finetune tag`, write OUTPUT/predictions.jsonl, score "
+                             "it (entity-level precision, recall, F1 as conlleval / seqeval; token accuracy), print "
+                             "that JSON and append it to the results store.",
+                 epilog=examples("bert-of eval tag --model ner-model/ --data dev.conll"))
 
 
 def add_parser(subparsers):
@@ -146,6 +158,19 @@ def add_parser(subparsers):
                                  "-o mrpc-model/ --eval-data MRPC/dev.tsv",
                                  "bert-of finetune glue --task sts-b --model bert-base-uncased --train STS-B/train.tsv "
                                  "-o stsb/ --epochs 5"))
+    _task_parser(fsub, TRAIN, "classify", help="your own CSV / TSV / JSON Lines: classes or a regression target",
+                 description="Fine-tune a classifier on a file with named columns (a text, optionally a second text, "
+                             "a label): string or integer labels are classes (sorted, recorded in the model), real "
+                             "numbers a regression target (MSE). run_classifier.py's defaults. " + FINETUNE_NOTE,
+                 epilog=examples("bert-of finetune classify --model bert-base-uncased --train train.csv -o "
+                                 "sentiment-model/ --eval-data dev.csv",
+                                 "bert-of finetune classify --model bert-base-uncased --train pairs.jsonl "
+                                 "--text-column q1 --text-pair-column q2 --label-column same -o pairs-model/"))
+    _task_parser(fsub, TRAIN, "tag", help="token tagging (NER) on CoNLL-2003-style or JSON Lines files",
+                 description="Fine-tune a token classifier: each word's tag on its first WordPiece (transformers' "
+                             "NER example); tags sorted (O first) and recorded in the model. " + FINETUNE_NOTE,
+                 epilog=examples("bert-of finetune tag --model bert-base-cased --no-lower-case --train train.conll "
+                                 "-o ner-model/ --eval-data dev.conll"))
 
     p = subparsers.add_parser("predict", help="predictions files for SQuAD or GLUE / XNLI",
                               description="Run a fine-tuned checkpoint over a data file and write predictions "
@@ -165,6 +190,17 @@ def add_parser(subparsers):
                  epilog=examples("bert-of predict glue --model mrpc-model/ --data MRPC/test.tsv -o preds/",
                                  "bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions "
                                  "preds/predictions.tsv"))
+    _task_parser(psub, PREDICT, "classify", help="per row: the label and every class's probability (CSV / JSON Lines)",
+                 description="Run a model from `bert-of finetune classify` over every row of a CSV / TSV / JSON "
+                             "Lines file (no labels needed); writes, in input order, each row's label and every "
+                             "class's probability (regression: the value) to OUTPUT (.csv or .jsonl).",
+                 epilog=examples("bert-of predict classify --model sentiment-model/ --data new.csv -o preds.csv",
+                                 "bert-of predict classify --model sentiment-model/ --data new.jsonl -o preds.jsonl"))
+    _task_parser(psub, PREDICT, "tag", help="a tag per word (CoNLL or JSON Lines)",
+                 description="Tag every word of a CoNLL / JSON Lines file (tags not needed) with a model from "
+                             "`bert-of finetune tag`; writes OUTPUT as JSON Lines (tokens, tags) when it ends .jsonl, "
+                             "else CoNLL (token TAB tag, a blank line between sentences).",
+                 epilog=examples("bert-of predict tag --model ner-model/ --data new.conll -o tagged.conll"))
     return fsub, psub
 
 

@@ -7,7 +7,8 @@
 #   5. the Python API on the converted checkpoint
 #   6. pretraining data, a 2-rank pretraining run into the (demo's own) zoo, its curves
 #   7. SQuAD: fine-tune that checkpoint, predict, score (EM/F1), the results table
-#   8. alignment: eager = graph, 1 process = 2 ranks
+#   8. your own data: fine-tune a classifier on a sentiment CSV, predict with probabilities, score
+#   9. alignment: eager = graph, 1 process = 2 ranks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -105,7 +106,18 @@ $BIN/bert-of eval squad --model "$OUT/squad_model" --data $SQ/dev-v1.1-finetune.
     --name demo-mini-bert-squad --mode eager
 $BIN/bert-of results --task squad-v1.1 --measured-only
 
-step "8. Alignment: eager vs graph and 1 process vs 2 ranks train the same (12 steps, reports + plots)"
+step "8. Your own data: a 3-class sentiment CSV: fine-tune demo-mini-bert, predict with probabilities, score, record"
+U=tests/data/user
+$BIN/bert-of finetune classify --model demo-mini-bert --train $U/sentiment-train.csv -o "$OUT/sentiment_model" \
+    --max-seq-length 32 --batch-size 16 --steps 80 --lr 1e-3 --log-every 40 --mode eager
+$BIN/bert-of predict classify --model "$OUT/sentiment_model" --data $U/sentiment-new.csv \
+    -o "$OUT/sentiment_predictions.csv" --mode eager
+head -4 "$OUT/sentiment_predictions.csv"
+$BIN/bert-of eval classify --model "$OUT/sentiment_model" --data $U/sentiment-dev.csv --name demo-mini-bert-sentiment \
+    -o "$OUT/sentiment_eval" --mode eager
+$BIN/bert-of results --task classify --measured-only
+
+step "9. Alignment: eager vs graph and 1 process vs 2 ranks train the same (12 steps, reports + plots)"
 $BIN/bert-of align eager-graph data-parallel --steps 12 --size tiny -o "$OUT/align" -q 2>&1 \
     | grep -v "OMP_NUM\|\*\*\*\*"
 

@@ -45,7 +45,7 @@ class GlueRun:
     new_head: bool
 
 
-def _glue_arrays(examples, labels, max_seq_length, tok) -> dict:
+def glue_arrays(examples, labels, max_seq_length, tok) -> dict:
     """Features named like the classifier's forward arguments (``labels``: class ids, or floats for STS-B)."""
     feats = [convert_example_to_features(e, labels, max_seq_length, tok)
              for e in progress_iter(examples, "GLUE features", unit="example")]
@@ -56,7 +56,7 @@ def _glue_arrays(examples, labels, max_seq_length, tok) -> dict:
     return out
 
 
-def _glue_seq_len(opts: GlueOptions, train_args: dict) -> int:
+def glue_seq_len(opts: GlueOptions, train_args: dict) -> int:
     v = opts.max_seq_length
     glue_trained = train_args.get("task") and not str(train_args["task"]).startswith("squad")
     saved = (train_args.get("hparams") or {}).get("max_seq_length") if glue_trained else None
@@ -68,7 +68,7 @@ def _classifier_labels(task: str):
     return labels, (1 if labels is None else len(labels))
 
 
-def _check_head(path: str, num_labels: int, task: str, name: str) -> None:
+def check_head(path: str, num_labels: int, task: str, name: str) -> None:
     have = checkpoint_head_labels(path)
     if have is not None and have != num_labels:
         raise CheckpointError(f"{name}: its classifier head has {have} output(s) but {task} needs {num_labels} "
@@ -86,20 +86,33 @@ def finetune_glue(opts: GlueOptions) -> dict:
     if any(e.label is None for e in examples):
         raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
     labels, num_labels = _classifier_labels(opts.task)
-    max_seq = _glue_seq_len(opts, {})
+    max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
-        _check_head(path, num_labels, spec.name, name)
+        check_head(path, num_labels, spec.name, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
         check_seq_len(model.config, max_seq, path)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
-        arrays = _glue_arrays(examples, labels, max_seq, tok)
+        arrays = glue_arrays(examples, labels, max_seq, tok)
         cfg, summary, finished = train(model, arrays, len(examples), opts, opts.epochs, rt, f"finetune {spec.name}")
         args = base_args(spec.name.lower(), opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(labels=labels, language=opts.language, train_examples=len(examples))
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_glue)
+
+
+def percent(scores: dict, rt: Runtime, keep=()) -> dict:
+    """Scores (fractions) as percent, as the results store keeps them (``keep``: names left as they
+    are, e.g. an MSE); an undefined score (NaN) is null, with a note."""
+    out = {}
+    for k, v in scores.items():
+        if math.isnan(v):
+            note(rt, f"note: {k} is undefined for these predictions (constant values); reported as null")
+            out[k] = None
+        else:
+            out[k] = v if k in keep else 100.0 * v
+    return out
 
 
 def _glue_task(opts: GlueOptions, train_args: dict) -> str:
@@ -129,10 +142,10 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
         labels, num_labels = _classifier_labels(task)
         lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
         tok = make_tokenizer(path, lower, opts.vocab, rt)
-        max_seq = _glue_seq_len(opts, train_args)
+        max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:
-            _check_head(path, num_labels, spec.name, name)
+            check_head(path, num_labels, spec.name, name)
             model, missing = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
             new_head = bool(missing)
             if new_head:
@@ -140,7 +153,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
                          "(newly initialised) head")
             rt.place(model)
         check_seq_len(model.config, max_seq, path)
-        arrays = _glue_arrays(examples, labels, max_seq, tok)
+        arrays = glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt, bucket=True)
         if labels is None:
@@ -176,13 +189,7 @@ def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Run
     if any(e.label is None for e in run.examples):
         raise EvalDataError(f"{opts.data}: has no labels (a test file?); `bert-of predict glue` writes predictions "
                             "for it")
-    metrics = {}
-    for k, v in compute_metrics(task, [e.label for e in run.examples], run.predictions).items():
-        if math.isnan(v):
-            note(rt, f"note: {k} is undefined for these predictions (constant values); reported as null")
-            metrics[k] = None
-        else:
-            metrics[k] = 100.0 * v
+    metrics = percent(compute_metrics(task, [e.label for e in run.examples], run.predictions), rt)
     name = result_task_name(task, opts.data)
     if name == "xnli" and opts.language:
         name = f"xnli-{opts.language}"

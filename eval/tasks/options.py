@@ -135,5 +135,63 @@ class GlueOptions(TaskOptions):
                                group=GLUE, commands=(TRAIN,))
 
 
-__all__ = ["EVAL", "GLUE_MAX_SEQ_LENGTH", "GlueOptions", "PREDICT", "SQUAD_EPOCHS", "SQUAD_LENGTHS", "SQUAD_V2_EPOCHS",
+YOUR_DATA = "your data"
+CLASSIFY_PROBLEMS = ("auto", "single_label", "regression")
+
+
+@dataclass(kw_only=True)
+class ClassifyOptions(TaskOptions):
+    """``bert-of finetune classify`` / ``predict classify`` / ``eval classify``: a user's CSV, TSV or
+    JSON Lines file with named columns (run_classifier.py's defaults, transformers' run_glue columns)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True, path=True,
+                           help="CSV, TSV or JSON Lines with a text column (labels not needed)",
+                           helps={EVAL: "labeled CSV, TSV or JSON Lines"})
+    output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
+                             help="predictions file: CSV when it ends .csv, JSON Lines when .jsonl",
+                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                                    EVAL: "folder for predictions.csv (unset: $BERT_OF_HOME/eval/MODEL/"
+                                          "classify-DATA-TIME/)"})
+    lr: float = arg(2e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
+    text_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA,
+                                  help="the text (unset: text, sentence, sentence1, premise, question, review or "
+                                       "content)")
+    text_pair_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA,
+                                       help="the second text of a pair (unset: text_pair, sentence2, hypothesis or "
+                                            "passage when present)")
+    label_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA, commands=(TRAIN, EVAL),
+                                   help="the label (unset: label, labels, target, or the only other column)")
+    problem: str = arg("auto", choices=CLASSIFY_PROBLEMS, group=YOUR_DATA, commands=(TRAIN,),
+                       help="auto: regression when the labels are real numbers, else classes")
+    max_seq_length: int | None = arg(None, metavar="N", group=YOUR_DATA,
+                                     help=f"tokens per example (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as the "
+                                          "model was trained)")
+
+
+TAGGING = "tagging"
+
+
+@dataclass(kw_only=True)
+class TagOptions(TaskOptions):
+    """``bert-of finetune tag`` / ``predict tag`` / ``eval tag``: CoNLL-2003-style files or JSON Lines
+    with ``tokens`` and ``tags`` (a tag on each word's first WordPiece, as transformers' NER example)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True, path=True,
+                           help="CoNLL file (token first, tag last) or JSON Lines with tokens (tags not needed)",
+                           helps={EVAL: "tagged CoNLL file or JSON Lines with tokens and tags"})
+    output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
+                             help="predictions file: JSON Lines (tokens, tags) when it ends .jsonl, else CoNLL "
+                                  "(token TAB tag)",
+                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                                    EVAL: "folder for predictions.jsonl (unset: $BERT_OF_HOME/eval/MODEL/"
+                                          "tag-DATA-TIME/)"})
+    lr: float = arg(5e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
+    max_seq_length: int | None = arg(None, metavar="N", group=TAGGING,
+                                     help=f"WordPieces per sentence (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as "
+                                          "the model was trained); words past it are tagged O")
+
+
+__all__ = ["ClassifyOptions", "TagOptions", "EVAL", "GLUE_MAX_SEQ_LENGTH", "GlueOptions", "PREDICT", "SQUAD_EPOCHS", "SQUAD_LENGTHS", "SQUAD_V2_EPOCHS",
            "SquadOptions", "TRAIN", "TaskOptions"]

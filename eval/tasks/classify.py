@@ -1,0 +1,213 @@
+"""Your own data: a sequence classifier (or regressor) fine-tuned, run and scored on a CSV, TSV or
+JSON Lines file with named columns.
+
+    finetune_classify(ClassifyOptions(...)) / predict_classify(...) / eval_classify(...)
+
+Rows are read by :func:`bert_of.eval.user_data.read_table`; features are run_classifier.py's
+(:func:`bert_of.eval.glue.convert_example_to_features`), the model
+:class:`~bert_of.modeling.BertForSequenceClassification` (cross-entropy; MSE for one output). The
+class order (transformers' run_glue order: sorted) is recorded in the fine-tuned model's
+train_args.json (``labels``, ``problem``) and prediction and evaluation use it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from bert_of.errors import ConfigError
+from bert_of.eval.errors import EvalDataError
+from bert_of.eval.glue import InputExample
+from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
+                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
+                                       read_train_args, record, train)
+from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
+from bert_of.eval.tasks.options import ClassifyOptions
+from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, problem_of, read_table,
+                                    regression_metrics)
+from bert_of.fs import atomic_open
+from bert_of.modeling import BertForSequenceClassification
+from bert_of.training.loop import note
+from bert_of.training.runtime import Runtime
+
+TASK = "classify"
+PREDICTIONS_FILE = "predictions.csv"
+OUTPUT_KINDS = (".csv", ".jsonl")
+
+
+@dataclass
+class ClassifyRun:
+    table: object  # user_data.Table
+    problem: str
+    labels: list  # class names in the model's order ([] for regression)
+    predictions: np.ndarray  # class ids [n], or values [n] (regression)
+    probabilities: np.ndarray | None  # [n, k]
+    path: str
+    settings: dict
+    model_path: str
+    model_name: str
+    identity_path: str
+    train_args: dict
+    new_head: bool
+    targets: np.ndarray | None = None  # the file's labels encoded (evaluation)
+
+
+def _arrays(table, max_seq: int, tok, targets=None) -> dict:
+    """The classifier's forward arguments for every row (``labels``: ``targets`` when given)."""
+    examples = [InputExample(str(r.line), r.text, r.text_pair) for r in table.rows]
+    arrays = glue_arrays(examples, None, max_seq, tok)
+    if targets is not None:
+        arrays["labels"] = targets
+    return arrays
+
+
+def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "auto"):
+    return read_table(path, opts.text_column, opts.text_pair_column, opts.label_column if need_labels else None,
+                      need_labels=need_labels, problem=problem)
+
+
+def finetune_classify(opts: ClassifyOptions) -> dict:
+    """Fine-tune on ``opts.train``, publish ``opts.output`` (checkpoint + train_args.json with the
+    class order), evaluate each ``opts.eval_data``."""
+    rt = Runtime.create(opts.device)
+    check_output(opts)
+    table = _read(opts, opts.train, True, opts.problem)
+    problem = problem_of(table, opts.problem)
+    labels = label_list(table, problem)
+    if problem == "single_label" and len(labels) < 2:
+        raise EvalDataError(f"{opts.train}: column {table.label_column!r} holds one class ({labels[0]}); a "
+                            "classifier needs two or more")
+    num_labels = len(labels) or 1
+    targets = encode_labels(table, problem, labels)
+    max_seq = glue_seq_len(opts, {})
+    with model_folder(opts) as (path, name, ident):
+        check_head(path, num_labels, TASK, name)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
+        check_seq_len(model.config, max_seq, path)
+        if opts.vocab:
+            model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
+        arrays = _arrays(table, max_seq, tok, targets)
+        n = len(table.rows)
+        cfg, summary, finished = train(model, arrays, n, opts, opts.epochs, rt, f"finetune {TASK}")
+        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args["hparams"].update(max_seq_length=max_seq)
+        args.update(problem=problem, labels=labels, id2label={str(i): k for i, k in enumerate(labels)},
+                    label2id={k: i for i, k in enumerate(labels)}, train_examples=n,
+                    columns={"text": table.text_column, "text_pair": table.text_pair_column,
+                             "label": table.label_column})
+        return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_classify)
+
+
+def _model_labels(train_args: dict, name: str) -> tuple:
+    problem = train_args.get("problem")
+    labels = train_args.get("labels")
+    if train_args.get("task") != TASK or problem not in ("single_label", "regression") or not isinstance(labels, list):
+        raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune classify` (its train_args.json records no "
+                          "classify problem and labels)")
+    return problem, [str(k) for k in labels]
+
+
+def _check_output_kind(path: str) -> None:
+    if not path.lower().endswith(OUTPUT_KINDS):
+        raise ConfigError(f"-o {path}: a predictions file ends .csv or .jsonl")
+
+
+def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=None, rt: Runtime | None = None,
+                     need_labels: bool = False, out_file: str | None = None) -> ClassifyRun | None:
+    """Predictions for every row of ``opts.data``; rank 0 writes them to ``out_file`` (default
+    ``opts.output``): per row, in input order, the label and every class's probability (or the
+    regression value)."""
+    rt = rt or Runtime.create(opts.device)
+    out_file = out_file or opts.output
+    if not out_file:
+        raise ConfigError("predict classify: no -o FILE")
+    _check_output_kind(out_file)
+    with model_folder(opts, trained) as (path, name, ident):
+        train_args = read_train_args(path)
+        problem, labels = _model_labels(train_args, name)
+        table = _read(opts, opts.data, need_labels, problem)
+        targets = encode_labels(table, problem, labels) if need_labels else None  # unknown labels: before the work
+        num_labels = len(labels) or 1
+        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
+        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        max_seq = glue_seq_len(opts, train_args)
+        new_head = False
+        if model is None:
+            check_head(path, num_labels, TASK, name)
+            model, missing = load_model(BertForSequenceClassification, path, num_labels=num_labels)
+            new_head = bool(missing)
+            rt.place(model)
+        check_seq_len(model.config, max_seq, path)
+        arrays = _arrays(table, max_seq, tok)
+        inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
+        if problem == "regression":
+            preds, probs = logits.reshape(-1).astype(np.float64), None
+        else:
+            z = logits.astype(np.float64)
+            e = np.exp(z - z.max(axis=1, keepdims=True))
+            probs = e / e.sum(axis=1, keepdims=True)
+            preds = logits.argmax(axis=-1)
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
+        if not rt.is_main:
+            return None
+        _write_predictions(out_file, table, problem, labels, preds, probs)
+        note(rt, f"predicted {len(table.rows)} rows of {opts.data}; wrote {out_file}")
+        return ClassifyRun(table, problem, labels, preds, probs, out_file, settings, path, name, ident, train_args,
+                           new_head, targets)
+
+
+def _write_predictions(path, table, problem, labels, preds, probs) -> None:
+    """One record per input row: row (0-based), line, the text(s), then label + one probability per
+    class (``probability`` keyed by class in JSON Lines, ``p(CLASS)`` columns in CSV), or value."""
+    records = []
+    for i, r in enumerate(table.rows):
+        rec = {"row": i, "line": r.line, table.text_column: r.text}
+        if table.text_pair_column:
+            rec[table.text_pair_column] = r.text_pair
+        if problem == "regression":
+            rec["value"] = float(preds[i])
+        else:
+            rec["label"] = labels[int(preds[i])]
+            rec["probability"] = {k: float(p) for k, p in zip(labels, probs[i])}
+        records.append(rec)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_open(path) as f:
+        if path.lower().endswith(".jsonl"):
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            return
+        w = csv.writer(f, lineterminator="\n")
+        head = [k for k in records[0] if k != "probability"] + [f"p({k})" for k in labels]
+        w.writerow(head)
+        for rec in records:
+            w.writerow([repr(v) if isinstance(v, float) else v for k, v in rec.items() if k != "probability"]
+                       + [repr(p) for p in rec.get("probability", {}).values()])
+
+
+def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
+                  rt: Runtime | None = None) -> dict | None:
+    """Predict a labeled file, score it (accuracy, macro-F1, MCC; or Pearson, Spearman, MSE), print
+    the scores as JSON and record them."""
+    rt = rt or Runtime.create(opts.device)
+    if not opts.output:
+        opts.output = default_eval_dir(model_display_name(opts.model), opts.data, TASK)
+    run = predict_classify(opts, trained=trained, model=model, rt=rt, need_labels=True,
+                           out_file=os.path.join(opts.output, PREDICTIONS_FILE))
+    if run is None:
+        return None
+    if run.problem == "regression":
+        metrics = percent(regression_metrics(run.targets, run.predictions), rt, keep=("mse",))
+    else:
+        metrics = percent(classification_metrics(run.targets, run.predictions, len(run.labels)), rt)
+    print(json.dumps({"task": TASK, "problem": run.problem, "examples": len(run.table.rows), **metrics}, indent=2),
+          flush=True)
+    record(opts, rt, TASK, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
+           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval classify",
+           new_head=run.new_head)
+    return metrics

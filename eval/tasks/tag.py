@@ -1,0 +1,171 @@
+"""Token tagging (NER) on a user's CoNLL-2003-style or JSON Lines file.
+
+    finetune_tag(TagOptions(...)) / predict_tag(...) / eval_tag(...)
+
+Each word is WordPiece-tokenised; its tag is learned and predicted on its first sub-token (later
+sub-tokens, [CLS], [SEP] and padding carry ``IGNORE_INDEX``: transformers' NER example). Words past
+``max_seq_length`` are predicted ``O``. Scores are entity-level precision / recall / F1 as
+conlleval and seqeval define them (:func:`bert_of.eval.user_data.entity_scores`). The tag order is
+recorded in train_args.json (``labels``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from bert_of.errors import ConfigError
+from bert_of.eval.errors import EvalDataError
+from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
+                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
+                                       read_train_args, record, train)
+from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
+from bert_of.eval.tasks.options import TagOptions
+from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
+from bert_of.fs import atomic_open
+from bert_of.modeling import IGNORE_INDEX, BertForTokenClassification
+from bert_of.progress import progress_iter
+from bert_of.training.loop import note
+from bert_of.training.runtime import Runtime
+
+TASK = "tag"
+PREDICTIONS_FILE = "predictions.jsonl"
+JSONL = (".jsonl", ".ndjson", ".json")  # read_tagged reads these as JSON Lines
+
+
+@dataclass
+class TagRun:
+    sentences: list
+    labels: list
+    predictions: list  # one tag list per sentence, a tag per word
+    path: str
+    settings: dict
+    model_path: str
+    model_name: str
+    identity_path: str
+    train_args: dict
+    new_head: bool
+
+
+def tag_features(sentences, labels, max_seq: int, tok, path: str) -> tuple:
+    """(arrays named like the model's forward arguments, first-sub-token positions per sentence).
+
+    ``labels``: the tag order, or None (no tags: every label IGNORE_INDEX)."""
+    index = {t: i for i, t in enumerate(labels or [])}
+    n = len(sentences)
+    ids = np.zeros((n, max_seq), np.int64)
+    mask = np.zeros((n, max_seq), np.int64)
+    tags = np.full((n, max_seq), IGNORE_INDEX, np.int64)
+    firsts = []
+    for i, s in enumerate(progress_iter(sentences, "tagging features", unit="sentence")):
+        pieces, first = ["[CLS]"], []
+        for j, word in enumerate(s.tokens):
+            wp = list(tok.tokenize(word)) or ["[UNK]"]
+            if len(pieces) + len(wp) > max_seq - 1:
+                break  # this word and the rest do not fit: predicted O
+            if labels is not None and s.tags is not None:
+                if s.tags[j] not in index:
+                    where = (f"line {s.line}: column 'tags', item {j + 1}" if path.lower().endswith(JSONL)
+                             else f"line {s.line + j}")  # CoNLL: a word a line
+                    raise EvalDataError(f"{path}: {where}: tag {s.tags[j]!r} is not one of the model's tags "
+                                        f"({', '.join(labels)})")
+                tags[i, len(pieces)] = index[s.tags[j]]
+            first.append(len(pieces))
+            pieces += wp
+        pieces.append("[SEP]")
+        ids[i, :len(pieces)] = tok.convert_tokens_to_ids(pieces)
+        mask[i, :len(pieces)] = 1
+        firsts.append(first)
+    return {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": mask, "labels": tags}, firsts
+
+
+def finetune_tag(opts: TagOptions) -> dict:
+    rt = Runtime.create(opts.device)
+    check_output(opts)
+    sentences = read_tagged(opts.train)
+    labels = tag_list(sentences)
+    if len(labels) < 2:
+        raise EvalDataError(f"{opts.train}: one tag ({labels[0]}); tagging needs two or more")
+    max_seq = glue_seq_len(opts, {})
+    with model_folder(opts) as (path, name, ident):
+        check_head(path, len(labels), TASK, name)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels))
+        check_seq_len(model.config, max_seq, path)
+        if opts.vocab:
+            model.vocab_file = opts.vocab
+        arrays, _ = tag_features(sentences, labels, max_seq, tok, opts.train)
+        cfg, summary, finished = train(model, arrays, len(sentences), opts, opts.epochs, rt, f"finetune {TASK}")
+        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args["hparams"].update(max_seq_length=max_seq)
+        args.update(labels=labels, id2label={str(i): t for i, t in enumerate(labels)},
+                    label2id={t: i for i, t in enumerate(labels)}, train_examples=len(sentences))
+        return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_tag)
+
+
+def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None,
+                need_tags: bool = False, out_file: str | None = None) -> TagRun | None:
+    """A tag per word of every sentence of ``opts.data``; rank 0 writes them to ``out_file``
+    (default ``opts.output``): JSON Lines ``{"tokens", "tags"}`` or CoNLL ``token<TAB>tag`` lines."""
+    rt = rt or Runtime.create(opts.device)
+    out_file = out_file or opts.output
+    if not out_file:
+        raise ConfigError("predict tag: no -o FILE")
+    with model_folder(opts, trained) as (path, name, ident):
+        train_args = read_train_args(path)
+        labels = train_args.get("labels")
+        if train_args.get("task") != TASK or not isinstance(labels, list):
+            raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune tag` (its train_args.json records no "
+                              "tagging labels)")
+        sentences = read_tagged(opts.data, need_tags=need_tags)
+        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
+        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        max_seq = glue_seq_len(opts, train_args)
+        arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
+        new_head = False
+        if model is None:
+            check_head(path, len(labels), TASK, name)
+            model, missing = load_model(BertForTokenClassification, path, num_labels=len(labels))
+            new_head = bool(missing)
+            rt.place(model)
+        check_seq_len(model.config, max_seq, path)
+        inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
+        best = logits.argmax(axis=-1)  # [n, S]
+        preds = []
+        for i, s in enumerate(sentences):
+            got = [labels[int(best[i, p])] for p in firsts[i]]
+            preds.append(got + ["O"] * (len(s.tokens) - len(got)))
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
+        if not rt.is_main:
+            return None
+        os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
+        with atomic_open(out_file) as f:
+            for s, tags in zip(sentences, preds):
+                if out_file.lower().endswith(".jsonl"):
+                    f.write(json.dumps({"tokens": s.tokens, "tags": tags}, ensure_ascii=False) + "\n")
+                else:
+                    f.write("".join(f"{w}\t{t}\n" for w, t in zip(s.tokens, tags)) + "\n")
+        note(rt, f"tagged {len(sentences)} sentences of {opts.data}; wrote {out_file}")
+        return TagRun(sentences, labels, preds, out_file, settings, path, name, ident, train_args, new_head)
+
+
+def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
+    """Predict a tagged file, score it (entity precision / recall / F1, token accuracy), print the
+    scores as JSON and record them."""
+    rt = rt or Runtime.create(opts.device)
+    if not opts.output:
+        opts.output = default_eval_dir(model_display_name(opts.model), opts.data, TASK)
+    run = predict_tag(opts, trained=trained, model=model, rt=rt, need_tags=True,
+                      out_file=os.path.join(opts.output, PREDICTIONS_FILE))
+    if run is None:
+        return None
+    metrics = percent(entity_scores([s.tags for s in run.sentences], run.predictions), rt)
+    print(json.dumps({"task": TASK, "examples": len(run.sentences), **metrics}, indent=2), flush=True)
+    record(opts, rt, TASK, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
+           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval tag",
+           new_head=run.new_head)
+    return metrics

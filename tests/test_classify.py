@@ -1,0 +1,275 @@
+"""`bert-of finetune / predict / eval classify|tag` on a user's own files (tests/data/user/).
+
+A tiny BERT (hidden 32, 2 layers, vocabulary from the shipped files) is fine-tuned for a few steps;
+the tests check the whole path (columns, string labels and their recorded order, features, head,
+training, predictions with probabilities in input order, metrics, the results store), and that the
+metrics `eval classify` reports equal the textbook formulas recomputed here from its predictions
+file. Accuracy itself is not the point (a few steps of a tiny model).
+"""
+
+import csv
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, error_lines, run_cli
+from tests.test_finetune import tiny_bert
+
+USER = os.path.join(ROOT, "tests", "data", "user")
+S_TRAIN, S_DEV, S_NEW = (os.path.join(USER, f"sentiment-{s}.csv") for s in ("train", "dev", "new"))
+R_TRAIN, R_DEV = (os.path.join(USER, f"ratings-{s}.csv") for s in ("train", "dev"))
+CLASSES = ["negative", "neutral", "positive"]
+FAST = ["--max-seq-length", 32, "--batch-size", 8, "--mode", "eager", "--log-every", 100]
+
+
+def _rows(path):
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _vocab(path):
+    from bert_of.eval._basic_tokenizer import BasicTokenizer
+
+    bt = BasicTokenizer(do_lower_case=True)
+    words = set()
+    for name in os.listdir(USER):
+        if name.endswith(".csv"):
+            for row in _rows(os.path.join(USER, name)):
+                for v in row.values():
+                    words.update(bt.tokenize(v))
+    for name in ("ner-train.conll", "ner-dev.conll"):
+        words.update(w for line in open(os.path.join(USER, name), encoding="utf-8") for w in bt.tokenize(line))
+    chars = sorted({c for w in words for c in w})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
+    vocab += [c for c in chars if c not in words] + ["##" + c for c in chars]
+    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return str(path), len(vocab)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classify")
+    saved = os.environ.get("BERT_OF_HOME")
+    os.environ["BERT_OF_HOME"] = str(root / "home")  # results store and eval folders inside the test
+    try:
+        vocab, n = _vocab(root / "vocab.txt")
+        yield SimpleNamespace(root=root, results=str(root / "home" / "results.jsonl"),
+                              base=tiny_bert(root / "tiny", vocab, n, dropout=0.0))
+    finally:
+        if saved is None:
+            os.environ.pop("BERT_OF_HOME", None)
+        else:
+            os.environ["BERT_OF_HOME"] = saved
+
+
+@pytest.fixture(scope="module")
+def sentiment(env):
+    ft = str(env.root / "sentiment")
+    r = run_cli("finetune", "classify", "--model", env.base, "--train", S_TRAIN, "-o", ft, "--steps", 30,
+                "--lr", 3e-3, *FAST, "--eval-data", S_DEV)
+    return SimpleNamespace(ft=ft, after_training=json.loads(r.stdout[r.stdout.index("{"):]))
+
+
+# --------------------------------------------------------------------------- independent formulas
+
+
+def _accuracy(t, p):
+    return sum(a == b for a, b in zip(t, p)) / len(t)
+
+
+def _macro_f1(t, p):
+    f1 = []
+    for c in sorted(set(t) | set(p)):
+        tp = sum(a == c and b == c for a, b in zip(t, p))
+        fp = sum(a != c and b == c for a, b in zip(t, p))
+        fn = sum(a == c and b != c for a, b in zip(t, p))
+        f1.append(2 * tp / (2 * tp + fp + fn))
+    return sum(f1) / len(f1)
+
+
+def _mcc(t, p):
+    """Gorodkin's multi-class MCC from the confusion matrix (sklearn's matthews_corrcoef)."""
+    classes = sorted(set(t) | set(p))
+    c = np.array([[sum(a == i and b == j for a, b in zip(t, p)) for j in classes] for i in classes], float)
+    n, correct = c.sum(), np.trace(c)
+    t_k, p_k = c.sum(1), c.sum(0)
+    denom = math.sqrt((n * n - p_k @ p_k) * (n * n - t_k @ t_k))
+    return (correct * n - t_k @ p_k) / denom if denom else 0.0
+
+
+def _ranks(x):
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    r = [0.0] * len(x)
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def _pearson(x, y):
+    return float(np.corrcoef(np.asarray(x, float), np.asarray(y, float))[0, 1])
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def test_finetune_records_the_classes_and_evaluates_eval_data(sentiment, env):
+    args = json.load(open(os.path.join(sentiment.ft, "train_args.json")))
+    assert args["task"] == "classify" and args["problem"] == "single_label" and args["labels"] == CLASSES
+    assert args["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}
+    assert args["columns"] == {"text": "text", "text_pair": None, "label": "label"}
+    assert args["train_examples"] == 72 and args["hparams"]["steps"] == 30
+    assert args["final_loss"] < args["first_loss"]
+    a = sentiment.after_training
+    assert a["task"] == "classify" and a["examples"] == 24 and set(a) >= {"accuracy", "macro_f1", "mcc"}
+
+
+def test_predict_writes_label_and_probabilities_in_input_order(sentiment, tmp_path):
+    run_cli("predict", "classify", "--model", sentiment.ft, "--data", S_NEW, "-o", tmp_path / "p.csv")
+    run_cli("predict", "classify", "--model", sentiment.ft, "--data", S_NEW, "-o", tmp_path / "p.jsonl")
+    new = _rows(S_NEW)
+    rows = _rows(tmp_path / "p.csv")
+    recs = [json.loads(l) for l in open(tmp_path / "p.jsonl", encoding="utf-8")]
+    assert list(rows[0]) == ["row", "line", "text", "label"] + [f"p({c})" for c in CLASSES]
+    assert [r["text"] for r in rows] == [r["text"] for r in new] == [r["text"] for r in recs]
+    assert [int(r["row"]) for r in rows] == list(range(len(new)))
+    for r, j in zip(rows, recs):
+        p = [float(r[f"p({c})"]) for c in CLASSES]
+        assert sum(p) == pytest.approx(1.0, abs=1e-9) and all(0 <= v <= 1 for v in p)
+        assert r["label"] == CLASSES[int(np.argmax(p))] == j["label"]
+        assert list(j["probability"]) == CLASSES
+        assert [j["probability"][c] for c in CLASSES] == pytest.approx(p, abs=1e-6)
+
+
+def test_eval_metrics_equal_the_formulas_on_its_predictions(sentiment, env, tmp_path):
+    r = run_cli("eval", "classify", "--model", sentiment.ft, "--data", S_DEV, "-o", tmp_path, "--name", "senti")
+    got = json.loads(r.stdout[r.stdout.index("{"):])
+    preds = _rows(tmp_path / "predictions.csv")
+    truth = [row["label"] for row in _rows(S_DEV)]
+    pred = [row["label"] for row in preds]
+    assert [row["text"] for row in preds] == [row["text"] for row in _rows(S_DEV)]
+    assert got["examples"] == len(truth) == 24 and got["problem"] == "single_label"
+    assert got["accuracy"] == pytest.approx(100 * _accuracy(truth, pred), abs=1e-9)
+    assert got["macro_f1"] == pytest.approx(100 * _macro_f1(truth, pred), abs=1e-9)
+    assert got["mcc"] == pytest.approx(100 * _mcc(truth, pred), abs=1e-9)
+    assert got == sentiment.after_training  # the same model scored the same file after training
+
+    from bert_of.eval.results import load_results
+
+    recs = [x for x in load_results(env.results) if x["task"] == "classify" and x["checkpoint"]["name"] == "senti"]
+    assert len(recs) == 1 and recs[0]["metrics"] == {k: pytest.approx(got[k]) for k in ("accuracy", "macro_f1", "mcc")}
+    assert recs[0]["split"] == "sentiment-dev.csv" and recs[0]["tool"] == "bert-of eval classify"
+
+
+def test_a_label_the_model_does_not_know_is_one_error_line(sentiment, tmp_path):
+    bad = tmp_path / "dev.csv"
+    bad.write_text("text,label\nfine,positive\n\"a long,\nquoted review\",angry\n", encoding="utf-8")
+    r = run_cli("eval", "classify", "--model", sentiment.ft, "--data", bad, "-o", tmp_path / "out", check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert error_lines(r.stderr) == [f"bert-of: error: {bad}: line 3: column 'label': label 'angry' is not one of "
+                                     "the model's classes (negative, neutral, positive)"]
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+# --------------------------------------------------------------------------- regression
+
+
+def test_regression_csv_gives_pearson_and_spearman(env, tmp_path):
+    ft = tmp_path / "ratings"
+    run_cli("finetune", "classify", "--model", env.base, "--train", R_TRAIN, "-o", ft, "--steps", 20, "--lr", 3e-3,
+            *FAST, "--no-record")
+    assert json.load(open(ft / "train_args.json"))["problem"] == "regression"
+    r = run_cli("eval", "classify", "--model", ft, "--data", R_DEV, "-o", tmp_path / "ev", "--no-record")
+    got = json.loads(r.stdout[r.stdout.index("{"):])
+    preds = _rows(tmp_path / "ev" / "predictions.csv")
+    assert list(preds[0]) == ["row", "line", "review", "value"]
+    y = [float(row["rating"]) for row in _rows(R_DEV)]
+    v = [float(row["value"]) for row in preds]
+    assert got["problem"] == "regression" and got["examples"] == len(y)
+    assert got["pearson"] == pytest.approx(100 * _pearson(y, v), abs=1e-6)
+    assert got["spearman"] == pytest.approx(100 * _pearson(_ranks(y), _ranks(v)), abs=1e-6)
+    assert got["mse"] == pytest.approx(sum((a - b) ** 2 for a, b in zip(y, v)) / len(y), rel=1e-6)
+
+
+def test_a_bad_training_row_or_output_name_is_one_error_line(env, tmp_path):
+    bad = tmp_path / "train.csv"
+    bad.write_text("\ufefftext,label\nfine,positive\n,negative\n", encoding="utf-8")  # a BOM, then an empty text
+    cases = [(["finetune", "classify", "--model", env.base, "--train", bad, "-o", tmp_path / "m", "--steps", 1],
+              f"{bad}: line 3: column 'text': empty"),
+             (["predict", "classify", "--model", env.base, "--data", S_NEW, "-o", tmp_path / "p.txt"],
+              f"-o {tmp_path / 'p.txt'}: a predictions file ends .csv or .jsonl"),
+             (["predict", "classify", "--model", env.base, "--data", S_NEW, "-o", tmp_path / "p.csv"],
+              "tiny: not fine-tuned by `bert-of finetune classify` (its train_args.json records no classify problem "
+              "and labels)")]
+    for args, message in cases:
+        r = run_cli(*args, check=False)
+        assert r.returncode == 1 and error_lines(r.stderr) == [f"bert-of: error: {message}"], r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["train.csv"]  # nothing written
+
+
+# --------------------------------------------------------------------------- tagging
+
+N_TRAIN, N_DEV = os.path.join(USER, "ner-train.conll"), os.path.join(USER, "ner-dev.conll")
+
+
+def _conll(path):
+    """(tokens, tags) per sentence, read here without bert_of."""
+    out, cur = [], []
+    for line in open(path, encoding="utf-8"):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            if cur:
+                out.append(cur)
+            cur = []
+        else:
+            cur.append((parts[0], parts[-1]))
+    if cur:
+        out.append(cur)
+    return [([w for w, _ in s], [t for _, t in s]) for s in out]
+
+
+def _spans(tags):
+    """BIO entities (type, first, last): a B- starts one, an I- of another type (or after O) too."""
+    out, start, typ = set(), None, None
+    for i, t in enumerate(list(tags) + ["O"]):
+        if t == "O" or t.startswith("B-") or (t.startswith("I-") and t[2:] != typ):
+            if start is not None:
+                out.add((typ, start, i - 1))
+            start, typ = (i, t[2:]) if t != "O" else (None, None)
+    return out
+
+
+def test_tag_conll_end_to_end_with_entity_scores_recomputed(env, tmp_path):
+    ft = tmp_path / "ner"
+    run_cli("finetune", "tag", "--model", env.base, "--train", N_TRAIN, "-o", ft, "--steps", 40, "--lr", 3e-3,
+            *FAST, "--no-record")
+    args = json.load(open(ft / "train_args.json"))
+    assert args["task"] == "tag" and args["labels"][0] == "O" and args["final_loss"] < args["first_loss"]
+    r = run_cli("eval", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "ev", "--results", env.results)
+    got = json.loads(r.stdout[r.stdout.index("{"):])
+    gold = _conll(N_DEV)
+    preds = [json.loads(l) for l in open(tmp_path / "ev" / "predictions.jsonl", encoding="utf-8")]
+    assert [p["tokens"] for p in preds] == [g[0] for g in gold] and got["examples"] == len(gold)
+    tp = n_pred = n_true = 0
+    for (_, t), p in zip(gold, preds):
+        assert len(p["tags"]) == len(t) and set(p["tags"]) <= set(args["labels"])
+        a, b = _spans(t), _spans(p["tags"])
+        tp, n_pred, n_true = tp + len(a & b), n_pred + len(b), n_true + len(a)
+    prec, rec = tp / n_pred if n_pred else 0.0, tp / n_true
+    f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+    assert got["precision"] == pytest.approx(100 * prec) and got["recall"] == pytest.approx(100 * rec)
+    assert got["f1"] == pytest.approx(100 * f1) and got["f1"] > 0  # the model learned some entities
+    run_cli("predict", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "p.conll")
+    assert _conll(tmp_path / "p.conll") == [(p["tokens"], p["tags"]) for p in preds]
+    from bert_of.eval.results import load_results
+
+    assert [x["metrics"]["f1"] for x in load_results(env.results) if x["task"] == "tag"] == [pytest.approx(got["f1"])]
