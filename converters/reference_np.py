@@ -345,23 +345,7 @@ class LiBai(Layout):
             w2, b2 = self.dense("out", i)
             x = (ln_pa if self.residual_post_ln else x) + act(ln_pa @ w1 + b1) @ w2 + b2
             i += 1
-        x = layer_norm(x, *self.ln("final_ln"), eps)
-        out = {"sequence_output": x}
-        pooled = None
-        if self.has("pool.w"):
-            w, b = self.dense("pool")
-            pooled = out["pooled_output"] = np.tanh(x[:, 0] @ w + b)
-        if self.has("mlm.w"):
-            w, b = self.dense("mlm")
-            h = layer_norm(act(x @ w + b), *self.ln("mlm_ln"), self.head_eps)
-            out["prediction_logits"] = h @ word.T + self.vector("mlm_bias")
-        if self.has("nsp.w") and pooled is not None:
-            w, b = self.dense("nsp")
-            out["seq_relationship_logits"] = pooled @ w + b
-        if self.has("clf.w") and pooled is not None:
-            w, b = self.dense("clf")
-            out["logits"] = pooled @ w + b
-        return out
+        return heads_of(self, layer_norm(x, *self.ln("final_ln"), eps), word, act, self.head_eps)
 
 
 NATIVE = {c.name: c for c in (OfStateDict, OfModels, LiBai)}
@@ -442,6 +426,11 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
         i += 1
     if layout.pre_ln:
         x = layer_norm(x, *layout.ln("final_ln"), eps)
+    return heads_of(layout, x, word, act, eps)
+
+
+def heads_of(layout: Layout, x, word, act, head_eps: float) -> dict:
+    """The outputs the checkpoint has heads for, from the encoder's output ``x`` [B, S, H]."""
     out = {"sequence_output": x}
     pooled = None
     if layout.has("pool.w"):
@@ -449,7 +438,7 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
         pooled = out["pooled_output"] = np.tanh(x[:, 0] @ w + b)
     if layout.has("mlm.w"):
         w, b = layout.dense("mlm")
-        h = layer_norm(act(x @ w + b), *layout.ln("mlm_ln"), eps)
+        h = layer_norm(act(x @ w + b), *layout.ln("mlm_ln"), head_eps)
         out["prediction_logits"] = h @ word.T + layout.vector("mlm_bias")  # decoder tied to the embeddings
     if layout.has("nsp.w") and pooled is not None:
         w, b = layout.dense("nsp")
