@@ -122,8 +122,13 @@ def _run_in_process(args, extra_env):
                 os.close(fd)
             os.chdir(cwd)
             sys.argv = argv
-            os.environ.clear()
-            os.environ.update(env)
+            # only the keys that changed: clearing the whole environment while a native thread
+            # (OneFlow's, TF's) reads it with getenv crashed the test process once (setenv is not thread-safe)
+            for k in [k for k in os.environ if k not in env]:
+                del os.environ[k]
+            for k, v in env.items():
+                if os.environ.get(k) != v:
+                    os.environ[k] = v
             for s, h in handlers.items():
                 signal.signal(s, h)
             setup_logging(0)
