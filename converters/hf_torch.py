@@ -7,7 +7,7 @@ to ``torch.load``), eager attention, in float64 or float32. Outputs are named as
 sequence_output [B, S, H], pooled_output [B, H], prediction_logits [B, S, V],
 seq_relationship_logits [B, 2], start_logits / end_logits [B, S], logits ([B, L] or [B, S, L]).
 
-This file imports only NumPy at its top, so any interpreter that has torch and transformers can
+This file imports only NumPy and safetensors at its top, so any interpreter that has torch and transformers can
 run it as a script (``python hf_torch.py MODEL_DIR IN.npz OUT.npz DTYPE``): ``verify
 --torch-python`` uses that when this process has no torch (OneFlow's last wheel is Python 3.10;
 a CPU torch wheel may exist only for another Python).
@@ -15,6 +15,7 @@ a CPU torch wheel may exist only for another Python).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import tempfile
 
 import numpy as np
+from safetensors import safe_open
 
 WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
@@ -30,8 +32,6 @@ INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 def weight_names(model_dir: str):
     """The tensor names of ``model_dir``'s safetensors weights (one file or a sharded index), or
     None when it has none (only a pickled pytorch_model.bin, which this run does not load)."""
-    from safetensors import safe_open
-
     if os.path.isfile(os.path.join(model_dir, WEIGHTS)):
         with safe_open(os.path.join(model_dir, WEIGHTS), "np") as f:
             return list(f.keys())
@@ -43,8 +43,6 @@ def weight_names(model_dir: str):
 
 def importable() -> bool:
     """True when this interpreter has torch and transformers."""
-    import importlib.util
-
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
