@@ -49,11 +49,29 @@ def _err(msg: str) -> int:
 
 # --------------------------------------------------------------------------- convert
 
-REFERENCE_HELP = "precision TensorFlow runs in beside the NumPy reference (tf and h5 sources)"
+@dataclass(kw_only=True)
+class CheckOptions:
+    """How ``convert --verify`` and ``verify`` check: the tolerance and the ecosystems' runs."""
+
+    tol: float = arg(DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
+    reference_dtype: str = arg("float64", choices=("float64", "float32"),
+                               help="precision the source's own ecosystem runs in beside the NumPy reference "
+                                    "(TensorFlow for tf and h5, transformers for hf)")
+    torch_python: str | None = arg(None, metavar="PYTHON",
+                                   help="a Python interpreter with torch and transformers, for the transformers "
+                                        "run of hf checkpoints when this one has none")
+
+    def failure(self, report: dict, dst: str) -> str:
+        """The one line a failed check ends with."""
+        if report.get("failures"):
+            k, v = next(iter(report["failures"].items()))
+            return f"verification failed: {k} {v}; {dst}"
+        return f"verification failed: max |diff| {report['worst']:.3g} > {self.tol:g}; {dst}"
+
 
 
 @dataclass(kw_only=True)
-class ConvertOptions:
+class ConvertOptions(CheckOptions):
     """``bert-of convert``."""
 
     direction: str = arg(positional=True, metavar="DIRECTION",
@@ -71,8 +89,6 @@ class ConvertOptions:
     no_meta: bool = arg(False, help="of2lazy: oldest snapshot layout (no meta files)")
     overwrite: bool = arg(False, help="replace DST if it exists")
     verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
-    tol: float = arg(DEFAULT_TOL, metavar="T", help="verification tolerance (max |diff|)")
-    reference_dtype: str = arg("float64", choices=("float64", "float32"), help=REFERENCE_HELP)
 
     def reader_options(self) -> Options:
         return Options(config=self.config, vocab=self.vocab, with_optimizer=self.with_optimizer,
@@ -110,11 +126,11 @@ def _verify_staged(o: "ConvertOptions", reports: list):
     fmt = parse_direction(o.direction)[1]
 
     def check(source, stage):
-        report = verify_source(source, stage, fmt, tol=o.tol, reference_dtype=o.reference_dtype, shown_b=o.output)
+        report = verify_source(source, stage, fmt, tol=o.tol, reference_dtype=o.reference_dtype, shown_b=o.output,
+                               torch_python=o.torch_python)
         reports.append(format_report(report))
         if not report["ok"]:
-            raise VerificationFailed(f"verification failed: max |diff| {report['worst']:.3g} > {o.tol:g}; "
-                                     f"{o.output} not written")
+            raise VerificationFailed(o.failure(report, f"{o.output} not written"))
 
     return check
 
@@ -123,12 +139,11 @@ def _verify_staged(o: "ConvertOptions", reports: list):
 
 
 @dataclass(kw_only=True)
-class VerifyOptions:
+class VerifyOptions(CheckOptions):
     """``bert-of verify``."""
 
     a: str = arg(positional=True, metavar="A", help="reference checkpoint (any format)")
     b: str = arg(positional=True, metavar="B", help="checkpoint to compare with A (any format)")
-    tol: float = arg(DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
     modes: list = arg(default_factory=list, metavar="MODES",
                       help="bert_of modes to run, comma-separated or repeated (unset: eager and graph)")
     batch_size: int = arg(3, metavar="N", help="rows of the test batch")
@@ -137,7 +152,6 @@ class VerifyOptions:
                                           "max_position_embeddings)")
     config: str | None = arg(None, metavar="FILE", help="config for A if not beside it")
     vocab: str | None = arg(None, metavar="FILE", help="vocab for A if not beside it")
-    reference_dtype: str = arg("float64", choices=("float64", "float32"), help=REFERENCE_HELP)
     output: str | None = arg(None, short="-o", metavar="FILE", help="also write the JSON report to this file")
 
 
@@ -145,12 +159,15 @@ def cmd_verify(args) -> int:
     o = from_args(VerifyOptions, args)
     modes = tuple(m for item in o.modes or ["eager,graph"] for m in item.split(",") if m)
     report = verify(o.a, o.b, tol=o.tol, modes=modes, batch_size=o.batch_size, seq_len=o.max_seq_length,
-                    opts=Options(config=o.config, vocab=o.vocab), reference_dtype=o.reference_dtype)
+                    opts=Options(config=o.config, vocab=o.vocab), reference_dtype=o.reference_dtype,
+                    torch_python=o.torch_python)
     text = format_report(report)
     print(text)
     if o.output:
         atomic_write(o.output, text + "\n")
     if not report["ok"]:
+        if report.get("failures"):
+            return _err(o.failure(report, o.b))
         return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {o.tol:g}")
     return 0
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from bert_of.errors import BertOfError, CheckpointError
 from bert_of.tokenization import FullTokenizer
-from bert_of.converters import reference_np, tf1
+from bert_of.converters import hf_torch, reference_np, tf1
 from bert_of.converters.common import Options, lower_case_of
 from bert_of.converters.convert import detect, read
 from bert_of.progress import Progress, log
@@ -184,6 +184,26 @@ def _tf_runs(source, batches: dict, dtype: str):
             for name, batch in batches.items()}
 
 
+TORCH_EXTRA = "pip install torch transformers"
+
+
+def _torch_runs(side, batches: dict, dtype: str, python: str | None):
+    """{batch: outputs} of transformers' BERT (PyTorch) on an HF checkpoint's own files, in this
+    interpreter or in ``python``; or a string saying why it cannot run."""
+    model_dir = side.path if os.path.isdir(side.path) else os.path.dirname(side.path)
+    if hf_torch.weight_names(model_dir) is None:
+        return "not run: no safetensors weights (transformers would unpickle pytorch_model.bin; bert_of does not)"
+    try:
+        if python:
+            return hf_torch.forward_in(python, model_dir, batches, dtype)
+        if not hf_torch.importable():
+            return (f"not run: torch and transformers are not installed ({TORCH_EXTRA}, or pass "
+                    "--torch-python with an interpreter that has them)")
+        return hf_torch.forward(model_dir, batches, dtype)
+    except Exception as e:  # noqa: BLE001 -- transformers' own error, reported (on B it fails the check)
+        return f"failed: transformers ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b|, where equal values count 0 even when they are inf or NaN (weights holding NaN
     give NaN outputs on both sides: the same function), and a NaN on one side only counts inf."""
@@ -223,24 +243,28 @@ def _read_side(path: str, fmt: str, opts: Options):
 
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
            seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64",
-           device: str = "cpu") -> dict:
+           device: str = "cpu", torch_python: str | None = None) -> dict:
     """``bert-of verify A B``: read A (the reference side) and B, then :func:`verify_source`."""
     opts = opts or Options()
     fa, fb = detect(a), detect(b)
     src_a = _read_side(a, fa, opts)
     src_b = _read_side(b, fb, Options())  # both read (and checked) before anything runs
-    return verify_source(src_a, b, fb, tol, modes, batch_size, seq_len, reference_dtype, device, src_b)
+    return verify_source(src_a, b, fb, tol, modes, batch_size, seq_len, reference_dtype, device, src_b,
+                         torch_python=torch_python)
 
 
 def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"),
                   batch_size: int = 3, seq_len: int | None = None, reference_dtype: str = "float64",
-                  device: str = "cpu", src_b=None, shown_b: str | None = None) -> dict:
+                  device: str = "cpu", src_b=None, shown_b: str | None = None,
+                  torch_python: str | None = None) -> dict:
     """Compare the checkpoint at ``b`` (format ``fb``) with the ``Source`` it was made from.
 
     The reference is the NumPy BERT on ``source``'s stored tensors; every run of ``b`` (bert_of
     eager/graph on ``device``; its own layout's reference when ``fb`` is not bert_of's; TF when
-    it is a Google checkpoint) is compared with it, and ``ok`` says every output of every run is
-    within ``tol``. The source's ecosystem run is reported beside. ``shown_b``: the path the
+    it is a Google checkpoint, transformers when it is an HF checkpoint and torch is at hand) is
+    compared with it, and ``ok`` says every output of every run is within ``tol``. The source's
+    ecosystem run (TensorFlow for tf/h5, transformers for hf) is reported beside.
+    ``torch_python``: an interpreter with torch and transformers, when this one has none. ``shown_b``: the path the
     report names for ``b`` (convert: the destination, not the staging folder)."""
     fa = source.format
     src_b = src_b or _read_side(b, fb, Options())
@@ -267,6 +291,10 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
         if fa in ("tf", "h5"):
             bar.describe(f"verify: TensorFlow on A ({reference_dtype})")
             ecosystem[f"A:tf-{reference_dtype}"] = _tf_runs(source, batches, reference_dtype)
+        elif fa == "hf":
+            bar.describe(f"verify: transformers on A ({reference_dtype})")
+            ecosystem[f"A:transformers-{reference_dtype}"] = _torch_runs(source, batches, reference_dtype,
+                                                                         torch_python)
         bar.update(1)
         bar.describe(f"verify: bert_of on B ({' + '.join(modes)})")
         runs = {f"B:{m}": r for m, r in _bert_of_runs(src_b, batches, modes, device).items()}
@@ -280,17 +308,26 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
                     runs[f"B:tf-{reference_dtype}"] = tf_b
                 else:
                     ecosystem[f"B:tf-{reference_dtype}"] = tf_b
+            elif fb == "hf":  # what transformers computes from the written files decides too
+                hf_b = _torch_runs(src_b, batches, reference_dtype, torch_python)
+                if isinstance(hf_b, dict):
+                    runs[f"B:transformers-{reference_dtype}"] = hf_b
+                else:
+                    ecosystem[f"B:transformers-{reference_dtype}"] = hf_b
         bar.update(1)
     results = {k: _diffs(ref, v, batches) for k, v in runs.items()}
     worst = max((v for r in results.values() for v in r.values()), default=float("inf"))
     for k, v in ecosystem.items():
-        if isinstance(v, str):  # TensorFlow missing: the NumPy reference still decides
+        if isinstance(v, str) and v.startswith("not run"):  # the NumPy reference still decides
             log.info("verify: %s %s", k, v)
+    failed = {k: v for k, v in ecosystem.items() if k.startswith("B:") and isinstance(v, str)
+              and v.startswith("failed")}
     return {
         "a": {"path": source.path, "format": fa}, "b": {"path": shown_b or b, "format": fb},
         "reference": reference, "tolerance": tol, "device": device, "batches": described,
         "outputs": sorted({k for r in results.values() for k in r}),
-        "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol),
+        "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol and not failed),
+        "failures": {k: v for k, v in failed.items()},
         "ecosystem": {k: (_diffs(ref, v, batches) if isinstance(v, dict) else v) for k, v in ecosystem.items()},
     }
 

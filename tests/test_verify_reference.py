@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bert_of.checkpoint import SafetensorsFile, load_safetensors, save_safetensors
-from bert_of.converters import reference_np
+from bert_of.converters import hf_torch, reference_np
 from bert_of.converters import tf_reference as ref
 from bert_of.converters.common import Options
 from bert_of.converters.convert import convert, read
@@ -156,3 +156,36 @@ def test_real_minilm_hf2of_verify(tmp_path):
     assert tokens["unknown"] == 0 and tokens["masked"] == 3 and tokens["pairs"] == 3, tokens
     assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"}
     assert {"sequence_output", "pooled_output"} <= set(report["outputs"])
+    ran = report["ecosystem"]["A:transformers-float64"]  # transformers' own BERT on the source
+    if hf_torch.importable():
+        assert max(ran.values()) < 1e-9, ran
+    else:
+        assert ran.startswith("not run: torch and transformers are not installed"), ran
+
+
+def test_transformers_runs_on_hf_output_or_says_why(made):
+    """of2hf: what transformers computes from the written files decides too, where it can run;
+    without torch the report says so in one place and the NumPy reference still decides."""
+    src, hf_dir = made["of"]
+    report = verify(src, str(hf_dir), modes=("eager",))
+    assert report["ok"], report["max_abs_diff"]
+    if hf_torch.importable():
+        assert max(report["max_abs_diff"]["B:transformers-float64"].values()) <= DEFAULT_TOL
+    else:
+        assert report["ecosystem"]["B:transformers-float64"].startswith("not run:")
+        assert "B:transformers-float64" not in report["max_abs_diff"]
+
+
+def test_a_transformers_interpreter_that_fails_fails_the_check(made):
+    """--torch-python names an interpreter that cannot run transformers: on the checked side that is a
+    failed check (one line naming it, exit 1), not a silent pass."""
+    from tests.conftest import run_cli
+
+    src, hf_dir = made["of"]
+    r = run_cli("verify", src, hf_dir, "--modes", "eager", "--torch-python", "/bin/false", check=False)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "B:transformers-float64 failed: transformers" in err[0] and "/bin/false" in err[0], err
+    assert "Traceback" not in r.stderr
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert not report["ok"] and report["worst"] <= DEFAULT_TOL  # the numbers agreed; transformers did not run
