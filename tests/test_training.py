@@ -57,6 +57,13 @@ def test_eager_and_graph_train_the_same(optimizer):
         assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"], (a, b)
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
     for (n, p), (_, q) in zip(m_eager.named_parameters(), m_graph.named_parameters()):
+        if n == "qa_outputs.bias":
+            # Its gradient is exactly 0 (the start/end softmax runs over positions and a bias shifts them
+            # all alike): what eager and graph compute is rounding noise, which Adam scales to ~lr steps.
+            # Both must still be bounded by those steps; equality would compare noise.
+            assert np.abs(p.numpy()).max() <= 3 * len(eager) * TRAIN["lr"], p.numpy()
+            assert np.abs(q.numpy()).max() <= 3 * len(graph) * TRAIN["lr"], q.numpy()
+            continue
         np.testing.assert_allclose(p.numpy(), q.numpy(), atol=2e-6, err_msg=n)
     assert [r["lr"] for r in eager[:3]] == pytest.approx([0.0, 5e-4, 1e-3 * (1 - 2 / 20)], rel=1e-9)  # Google's
 
@@ -172,6 +179,13 @@ def test_one_trainer_for_every_head():
     for a, b in zip(eager, graph):
         assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"] and set(a) >= {"loss", "lr", "grad_norm"}
     for (n, p), (_, q) in zip(m_eager.named_parameters(), m_graph.named_parameters()):
+        if n == "qa_outputs.bias":
+            # Its gradient is exactly 0 (the start/end softmax runs over positions and a bias shifts them
+            # all alike): what eager and graph compute is rounding noise, which Adam scales to ~lr steps.
+            # Both must still be bounded by those steps; equality would compare noise.
+            assert np.abs(p.numpy()).max() <= 3 * len(eager) * TRAIN["lr"], p.numpy()
+            assert np.abs(q.numpy()).max() <= 3 * len(graph) * TRAIN["lr"], q.numpy()
+            continue
         np.testing.assert_allclose(p.numpy(), q.numpy(), atol=2e-6, err_msg=n)
 
     def glue_batch(step):
