@@ -496,7 +496,7 @@ class BertModel(_PreTrained):
         like = self.embeddings.word_embeddings.weight
         input_ids = as_input(input_ids, "input_ids", like)
         token_type_ids = as_input(token_type_ids, "token_type_ids", like)
-        attention_mask = as_input(attention_mask, "attention_mask", like)
+        attention_mask = as_input(attention_mask, "attention_mask", like, ids=False)  # 1/0, or 1.0/0.0
         check_inputs(self.config, input_ids, token_type_ids)
         if token_type_ids is None:
             token_type_ids = flow.zeros_like(input_ids)
@@ -593,7 +593,8 @@ class BertForPreTraining(_WithBert):
                                                          (next_sentence_labels, "next_sentence_labels"),
                                                          (next_sentence_label, "next_sentence_label")))
         if masked_lm_weights is not None and not isinstance(masked_lm_weights, flow.Tensor):
-            masked_lm_weights = as_input(np.asarray(masked_lm_weights, np.float32), "masked_lm_weights", like, ids=False)
+            masked_lm_weights = as_input(np.asarray(masked_lm_weights, np.float32), "masked_lm_weights", like,
+                                         ids=False)  # float even when written as 1s and 0s
         hidden = out.sequence_output
         if masked_lm_positions is not None:
             hidden = flow.batch_gather(hidden, masked_lm_positions)  # [B, P, H], keeps split(0)

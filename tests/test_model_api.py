@@ -156,7 +156,8 @@ def test_numpy_and_list_inputs_give_the_outputs_of_flow_tensors(cls):
     model = _model(cls)
     arrays = _batch()
     ref = model(*_t(arrays)).to_dict()
-    for given in (arrays, [a.tolist() for a in arrays], [a.astype(np.int32) for a in arrays]):
+    for given in (arrays, [a.tolist() for a in arrays], [a.astype(np.int32) for a in arrays],
+                  arrays[:2] + [arrays[2].astype(np.float32)]):  # a float mask, as transformers takes
         got = model(given[0], token_type_ids=given[1], attention_mask=given[2]).to_dict()
         assert set(got) == set(ref)
         for k in ref:
