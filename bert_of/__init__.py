@@ -7,7 +7,7 @@ environment variable changes; a command line sets its process up explicitly (ber
 """
 
 from bert_of.config import BertConfig
-from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError
 from bert_of.hooks import register_resolver
 from bert_of.version import __version__
 
@@ -16,12 +16,13 @@ _LAZY = {
     "BertForPreTraining": "bert_of.modeling",
     "BertForQuestionAnswering": "bert_of.modeling",
     "BertForSequenceClassification": "bert_of.modeling",
+    "BertForTokenClassification": "bert_of.modeling",
     "BertModelOutput": "bert_of.outputs",
     "BertGraph": "bert_of.modeling",
     "BertTokenizer": "bert_of.tokenizer",
 }
 
-__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "__version__", *_LAZY]
+__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "InputError", "__version__", *_LAZY]
 
 
 def _resolve_with_zoo(name_or_path: str) -> str:

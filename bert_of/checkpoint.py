@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 import bert_of.hooks as _hooks
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
-from bert_of.fs import PinnedDir, publishing, read_json, writes_to
+from bert_of.fs import PinnedDir, publishing, publishing_into, read_json, writes_to
 from bert_of.tensors import (TensorSpec, backbone_names, check_optimizer, check_shape, check_tensors,
                              expected_shapes, nbytes)
 
@@ -380,16 +380,20 @@ def _load_pinned(d: PinnedDir, with_optimizer: bool) -> Checkpoint:
 
 def write_checkpoint(path: str, tensors, config: BertConfig, vocab_file: Optional[str] = None,
                      optimizer: Optional[tuple] = None, overwrite: bool = False,
-                     metadata: Optional[dict] = None) -> None:
+                     metadata: Optional[dict] = None, into: bool = False) -> None:
     """Write a checkpoint directory atomically (see :func:`bert_of.fs.publishing`).
 
     tensors: list of (name, array) or of (TensorSpec, producer) pairs; the latter
     streams (one tensor in memory at a time). optimizer: the same, plus its
-    metadata, as ``(items, meta)``.
+    metadata, as ``(items, meta)``. ``into``: ``path`` may be an existing folder, whose files of
+    these names are replaced and others kept (:func:`bert_of.fs.publishing_into`; an optimizer
+    state left there goes when none is written: it belonged to other weights).
     """
     if vocab_file is not None and not os.path.isfile(vocab_file):
         raise CheckpointError(f"{vocab_file}: vocab file not found")
-    with publishing(path, overwrite=overwrite) as tmp:
+    dest = (publishing_into(path, remove=() if optimizer else (OPTIMIZER_NAME,)) if into
+            else publishing(path, overwrite=overwrite))
+    with dest as tmp:
         write_checkpoint_files(tmp, tensors, config, vocab_file, optimizer, metadata)
 
 

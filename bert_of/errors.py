@@ -17,6 +17,11 @@ class ConfigError(BertOfError):
     """A config that is missing, malformed, or does not fit the tensors."""
 
 
+class InputError(BertOfError):
+    """Model inputs that do not fit the model: a token id outside the vocabulary, a token type
+    outside ``type_vocab_size``, a sequence longer than ``max_position_embeddings``."""
+
+
 class OutputError(CheckpointError):
     """A destination that cannot be written as asked: it exists, another process is writing it,
     it is not a directory, or the disk is full."""

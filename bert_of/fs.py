@@ -747,3 +747,40 @@ def publishing(dst: str, overwrite: bool = False, sources=()):
     finally:
         if stage is not None:
             stage.close(remove=not ok)
+
+
+@contextlib.contextmanager
+def publishing_into(dst: str, remove=()):
+    """``with publishing_into(dst) as stage:`` write files into ``stage``; on success they land in
+    the folder ``dst``, new or existing, as transformers' ``save_pretrained`` writes: a new ``dst``
+    is published whole (:func:`publishing`); in an existing one each staged file replaces its
+    namesake by one rename (readers see the old file or the new one, whole), the names in
+    ``remove`` (files of the set left from an earlier write) go, and every other file stays.
+    Nothing in ``dst`` changes until every file is staged, so an error (a full disk, Ctrl-C)
+    leaves it as it was. A ``dst`` another bert_of process is writing is refused."""
+    target = os.path.realpath(dst) if os.path.islink(dst) else os.path.abspath(os.fspath(dst))
+    if not os.path.lexists(target):
+        with publishing(dst) as stage:
+            yield stage
+        return
+    if not os.path.isdir(target):
+        raise OutputError(f"{dst}: exists and is not a directory")
+    stage = None
+    try:
+        with uninterrupted():
+            stage = _Stage(target)
+        _claim(stage, target)
+        yield stage.path
+        names = sorted(os.listdir(stage.path))
+        with uninterrupted():  # the renames go together
+            for n in names:
+                os.replace(os.path.join(stage.path, n), os.path.join(target, n))
+            for n in remove:
+                if n not in names and os.path.isfile(os.path.join(target, n)):
+                    os.remove(os.path.join(target, n))
+            fsync_dir(target)
+    except OSError as e:
+        raise _io_error(getattr(e, "filename", None) or dst, e) from None
+    finally:
+        if stage is not None:
+            stage.close(remove=True)

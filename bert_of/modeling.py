@@ -28,7 +28,7 @@ import numpy as np
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError, ConfigError
+from bert_of.errors import CheckpointError, ConfigError, InputError
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
 from bert_of.progress import log
@@ -159,15 +159,18 @@ class BertSelfAttention(nn.Module):
         B, S, _ = x.shape
         return x.reshape(B, S, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
 
-    def forward(self, hidden, mask_adder):
-        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]."""
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]. ``probs_out`` (a list)
+        receives the attention probabilities [B, N, S, S] (before dropout, as transformers')."""
         q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
         if self.coeff is not None:
             scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale / self.coeff) * self.coeff + mask_adder
         else:
             scores = flow.matmul(q, k, transpose_b=True) * self.scale + mask_adder  # [B, N, S, S]
-        probs = self.dropout(flow.softmax(scores, dim=-1))
-        ctx = flow.matmul(probs, v)  # [B, N, S, D]
+        probs = flow.softmax(scores, dim=-1)
+        if probs_out is not None:
+            probs_out.append(probs)
+        ctx = flow.matmul(self.dropout(probs), v)  # [B, N, S, D]
         B, N, S, D = ctx.shape
         return ctx.permute(0, 2, 1, 3).reshape(B, S, N * D)
 
@@ -189,8 +192,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config, layer_index)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden, mask_adder):
-        return self.output(self.self(hidden, mask_adder), hidden)
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        return self.output(self.self(hidden, mask_adder, probs_out), hidden)
 
 
 class BertIntermediate(nn.Module):
@@ -223,17 +226,17 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden, mask_adder):
-        attn = self.attention(hidden, mask_adder)
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        attn = self.attention(hidden, mask_adder, probs_out)
         return self.output(self.intermediate(attn), attn)
 
-    def forward_pre_ln(self, hidden, mask_adder, input_norm):
+    def forward_pre_ln(self, hidden, mask_adder, input_norm, probs_out: Optional[list] = None):
         """Pre-LN layer (LiBai, apply_residual_post_layernorm=False): h + attn(norm(h)), then
         h + mlp(attention.output.LayerNorm(h)). ``input_norm`` is the LayerNorm before this layer
         (the embeddings' for layer 0, the previous layer's output LayerNorm after that), so the
         canonical names stay those of original BERT, shifted as LiBai's own HF loader shifts them."""
         out = self.attention.output
-        attn = out.dropout(out.dense(self.attention.self(input_norm(hidden), mask_adder)))
+        attn = out.dropout(out.dense(self.attention.self(input_norm(hidden), mask_adder, probs_out)))
         hidden = hidden + attn
         mlp = self.output.dropout(self.output.dense(self.intermediate(out.LayerNorm(hidden))))
         return hidden + mlp
@@ -244,17 +247,31 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList([BertLayer(config, i) for i in range(config.num_hidden_layers)])
 
-    def forward(self, hidden, mask_adder, input_norm=None):
-        """Post-LN; with ``input_norm`` (the embeddings' LayerNorm) pre-LN, closed by the last
-        layer's output LayerNorm (LiBai's final_layernorm)."""
+    def forward(self, hidden, mask_adder, input_norm=None, states: Optional[list] = None,
+                probs_out: Optional[list] = None):
+        """hidden [B, S, H] -> [B, S, H]. Post-LN; with ``input_norm`` (the embeddings' LayerNorm)
+        pre-LN, closed by the last layer's output LayerNorm (LiBai's final_layernorm).
+
+        ``states`` (a list) receives the input and each layer's output, L + 1 tensors [B, S, H],
+        the last being the result (pre-LN: the last layer's output normalised, as transformers'
+        Megatron-BERT); ``probs_out`` each layer's attention probabilities [B, N, S, S]."""
+        if states is not None:
+            states.append(hidden)
         if input_norm is None:
             for layer in self.layer:
-                hidden = layer(hidden, mask_adder)
+                hidden = layer(hidden, mask_adder, probs_out)
+                if states is not None:
+                    states.append(hidden)
             return hidden
         for layer in self.layer:
-            hidden = layer.forward_pre_ln(hidden, mask_adder, input_norm)
+            hidden = layer.forward_pre_ln(hidden, mask_adder, input_norm, probs_out)
             input_norm = layer.output.LayerNorm
-        return input_norm(hidden)
+            if states is not None:
+                states.append(hidden)
+        hidden = input_norm(hidden)
+        if states is not None:
+            states[-1] = hidden
+        return hidden
 
 
 class BertPooler(nn.Module):
@@ -357,13 +374,13 @@ class _PreTrained(nn.Module):
         model.eval()
         return model
 
-    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, overwrite: bool = False,
-                        metadata: Optional[dict] = None) -> None:
-        """Write a bert_of checkpoint directory atomically."""
+    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
+        """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
+        existing, as transformers does: its files of these names are replaced, others kept.
+        Every file is written whole before any lands (see :func:`bert_of.fs.publishing_into`)."""
         state = self.canonical_state()
         write_checkpoint(path, list(state.items()), self.config,
-                         vocab_file=vocab_file or getattr(self, "vocab_file", None),
-                         overwrite=overwrite, metadata=metadata)
+                         vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
 
     def init_weights(self, seed: int = 0) -> None:
         """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
@@ -404,6 +421,55 @@ def _mask_adder(attention_mask, dtype):
     return (1.0 - attention_mask.to(dtype).unsqueeze(1).unsqueeze(2)) * -10000.0
 
 
+def _span(a) -> tuple:
+    """(min, max) of an integer array or eager tensor: NumPy on the host, else one reduction."""
+    if isinstance(a, np.ndarray):
+        return (int(a.min()), int(a.max())) if a.size else (0, 0)
+    if a.numel() == 0:
+        return 0, 0
+    lo_hi = to_local_full(flow.stack([a.min(), a.max()])).numpy()
+    return int(lo_hi[0]), int(lo_hi[1])
+
+
+def check_inputs(config: BertConfig, input_ids, token_type_ids=None) -> None:
+    """Refuse what the embedding tables cannot look up, as one :class:`InputError`: a sequence
+    longer than ``max_position_embeddings``, a token id outside [0, vocab_size), a token type
+    outside [0, type_vocab_size). ids: int NumPy arrays or eager tensors [B, S] (tensors being
+    traced into a graph are not looked at: their values do not exist yet)."""
+    seq = int(input_ids.shape[-1])
+    if seq > config.max_position_embeddings:
+        raise InputError(f"input of {seq} tokens is longer than the model's max_position_embeddings "
+                         f"{config.max_position_embeddings}")
+    for name, ids, limit, field in (("input_ids", input_ids, config.vocab_size, "vocab_size"),
+                                    ("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")):
+        if ids is None or getattr(ids, "is_lazy", False):
+            continue
+        lo, hi = _span(ids)
+        if lo < 0 or hi >= limit:
+            raise InputError(f"{name} holds {lo if lo < 0 else hi}, outside [0, {limit}): the model's {field} "
+                             f"is {limit}")
+
+
+def as_input(x, name: str, like, ids: bool = True):
+    """A model input as the forward takes it: a flow tensor as it is; a NumPy array or (nested)
+    Python list as a tensor on ``like``'s device (global: its placement, broadcast), int64 when
+    integer (``ids``: it must be, shaped [B, S]), else float32 (regression labels). None stays None."""
+    if x is None or isinstance(x, flow.Tensor):
+        return x
+    a = np.asarray(x)
+    if a.dtype == np.bool_:
+        a = a.astype(np.int64)
+    integer = np.issubdtype(a.dtype, np.integer)
+    if ids and (a.ndim != 2 or not integer):
+        raise InputError(f"{name}: expected integers shaped [batch, sequence], got {a.dtype} {list(a.shape)}")
+    if not integer and not np.issubdtype(a.dtype, np.floating):
+        raise InputError(f"{name}: expected numbers, got {a.dtype}")
+    dtype = flow.int64 if integer else flow.float32
+    if like.is_global:
+        return flow.tensor(a, dtype=dtype).to_global(placement=like.placement, sbp=flow.sbp.broadcast)
+    return flow.tensor(a, dtype=dtype, device=like.device)
+
+
 class BertModel(_PreTrained):
     """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors."""
 
@@ -416,19 +482,39 @@ class BertModel(_PreTrained):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertModelOutput:
-        """input_ids, token_type_ids, attention_mask: int64 [B, S].
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None) -> BertModelOutput:
+        """input_ids, token_type_ids, attention_mask: int64 [B, S] (tensors, NumPy arrays or lists).
 
-        Returns sequence_output [B, S, H] and pooled_output [B, H].
+        Returns sequence_output [B, S, H] and pooled_output [B, H]; as transformers' BertModel,
+        with ``output_hidden_states`` also hidden_states (the embeddings' output and each layer's,
+        L + 1 tensors [B, S, H]), with ``output_attentions`` attentions (each layer's attention
+        probabilities [B, N, S, S]); ``return_dict=False``: the tuple (sequence_output,
+        pooled_output[, hidden_states][, attentions]). Ids the embeddings cannot look up are an
+        :class:`InputError` (see :func:`check_inputs`).
         """
+        like = self.embeddings.word_embeddings.weight
+        input_ids = as_input(input_ids, "input_ids", like)
+        token_type_ids = as_input(token_type_ids, "token_type_ids", like)
+        attention_mask = as_input(attention_mask, "attention_mask", like, ids=False)  # 1/0, or 1.0/0.0
+        check_inputs(self.config, input_ids, token_type_ids)
         if token_type_ids is None:
             token_type_ids = flow.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
         hidden = self.embeddings(input_ids, token_type_ids)
-        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype),
-                           self.embeddings.LayerNorm if self.config.pre_ln else None)
-        return BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq))
+        norm = self.embeddings.LayerNorm if self.config.pre_ln else None
+        states = [] if output_hidden_states else None
+        probs = [] if output_attentions else None
+        mask_adder = _mask_adder(attention_mask, hidden.dtype)
+        if states is None and probs is None:  # the call bert-of predict's layer-by-layer graph replaces
+            seq = self.encoder(hidden, mask_adder, norm)
+        else:
+            seq = self.encoder(hidden, mask_adder, norm, states=states, probs_out=probs)
+        out = BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq),
+                              hidden_states=None if states is None else tuple(states),
+                              attentions=None if probs is None else tuple(probs))
+        return out if return_dict is None or return_dict else out.to_tuple()
 
 
 class _WithBert(_PreTrained):
@@ -488,7 +574,8 @@ class BertForPreTraining(_WithBert):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_positions=None,
                 masked_lm_ids=None, masked_lm_weights=None, next_sentence_labels=None, labels=None,
-                next_sentence_label=None) -> PreTrainingOutput:
+                next_sentence_label=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None) -> PreTrainingOutput:
         """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits, NSP logits [B,2].
 
         MLM logits are [B, S, V], or [B, P, V] at ``masked_lm_positions`` (int64 [B, P]) as in
@@ -498,13 +585,23 @@ class BertForPreTraining(_WithBert):
         int64 [B]. transformers' spellings work too: ``labels`` (-100 = not predicted, i.e.
         weight 0) and ``next_sentence_label``. ``loss`` is MLM + NSP (or the one given).
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        like = self.bert.embeddings.word_embeddings.weight
+        masked_lm_positions, masked_lm_ids, labels, next_sentence_labels, next_sentence_label = (
+            as_input(x, n, like, ids=False) for x, n in ((masked_lm_positions, "masked_lm_positions"),
+                                                         (masked_lm_ids, "masked_lm_ids"), (labels, "labels"),
+                                                         (next_sentence_labels, "next_sentence_labels"),
+                                                         (next_sentence_label, "next_sentence_label")))
+        if masked_lm_weights is not None and not isinstance(masked_lm_weights, flow.Tensor):
+            masked_lm_weights = as_input(np.asarray(masked_lm_weights, np.float32), "masked_lm_weights", like,
+                                         ids=False)  # float even when written as 1s and 0s
         hidden = out.sequence_output
         if masked_lm_positions is not None:
             hidden = flow.batch_gather(hidden, masked_lm_positions)  # [B, P, H], keeps split(0)
         pred, nsp = self.cls(hidden, out.pooled_output, self.bert.embeddings.word_embeddings.weight)
         res = PreTrainingOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
-                                prediction_logits=pred, seq_relationship_logits=nsp)
+                                prediction_logits=pred, seq_relationship_logits=nsp,
+                                hidden_states=out.hidden_states, attentions=out.attentions)
         if labels is not None:
             if masked_lm_ids is not None:
                 raise ConfigError("pass masked_lm_ids (+ masked_lm_weights) or labels, not both")
@@ -522,7 +619,7 @@ class BertForPreTraining(_WithBert):
             res.loss = res.mlm_loss + res.nsp_loss
         else:
             res.loss = res.mlm_loss if res.mlm_loss is not None else res.nsp_loss
-        return res
+        return res if return_dict is None or return_dict else res.to_tuple()
 
 
 class BertForQuestionAnswering(_WithBert):
@@ -533,21 +630,26 @@ class BertForQuestionAnswering(_WithBert):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None) -> QuestionAnsweringOutput:
+                end_positions=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None) -> QuestionAnsweringOutput:
         """-> start_logits, end_logits [B, S] (plus sequence/pooled).
 
         With ``start_positions`` and ``end_positions`` (int64 [B]) also run_squad's loss
         (CE(start) + CE(end)) / 2 over all S positions.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        like = self.qa_outputs.weight
+        start_positions = as_input(start_positions, "start_positions", like, ids=False)
+        end_positions = as_input(end_positions, "end_positions", like, ids=False)
         logits = self.qa_outputs(out.sequence_output)  # [B, S, 2]
         res = QuestionAnsweringOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
                                       start_logits=logits.narrow(2, 0, 1).squeeze(2),
-                                      end_logits=logits.narrow(2, 1, 1).squeeze(2))
+                                      end_logits=logits.narrow(2, 1, 1).squeeze(2),
+                                      hidden_states=out.hidden_states, attentions=out.attentions)
         if start_positions is not None and end_positions is not None:
             ce = flow.nn.functional.cross_entropy
             res.loss = (ce(res.start_logits, start_positions) + ce(res.end_logits, end_positions)) / 2.0
-        return res
+        return res if return_dict is None or return_dict else res.to_tuple()
 
 
 class BertForSequenceClassification(_WithBert):
@@ -558,15 +660,18 @@ class BertForSequenceClassification(_WithBert):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> SequenceClassifierOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None) -> SequenceClassifierOutput:
         """-> logits [B, num_labels] (plus sequence/pooled).
 
         With ``labels`` also the loss: cross-entropy over int64 class ids [B]; for a one-output
         (regression, STS-B) head, the mean squared error to float targets [B].
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        labels = as_input(labels, "labels", self.classifier.weight, ids=False)
         res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
-                                       logits=self.classifier(self.dropout(out.pooled_output)))
+                                       logits=self.classifier(self.dropout(out.pooled_output)),
+                                       hidden_states=out.hidden_states, attentions=out.attentions)
         if labels is not None:
             if self.config.num_labels == 1:
                 target = labels if labels.dtype == res.logits.dtype else labels.to(res.logits.dtype)
@@ -574,7 +679,7 @@ class BertForSequenceClassification(_WithBert):
                 res.loss = (diff * diff).mean()
             else:
                 res.loss = flow.nn.functional.cross_entropy(res.logits, labels)
-        return res
+        return res if return_dict is None or return_dict else res.to_tuple()
 
 
 IGNORE_INDEX = -100  # label of positions without a loss (later sub-tokens, [CLS], [SEP], padding): HF's
@@ -588,20 +693,23 @@ class BertForTokenClassification(_WithBert):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> SequenceClassifierOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None) -> SequenceClassifierOutput:
         """-> logits [B, S, num_labels] (plus sequence/pooled).
 
         With ``labels`` [B, S] (int64 tag ids, IGNORE_INDEX where no loss) also the mean
         cross-entropy over the labelled positions.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        labels = as_input(labels, "labels", self.classifier.weight, ids=False)
         res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
-                                       logits=self.classifier(self.dropout(out.sequence_output)))
+                                       logits=self.classifier(self.dropout(out.sequence_output)),
+                                       hidden_states=out.hidden_states, attentions=out.attentions)
         if labels is not None:
             k = self.config.num_labels
             res.loss = flow.nn.functional.cross_entropy(res.logits.reshape(-1, k), labels.reshape(-1),
                                                         ignore_index=IGNORE_INDEX)
-        return res
+        return res if return_dict is None or return_dict else res.to_tuple()
 
 
 def model_class_for(names) -> type:

@@ -40,8 +40,13 @@ class BertModelOutput:
     nsp_loss: Optional[object] = None
     mlm_acc: Optional[object] = None
     nsp_acc: Optional[object] = None
+    # with output_hidden_states: the embeddings' output and each layer's, L + 1 tensors [B, S, H]
+    # (the last is sequence_output); with output_attentions: each layer's probabilities [B, N, S, S]
+    hidden_states: Optional[tuple] = None
+    attentions: Optional[tuple] = None
 
-    _order: ClassVar[tuple] = ("sequence_output", "pooled_output")  # transformers' BaseModelOutputWithPooling
+    # transformers' BaseModelOutputWithPooling
+    _order: ClassVar[tuple] = ("sequence_output", "pooled_output", "hidden_states", "attentions")
 
     @property
     def last_hidden_state(self):
@@ -66,15 +71,15 @@ class BertModelOutput:
 
 
 class PreTrainingOutput(BertModelOutput):
-    _order = ("loss", "prediction_logits", "seq_relationship_logits")
+    _order = ("loss", "prediction_logits", "seq_relationship_logits", "hidden_states", "attentions")
 
 
 class QuestionAnsweringOutput(BertModelOutput):
-    _order = ("loss", "start_logits", "end_logits")
+    _order = ("loss", "start_logits", "end_logits", "hidden_states", "attentions")
 
 
 class SequenceClassifierOutput(BertModelOutput):
-    _order = ("loss", "logits")
+    _order = ("loss", "logits", "hidden_states", "attentions")
 
 
 OUTPUT_NAMES = tuple(f.name for f in fields(BertModelOutput))

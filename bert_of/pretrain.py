@@ -24,6 +24,7 @@ from bert_of.fs import atomic_write, read_json, sha256_file, write_json
 from bert_of.modeling import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
 from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
+from bert_of.tokenization import check_vocab_fits
 from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
@@ -91,6 +92,8 @@ def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
         raise ConfigError(f"no vocab.txt: {opts.data} does not record the one it was made with; pass --vocab")
     if not os.path.isfile(vocab):
         raise ConfigError(f"{vocab}: vocab file not found")
+    if opts.init_checkpoint and opts.vocab:  # attached to a model that exists: exactly its ids
+        check_vocab_fits(opts.vocab, config.vocab_size)
     check_vocab(vocab, config.vocab_size)
     if run.rt.is_main:  # the run owns what it reads from here on
         with open(vocab, "rb") as f:

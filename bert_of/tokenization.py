@@ -38,7 +38,7 @@ import os
 import unicodedata
 from typing import Iterable, List, Optional
 
-from bert_of.errors import BertOfError
+from bert_of.errors import BertOfError, ConfigError
 from bert_of.fs import read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -71,6 +71,15 @@ def vocab_size(vocab_file: str) -> int:
     """How many ids ``vocab.txt`` defines (see :func:`read_vocab_lines`; a trailing newline or blank
     line adds none): the number a model's ``vocab_size`` must cover."""
     return len(read_vocab_lines(vocab_file))
+
+
+def check_vocab_fits(vocab_file: str, model_vocab_size: int) -> None:
+    """A vocabulary attached to a model must define exactly the ids of its embedding table: more
+    would look up rows that do not exist, fewer means it belongs to another model."""
+    n = vocab_size(vocab_file)
+    if n != model_vocab_size:
+        raise ConfigError(f"{vocab_file} has {n} tokens but the model's vocab_size is {model_vocab_size}: "
+                          "not this model's vocabulary")
 
 
 def load_vocab(vocab_file: str) -> "collections.OrderedDict[str, int]":
@@ -447,4 +456,4 @@ def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool
 
 
 __all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "FastTokenizer", "load_vocab", "read_vocab_lines",
-           "vocab_size", "vocab_looks_cased", "recorded_lower_case"]
+           "vocab_size", "check_vocab_fits", "vocab_looks_cased", "recorded_lower_case"]

@@ -15,6 +15,7 @@ from bert_of.errors import BertOfError, CheckpointError, OutputError
 from bert_of.fs import check_destination, publishing
 from bert_of.converters.common import Options, Source, summarize
 from bert_of.progress import Progress
+from bert_of.tokenization import check_vocab_fits
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
 FORMATS = {
@@ -71,7 +72,15 @@ def detect(path: str) -> str:
 
 
 def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Source:
-    return module(fmt or detect(path)).read(path, opts or Options())
+    return _read(fmt or detect(path), path, opts or Options())
+
+
+def _read(fmt: str, path: str, opts: Options) -> Source:
+    """The format's reader; a vocabulary passed in ``opts`` must fit the model it is attached to."""
+    source = module(fmt).read(path, opts)
+    if opts.vocab:
+        check_vocab_fits(opts.vocab, source.config.vocab_size)
+    return source
 
 
 @contextlib.contextmanager
@@ -112,7 +121,7 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     a, b = parse_direction(direction)
     sources = (src, opts.config, opts.vocab)  # never written over, into or around
     check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
-    source = module(a).read(src, opts)
+    source = _read(a, src, opts)
     target = module(b)
     why = source.config.original_bert_mismatch()
     if why and not getattr(target, "PRE_LN", b == "of"):

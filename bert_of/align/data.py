@@ -63,11 +63,6 @@ def _json_default(o):
 # --------------------------------------------------------------------------- data
 
 
-def _vocab_size(vocab: str) -> int:
-    with open(vocab, encoding="utf-8") as f:
-        return sum(1 for _ in f)
-
-
 def _data_key(size: dict, corpus, vocab) -> str:
     h = hashlib.sha256()
     for p in list(corpus) + [vocab]:

@@ -7,9 +7,10 @@ import hashlib
 import json
 import os
 
-from bert_of.align.data import AlignError, _json_default, _vocab_size, prepare_tf_checkpoint
+from bert_of.align.data import AlignError, _json_default, prepare_tf_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters.verify import tf_reference_module
+from bert_of.tokenization import vocab_size
 
 # --------------------------------------------------------------------------- constants
 
@@ -61,7 +62,7 @@ class Ctx:
         self.seed, self.perturb_lr, self.work, self.data_root, self.quiet = seed, perturb_lr, work, data_root, quiet
         self.device, self.cuda = device, cuda  # cuda: OneFlow sees a GPU
         S = self.size["seq_length"]
-        self.model = dict(vocab_size=_vocab_size(vocab), hidden_size=self.size["hidden_size"],
+        self.model = dict(vocab_size=vocab_size(vocab), hidden_size=self.size["hidden_size"],
                           num_hidden_layers=self.size["num_hidden_layers"],
                           num_attention_heads=self.size["num_attention_heads"],
                           intermediate_size=self.size["intermediate_size"], hidden_act="gelu_tanh",

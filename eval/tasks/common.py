@@ -16,15 +16,16 @@ from dataclasses import replace
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
-from bert_of.tokenization import vocab_looks_cased
+from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
+from bert_of.tokenization import check_vocab_fits, vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.eval.tasks.options import TaskOptions
 from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
-from bert_of.modeling import truncated_normal
+from bert_of.config import BertConfig
+from bert_of.modeling import check_inputs, truncated_normal
 from bert_of.options import RUN_RECORD, TrainConfig
 from bert_of.options import record as options_record
 from bert_of.progress import Progress, log
@@ -103,6 +104,12 @@ def read_train_args(path: str) -> dict:
 
 
 def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None):
+    """The tokenizer of the checkpoint folder ``path``: its vocab.txt, or ``vocab_file`` (--vocab),
+    which must then define as many ids as the model's vocab_size."""
+    if vocab_file:
+        if not os.path.isfile(vocab_file):
+            raise ConfigError(f"--vocab {vocab_file}: no such file")
+        check_vocab_fits(vocab_file, BertConfig.from_json_file(os.path.join(path, CONFIG_NAME)).vocab_size)
     vocab_file = vocab_file or os.path.join(path, "vocab.txt")
     if not os.path.isfile(vocab_file):
         raise CheckpointError(f"{path}: no vocab.txt in the checkpoint (pass --vocab FILE)")
@@ -139,6 +146,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
     if n == 0:
         raise EvalDataError(f"{what}: no training features")
     check_train(opts, epochs)
+    check_inputs(model.config, arrays["input_ids"], arrays.get("token_type_ids"))
     steps = int(opts.steps) if opts.steps else int(n_examples / opts.batch_size * epochs)
     if steps < 1:
         raise ConfigError(f"{what}: {n_examples} examples / batch {opts.batch_size} * {epochs:g} epochs is less "
@@ -338,6 +346,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     ``stats`` (a dict) receives the graphs built, their build seconds, the rows per call and the
     token positions computed (padding included)."""
     model.eval()
+    check_inputs(model.config, inputs[0], inputs[1])  # on the host, once: graphs do not check
     n = len(inputs[0])
     width = int(inputs[0].shape[1])
     bucket = bucket and mode == "eager"
