@@ -182,6 +182,9 @@ def _tf_runs(source, batches: dict, dtype: str):
                 for name, batch in batches.items()}
     layout = reference_np.layout_for(source)
     weights = layout.as_google()
+    H = source.config.hidden_size  # Google's model always builds a pooler; a file without one (QA, token
+    weights.setdefault("bert/pooler/dense/kernel", np.zeros((H, H), np.float32))  # heads) never reads it
+    weights.setdefault("bert/pooler/dense/bias", np.zeros((H,), np.float32))
     cfg.update(bert_of_hidden_act=layout.act, layer_norm_eps=layout.eps)
     return {name: tf_reference.forward_numpy_weights(weights, cfg, batch, dtype=dtype)
             for name, batch in batches.items()}
