@@ -21,8 +21,12 @@ What transformers 4.57 writes, and so what ``write`` mimics (checked against
 - no ``position_ids`` / ``token_type_ids`` buffers (non-persistent since 4.31;
   older files have ``bert.embeddings.position_ids``, an arange);
 - ``BertModel`` with bare names; ``BertForPreTraining``/``...ForSequenceClassification``
-  with the ``bert.`` prefix; ``BertForQuestionAnswering`` and ``BertForMaskedLM``
-  have **no pooler**;
+  with the ``bert.`` prefix; ``BertForQuestionAnswering``, ``BertForMaskedLM`` and
+  ``BertForTokenClassification`` have **no pooler**;
+- ``classifier.*`` is the same pair of tensors in ``...ForSequenceClassification`` (on the pooled
+  output) and ``...ForTokenClassification`` (on every position): ``architectures`` says which,
+  read into ``BertConfig.classifier_kind`` and written back from it; ``id2label`` (string ids),
+  ``label2id`` and ``problem_type`` travel in BertConfig's fields of the same names;
 - ``config.json``: sorted keys, indent 2, ``model_type "bert"``, ``architectures``.
 
 Reading: tied decoder tensors are checked equal to what bert_of ties them to
@@ -460,6 +464,9 @@ def inspect(path: str) -> dict:
         out.append({"name": n, "shape": list(weights.shape(n)), "dtype": str(weights.dtype(n)), "kind": kind})
     if "classifier.weight" in names and weights.shape("classifier.weight")[:1]:
         config.num_labels = weights.shape("classifier.weight")[0]
+        arch = config.extra.get("architectures")
+        if isinstance(arch, list) and arch and arch[0] in _CLASSIFIER_KIND:
+            config.classifier_kind = _CLASSIFIER_KIND[arch[0]]
     return {"config": config.to_dict(), "tensors": out, "path": weights.file}
 
 

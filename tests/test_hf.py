@@ -624,3 +624,30 @@ def test_of_dir_is_not_read_as_hf(tiny_of, tmp_path):
     (tmp_path / "out").mkdir()
     fails("convert", "hf2of", tiny_of, "-o", tmp_path / "out" / "x", needle="this is a bert_of config.json",
           out_parent=tmp_path / "out")
+
+
+@pytest.mark.parametrize("fmt", ["h5", "tf", "lazy", "ofsd"])
+def test_token_classifier_kind_survives_every_format_that_records_it(tmp_path, fmt):
+    """hf -> of -> X -> of: still a token classifier with its tag names; both steps --verify'd
+    against the NumPy reference of the file read (X's own layout and config)."""
+    src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
+    # (a lazy snapshot computes LayerNorm eps 1e-5 whatever it was written from: read back, it records that)
+    run_cli("convert", f"of2{fmt}", tmp_path / "of", "-o", tmp_path / fmt, *(["--verify"] if fmt != "lazy" else []))
+    extra = ["--config", tmp_path / "of" / "config.json"] if fmt == "ofsd" else []
+    r = run_cli("convert", f"{fmt}2of", tmp_path / fmt, "-o", tmp_path / "back", "--vocab",
+                os.path.join(src, "vocab.txt"), "--verify", *extra)
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert report["ok"] and "logits" in report["outputs"]
+    cfg = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert cfg["classifier_kind"] == "token" and cfg["id2label"] == {str(i): t for i, t in enumerate(TAGS)}
+    back = st(tmp_path / "back")
+    for k in ("classifier.weight", "classifier.bias"):
+        assert back[k].tobytes() == st(src)[k].tobytes()
+
+
+def test_a_format_without_a_token_classifier_says_so(tmp_path):
+    src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
+    r = run_cli("convert", "of2libai", tmp_path / "of", "-o", tmp_path / "libai")
+    assert "libai does not record a token classifier" in r.stdout + r.stderr
