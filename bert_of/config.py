@@ -70,8 +70,9 @@ CLASSIFIER_KINDS = ("sequence", "token")
 # transformers' config.problem_type values (BertForSequenceClassification's loss).
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
-# The classifier's task in a Google bert_config.json (bert_of's keys; Google's code ignores them).
-_GOOGLE_TASK_KEYS = {"classifier_kind": "bert_of_classifier_kind", "id2label": "id2label", "problem_type": "problem_type"}
+# The classifier's kind in a Google bert_config.json (bert_of's key; Google's code ignores it, and
+# id2label / problem_type, which to_google_dict writes as HF spells them).
+_GOOGLE_KIND_KEY = "bert_of_classifier_kind"
 
 # Keys without which no architecture can be built; the rest have Google's defaults.
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -281,7 +282,9 @@ class BertConfig:
                 d[k] = 0.0
         kw = {k: d.pop(k) for k in _GOOGLE_KEYS if k in d}
         # the classifier's task, as to_google_dict records it (Google's code reads none of it)
-        kw.update({k: d.pop(g) for k, g in _GOOGLE_TASK_KEYS.items() if g in d})
+        kw.update(pop_task_fields(d))
+        if _GOOGLE_KIND_KEY in d:
+            kw["classifier_kind"] = d.pop(_GOOGLE_KIND_KEY)
         if isinstance(kw.get("id2label"), dict) and num_labels == 2:  # Google's configs hold no label count
             num_labels = len(kw["id2label"]) or 2
         try:
@@ -300,7 +303,9 @@ class BertConfig:
         if self.layer_norm_eps != PROVENANCE_LN_EPS["tf1"]:
             d["layer_norm_eps"] = self.layer_norm_eps
         task = self.to_dict()
-        d.update({g: task[k] for k, g in _GOOGLE_TASK_KEYS.items() if k in task})
+        d.update({k: task[k] for k in ("id2label", "problem_type") if k in task})
+        if self.classifier_kind != "sequence":
+            d[_GOOGLE_KIND_KEY] = self.classifier_kind
         d.update(self.extra)
         return d
 
@@ -316,6 +321,23 @@ class BertConfig:
         if not math.isclose(self.layer_norm_eps, 1e-12, rel_tol=1e-9):
             reasons.append(f"layer_norm_eps {self.layer_norm_eps:g} (Google's code uses 1e-12)")
         return "; ".join(reasons) or None
+
+
+def pop_task_fields(d: dict) -> dict:
+    """BertConfig's ``id2label`` / ``problem_type`` popped from a config dict spelled as HF's
+    config.json spells them, when BertConfig can hold them (ids "0".."n-1" to distinct names;
+    ``label2id`` popped too when it is their inverse). Any other value stays in ``d`` (kept in
+    ``extra``, written back as it was)."""
+    kw = {}
+    names = d.get("id2label")
+    if isinstance(names, dict) and names and all(isinstance(v, str) and v for v in names.values()) \
+            and sorted(names) == sorted(str(i) for i in range(len(names))) and len(set(names.values())) == len(names):
+        kw["id2label"] = d.pop("id2label")
+        if d.get("label2id") == {v: int(k) for k, v in names.items()}:
+            del d["label2id"]
+    if d.get("problem_type") in PROBLEM_TYPES:
+        kw["problem_type"] = d.pop("problem_type")
+    return kw
 
 
 def _number(v) -> bool:

@@ -52,7 +52,7 @@ import os
 import numpy as np
 
 from bert_of.checkpoint import SafetensorsFile, TensorSpec, copy_file, write_safetensors
-from bert_of.config import HF_ACT, PROBLEM_TYPES, BertConfig
+from bert_of.config import HF_ACT, BertConfig, pop_task_fields
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import read_json, write_json, writes_to
 from bert_of.converters.common import Options, ReportLine, Source, lower_case_of
@@ -188,7 +188,7 @@ def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
         num_labels = len(d["id2label"])
     if isinstance(d.get("num_labels"), int):
         num_labels = d["num_labels"]
-    kw.update(_task_fields(d))
+    kw.update(pop_task_fields(d))
     if numerics == "tf1":
         act, kw["layer_norm_eps"] = "gelu_tanh", 1e-12
     elif numerics == "lazy":
@@ -202,23 +202,6 @@ def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
         raise ConfigError(f"{where}: {e}") from None
     except ConfigError as e:
         raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
-
-
-def _task_fields(d: dict) -> dict:
-    """BertConfig's id2label / problem_type, popped from an HF config dict when bert_of can hold them
-    (ids "0".."n-1" to distinct names; label2id popped too when it is their inverse). Any other
-    spelling stays in ``d`` (``extra``), written back as it was."""
-    kw = {}
-    names = d.get("id2label")
-    if isinstance(names, dict) and names and all(isinstance(v, str) and v for v in names.values()) \
-            and sorted(names) == sorted(str(i) for i in range(len(names))) and len(set(names.values())) == len(names):
-        kw["id2label"] = d.pop("id2label")
-        inverse = {v: int(k) for k, v in names.items()}
-        if d.get("label2id") == inverse:
-            del d["label2id"]
-    if d.get("problem_type") in PROBLEM_TYPES:
-        kw["problem_type"] = d.pop("problem_type")
-    return kw
 
 
 def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> dict:
