@@ -73,6 +73,8 @@ def _arrays(table, max_seq: int, tok, targets=None) -> dict:
 
 
 def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "auto"):
+    if not opts.label_separator:
+        raise ConfigError("--label-separator: empty (a multi-label cell needs a separator between its classes)")
     return read_table(path, opts.text_column, opts.text_pair_column, opts.label_column if need_labels else None,
                       need_labels=need_labels, problem=problem, label_separator=opts.label_separator)
 
