@@ -61,6 +61,18 @@ _MAX_PARAMETERS = 2 ** 40
 LAYERNORM_PLACEMENTS = ("post", "pre")
 # Fields written to config.json only when set (every original-BERT config leaves them out).
 _OPTIONAL_NUMERICS = ("layernorm_placement", "query_key_layer_scaling", "head_layer_norm_eps")
+# The classifier head's task, written only when set.
+_OPTIONAL_TASK = ("classifier_kind", "id2label", "problem_type")
+
+# What a ``classifier.*`` head reads (the tensors are named alike in both): "sequence" the pooled
+# [CLS] output (BertForSequenceClassification), "token" every position (BertForTokenClassification).
+CLASSIFIER_KINDS = ("sequence", "token")
+# transformers' config.problem_type values (BertForSequenceClassification's loss).
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+# The classifier's kind in a Google bert_config.json (bert_of's key; Google's code ignores it, and
+# id2label / problem_type, which to_google_dict writes as HF spells them).
+_GOOGLE_KIND_KEY = "bert_of_classifier_kind"
 
 # Keys without which no architecture can be built; the rest have Google's defaults.
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -90,10 +102,18 @@ class BertConfig:
     query_key_layer_scaling: bool = False
     # LayerNorm eps of the MLM head's transform when it differs from layer_norm_eps (LiBai: 1e-5).
     head_layer_norm_eps: Optional[float] = None
+    # The classifier head's task (CLASSIFIER_KINDS), its class names by id (HF's id2label; label2id
+    # is the inverse) and HF's problem_type (PROBLEM_TYPES, or None: from num_labels as HF infers it).
+    classifier_kind: str = "sequence"
+    id2label: Optional[dict] = None
+    problem_type: Optional[str] = None
     # Keys of the source config that bert_of does not use, kept for the round trip.
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        if isinstance(self.id2label, dict):  # JSON keys are strings: "0" -> 0
+            self.id2label = {(int(k) if isinstance(k, str) and k.isdigit() and k.isascii() else k): v
+                             for k, v in self.id2label.items()}
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -140,6 +160,20 @@ class BertConfig:
         if self.head_layer_norm_eps is not None and not (_number(self.head_layer_norm_eps) and
                                                          0 < self.head_layer_norm_eps < 1):
             raise ConfigError(f"config: head_layer_norm_eps must be in (0, 1), got {self.head_layer_norm_eps!r}")
+        if self.classifier_kind not in CLASSIFIER_KINDS:
+            raise ConfigError(f"config: classifier_kind {self.classifier_kind!r} is not one of "
+                              f"{', '.join(CLASSIFIER_KINDS)}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ConfigError(f"config: problem_type {self.problem_type!r} is not one of {', '.join(PROBLEM_TYPES)}")
+        if self.id2label is not None:
+            names = self.id2label
+            if not isinstance(names, dict) or any(isinstance(k, bool) for k in names) or \
+                    set(names) != set(range(len(names))):
+                raise ConfigError("config: id2label must map the ids 0..n-1 to class names")
+            if any(not isinstance(v, str) or not v for v in names.values()) or len(set(names.values())) < len(names):
+                raise ConfigError("config: id2label's class names must be distinct non-empty strings")
+            if len(names) != self.num_labels:
+                raise ConfigError(f"config: id2label names {len(names)} classes but num_labels is {self.num_labels}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"config: extra must be an object, got {type(self.extra).__name__}")
 
@@ -171,6 +205,11 @@ class BertConfig:
         return notes
 
     @property
+    def label2id(self) -> Optional[dict]:
+        """Class name -> id (the inverse of ``id2label``), or None."""
+        return None if self.id2label is None else {v: k for k, v in sorted(self.id2label.items())}
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -187,7 +226,9 @@ class BertConfig:
     # ------------------------------------------------------------- bert_of json
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"
-             and not (f.name in _OPTIONAL_NUMERICS and getattr(self, f.name) == f.default)}
+             and not (f.name in _OPTIONAL_NUMERICS + _OPTIONAL_TASK and getattr(self, f.name) == f.default)}
+        if self.id2label is not None:
+            d["id2label"] = {str(k): v for k, v in sorted(self.id2label.items())}
         if self.extra:
             d["extra"] = dict(self.extra)
         return d
@@ -240,6 +281,12 @@ class BertConfig:
             if k in d and d[k] is None:  # modeling.dropout: None means no dropout
                 d[k] = 0.0
         kw = {k: d.pop(k) for k in _GOOGLE_KEYS if k in d}
+        # the classifier's task, as to_google_dict records it (Google's code reads none of it)
+        kw.update(pop_task_fields(d))
+        if _GOOGLE_KIND_KEY in d:
+            kw["classifier_kind"] = d.pop(_GOOGLE_KIND_KEY)
+        if isinstance(kw.get("id2label"), dict) and num_labels == 2:  # Google's configs hold no label count
+            num_labels = len(kw["id2label"]) or 2
         try:
             return cls(hidden_act=act, layer_norm_eps=eps, num_labels=num_labels, provenance="tf1", extra=d, **kw)
         except ConfigError as e:
@@ -255,6 +302,10 @@ class BertConfig:
             d["hidden_act"] = "gelu"  # no silu in Google's code; the exact name travels beside it
         if self.layer_norm_eps != PROVENANCE_LN_EPS["tf1"]:
             d["layer_norm_eps"] = self.layer_norm_eps
+        task = self.to_dict()
+        d.update({k: task[k] for k in ("id2label", "problem_type") if k in task})
+        if self.classifier_kind != "sequence":
+            d[_GOOGLE_KIND_KEY] = self.classifier_kind
         d.update(self.extra)
         return d
 
@@ -270,6 +321,23 @@ class BertConfig:
         if not math.isclose(self.layer_norm_eps, 1e-12, rel_tol=1e-9):
             reasons.append(f"layer_norm_eps {self.layer_norm_eps:g} (Google's code uses 1e-12)")
         return "; ".join(reasons) or None
+
+
+def pop_task_fields(d: dict) -> dict:
+    """BertConfig's ``id2label`` / ``problem_type`` popped from a config dict spelled as HF's
+    config.json spells them, when BertConfig can hold them (ids "0".."n-1" to distinct names;
+    ``label2id`` popped too when it is their inverse). Any other value stays in ``d`` (kept in
+    ``extra``, written back as it was)."""
+    kw = {}
+    names = d.get("id2label")
+    if isinstance(names, dict) and names and all(isinstance(v, str) and v for v in names.values()) \
+            and sorted(names) == sorted(str(i) for i in range(len(names))) and len(set(names.values())) == len(names):
+        kw["id2label"] = d.pop("id2label")
+        if d.get("label2id") == {v: int(k) for k, v in names.items()}:
+            del d["label2id"]
+    if d.get("problem_type") in PROBLEM_TYPES:
+        kw["problem_type"] = d.pop("problem_type")
+    return kw
 
 
 def _number(v) -> bool:

@@ -656,7 +656,7 @@ class BertForSequenceClassification(_WithBert):
     """Classifier on the pooled output (Google's run_classifier ``output_weights``)."""
 
     def __init__(self, config: BertConfig):
-        super().__init__(config)
+        super().__init__(replace(config, classifier_kind="sequence") if config.classifier_kind != "sequence" else config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
@@ -665,7 +665,9 @@ class BertForSequenceClassification(_WithBert):
         """-> logits [B, num_labels] (plus sequence/pooled).
 
         With ``labels`` also the loss: cross-entropy over int64 class ids [B]; for a one-output
-        (regression, STS-B) head, the mean squared error to float targets [B].
+        (regression, STS-B) head, the mean squared error to float targets [B]; with
+        ``config.problem_type`` "multi_label_classification", the mean binary cross-entropy of the
+        sigmoid to 0/1 targets [B, num_labels] (transformers' BCEWithLogitsLoss).
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         labels = as_input(labels, "labels", self.classifier.weight, ids=False)
@@ -677,6 +679,9 @@ class BertForSequenceClassification(_WithBert):
                 target = labels if labels.dtype == res.logits.dtype else labels.to(res.logits.dtype)
                 diff = res.logits.reshape(-1) - target
                 res.loss = (diff * diff).mean()
+            elif self.config.problem_type == "multi_label_classification":
+                target = labels if labels.dtype == res.logits.dtype else labels.to(res.logits.dtype)
+                res.loss = flow.nn.functional.binary_cross_entropy_with_logits(res.logits, target)
             else:
                 res.loss = flow.nn.functional.cross_entropy(res.logits, labels)
         return res if return_dict is None or return_dict else res.to_tuple()
@@ -689,7 +694,7 @@ class BertForTokenClassification(_WithBert):
     """A tag per token on the sequence output (HF's ``BertForTokenClassification``, same names)."""
 
     def __init__(self, config: BertConfig):
-        super().__init__(config)
+        super().__init__(replace(config, classifier_kind="token") if config.classifier_kind != "token" else config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 

@@ -107,6 +107,11 @@ def _counted(source: Source, desc: str):
                 setattr(source, key, group)
 
 
+# Formats whose files record that a classifier.* head is a token classifier (config.classifier_kind):
+# bert_of's config.json (of, ofsd), HF's architectures (hf, h5), bert_config.json's bert_of key (tf, lazy).
+TOKEN_CLASSIFIER_FORMATS = ("of", "ofsd", "hf", "h5", "tf", "lazy")
+
+
 def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
     """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
 
@@ -133,6 +138,10 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
                 notes = target.write_files(source, stage, opts) or []
                 if not hasattr(target, "PRE_LN") and b != "of":  # an original-BERT format: what it drops
                     notes += source.config.numerics_notes()
+                if source.config.classifier_kind == "token" and b not in TOKEN_CLASSIFIER_FORMATS and \
+                        any(s.name == "classifier.weight" for s, _ in source.tensors):
+                    notes.append(f"note: {b} does not record a token classifier: classifier.* written as they "
+                                 f"are, read back as a sequence classifier (on the pooled output)")
             if check is not None:
                 check(source, stage)
     except OutputError as e:  # name the file as the user will know it, not its staging path

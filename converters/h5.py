@@ -126,13 +126,15 @@ LAYOUTS = {
                  [("qa_outputs", QA)]),
     "classifier": Layout("TFBertForSequenceClassification", "tf_bert_for_sequence_classification",
                          ["bert", "classifier"], True, [("classifier", CLASSIFIER)]),
+    # the same classifier.* on every position (config.classifier_kind "token"), no pooler
+    "token": Layout("TFBertForTokenClassification", "tf_bert_for_token_classification", ["bert", "classifier"],
+                    False, [("classifier", CLASSIFIER)]),
 }
 # Keras scopes of transformers' TF BERT classes bert_of has no head for.
 UNSUPPORTED = {
     "tf_bert_for_masked_lm": "TFBertForMaskedLM",
     "tf_bert_lm_head_model": "TFBertLMHeadModel",
     "tf_bert_for_next_sentence_prediction": "TFBertForNextSentencePrediction",
-    "tf_bert_for_token_classification": "TFBertForTokenClassification",
     "tf_bert_for_multiple_choice": "TFBertForMultipleChoice",
 }
 
@@ -257,8 +259,10 @@ def _layout_for(path: str, scope: str, groups: set, has_pooler: bool) -> str:
     if "qa_outputs" in groups:
         return "qa"
     if "classifier" in groups:
+        if base == LAYOUTS["token"].scope:
+            return "token"
         if not has_pooler:
-            raise CheckpointError(f"{path}: a classifier without a pooler (a token classifier) is not supported")
+            raise CheckpointError(f"{path}: a sequence classifier without a pooler (the head reads the pooled output)")
         return "classifier"
     return "model"
 
@@ -286,6 +290,8 @@ def _read(f, h5: str, opts: Options) -> Source:
 
     cfg_path = opts.config or os.path.join(os.path.dirname(h5) or ".", CONFIG_FILE)
     config = _hf_config(cfg_path, opts.numerics)
+    if layout is LAYOUTS["token"]:
+        config.classifier_kind = "token"
     vocab = opts.vocab or os.path.join(os.path.dirname(h5) or ".", VOCAB_FILE)
     if opts.vocab and not os.path.isfile(vocab):
         raise CheckpointError(f"{vocab}: vocab file not found")
@@ -339,13 +345,13 @@ def _read(f, h5: str, opts: Options) -> Source:
 # --------------------------------------------------------------------------- writing
 
 
-def _layout_of(names: set, notes: list) -> Layout:
+def _layout_of(names: set, notes: list, kind: str = "sequence") -> Layout:
     """The transformers class a set of canonical tensors is: a fine-tuned head wins."""
     heads = {"pretraining": any(n.startswith("cls.") for n in names), "qa": "qa_outputs.weight" in names,
              "classifier": "classifier.weight" in names}
     for key in ("qa", "classifier"):
         if heads[key]:
-            return LAYOUTS[key]
+            return LAYOUTS["token" if key == "classifier" and kind == "token" else key]
     if heads["pretraining"]:
         if {"cls.predictions.bias", "cls.seq_relationship.weight"} <= names:
             return LAYOUTS["pretraining"]
@@ -396,7 +402,7 @@ def write_files(source: Source, d: str, opts: Options) -> list:
 
     notes = []
     by_name = {s.name: (s, p) for s, p in source.tensors}
-    layout = _layout_of(set(by_name), notes)
+    layout = _layout_of(set(by_name), notes, source.config.classifier_kind)
     rows = layout.weights(source.config.num_hidden_layers)
     placed = {c for _, _, c, _ in rows}
     for name, (spec, prod) in by_name.items():

@@ -21,8 +21,12 @@ What transformers 4.57 writes, and so what ``write`` mimics (checked against
 - no ``position_ids`` / ``token_type_ids`` buffers (non-persistent since 4.31;
   older files have ``bert.embeddings.position_ids``, an arange);
 - ``BertModel`` with bare names; ``BertForPreTraining``/``...ForSequenceClassification``
-  with the ``bert.`` prefix; ``BertForQuestionAnswering`` and ``BertForMaskedLM``
-  have **no pooler**;
+  with the ``bert.`` prefix; ``BertForQuestionAnswering``, ``BertForMaskedLM`` and
+  ``BertForTokenClassification`` have **no pooler**;
+- ``classifier.*`` is the same pair of tensors in ``...ForSequenceClassification`` (on the pooled
+  output) and ``...ForTokenClassification`` (on every position): ``architectures`` says which,
+  read into ``BertConfig.classifier_kind`` and written back from it; ``id2label`` (string ids),
+  ``label2id`` and ``problem_type`` travel in BertConfig's fields of the same names;
 - ``config.json``: sorted keys, indent 2, ``model_type "bert"``, ``architectures``.
 
 Reading: tied decoder tensors are checked equal to what bert_of ties them to
@@ -48,12 +52,12 @@ import os
 import numpy as np
 
 from bert_of.checkpoint import SafetensorsFile, TensorSpec, copy_file, write_safetensors
-from bert_of.config import HF_ACT, BertConfig
+from bert_of.config import HF_ACT, BertConfig, pop_task_fields
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import read_json, write_json, writes_to
 from bert_of.converters.common import Options, ReportLine, Source, lower_case_of
 from bert_of.converters.mapping import Table, spell
-from bert_of.converters.reader import POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros, sort
+from bert_of.converters.reader import CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros, sort
 from bert_of.converters.torch_zip import TorchZipFile
 from bert_of.tokenization import read_vocab_lines
 
@@ -109,15 +113,18 @@ _ARCH = {
     "nsp": ("BertForNextSentencePrediction", True),
     "qa": ("BertForQuestionAnswering", False),
     "classifier": ("BertForSequenceClassification", True),
+    "token": ("BertForTokenClassification", False),  # classifier.* on every position (config.classifier_kind)
     "bare": ("BertModel", True),
 }
+# HF class -> bert_of's config.classifier_kind, for the classes whose classifier.* bert_of computes.
+_CLASSIFIER_KIND = {"BertForSequenceClassification": "sequence", "BertForTokenClassification": "token"}
 # HF classes built without a pooler (add_pooling_layer=False).
 _NO_POOLER = ("BertForQuestionAnswering", "BertForMaskedLM", "BertForTokenClassification", "BertLMHeadModel")
-# HF classes whose classifier.* is not bert_of's pooled sequence classifier.
-_OTHER_CLASSIFIERS = ("BertForTokenClassification", "BertForMultipleChoice")
+# HF classes whose classifier.* bert_of computes as neither of those.
+_OTHER_CLASSIFIERS = ("BertForMultipleChoice",)
 
 
-def _head_kind(names) -> str:
+def _head_kind(names, config: BertConfig | None = None) -> str:
     names = set(names)
     mlm = any(n.startswith("cls.predictions.") for n in names)
     nsp = any(n.startswith("cls.seq_relationship.") for n in names)
@@ -130,7 +137,7 @@ def _head_kind(names) -> str:
     if any(n.startswith("qa_outputs.") for n in names):
         return "qa"
     if any(n.startswith("classifier.") for n in names):
-        return "classifier"
+        return "token" if config is not None and config.classifier_kind == "token" else "classifier"
     return "bare"
 
 
@@ -181,6 +188,7 @@ def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
         num_labels = len(d["id2label"])
     if isinstance(d.get("num_labels"), int):
         num_labels = d["num_labels"]
+    kw.update(pop_task_fields(d))
     if numerics == "tf1":
         act, kw["layer_norm_eps"] = "gelu_tanh", 1e-12
     elif numerics == "lazy":
@@ -208,6 +216,11 @@ def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> d
     d["hidden_act"] = label
     d["model_type"] = "bert"
     d.setdefault("architectures", architectures)
+    if config.id2label is not None:
+        d["id2label"] = {str(i): v for i, v in sorted(config.id2label.items())}
+        d.setdefault("label2id", config.label2id)
+    if config.problem_type is not None:
+        d["problem_type"] = config.problem_type
     if config.num_labels != 2 and "id2label" not in d and "num_labels" not in d:
         d["id2label"] = {str(i): f"LABEL_{i}" for i in range(config.num_labels)}
         d["label2id"] = {f"LABEL_{i}": i for i in range(config.num_labels)}
@@ -352,9 +365,11 @@ def read(path: str, opts: Options) -> Source:
         e.read = _producer(weights, e.name, twins.get(h.target, []), where)
 
     kept = {h.target for _, h in found.model}
-    kind = _head_kind(kept)
     arch = config.extra.get("architectures")
     arch0 = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
+    if CLASSIFIER in kept and arch0 in _CLASSIFIER_KIND:  # the same tensors: the class says what they compute
+        config.classifier_kind = _CLASSIFIER_KIND[arch0]
+    kind = _head_kind(kept, config)
     if arch == [_ARCH[kind][0]]:
         del config.extra["architectures"]  # recomputed on write
     head_note = ""
@@ -364,7 +379,7 @@ def read(path: str, opts: Options) -> Source:
     if not any(p in kept for p in POOLER):
         head_note = head_note or (f"no pooler in the source ({arch0 or _ARCH[kind][0]} has none): "
                                   f"bert.pooler filled with zeros" + (", which this head does not read"
-                                                                      if kind in ("qa", "mlm") else ""))
+                                                                      if kind in ("qa", "mlm", "token") else ""))
         word = next((e for e, h in found.model if h.target == WORD_EMB), None)
         fill = pooler_zeros(config, word.dtype if word else np.float32)
     has_head = any(not c.startswith("bert.") for c in kept)
@@ -432,6 +447,9 @@ def inspect(path: str) -> dict:
         out.append({"name": n, "shape": list(weights.shape(n)), "dtype": str(weights.dtype(n)), "kind": kind})
     if "classifier.weight" in names and weights.shape("classifier.weight")[:1]:
         config.num_labels = weights.shape("classifier.weight")[0]
+        arch = config.extra.get("architectures")
+        if isinstance(arch, list) and arch and arch[0] in _CLASSIFIER_KIND:
+            config.classifier_kind = _CLASSIFIER_KIND[arch[0]]
     return {"config": config.to_dict(), "tensors": out, "path": weights.file}
 
 
@@ -449,10 +467,12 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     """
     notes = []
     by_name = {s.name: (s, p) for s, p in source.tensors}
-    kind = _head_kind(by_name)
+    kind = _head_kind(by_name, source.config)
     cls_name = _ARCH[kind][0]
     arch = source.config.extra.get("architectures")
     label = arch[0] if isinstance(arch, list) and arch and isinstance(arch[0], str) else cls_name
+    if label in _CLASSIFIER_KIND and cls_name in _CLASSIFIER_KIND:  # the config's classifier_kind decides
+        label = cls_name
     has_pooler = label not in _NO_POOLER
     families = {f for f, prefix in (("cls", "cls."), ("qa", "qa_outputs."), ("classifier", "classifier."))
                 if any(n.startswith(prefix) for n in by_name)}
@@ -478,6 +498,8 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     floats = sorted({np.dtype(s.dtype).name for s, _ in items if np.dtype(s.dtype).kind == "f"
                      or np.dtype(s.dtype).name == "bfloat16"})
     cfg = config_to_hf(source.config, [cls_name], floats[0] if len(floats) == 1 else None)
+    if label != cfg["architectures"][0] and label == cls_name:
+        cfg["architectures"] = [cls_name]
 
     producers = {s.name: p for s, p in items}
     write_safetensors(os.path.join(d, SAFETENSORS), [s for s, _ in items], lambda s: producers[s.name](),

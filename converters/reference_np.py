@@ -105,6 +105,11 @@ class Layout:
     def has(self, role: str) -> bool:
         return self.stored(role) is not None
 
+    def token_classifier(self) -> bool:
+        """Whether the file's own config says its classifier reads every position (a token
+        classifier), not the pooled output."""
+        return False
+
     def vector(self, role: str, i: int = 0):
         return np.asarray(self.tensors[self.stored(role, i)](), np.float64)
 
@@ -167,6 +172,9 @@ def _roles(dense, vec, ln, emb, heads):
 
 class Google(Layout):
     name = "tf"
+
+    def token_classifier(self):  # the key bert_of writes beside Google's (Google's code has no token head)
+        return self.config.get("bert_of_classifier_kind") == "token"
     _L = "bert/encoder/layer_{i}/"
     NAMES = _roles(
         {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
@@ -214,10 +222,18 @@ class HuggingFace(Layout):
     def spell(self, name):
         return name[len("bert."):] if self.bare and name.startswith("bert.") else name
 
+    def token_classifier(self):  # transformers' class, as config.json names it
+        arch = self.config.get("architectures")
+        return isinstance(arch, list) and bool(arch) and arch[0] in ("BertForTokenClassification",
+                                                                   "TFBertForTokenClassification")
+
 
 class BertOf(HuggingFace):
     name = "of"
     mask_value = -10000.0
+
+    def token_classifier(self):  # bert_of's config.json: classifier_kind
+        return self.config.get("classifier_kind") == "token"
 
 
 class Keras(Layout):
@@ -238,6 +254,7 @@ class Keras(Layout):
          "type": "bert/embeddings/token_type_embeddings/embeddings:0",
          "pos": "bert/embeddings/position_embeddings/embeddings:0", "mlm_bias": "mlm___cls/predictions/bias:0"},
         {})
+    token_classifier = HuggingFace.token_classifier
 
     def __init__(self, tensors, config, numerics):
         # datasets are <layer group>/<model scope>/<weight name>: the weight name is what Keras matches
@@ -253,6 +270,7 @@ def _dashed(names: dict) -> dict:
 
 class Lazy(Layout):
     name = "lazy"
+    token_classifier = Google.token_classifier
     NAMES = {**_dashed(Google.NAMES), **_roles({}, None, {}, {}, {
         "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: a dense [H, 2]
                ("cls-squad-output_weights", "cls-squad-output_bias", "out_in")],  # Google's names
@@ -397,7 +415,8 @@ def layout_for(source) -> Layout:
             # bert_of's config holds LiBai's post-LN as the shifted post-LN BERT, its pre-LN as "pre"
             return LiBai(source.stored, {}, (act, eps), residual_post_ln=c.layernorm_placement != "pre",
                          head_eps=c.head_layer_norm_eps if c.head_layer_norm_eps is not None else 1e-5)
-        return NATIVE[source.format](source.stored, {}, (act, eps))
+        own = {"classifier_kind": c.classifier_kind} if source.format == "ofsd" else {}  # bert_of's config
+        return NATIVE[source.format](source.stored, own, (act, eps))
     config = read_config(source.config_file) if source.config_file and os.path.isfile(source.config_file) else {}
     act, eps = numerics(source.format, config, source.native_numerics or source.config.provenance)
     if act not in ACTIVATIONS:
@@ -410,7 +429,7 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
 
     Returns the outputs the checkpoint has heads for: sequence_output [B, S, H], pooled_output
     [B, H], prediction_logits [B, S, V] (MLM on every position), seq_relationship_logits [B, 2],
-    start_logits / end_logits [B, S], logits [B, L]."""
+    start_logits / end_logits [B, S], logits [B, L] (a token classifier: [B, S, L])."""
     ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
     if hasattr(layout, "forward"):  # a codebase whose placement is its own (LiBai)
         return layout.forward(batch, num_heads)
@@ -447,7 +466,10 @@ def heads_of(layout: Layout, x, word, act, head_eps: float) -> dict:
         w, b = layout.dense("qa")
         logits = x @ w + b
         out["start_logits"], out["end_logits"] = logits[..., 0], logits[..., 1]
-    if layout.has("clf.w") and pooled is not None:
+    if layout.has("clf.w") and layout.token_classifier():  # every position (no pooler read)
+        w, b = layout.dense("clf")
+        out["logits"] = x @ w + b
+    elif layout.has("clf.w") and pooled is not None:
         w, b = layout.dense("clf")
         out["logits"] = pooled @ w + b
     return out

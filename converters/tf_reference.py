@@ -94,6 +94,8 @@ class _Cfg:
         self.max_position_embeddings = int(c.get("max_position_embeddings", 512))
         self.type_vocab_size = int(c.get("type_vocab_size", 2))
         self.initializer_range = float(c.get("initializer_range", 0.02))
+        # bert_of's token classifier (bert_config.json written by bert_of): output_weights on every position
+        self.token_classifier = c.get("bert_of_classifier_kind") == "token"
         # bert_of stores its exact activation beside Google's label.
         act = c.get("bert_of_hidden_act")
         if act is None:
@@ -467,7 +469,10 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
         logits = tf.transpose(logits, [2, 0, 1])
         start, end = tf.unstack(logits, axis=0)
         outs["start_logits"], outs["end_logits"] = start, end
-    if "classifier" in heads:
+    if "classifier" in heads and cfg.token_classifier:
+        logits = tf.matmul(tf.reshape(seq, [B * S, H]), w["output_weights"], transpose_b=True)
+        outs["logits"] = tf.reshape(tf.nn.bias_add(logits, w["output_bias"]), [B, S, -1])
+    elif "classifier" in heads:
         logits = tf.matmul(pooled, w["output_weights"], transpose_b=True)
         outs["logits"] = tf.nn.bias_add(logits, w["output_bias"])
     return outs

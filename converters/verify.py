@@ -107,10 +107,13 @@ def _stack(batches: list) -> dict:
 def _bert_of_runs(source, batches: dict, modes, device: str = "cpu") -> dict:
     """{mode: {batch: {output: np.ndarray}}} for bert_of on a Source's tensors, on ``device``."""
     from bert_of._flow import flow
-    from bert_of.modeling import BertGraph, model_class_for
+    from bert_of.modeling import BertForSequenceClassification, BertForTokenClassification, BertGraph, model_class_for
 
     tensors = source.load()
-    model = model_class_for(tensors)(source.config)
+    cls = model_class_for(tensors)
+    if cls is BertForSequenceClassification and source.config.classifier_kind == "token":  # same tensor names
+        cls = BertForTokenClassification
+    model = cls(source.config)
     model.load_canonical({k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" or
                           np.asarray(v).dtype.name == "bfloat16" else v for k, v in tensors.items()},
                          strict_heads=True)
@@ -179,6 +182,9 @@ def _tf_runs(source, batches: dict, dtype: str):
                 for name, batch in batches.items()}
     layout = reference_np.layout_for(source)
     weights = layout.as_google()
+    H = source.config.hidden_size  # Google's model always builds a pooler; a file without one (QA, token
+    weights.setdefault("bert/pooler/dense/kernel", np.zeros((H, H), np.float32))  # heads) never reads it
+    weights.setdefault("bert/pooler/dense/bias", np.zeros((H,), np.float32))
     cfg.update(bert_of_hidden_act=layout.act, layer_norm_eps=layout.eps)
     return {name: tf_reference.forward_numpy_weights(weights, cfg, batch, dtype=dtype)
             for name, batch in batches.items()}

@@ -273,3 +273,101 @@ def test_tag_conll_end_to_end_with_entity_scores_recomputed(env, tmp_path):
     from bert_of.eval.results import load_results
 
     assert [x["metrics"]["f1"] for x in load_results(env.results) if x["task"] == "tag"] == [pytest.approx(got["f1"])]
+
+
+def test_a_tagger_records_its_tags_in_config_and_of2hf_writes_a_token_classifier(env, tmp_path):
+    ft = tmp_path / "ner"
+    run_cli("finetune", "tag", "--model", env.base, "--train", N_TRAIN, "-o", ft, "--steps", 2, *FAST,
+            "--no-record")
+    args = json.load(open(ft / "train_args.json"))
+    cfg = json.load(open(ft / "config.json"))
+    assert cfg["classifier_kind"] == "token" and cfg["num_labels"] == len(args["labels"])
+    assert cfg["id2label"] == args["id2label"] == {str(i): t for i, t in enumerate(args["labels"])}
+    run_cli("convert", "of2hf", ft, "-o", tmp_path / "hf")
+    hf = json.load(open(tmp_path / "hf" / "config.json"))
+    assert hf["architectures"] == ["BertForTokenClassification"] and hf["id2label"] == args["id2label"]
+    assert hf["label2id"] == args["label2id"]
+    from safetensors.numpy import load_file
+
+    assert not any(k.startswith("bert.pooler.") for k in load_file(str(tmp_path / "hf" / "model.safetensors")))
+
+
+# --------------------------------------------------------------------------- multi-label
+
+T_TRAIN, T_DEV = (os.path.join(USER, f"topics-{s}.csv") for s in ("train", "dev"))
+
+
+def _label_sets(path):
+    return [set(r["labels"].split("|")) for r in _rows(path)]
+
+
+def _multi_label_scores(gold, pred, classes):
+    """micro-F1 (counts pooled over classes), macro-F1 (the mean of the classes' F1, 0 for a class
+    never true nor predicted), exact match (the whole set right), from the definitions."""
+    f1, tps, fps, fns = [], 0, 0, 0
+    for c in classes:
+        tp = sum(c in g and c in p for g, p in zip(gold, pred))
+        fp = sum(c not in g and c in p for g, p in zip(gold, pred))
+        fn = sum(c in g and c not in p for g, p in zip(gold, pred))
+        f1.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+        tps, fps, fns = tps + tp, fps + fp, fns + fn
+    return {"micro_f1": 2 * tps / (2 * tps + fps + fns), "macro_f1": sum(f1) / len(f1),
+            "subset_accuracy": sum(g == p for g, p in zip(gold, pred)) / len(gold)}
+
+
+def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path):
+    classes = sorted(set().union(*_label_sets(T_TRAIN)))
+    ft = tmp_path / "topics"
+    run_cli("finetune", "classify", "--model", env.base, "--train", T_TRAIN, "-o", ft, "--problem", "multi_label",
+            "--steps", 100, "--lr", 5e-3, *FAST, "--no-record")
+    args = json.load(open(ft / "train_args.json"))
+    assert args["problem"] == "multi_label" and args["labels"] == classes and args["label_separator"] == "|"
+    assert args["final_loss"] < args["first_loss"]
+    cfg = json.load(open(ft / "config.json"))
+    assert cfg["problem_type"] == "multi_label_classification" and cfg["num_labels"] == len(classes)
+    assert cfg["id2label"] == {str(i): c for i, c in enumerate(classes)}
+
+    # evaluated on the dev rows as JSON Lines (a list of classes per row)
+    dev = tmp_path / "topics-dev.jsonl"
+    dev.write_text("".join(json.dumps({"text": r["text"], "labels": r["labels"].split("|")}) + "\n"
+                           for r in _rows(T_DEV)), encoding="utf-8")
+    r = run_cli("eval", "classify", "--model", ft, "--data", dev, "-o", tmp_path / "ev", "--results", env.results)
+    got = json.loads(r.stdout[r.stdout.index("{"):])
+    assert got["problem"] == "multi_label" and got["examples"] == 16
+    preds = _rows(tmp_path / "ev" / "predictions.csv")
+    sets = []
+    for p in preds:  # the set is every class whose sigmoid reaches 0.5
+        probs = {c: float(p[f"p({c})"]) for c in classes}
+        assert all(0.0 < v < 1.0 for v in probs.values())
+        sets.append({c for c in p["labels"].split("|") if c})
+        assert sets[-1] == {c for c, v in probs.items() if v >= 0.5}
+    want = _multi_label_scores(_label_sets(T_DEV), sets, classes)
+    for k, v in want.items():
+        assert got[k] == pytest.approx(100 * v), k
+    assert got["micro_f1"] > 0  # a few steps learned some topics
+
+    # predict: JSON Lines with lists, the same sets
+    run_cli("predict", "classify", "--model", ft, "--data", T_DEV, "-o", tmp_path / "p.jsonl")
+    recs = [json.loads(l) for l in open(tmp_path / "p.jsonl", encoding="utf-8")]
+    assert [set(x["labels"]) for x in recs] == sets and all(list(x["probability"]) == classes for x in recs)
+
+    # the loss is the mean binary cross-entropy of the sigmoid (transformers' BCEWithLogitsLoss)
+    from bert_of._flow import flow
+    from bert_of.modeling import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(str(ft))
+    ids = flow.tensor(np.array([[2, 7, 9, 11, 3], [2, 5, 3, 0, 0]]), dtype=flow.int64)
+    mask = flow.tensor(np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), dtype=flow.int64)
+    y = np.zeros((2, len(classes)), np.float32)
+    y[0, 0] = y[0, 2] = y[1, 1] = 1.0
+    with flow.no_grad():
+        out = model(ids, flow.zeros_like(ids), mask, labels=flow.tensor(y))
+    z = out.logits.numpy().astype(np.float64)
+    bce = np.mean(y * np.log1p(np.exp(-z)) + (1 - y) * np.log1p(np.exp(z)))
+    assert float(out.loss.numpy()) == pytest.approx(bce, rel=1e-5)
+
+    # after of2hf transformers' config names the classes and the problem
+    run_cli("convert", "of2hf", ft, "-o", tmp_path / "hf")
+    hf = json.load(open(tmp_path / "hf" / "config.json"))
+    assert hf["problem_type"] == "multi_label_classification" and hf["id2label"] == cfg["id2label"]
+    assert hf["label2id"] == {c: i for i, c in enumerate(classes)}

@@ -63,3 +63,30 @@ def test_missing_and_malformed_config_files(tmp_path):
     no_vocab.write_text(json.dumps({k: v for k, v in GOOGLE_BASE.items() if k != "vocab_size"}))
     with pytest.raises(ConfigError, match="missing key.*vocab_size"):
         BertConfig.from_google_json_file(str(no_vocab))
+
+
+def test_classifier_task_fields_travel_and_are_checked():
+    """classifier_kind, id2label (string ids in JSON, int ids in Python) and problem_type survive
+    bert_of's json and Google's (where bert_of keeps the kind under its own key)."""
+    c = BertConfig(num_labels=3, classifier_kind="token", id2label={"0": "O", "1": "B-X", "2": "I-X"},
+                   problem_type="single_label_classification")
+    assert c.id2label == {0: "O", 1: "B-X", 2: "I-X"} and c.label2id == {"O": 0, "B-X": 1, "I-X": 2}
+    d = json.loads(c.to_json_string())
+    assert d["id2label"] == {"0": "O", "1": "B-X", "2": "I-X"} and d["classifier_kind"] == "token"
+    assert BertConfig.from_dict(d) == c
+    g = c.to_google_dict()
+    assert g["bert_of_classifier_kind"] == "token" and "classifier_kind" not in g
+    back = BertConfig.from_google_dict(json.loads(json.dumps(g)))
+    assert (back.classifier_kind, back.id2label, back.problem_type, back.num_labels, back.extra) == \
+        (c.classifier_kind, c.id2label, c.problem_type, 3, {})
+    assert "classifier_kind" not in BertConfig().to_dict() and "id2label" not in BertConfig().to_dict()
+    for bad, msg in ((dict(id2label={"0": "a"}), "names 1 classes but num_labels is 2"),
+                     (dict(id2label={"0": "a", "2": "b"}), "ids 0..n-1"),
+                     (dict(id2label={"0": "a", "1": "a"}), "distinct"),
+                     (dict(classifier_kind="pooled"), "classifier_kind 'pooled'"),
+                     (dict(problem_type="ranking"), "problem_type 'ranking'")):
+        with pytest.raises(ConfigError, match=msg):
+            BertConfig(**bad)
+    # a Google config whose id2label bert_of cannot hold keeps it as it was
+    odd = BertConfig.from_google_dict({**g, "id2label": {"a": "x"}})
+    assert odd.id2label is None and odd.extra["id2label"] == {"a": "x"}

@@ -96,6 +96,19 @@ def classifier_head(t):
     return out
 
 
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+TOKEN_CONFIG = {"architectures": ["BertForTokenClassification"], "id2label": dict(enumerate(TAGS)),
+                "label2id": {t: i for i, t in enumerate(TAGS)}}
+
+
+def token_head(t):  # BertForTokenClassification: classifier.* on every position, no pooler
+    out = {k: v for k, v in backbone(t).items() if not k.startswith("bert.pooler.")}
+    rng = np.random.default_rng(6)
+    out["classifier.weight"] = (0.3 * rng.standard_normal((len(TAGS), 32))).astype(np.float32)
+    out["classifier.bias"] = (0.1 * rng.standard_normal(len(TAGS))).astype(np.float32)
+    return out
+
+
 def mlm_head(t):  # BertForMaskedLM: MLM head, no NSP, no pooler
     return {k: v for k, v in t.items() if not k.startswith(("cls.seq_relationship.", "bert.pooler."))}
 
@@ -226,7 +239,7 @@ def test_bin_restricted_loader_equals_safetensors(tmp_path):
 # --------------------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("name", ["pretraining", "qa_no_pooler", "classifier3", "bare", "mlm"])
+@pytest.mark.parametrize("name", ["pretraining", "qa_no_pooler", "classifier3", "bare", "mlm", "token5"])
 def test_round_trip_hf_of_hf_bit_exact(tmp_path, name):
     src = {
         "pretraining": lambda: TINY_PT,
@@ -238,11 +251,16 @@ def test_round_trip_hf_of_hf_bit_exact(tmp_path, name):
         "bare": lambda: variant(tmp_path / "src", lambda t: {k[5:]: v for k, v in backbone(t).items()},
                                 {"architectures": ["BertModel"]}),
         "mlm": lambda: variant(tmp_path / "src", mlm_head, {"architectures": ["BertForMaskedLM"]}),
+        "token5": lambda: variant(tmp_path / "src", token_head, TOKEN_CONFIG),
     }[name]()
     run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
     of_cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     if name == "classifier3":
-        assert of_cfg["num_labels"] == 3
+        assert of_cfg["num_labels"] == 3 and of_cfg["id2label"] == {"0": "neg", "1": "neu", "2": "pos"}
+        assert "classifier_kind" not in of_cfg  # the default: a sequence classifier
+    if name == "token5":  # read as what it is, not as a sequence classifier; the names in bert_of's config
+        assert of_cfg["classifier_kind"] == "token" and of_cfg["num_labels"] == 5
+        assert of_cfg["id2label"] == {str(i): t for i, t in enumerate(TAGS)} and "architectures" not in of_cfg["extra"]
     if name == "qa_no_pooler":  # filled so bert_of's backbone is complete; QA never reads it
         assert not st(tmp_path / "of")["bert.pooler.dense.weight"].any()
     r = run_cli("convert", "of2hf", tmp_path / "of", "-o", tmp_path / "back")
@@ -253,6 +271,45 @@ def test_round_trip_hf_of_hf_bit_exact(tmp_path, name):
     with open(tmp_path / "back" / "model.safetensors", "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     assert header["__metadata__"] == {"format": "pt"}  # transformers refuses files without it
+
+
+def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
+    """An HF BertForTokenClassification directory (safetensors + config.json, made here from the
+    transformers-written tiny_pt): hf2of gives a token classifier whose logits [B, S, L] equal the
+    float64 NumPy reference's, computed from the HF files themselves (not bert_of's model)."""
+    from bert_of._flow import flow
+    from bert_of.converters import hf, reference_np
+    from bert_of.converters.common import Options
+    from bert_of.converters.verify import DEFAULT_TOL, make_batch, verify
+    from bert_of.modeling import BertForTokenClassification
+
+    src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
+    r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of", "--verify")
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert report["ok"] and "logits" in report["outputs"] and report["max_abs_diff"]["B:eager"]["logits"] <= 1e-5
+    assert "sequence classification" not in r.stdout + r.stderr  # once a note, then read as one
+
+    source = hf.read(src, Options())
+    batch = make_batch(source.config, 3, 12)
+    ref = reference_np.forward(reference_np.layout_for(source), batch, source.config.num_attention_heads)
+    assert ref["logits"].shape == (3, 12, len(TAGS)) and "pooled_output" not in ref  # HF's class: no pooler
+    w, b = (st(src)[f"classifier.{k}"].astype(np.float64) for k in ("weight", "bias"))
+    assert np.allclose(ref["logits"], ref["sequence_output"] @ w.T + b, rtol=0, atol=1e-12)  # every position
+
+    model = BertForTokenClassification.from_pretrained(str(tmp_path / "of"))
+    assert model.config.classifier_kind == "token" and model.config.id2label == dict(enumerate(TAGS))
+    with flow.no_grad():
+        out = model(*(flow.tensor(batch[k], dtype=flow.int64) for k in ("input_ids", "token_type_ids",
+                                                                          "attention_mask")))
+    real = batch["attention_mask"].astype(bool)
+    assert np.max(np.abs(out.logits.numpy()[real] - ref["logits"][real])) <= 1e-5
+
+    # read as a sequence classifier, the same tensors compute something else: verify has teeth
+    of_cfg = json.loads((tmp_path / "of" / "config.json").read_text())
+    del of_cfg["classifier_kind"]
+    (tmp_path / "of" / "config.json").write_text(json.dumps(of_cfg))
+    wrong = verify(src, str(tmp_path / "of"), modes=("eager",))
+    assert not wrong["ok"] and wrong["max_abs_diff"]["B:eager"]["logits"] > 100 * DEFAULT_TOL
 
 
 def test_tied_and_buffer_tensors_checked_and_dropped(tmp_path):
@@ -567,3 +624,30 @@ def test_of_dir_is_not_read_as_hf(tiny_of, tmp_path):
     (tmp_path / "out").mkdir()
     fails("convert", "hf2of", tiny_of, "-o", tmp_path / "out" / "x", needle="this is a bert_of config.json",
           out_parent=tmp_path / "out")
+
+
+@pytest.mark.parametrize("fmt", ["h5", "tf", "lazy", "ofsd"])
+def test_token_classifier_kind_survives_every_format_that_records_it(tmp_path, fmt):
+    """hf -> of -> X -> of: still a token classifier with its tag names; both steps --verify'd
+    against the NumPy reference of the file read (X's own layout and config)."""
+    src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
+    # (a lazy snapshot computes LayerNorm eps 1e-5 whatever it was written from: read back, it records that)
+    run_cli("convert", f"of2{fmt}", tmp_path / "of", "-o", tmp_path / fmt, *(["--verify"] if fmt != "lazy" else []))
+    extra = ["--config", tmp_path / "of" / "config.json"] if fmt == "ofsd" else []
+    r = run_cli("convert", f"{fmt}2of", tmp_path / fmt, "-o", tmp_path / "back", "--vocab",
+                os.path.join(src, "vocab.txt"), "--verify", *extra)
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert report["ok"] and "logits" in report["outputs"]
+    cfg = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert cfg["classifier_kind"] == "token" and cfg["id2label"] == {str(i): t for i, t in enumerate(TAGS)}
+    back = st(tmp_path / "back")
+    for k in ("classifier.weight", "classifier.bias"):
+        assert back[k].tobytes() == st(src)[k].tobytes()
+
+
+def test_a_format_without_a_token_classifier_says_so(tmp_path):
+    src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
+    run_cli("convert", "hf2of", src, "-o", tmp_path / "of")
+    r = run_cli("convert", "of2libai", tmp_path / "of", "-o", tmp_path / "libai")
+    assert "libai does not record a token classifier" in r.stdout + r.stderr

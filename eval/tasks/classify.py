@@ -1,13 +1,16 @@
-"""Your own data: a sequence classifier (or regressor) fine-tuned, run and scored on a CSV, TSV or
-JSON Lines file with named columns.
+"""Your own data: a sequence classifier (or regressor, or multi-label classifier) fine-tuned, run and
+scored on a CSV, TSV or JSON Lines file with named columns.
 
     finetune_classify(ClassifyOptions(...)) / predict_classify(...) / eval_classify(...)
 
 Rows are read by :func:`bert_of.eval.user_data.read_table`; features are run_classifier.py's
 (:func:`bert_of.eval.glue.convert_example_to_features`), the model
-:class:`~bert_of.modeling.BertForSequenceClassification` (cross-entropy; MSE for one output). The
-class order (transformers' run_glue order: sorted) is recorded in the fine-tuned model's
-train_args.json (``labels``, ``problem``) and prediction and evaluation use it.
+:class:`~bert_of.modeling.BertForSequenceClassification` (cross-entropy; MSE for one output;
+multi-label: a sigmoid per class and binary cross-entropy, a class predicted at probability >= 0.5).
+The class order (transformers' run_glue order: sorted) is recorded in the fine-tuned model's
+train_args.json (``labels``, ``problem``) and prediction and evaluation use it; the model's
+config.json records it too (``id2label``, with HF's ``problem_type``), so after ``convert of2hf``
+transformers shows the class names.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, d
                                        read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
 from bert_of.eval.tasks.options import ClassifyOptions
-from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, problem_of, read_table,
-                                    regression_metrics)
+from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
+                                    problem_of, read_table, regression_metrics)
 from bert_of.fs import atomic_open
 from bert_of.modeling import BertForSequenceClassification
 from bert_of.training.loop import note
@@ -37,6 +40,10 @@ from bert_of.training.runtime import Runtime
 TASK = "classify"
 PREDICTIONS_FILE = "predictions.csv"
 OUTPUT_KINDS = (".csv", ".jsonl")
+THRESHOLD = 0.5  # multi-label: a class is predicted when its sigmoid reaches this
+# our problem -> transformers' config.problem_type
+PROBLEM_TYPE = {"single_label": "single_label_classification", "regression": "regression",
+                "multi_label": "multi_label_classification"}
 
 
 @dataclass
@@ -44,8 +51,8 @@ class ClassifyRun:
     table: object  # user_data.Table
     problem: str
     labels: list  # class names in the model's order ([] for regression)
-    predictions: np.ndarray  # class ids [n], or values [n] (regression)
-    probabilities: np.ndarray | None  # [n, k]
+    predictions: np.ndarray  # class ids [n], values [n] (regression), or 0/1 [n, k] (multi-label)
+    probabilities: np.ndarray | None  # [n, k] (softmax, or each class's sigmoid)
     path: str
     settings: dict
     model_path: str
@@ -53,7 +60,7 @@ class ClassifyRun:
     identity_path: str
     train_args: dict
     new_head: bool
-    targets: np.ndarray | None = None  # the file's labels encoded (evaluation)
+    targets: np.ndarray | None = None  # the file's labels encoded (evaluation): ids, values or 0/1 [n, k]
 
 
 def _arrays(table, max_seq: int, tok, targets=None) -> dict:
@@ -66,8 +73,10 @@ def _arrays(table, max_seq: int, tok, targets=None) -> dict:
 
 
 def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "auto"):
+    if not opts.label_separator:
+        raise ConfigError("--label-separator: empty (a multi-label cell needs a separator between its classes)")
     return read_table(path, opts.text_column, opts.text_pair_column, opts.label_column if need_labels else None,
-                      need_labels=need_labels, problem=problem)
+                      need_labels=need_labels, problem=problem, label_separator=opts.label_separator)
 
 
 def finetune_classify(opts: ClassifyOptions) -> dict:
@@ -87,7 +96,9 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, TASK, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
-        model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
+        model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels,
+                              id2label=dict(enumerate(labels)) if labels else None,  # travels in config.json
+                              problem_type=PROBLEM_TYPE[problem])
         check_seq_len(model.config, max_seq, path)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
@@ -98,6 +109,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
         args["hparams"].update(max_seq_length=max_seq)
         args.update(problem=problem, labels=labels, id2label={str(i): k for i, k in enumerate(labels)},
                     label2id={k: i for i, k in enumerate(labels)}, train_examples=n,
+                    **({"label_separator": opts.label_separator} if problem == "multi_label" else {}),
                     columns={"text": table.text_column, "text_pair": table.text_pair_column,
                              "label": table.label_column})
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_classify)
@@ -106,7 +118,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
 def _model_labels(train_args: dict, name: str) -> tuple:
     problem = train_args.get("problem")
     labels = train_args.get("labels")
-    if train_args.get("task") != TASK or problem not in ("single_label", "regression") or not isinstance(labels, list):
+    if train_args.get("task") != TASK or problem not in PROBLEM_TYPE or not isinstance(labels, list):
         raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune classify` (its train_args.json records no "
                           "classify problem and labels)")
     return problem, [str(k) for k in labels]
@@ -148,6 +160,9 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
         if problem == "regression":
             preds, probs = logits.reshape(-1).astype(np.float64), None
+        elif problem == "multi_label":
+            probs = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+            preds = (probs >= THRESHOLD).astype(np.int64)
         else:
             z = logits.astype(np.float64)
             e = np.exp(z - z.max(axis=1, keepdims=True))
@@ -156,15 +171,17 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
         if not rt.is_main:
             return None
-        _write_predictions(out_file, table, problem, labels, preds, probs)
+        _write_predictions(out_file, table, problem, labels, preds, probs, opts.label_separator)
         note(rt, f"predicted {len(table.rows)} rows of {opts.data}; wrote {out_file}")
         return ClassifyRun(table, problem, labels, preds, probs, out_file, settings, path, name, ident, train_args,
                            new_head, targets)
 
 
-def _write_predictions(path, table, problem, labels, preds, probs) -> None:
+def _write_predictions(path, table, problem, labels, preds, probs, separator="|") -> None:
     """One record per input row: row (0-based), line, the text(s), then label + one probability per
-    class (``probability`` keyed by class in JSON Lines, ``p(CLASS)`` columns in CSV), or value."""
+    class (``probability`` keyed by class in JSON Lines, ``p(CLASS)`` columns in CSV), or value.
+    Multi-label: ``labels``, the predicted classes in the model's order (a list in JSON Lines,
+    joined by ``separator`` in CSV), and each class's sigmoid."""
     records = []
     for i, r in enumerate(table.rows):
         rec = {"row": i, "line": r.line, table.text_column: r.text}
@@ -172,6 +189,9 @@ def _write_predictions(path, table, problem, labels, preds, probs) -> None:
             rec[table.text_pair_column] = r.text_pair
         if problem == "regression":
             rec["value"] = float(preds[i])
+        elif problem == "multi_label":
+            rec["labels"] = [k for k, on in zip(labels, preds[i]) if on]
+            rec["probability"] = {k: float(p) for k, p in zip(labels, probs[i])}
         else:
             rec["label"] = labels[int(preds[i])]
             rec["probability"] = {k: float(p) for k, p in zip(labels, probs[i])}
@@ -186,14 +206,15 @@ def _write_predictions(path, table, problem, labels, preds, probs) -> None:
         head = [k for k in records[0] if k != "probability"] + [f"p({k})" for k in labels]
         w.writerow(head)
         for rec in records:
-            w.writerow([repr(v) if isinstance(v, float) else v for k, v in rec.items() if k != "probability"]
+            w.writerow([repr(v) if isinstance(v, float) else separator.join(v) if isinstance(v, list) else v
+                        for k, v in rec.items() if k != "probability"]
                        + [repr(p) for p in rec.get("probability", {}).values()])
 
 
 def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> dict | None:
-    """Predict a labeled file, score it (accuracy, macro-F1, MCC; or Pearson, Spearman, MSE), print
-    the scores as JSON and record them."""
+    """Predict a labeled file, score it (accuracy, macro-F1, MCC; Pearson, Spearman, MSE; or for
+    multi-label micro-F1, macro-F1 and subset accuracy), print the scores as JSON and record them."""
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, TASK)
@@ -203,6 +224,8 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
         return None
     if run.problem == "regression":
         metrics = percent(regression_metrics(run.targets, run.predictions), rt, keep=("mse",))
+    elif run.problem == "multi_label":
+        metrics = percent(multi_label_metrics(run.targets, run.predictions), rt)
     else:
         metrics = percent(classification_metrics(run.targets, run.predictions, len(run.labels)), rt)
     print(json.dumps({"task": TASK, "problem": run.problem, "examples": len(run.table.rows), **metrics}, indent=2),

@@ -89,7 +89,11 @@ def checkpoint_head_labels(path: str):
 def load_model(cls, path: str, seed: int = 0, **overrides):
     """``cls.from_pretrained(path)`` with Google's init for newly created heads.
 
-    Returns (model, newly initialised tensor names)."""
+    A new ``num_labels`` drops the checkpoint's class names and problem type (``id2label``,
+    ``problem_type``: another task's) unless given too. Returns (model, newly initialised tensor names)."""
+    if "num_labels" in overrides:
+        overrides.setdefault("id2label", None)
+        overrides.setdefault("problem_type", None)
     model = cls.from_pretrained(path, **overrides)
     missing = list(model.loading_info["missing"])
     _new_head_init(model, missing, seed)

@@ -136,7 +136,7 @@ class GlueOptions(TaskOptions):
 
 
 YOUR_DATA = "your data"
-CLASSIFY_PROBLEMS = ("auto", "single_label", "regression")
+CLASSIFY_PROBLEMS = ("auto", "single_label", "regression", "multi_label")
 
 
 @dataclass(kw_only=True)
@@ -163,7 +163,11 @@ class ClassifyOptions(TaskOptions):
     label_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA, commands=(TRAIN, EVAL),
                                    help="the label (unset: label, labels, target, or the only other column)")
     problem: str = arg("auto", choices=CLASSIFY_PROBLEMS, group=YOUR_DATA, commands=(TRAIN,),
-                       help="auto: regression when the labels are real numbers, else classes")
+                       help="auto: regression when the labels are real numbers, else classes; multi_label: "
+                            "each row holds a set of classes (sigmoid per class, binary cross-entropy)")
+    label_separator: str = arg("|", metavar="SEP", group=YOUR_DATA,
+                               help="multi_label: what separates a row's classes in a CSV/TSV cell (JSON Lines "
+                                    "may hold a list); the predictions file joins them with it")
     max_seq_length: int | None = arg(None, metavar="N", group=YOUR_DATA,
                                      help=f"tokens per example (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as the "
                                           "model was trained)")

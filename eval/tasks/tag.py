@@ -6,7 +6,8 @@ Each word is WordPiece-tokenised; its tag is learned and predicted on its first 
 sub-tokens, [CLS], [SEP] and padding carry ``IGNORE_INDEX``: transformers' NER example). Words past
 ``max_seq_length`` are predicted ``O``. Scores are entity-level precision / recall / F1 as
 conlleval and seqeval define them (:func:`bert_of.eval.user_data.entity_scores`). The tag order is
-recorded in train_args.json (``labels``).
+recorded in train_args.json (``labels``) and, as ``id2label``, in the model's config.json (HF's
+BertForTokenClassification after ``convert of2hf``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def finetune_tag(opts: TagOptions) -> dict:
     with model_folder(opts) as (path, name, ident):
         check_head(path, len(labels), TASK, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
-        model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels))
+        model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels),
+                              id2label=dict(enumerate(labels)))  # the tag names travel in config.json
         check_seq_len(model.config, max_seq, path)
         if opts.vocab:
             model.vocab_file = opts.vocab
