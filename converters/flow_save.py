@@ -372,11 +372,14 @@ def _meta(d: str):
     return shape, dtype
 
 
-def read_dir(path: str) -> list:
-    """The tensors of a flow.save folder: [Entry] in the state dict's order (nothing read yet)."""
+def read_dir(path: str, root: str | None = None) -> list:
+    """The tensors of a flow.save folder: [Entry] in the state dict's order (nothing read yet).
+    ``root``: the path that reads the folder (bert_of.fs.PinnedDir.real); the entries' folders are
+    under it."""
     st = _regular(path, "folder")
     if not stat.S_ISDIR(st.st_mode):
         raise CheckpointError(f"{path}: not a directory (a flow.save checkpoint is a folder)")
+    path = root or path
     pk = os.path.join(path, PICKLE_FILE)
     out = []
     if os.path.lexists(pk):
