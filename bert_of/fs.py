@@ -141,16 +141,27 @@ class PinnedDir:
             return p
         return os.path.join(self._root, rel)
 
-    def hold(self, p: str) -> str:
+    def hold(self, p: str, spare: bool = False) -> str:
         """Open ``p`` (inside the tree: :meth:`real`) now and keep it open while the pin lives; a
-        path that reads that very file later, even after the tree is replaced and deleted."""
+        path that reads that very file later, even after the tree is replaced and deleted.
+        ``spare``: only while this pin holds fewer than a quarter of the open-file limit (a
+        snapshot's thousand variable files), else :meth:`real` (read by name later)."""
+        if spare and len(self._held) >= self._budget():
+            return self.real(p)
         f = open(self.real(p), "rb")
         self._held.append(f)
         if not self._root:
             return p
         held = f"/proc/self/fd/{f.fileno()}"
-        self._shown[held] = p
+        self._shown[held] = self.shown(p)
         return held
+
+    @staticmethod
+    def _budget() -> int:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return 256 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
 
     def shown(self, text: str) -> str:
         """``text`` (a message) with the paths :meth:`real` and :meth:`hold` gave back as the user

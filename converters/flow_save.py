@@ -405,12 +405,13 @@ def read_dir(path: str, root: str | None = None) -> list:
     return out
 
 
-def read_tensor(e: Entry) -> np.ndarray:
-    """One tensor, fresh and native-order (size checked again: the file may have changed)."""
+def read_tensor(e: Entry, data: str | None = None) -> np.ndarray:
+    """One tensor, fresh and native-order (size checked again: the file may have changed).
+    ``data``: the path that reads its ``out`` (a file held open since the folder was read)."""
     p = os.path.join(e.folder, DATA_FILE)
     n = math.prod(e.shape)
     try:
-        arr = np.fromfile(p, dtype=e.dtype, count=n)
+        arr = np.fromfile(data or p, dtype=e.dtype, count=n)
     except OSError as err:
         raise CheckpointError(f"{p}: cannot read ({err.strerror or err})") from None
     if arr.size != n:

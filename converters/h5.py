@@ -269,12 +269,18 @@ def read(path: str, opts: Options) -> Source:
 def _read_pinned(pin, path: str, opts: Options) -> Source:
     """The .h5 file, its config and vocab from ``pin``'s tree (bert_of.fs.PinnedDir): one checkpoint."""
     h5 = _weights_path(path, pin)
-    f = hdf5.open_file(h5, pin.hold(h5))
+    held = pin.hold(h5)
+    side = {}  # display path -> held path: the config and vocab opened with the weights (the probe takes a while)
+    for p in (opts.config or os.path.join(os.path.dirname(h5) or ".", CONFIG_FILE),
+              opts.vocab or os.path.join(os.path.dirname(h5) or ".", VOCAB_FILE)):
+        if os.path.isfile(pin.real(p)):
+            side[p] = pin.hold(p)
+    f = hdf5.open_file(h5, held)
     with hdf5.malformed(h5):
-        return _read(f, h5, opts, pin)
+        return _read(f, h5, opts, side)
 
 
-def _read(f, h5: str, opts: Options, pin) -> Source:
+def _read(f, h5: str, opts: Options, side: dict) -> Source:
     entries, unlisted = _scan(f, h5)
     mapped = [(g, w, ds) for g, w, ds in entries if TABLE.to_canonical(w.partition("/")[2])]
     if not mapped:
@@ -289,14 +295,14 @@ def _read(f, h5: str, opts: Options, pin) -> Source:
     layout = LAYOUTS[_layout_for(h5, scope, {g for g, _, _ in entries}, has_pooler)]
 
     cfg_path = opts.config or os.path.join(os.path.dirname(h5) or ".", CONFIG_FILE)
-    if not os.path.isfile(pin.real(cfg_path)):
+    if cfg_path not in side:
         raise ConfigError(f"{cfg_path}: config file not found (pass --config)")
-    held_cfg = pin.hold(cfg_path)
+    held_cfg = side[cfg_path]
     config = _hf_config(cfg_path, held_cfg, opts.numerics)
     vocab = opts.vocab or os.path.join(os.path.dirname(h5) or ".", VOCAB_FILE)
-    if opts.vocab and not os.path.isfile(pin.real(vocab)):
+    if opts.vocab and vocab not in side:
         raise CheckpointError(f"{vocab}: vocab file not found")
-    vocab = pin.hold(vocab) if os.path.isfile(pin.real(vocab)) else None
+    vocab = side.get(vocab)
 
     tied = []  # (dataset, canonical, its report line): the MLM head's references to the embeddings
 

@@ -47,7 +47,7 @@ def touch(obj):
                 obj.read_direct(out)
         except Exception: pass
 try:
-    f = h5py.File(sys.argv[1], "r")
+    f = h5py.File(open(sys.argv[1], "rb"), "r")  # a file object: a deleted file held open reads too
 except Exception:
     sys.exit(0)
 touch(f)
@@ -91,8 +91,15 @@ def open_file(path: str, opened: str | None = None):
     opened = opened or path
     _probe(path, opened)
     try:
-        return h5py.File(opened, "r")
+        fobj = open(opened, "rb")
     except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        # through a file object: HDF5 resolves a name's real path, which a held file (/proc/self/fd/N)
+        # whose folder was replaced and deleted no longer has
+        return h5py.File(fobj, "r")
+    except OSError as e:
+        fobj.close()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", reason)
         if m:

@@ -330,6 +330,7 @@ class _Var(Entry):
     def __init__(self, name, d, kind, target, transform, evidence, extra):
         super().__init__(name, read=self._read)
         self.dir, self.kind, self.evidence, self.extra, self.meta = d, kind, evidence, extra, None
+        self.data = None  # the path that reads ``out`` once it is held open (reader.whole), else out
         self.hit = None if kind is None else Hit(target, transform, optimizer=kind != "model")
 
     target = property(lambda self: self.hit.target)
@@ -342,7 +343,7 @@ class _Var(Entry):
     def _read(self):
         n = math.prod(self.shape)
         try:
-            arr = np.fromfile(self.out, dtype=self.dtype, count=n)
+            arr = np.fromfile(self.data or self.out, dtype=self.dtype, count=n)
         except OSError as e:
             raise CheckpointError(f"{self.out}: cannot read ({e.strerror or e})") from None
         if arr.size != n:
@@ -415,6 +416,8 @@ def _read(pin, snap: str, opts: Options) -> Source:
         raise CheckpointError(f"{snap}: folder {empty[0]} has no {DATA_FILE} file (a variable folder without data; "
                               f"--skip-unknown ignores it)")
     found = sort(vars_, lambda v: v.hit, opts, snap, "variable", TABLE)
+    for v, _ in found.model + found.optimizer:  # read later, from this snapshot even once it is replaced
+        v.data = pin.hold(v.out, spare=True)
     known = [v for v in vars_ if v.kind is not None]
     variant, why = _variant(snap, known, done)
 

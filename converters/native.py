@@ -119,6 +119,8 @@ def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
         else:
             report.append(ReportLine(e.key, "dropped", note=hit.note))
 
+    held = {e.folder: pin.hold(os.path.join(e.folder, flow_save.DATA_FILE), spare=True)  # read later, from this tree
+            for e, _ in model + [c for c in checks if c[1].kind == "tied"]}
     tensors = []
     ties = {}  # canonical -> [twin entries] whose bytes must equal it
     for e, hit in checks:
@@ -128,14 +130,15 @@ def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
         if hit.kind == "mapped":
             c = hit.canonical[0]
             spec = TensorSpec(c, e.dtype, apply_shape(hit.transform, e.shape))
-            tensors.append(cast_spec(spec, _producer(e, hit, None, ties.get(c, []), where), opts.dtype))
+            tensors.append(cast_spec(spec, _producer(e, hit, None, ties.get(c, []), where, held), opts.dtype))
         else:
             n = len(hit.canonical)
             if not e.shape or e.shape[0] % n:
                 raise CheckpointError(f"{where}: tensor {e.key} has shape {list(e.shape)}, not {n} fused parts")
             shape = (e.shape[0] // n,) + tuple(e.shape[1:])
             for j, c in enumerate(hit.canonical):
-                tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where), opts.dtype))
+                tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where, held),
+                                         opts.dtype))
     if POOLER[0] not in back and POOLER[1] not in back and layout.no_pooler(config):
         # like HF's QA model: zeros the heads never read, left out again on write
         H, dt = config.hidden_size, (tensors[0][0].dtype if tensors else np.dtype("<f4"))
@@ -155,7 +158,7 @@ def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
     vocab = vocab and pin.hold(vocab)
     source = Source(path, layout.name, config, vocab, tensors, [], {}, report)
     # the tensors as the file stores them, for verify's reference (its own names and layout)
-    source.stored = {e.key: (lambda e=e: flow_save.read_tensor(e)) for e, _ in model}
+    source.stored = {e.key: (lambda e=e: flow_save.read_tensor(e, held.get(e.folder))) for e, _ in model}
     return source
 
 
@@ -166,13 +169,13 @@ def _beside(path, name, cfg_path, real):
     return None
 
 
-def _producer(e, hit, part, twins, where):
+def _producer(e, hit, part, twins, where, held):
     def produce():
-        arr = flow_save.read_tensor(e)
+        arr = flow_save.read_tensor(e, held.get(e.folder))
         for t in twins:
             if t.folder == e.folder:
                 continue  # one pickled object: the same tensor
-            other = flow_save.read_tensor(t)
+            other = flow_save.read_tensor(t, held.get(t.folder))
             if other.dtype != arr.dtype or other.shape != arr.shape or other.tobytes() != arr.tobytes():
                 raise CheckpointError(f"{where}: tensor {t.key} differs from {e.key}; the model ties them "
                                       f"(bert_of keeps one)")
