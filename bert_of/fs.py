@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import stat
 import tempfile
@@ -158,8 +159,6 @@ class PinnedDir:
 
     @staticmethod
     def _budget() -> int:
-        import resource
-
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return 256 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
 

@@ -22,10 +22,11 @@ import pytest
 from bert_of.checkpoint import expected_shapes, load_checkpoint, load_safetensors, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters import convert as conv
-from bert_of.converters import hf, reader
+from bert_of.converters import hf, lazy, reader
 from bert_of.converters.common import Options
 from bert_of.fs import _RENAME_EXCHANGE, _rename2, publishing
 from bert_of.tokenization import read_vocab_lines
+from bert_of.zoo import Zoo
 from tests.conftest import ROOT, write_vocab
 
 RANGES = {"A": 0.02, "B": 0.03}  # the config fingerprint (every format keeps initializer_range)
@@ -197,10 +198,42 @@ def test_a_tree_replaced_and_deleted_mid_read_is_read_again(tmp_path, pair):
         if len(pins) == 1:  # after the pin, before any file: dst replaced by B, A's tree deleted
             with publishing(dst, overwrite=True) as stage:
                 shutil.copytree(b_lazy, stage, dirs_exist_ok=True)
-        from bert_of.converters import lazy
-
         return lazy._read(pin, dst, Options())
 
     source = reader.whole(dst, read_pinned)
     assert len(pins) == 2 and pins[0].fd is None  # the first pin found its tree gone and was let go
     assert _which(source, source.load(), pair) == "B"
+
+
+# --------------------------------------------------------------------------- resolve, from_pretrained
+
+
+SWAPS = r"""
+import sys
+from bert_of.converters.convert import convert
+from bert_of.converters.common import Options
+a, b, dst, fmt, n = sys.argv[1:]
+for i in range(int(n)):
+    convert(f"of2{fmt}", b if i % 2 == 0 else a, dst, Options(overwrite=True))
+"""
+
+
+def test_resolve_of_a_folder_replaced_while_converted_converts_again(tmp_path, pair, monkeypatch):
+    """A source replaced while the zoo converts it is converted again (bounded), not refused: the
+    writer replaces it 4 times, fewer than the attempts, so every resolve succeeds, whole."""
+    monkeypatch.setenv("BERT_OF_HOME", str(tmp_path / "home"))
+    dst = str(tmp_path / "dst")
+    conv.convert("of2hf", pair["A"][0], dst)
+    w = subprocess.Popen([sys.executable, "-c", SWAPS, pair["A"][0], pair["B"][0], dst, "hf", str(reader.ATTEMPTS - 1)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+    seen = []
+    while True:
+        done = w.poll() is not None
+        out = Zoo().resolve(dst)
+        ck = load_checkpoint(out)
+        seen.append(_which(SimpleNamespace(config=ck.config, vocab_file=ck.vocab_file), ck.tensors, pair))
+        if done:
+            break
+    assert w.wait() == 0, w.stderr.read()[-2000:]
+    assert seen[-1] == "A"  # the writer's last conversion is A's
