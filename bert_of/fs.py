@@ -121,7 +121,7 @@ class PinnedDir:
         self._shown = {}  # path that reads through this pin -> the path it stands for (messages)
         self._root = f"/proc/self/fd/{self.fd}" if os.path.isdir("/proc/self/fd") else None
         if self._root:
-            self._shown[self._root] = path
+            self._shown[self._root] = path.rstrip(os.sep) or path
 
     @classmethod
     def around(cls, path: str) -> "PinnedDir":
