@@ -260,6 +260,7 @@ def whole(path: str, read_pinned: Callable[[PinnedDir], Source]):
 def _keep(source: Source, pin: PinnedDir) -> None:
     """Producers that read ``pin``'s tree: an error once it was replaced is ``SourceChanged``."""
     source.pinned = pin
+    where = source.path  # not the Source: no cycle, so its files close when it is dropped
 
     def keep(p):
         def produce():
@@ -268,7 +269,7 @@ def _keep(source: Source, pin: PinnedDir) -> None:
             except (OSError, BertOfError) as e:
                 err = _one_line(pin, e)
                 if pin.replaced():
-                    raise SourceChanged(f"{source.path}: replaced by another checkpoint while its tensors were "
+                    raise SourceChanged(f"{where}: replaced by another checkpoint while its tensors were "
                                         f"being read ({err}); read it again") from None
                 raise err from None
         produce.checked = getattr(p, "checked", False)
