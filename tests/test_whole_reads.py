@@ -87,31 +87,35 @@ n = 0
 while not os.path.exists(stop):
     convert(f"of2{fmt}", a if n % 2 else b, dst, Options(overwrite=True))
     n += 1
-print(n)
+    print(n, flush=True)  # one line a swap: the reader waits on them, never on the clock
 """
 
 
 def _race(tmp_path, pair, fmt, loads, read):
     """The writer process converts A and B into ``dst`` in turn (convert --overwrite) until this one
     has read it ``loads`` times and seen both; returns ({"A": n, "B": n}, swaps)."""
-    dst, stop = str(tmp_path / "dst"), str(tmp_path / "stop")
+    dst, stop, log = str(tmp_path / "dst"), str(tmp_path / "stop"), str(tmp_path / "writer.log")
     conv.convert(f"of2{fmt}", pair["A"][0], dst)
     env = dict(os.environ, PYTHONPATH=ROOT)
-    w = subprocess.Popen([sys.executable, "-c", WRITER, pair["A"][0], pair["B"][0], dst, fmt, stop],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    with open(log, "w") as err:
+        w = subprocess.Popen([sys.executable, "-c", WRITER, pair["A"][0], pair["B"][0], dst, fmt, stop],
+                             stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
     seen = {"A": 0, "B": 0}
     try:
+        assert w.stdout.readline(), f"the writer stopped: {open(log).read()[-2000:]}"  # it is swapping
         for i in range(MAX_LOADS):
             if i >= loads and all(seen.values()):
                 break
-            assert w.poll() is None, f"the writer stopped: {w.communicate()[1][-2000:]}"
             seen[read(dst)] += 1
+            if not all(seen.values()) and i % 10 == 9:  # a starved writer: wait for its next swap
+                assert w.stdout.readline(), f"the writer stopped: {open(log).read()[-2000:]}"
     finally:
         open(stop, "w").close()
-        out, err = w.communicate(timeout=120)
-    assert w.returncode == 0, err[-2000:]
-    assert all(seen.values()), f"the race was not seen: {seen} in {MAX_LOADS} reads, {out.strip()} swaps"
-    return seen, int(out)
+        out = w.communicate(timeout=120)[0]
+    assert w.returncode == 0, open(log).read()[-2000:]
+    swaps = int(out.split()[-1]) if out.split() else 1
+    assert all(seen.values()), f"the race was not seen: {seen} in {MAX_LOADS} reads, {swaps} swaps"
+    return seen, swaps
 
 
 @pytest.mark.parametrize("fmt,loads", [("hf", LOADS), ("lazy", LOADS), ("tf", LOADS), ("ofsd", LOADS), ("h5", 4)])
