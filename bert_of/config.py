@@ -310,8 +310,9 @@ class BertConfig:
         return d
 
     @classmethod
-    def from_google_json_file(cls, path: str) -> "BertConfig":
-        return cls.from_google_dict(_read_json(path), where=path)
+    def from_google_json_file(cls, path: str, raw: bytes | None = None) -> "BertConfig":
+        """Google's bert_config.json (``raw``: its bytes, already read)."""
+        return cls.from_google_dict(_read_json(path, raw), where=path)
 
     def google_mismatch(self) -> str | None:
         """Why Google's own modeling.py would not compute what this config does, or None."""

@@ -13,6 +13,11 @@ class CheckpointError(BertOfError):
     """A checkpoint that cannot be read, written or mapped as asked."""
 
 
+class SourceChanged(CheckpointError):
+    """A checkpoint replaced by another one (``--overwrite``) while it was being read: reading it
+    again gives one whole checkpoint."""
+
+
 class ConfigError(BertOfError):
     """A config that is missing, malformed, or does not fit the tensors."""
 

@@ -70,6 +70,9 @@ class Source:
     stored: dict = field(default_factory=dict)
     config_file: Optional[str] = None
     native_numerics: Optional[str] = None  # what the file's own code computes, whatever --numerics says
+    # The tree the tensors stream from (bert_of.fs.PinnedDir), held open while the Source lives
+    # (converters/reader.py whole): every producer reads the checkpoint that was read, or fails.
+    pinned: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         """The gate (see the module doc): nothing reaches a writer or a model unchecked. Readers

@@ -11,9 +11,10 @@ import importlib
 import os
 import re
 
-from bert_of.errors import BertOfError, CheckpointError, OutputError
+from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
 from bert_of.fs import check_destination, publishing
 from bert_of.converters.common import Options, Source, summarize
+from bert_of.converters.reader import ATTEMPTS
 from bert_of.progress import Progress
 from bert_of.tokenization import check_vocab_fits
 
@@ -72,6 +73,7 @@ def detect(path: str) -> str:
 
 
 def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Source:
+    """The checkpoint at ``path`` as a ``Source`` (tensors streamed later, from the tree read now)."""
     return _read(fmt or detect(path), path, opts or Options())
 
 
@@ -81,6 +83,19 @@ def _read(fmt: str, path: str, opts: Options) -> Source:
     if opts.vocab:
         check_vocab_fits(opts.vocab, source.config.vocab_size)
     return source
+
+
+def load(path: str, fmt: str | None = None, opts: Options | None = None) -> tuple:
+    """(Source, {canonical name: array}): one whole checkpoint in memory. A checkpoint replaced
+    (``--overwrite``) after its files were read but before every tensor was (its old tree deleted
+    meanwhile) is read again, up to ATTEMPTS times."""
+    for attempt in range(ATTEMPTS):
+        source = read(path, fmt, opts)
+        try:
+            return source, source.load()
+        except SourceChanged:
+            if attempt == ATTEMPTS - 1:
+                raise
 
 
 @contextlib.contextmanager
@@ -126,6 +141,15 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     a, b = parse_direction(direction)
     sources = (src, opts.config, opts.vocab)  # never written over, into or around
     check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
+    for attempt in range(ATTEMPTS):
+        try:
+            return _convert(a, b, direction, src, dst, opts, check, sources)
+        except SourceChanged:  # the source was replaced while its tensors streamed: nothing was published
+            if attempt == ATTEMPTS - 1:
+                raise
+
+
+def _convert(a, b, direction, src, dst, opts, check, sources) -> tuple:
     source = _read(a, src, opts)
     target = module(b)
     why = source.config.original_bert_mismatch()

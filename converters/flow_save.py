@@ -372,11 +372,14 @@ def _meta(d: str):
     return shape, dtype
 
 
-def read_dir(path: str) -> list:
-    """The tensors of a flow.save folder: [Entry] in the state dict's order (nothing read yet)."""
+def read_dir(path: str, root: str | None = None) -> list:
+    """The tensors of a flow.save folder: [Entry] in the state dict's order (nothing read yet).
+    ``root``: the path that reads the folder (bert_of.fs.PinnedDir.real); the entries' folders are
+    under it."""
     st = _regular(path, "folder")
     if not stat.S_ISDIR(st.st_mode):
         raise CheckpointError(f"{path}: not a directory (a flow.save checkpoint is a folder)")
+    path = root or path
     pk = os.path.join(path, PICKLE_FILE)
     out = []
     if os.path.lexists(pk):
@@ -402,12 +405,13 @@ def read_dir(path: str) -> list:
     return out
 
 
-def read_tensor(e: Entry) -> np.ndarray:
-    """One tensor, fresh and native-order (size checked again: the file may have changed)."""
+def read_tensor(e: Entry, data: str | None = None) -> np.ndarray:
+    """One tensor, fresh and native-order (size checked again: the file may have changed).
+    ``data``: the path that reads its ``out`` (a file held open since the folder was read)."""
     p = os.path.join(e.folder, DATA_FILE)
     n = math.prod(e.shape)
     try:
-        arr = np.fromfile(p, dtype=e.dtype, count=n)
+        arr = np.fromfile(data or p, dtype=e.dtype, count=n)
     except OSError as err:
         raise CheckpointError(f"{p}: cannot read ({err.strerror or err})") from None
     if arr.size != n:

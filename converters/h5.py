@@ -47,7 +47,7 @@ from bert_of.tensors import nbytes
 from bert_of.converters import hdf5, hf
 from bert_of.converters.common import Options, ReportLine, Source
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
-from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort
+from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort, whole
 
 NAME = "h5"
 WEIGHTS_FILE = "tf_model.h5"
@@ -144,15 +144,15 @@ _HF_TF_ACTS = ("gelu", "gelu_new", "relu", "tanh", "silu")  # of those, what tra
 # --------------------------------------------------------------------------- paths, detect
 
 
-def _weights_path(path: str) -> str:
+def _weights_path(path: str, pin) -> str:
     if os.path.isdir(path):
         p = os.path.join(path, WEIGHTS_FILE)
-        if not os.path.isfile(p):
-            if os.path.isfile(os.path.join(path, WEIGHTS_FILE + ".index.json")):
+        if not os.path.isfile(pin.real(p)):
+            if os.path.isfile(pin.real(os.path.join(path, WEIGHTS_FILE + ".index.json"))):
                 raise CheckpointError(f"{path}: sharded Keras h5 weights ({WEIGHTS_FILE}.index.json) are not supported")
             raise CheckpointError(f"{path}: no {WEIGHTS_FILE} in the directory")
         return p
-    if not os.path.isfile(path):
+    if not os.path.isfile(pin.real(path)):
         raise CheckpointError(f"{path}: no such file or directory")
     return path
 
@@ -175,11 +175,10 @@ def detect(path: str) -> bool:
 # --------------------------------------------------------------------------- config
 
 
-def _hf_config(path: str, numerics: str | None = None) -> BertConfig:
-    """HF's config.json (shared with the safetensors format: "gelu" means erf)."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: config file not found (pass --config)")
-    return hf.config_from_hf(hf._read_json(path, "HuggingFace config"), path, numerics)
+def _hf_config(path: str, held: str, numerics: str | None = None) -> BertConfig:
+    """HF's config.json (shared with the safetensors format: "gelu" means erf); ``held``: the
+    path that reads it (bert_of.fs.PinnedDir.hold)."""
+    return hf.config_from_hf(hf._read_json(held, "HuggingFace config"), path, numerics)
 
 
 def _hf_config_dict(config: BertConfig, architecture: str) -> dict:
@@ -268,13 +267,24 @@ def _layout_for(path: str, scope: str, groups: set, has_pooler: bool) -> str:
 
 
 def read(path: str, opts: Options) -> Source:
-    h5 = _weights_path(path)
-    f = hdf5.open_file(h5)
+    return whole(path, lambda pin: _read_pinned(pin, path, opts))
+
+
+def _read_pinned(pin, path: str, opts: Options) -> Source:
+    """The .h5 file, its config and vocab from ``pin``'s tree (bert_of.fs.PinnedDir): one checkpoint."""
+    h5 = _weights_path(path, pin)
+    held = pin.hold(h5)
+    side = {}  # display path -> held path: the config and vocab opened with the weights (the probe takes a while)
+    for p in (opts.config or os.path.join(os.path.dirname(h5) or ".", CONFIG_FILE),
+              opts.vocab or os.path.join(os.path.dirname(h5) or ".", VOCAB_FILE)):
+        if os.path.isfile(pin.real(p)):
+            side[p] = pin.hold(p)
+    f = hdf5.open_file(h5, held)
     with hdf5.malformed(h5):
-        return _read(f, h5, opts)
+        return _read(f, h5, opts, side)
 
 
-def _read(f, h5: str, opts: Options) -> Source:
+def _read(f, h5: str, opts: Options, side: dict) -> Source:
     entries, unlisted = _scan(f, h5)
     mapped = [(g, w, ds) for g, w, ds in entries if TABLE.to_canonical(w.partition("/")[2])]
     if not mapped:
@@ -289,13 +299,16 @@ def _read(f, h5: str, opts: Options) -> Source:
     layout = LAYOUTS[_layout_for(h5, scope, {g for g, _, _ in entries}, has_pooler)]
 
     cfg_path = opts.config or os.path.join(os.path.dirname(h5) or ".", CONFIG_FILE)
-    config = _hf_config(cfg_path, opts.numerics)
+    if cfg_path not in side:
+        raise ConfigError(f"{cfg_path}: config file not found (pass --config)")
+    held_cfg = side[cfg_path]
+    config = _hf_config(cfg_path, held_cfg, opts.numerics)
     if layout is LAYOUTS["token"]:
         config.classifier_kind = "token"
     vocab = opts.vocab or os.path.join(os.path.dirname(h5) or ".", VOCAB_FILE)
-    if opts.vocab and not os.path.isfile(vocab):
+    if opts.vocab and vocab not in side:
         raise CheckpointError(f"{vocab}: vocab file not found")
-    vocab = vocab if os.path.isfile(vocab) else None
+    vocab = side.get(vocab)
 
     tied = []  # (dataset, canonical, its report line): the MLM head's references to the embeddings
 
@@ -339,7 +352,7 @@ def _read(f, h5: str, opts: Options) -> Source:
         spelled = TABLE.from_canonical(name)
         return f"{spelled[0].partition('/')[0]}/{scope}/{spelled[0]}" if spelled else name
 
-    return finish(h5, NAME, config, vocab, found, opts, TABLE, fill, noun="dataset", shown=shown, config_file=cfg_path)
+    return finish(h5, NAME, config, vocab, found, opts, TABLE, fill, noun="dataset", shown=shown, config_file=held_cfg)
 
 
 # --------------------------------------------------------------------------- writing

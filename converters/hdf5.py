@@ -47,7 +47,7 @@ def touch(obj):
                 obj.read_direct(out)
         except Exception: pass
 try:
-    f = h5py.File(sys.argv[1], "r")
+    f = h5py.File(open(sys.argv[1], "rb"), "r")  # a file object: a deleted file held open reads too
 except Exception:
     sys.exit(0)
 touch(f)
@@ -59,19 +59,21 @@ except Exception: pass
 """
 
 
-def _probe(path: str) -> None:
-    """Run :data:`_PROBE` on ``path`` in a child process; its crash or hang is a one-line error."""
+def _probe(path: str, opened: str) -> None:
+    """Run :data:`_PROBE` on ``path`` (read as ``opened``) in a child process; its crash or hang is a
+    one-line error."""
     if not sys.executable:  # an embedded interpreter: no Python to start; read in this process
         return
+    m = re.fullmatch(r"/proc/self/fd/(\d+)", opened)
     try:
-        size = os.path.getsize(path)
+        size = os.path.getsize(opened)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
     # generous: reading 1.3 GB (BERT-large) from a cold disk; BERT_OF_HDF5_TIMEOUT sets the base
     timeout = float(os.environ.get("BERT_OF_HDF5_TIMEOUT") or 15) + size / 20e6
     try:
-        r = subprocess.run([sys.executable, "-c", _PROBE, path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=timeout)
+        r = subprocess.run([sys.executable, "-c", _PROBE, opened], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=timeout, pass_fds=(int(m[1]),) if m else ())
     except subprocess.TimeoutExpired:
         raise CheckpointError(f"{path}: malformed HDF5 file: the HDF5 library did not finish reading it within "
                               f"{timeout:.0f} s") from None
@@ -80,14 +82,24 @@ def _probe(path: str) -> None:
                               f"(signal {-r.returncode})")
 
 
-def open_file(path: str):
-    """``h5py.File(path, "r")`` after the probe; a file HDF5 refuses is one line."""
+def open_file(path: str, opened: str | None = None):
+    """``h5py.File(path, "r")`` after the probe; a file HDF5 refuses is one line. ``opened``: the
+    path that reads the file (a file held open: ``/proc/self/fd/N``, passed on to the probe's
+    child, so both read the very file ``path`` named when it was opened); messages name ``path``."""
     import h5py
 
-    _probe(path)
+    opened = opened or path
+    _probe(path, opened)
     try:
-        return h5py.File(path, "r")
+        fobj = open(opened, "rb")
     except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        # through a file object: HDF5 resolves a name's real path, which a held file (/proc/self/fd/N)
+        # whose folder was replaced and deleted no longer has
+        return h5py.File(fobj, "r")
+    except OSError as e:
+        fobj.close()
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", reason)
         if m:

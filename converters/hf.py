@@ -57,7 +57,8 @@ from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import read_json, write_json, writes_to
 from bert_of.converters.common import Options, ReportLine, Source, lower_case_of
 from bert_of.converters.mapping import Table, spell
-from bert_of.converters.reader import CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros, sort
+from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros,
+                                       sort, whole)
 from bert_of.converters.torch_zip import TorchZipFile
 from bert_of.tokenization import read_vocab_lines
 
@@ -239,38 +240,40 @@ def _read_json(path: str, what: str) -> dict:
 
 
 class _Weights:
-    """name -> (file object) over one file or an index of shards."""
+    """name -> (file object) over one file or an index of shards (every file opened now, in
+    ``pin``'s tree: bert_of.fs.PinnedDir)."""
 
-    def __init__(self, path: str):
-        self.files, self.where = {}, {}
+    def __init__(self, path: str, pin):
+        self.files, self.where, self.pin = {}, {}, pin
         st, st_idx = os.path.join(path, SAFETENSORS), os.path.join(path, SAFETENSORS_INDEX)
         pt, pt_idx = os.path.join(path, PT_BIN), os.path.join(path, PT_BIN_INDEX)
-        if os.path.isfile(st):
+        isfile = lambda p: os.path.isfile(pin.real(p))  # noqa: E731
+        if isfile(st):
             self._add(st, SafetensorsFile)
-        elif os.path.isfile(st_idx):
+        elif isfile(st_idx):
             self._index(path, st_idx, SafetensorsFile)
-        elif os.path.isfile(pt):
+        elif isfile(pt):
             self._add(pt, TorchZipFile)
-        elif os.path.isfile(pt_idx):
+        elif isfile(pt_idx):
             self._index(path, pt_idx, TorchZipFile)
         else:
             hint = " (tf_model.h5 is the h5 format: use h52of)" if os.path.isfile(os.path.join(path, "tf_model.h5")) \
                 else ""
             raise CheckpointError(f"{path}: no {SAFETENSORS} or {PT_BIN} in this HuggingFace directory{hint}")
-        self.file = next(iter(self.files.values())).path if len(self.files) == 1 else path
+        self.file = next(iter(self.files)) if len(self.files) == 1 else path
 
     def _add(self, fpath, cls, names=None):
-        f = cls(fpath)
+        f = cls(self.pin.hold(fpath))  # its messages name fpath (reader.whole)
         self.files[fpath] = f
         for k in f.keys():
             if names is not None and names.get(k) != os.path.basename(fpath):
                 continue
             if k in self.where:
-                raise CheckpointError(f"{fpath}: tensor {k} also in {self.where[k].path}")
+                raise CheckpointError(f"{fpath}: tensor {k} also in {self.pin.shown(self.where[k].path)}")
             self.where[k] = f
 
     def _index(self, path, idx, cls):
-        d = _read_json(idx, "shard index")
+        d = _read_json(self.pin.real(idx), "shard index")
         wm = d.get("weight_map")
         if not isinstance(wm, dict) or not wm:
             raise CheckpointError(f"{idx}: no weight_map")
@@ -278,7 +281,7 @@ class _Weights:
             if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
                 raise CheckpointError(f"{idx}: shard name {fn!r} is not a file in this directory")
             fpath = os.path.join(path, fn)
-            if not os.path.isfile(fpath):
+            if not os.path.isfile(self.pin.real(fpath)):
                 raise CheckpointError(f"{fpath}: shard listed in {os.path.basename(idx)} not found")
             self._add(fpath, cls, wm)
         missing = [k for k in wm if k not in self.where]
@@ -305,9 +308,9 @@ class _Weights:
 # --------------------------------------------------------------------------- read
 
 
-def _side_path(path, override, name, what):
+def _side_path(path, override, name, what, pin=None):
     p = override or os.path.join(path, name)
-    if not os.path.isfile(p):
+    if not os.path.isfile(pin.real(p) if pin else p):
         flag = "--config" if what == "config" else "--vocab"
         raise CheckpointError(f"{p}: {what} file not found (pass {flag})")
     return p
@@ -317,18 +320,24 @@ def read(path: str, opts: Options) -> Source:
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory (a HuggingFace checkpoint is a directory with "
                               f"config.json and model.safetensors)")
-    cfg_path = _side_path(path, opts.config, CONFIG_FILE, "config")
-    raw_cfg = _read_json(cfg_path, "HuggingFace config")
+    return whole(path, lambda pin: _read(pin, path, opts))
+
+
+def _read(pin, path: str, opts: Options) -> Source:
+    """Every file through ``pin`` (bert_of.fs.PinnedDir): one checkpoint, whatever replaces ``path``."""
+    cfg_path = _side_path(path, opts.config, CONFIG_FILE, "config", pin)
+    held_cfg = pin.hold(cfg_path)
+    raw_cfg = _read_json(held_cfg, "HuggingFace config")
     if "provenance" in raw_cfg:
         raise CheckpointError(f"{cfg_path}: this is a bert_of config.json (has \"provenance\"); "
                               f"read the directory as format of")
     vocab = None
     if opts.vocab:
-        vocab = _side_path(path, opts.vocab, VOCAB_FILE, "vocab")
-    elif os.path.isfile(os.path.join(path, VOCAB_FILE)):
-        vocab = os.path.join(path, VOCAB_FILE)
+        vocab = pin.hold(_side_path(path, opts.vocab, VOCAB_FILE, "vocab", pin))
+    elif os.path.isfile(pin.real(os.path.join(path, VOCAB_FILE))):
+        vocab = pin.hold(os.path.join(path, VOCAB_FILE))
     config = config_from_hf(raw_cfg, cfg_path, opts.numerics)
-    weights = _Weights(path)
+    weights = _Weights(path, pin)
     names = weights.names()
     where = weights.file
 
@@ -391,7 +400,7 @@ def read(path: str, opts: Options) -> Source:
     def shown(name):  # a tensor the file lacks, as this file would name it
         return name[len("bert."):] if bare and name.startswith("bert.") else name
 
-    return finish(where, NAME, config, vocab, found, opts, TABLE, fill, shown=shown, config_file=cfg_path)
+    return finish(where, NAME, config, vocab, found, opts, TABLE, fill, shown=shown, config_file=held_cfg)
 
 
 def _producer(weights, name, twins, where):
@@ -428,9 +437,13 @@ def inspect(path: str) -> dict:
 
     kind: "model" (mapped), "tied"/"buffer" (checked and dropped on conversion), "unknown".
     """
-    cfg_path = _side_path(path, None, CONFIG_FILE, "config")
-    config = config_from_hf(_read_json(cfg_path, "HuggingFace config"), cfg_path)
-    weights = _Weights(path)
+    return whole(path, lambda pin: _inspect(pin, path))
+
+
+def _inspect(pin, path: str) -> dict:
+    cfg_path = _side_path(path, None, CONFIG_FILE, "config", pin)
+    config = config_from_hf(_read_json(pin.real(cfg_path), "HuggingFace config"), cfg_path)
+    weights = _Weights(path, pin)
     names = weights.names()
     bare = bool(names) and not any(n.startswith(("bert.", "cls.")) for n in names)
     out = []

@@ -81,7 +81,7 @@ from bert_of.fs import writes_to
 from bert_of.tensors import check_shape, nbytes
 from bert_of.converters.common import Options, ReportLine, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
-from bert_of.converters.reader import Entry, Hit, check, finish, sort
+from bert_of.converters.reader import Entry, Hit, check, finish, sort, whole
 
 NAME = "lazy"
 CONFIG_FILE = "bert_config.json"
@@ -300,14 +300,15 @@ def detect(path: str) -> bool:
 # --------------------------------------------------------------------------- read
 
 
-def _find_side(snap, override, name, what):
+def _find_side(snap, override, name, what, pin):
+    """The side file ``name`` (the path naming it): ``override``, else in the snapshot or beside it."""
     if override:
-        if not os.path.isfile(override):
+        if not os.path.isfile(pin.real(override)):
             raise (ConfigError if what == "config" else CheckpointError)(f"{override}: {what} file not found")
         return override
     for d in (snap, os.path.dirname(os.path.abspath(snap))):
         p = os.path.join(d, name)
-        if os.path.isfile(p):
+        if os.path.isfile(pin.real(p)):
             return p
     return None
 
@@ -329,6 +330,7 @@ class _Var(Entry):
     def __init__(self, name, d, kind, target, transform, evidence, extra):
         super().__init__(name, read=self._read)
         self.dir, self.kind, self.evidence, self.extra, self.meta = d, kind, evidence, extra, None
+        self.data = None  # the path that reads ``out`` once it is held open (reader.whole), else out
         self.hit = None if kind is None else Hit(target, transform, optimizer=kind != "model")
 
     target = property(lambda self: self.hit.target)
@@ -341,7 +343,7 @@ class _Var(Entry):
     def _read(self):
         n = math.prod(self.shape)
         try:
-            arr = np.fromfile(self.out, dtype=self.dtype, count=n)
+            arr = np.fromfile(self.data or self.out, dtype=self.dtype, count=n)
         except OSError as e:
             raise CheckpointError(f"{self.out}: cannot read ({e.strerror or e})") from None
         if arr.size != n:
@@ -377,10 +379,16 @@ def read(path: str, opts: Options) -> Source:
     snap = path.rstrip("/") or path
     if not os.path.isdir(snap):
         raise CheckpointError(f"{snap}: not a directory (a lazy OneFlow snapshot is a directory of variable folders)")
-    done = os.path.isfile(os.path.join(snap, SNAPSHOT_DONE))
+    return whole(snap, lambda pin: _read(pin, snap, opts))
+
+
+def _read(pin, snap: str, opts: Options) -> Source:
+    """Every variable folder through ``pin`` (bert_of.fs.PinnedDir: one snapshot, whatever replaces
+    ``snap``); the variables' paths read that tree (messages name them as ``snap`` does)."""
+    done = os.path.isfile(pin.real(os.path.join(snap, SNAPSHOT_DONE)))
 
     vars_, empty = [], []
-    for e in sorted(os.scandir(snap), key=lambda e: e.name):
+    for e in sorted(os.scandir(pin.real(snap)), key=lambda e: e.name):
         if not e.is_dir():
             continue  # snapshot_done, bert_config.json, vocab.txt, notes: not variables
         if not os.path.isfile(os.path.join(e.path, DATA_FILE)):
@@ -408,18 +416,23 @@ def read(path: str, opts: Options) -> Source:
         raise CheckpointError(f"{snap}: folder {empty[0]} has no {DATA_FILE} file (a variable folder without data; "
                               f"--skip-unknown ignores it)")
     found = sort(vars_, lambda v: v.hit, opts, snap, "variable", TABLE)
+    for v, _ in found.model + found.optimizer:  # read later, from this snapshot even once it is replaced
+        v.data = pin.hold(v.out, spare=True)
     known = [v for v in vars_ if v.kind is not None]
     variant, why = _variant(snap, known, done)
 
-    cfg_path = _find_side(snap, opts.config, CONFIG_FILE, "config")
+    cfg_path = _find_side(snap, opts.config, CONFIG_FILE, "config", pin)
     if cfg_path is None:
         need = ("its variables have no meta files, so shapes must come from it; "
                 if not all(v.meta for v in known) else "")
         raise ConfigError(f"{snap}: no {CONFIG_FILE} in the snapshot or its parent directory ({need}pass --config)")
-    config = BertConfig.from_google_json_file(cfg_path)
+    held_cfg = pin.hold(cfg_path)
+    with open(held_cfg, "rb") as f:
+        config = BertConfig.from_google_json_file(cfg_path, raw=f.read())
     provenance = opts.numerics or ("tf1" if variant == "tf" else "lazy")
     apply_numerics(config, provenance)
-    vocab = _find_side(snap, opts.vocab, VOCAB_FILE, "vocab")
+    vocab = _find_side(snap, opts.vocab, VOCAB_FILE, "vocab", pin)
+    vocab = vocab and pin.hold(vocab)
 
     _resolve_shapes(snap, known, config, variant)
 
@@ -452,7 +465,7 @@ def read(path: str, opts: Options) -> Source:
     for k in ("loss_scale", "good_step_counter"):
         if k in jobs and jobs[k] != meta.setdefault("lazy_job_name", jobs[k]):
             meta["lazy_loss_scale_job_name"] = jobs[k]
-    source = finish(snap, NAME, config, vocab, found, opts, TABLE, optimizer_meta=meta, config_file=cfg_path)
+    source = finish(snap, NAME, config, vocab, found, opts, TABLE, optimizer_meta=meta, config_file=held_cfg)
     source.native_numerics = "tf1" if variant == "tf" else "lazy"
     return source
 

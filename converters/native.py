@@ -32,6 +32,7 @@ from bert_of.converters import flow_save
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import apply, apply_shape, inverse
 from bert_of.converters.native_config import load_config
+from bert_of.converters.reader import whole
 
 VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "config.json"
@@ -69,15 +70,21 @@ def _bare(keys, roots) -> bool:
 
 
 def read(path: str, opts: Options, layout: Layout) -> Source:
-    entries = flow_save.read_dir(path)
+    return whole(path, lambda pin: _read(pin, path, opts, layout))
+
+
+def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
+    """The folder's files through ``pin`` (bert_of.fs.PinnedDir): one checkpoint, whatever replaces
+    ``path`` meanwhile; the entries' folders read that tree."""
+    entries = flow_save.read_dir(path, pin.real(path))
     if not entries:
         raise CheckpointError(f"{path}: an empty flow.save state dict")
-    config, cfg_path = load_config(path, opts.config, layout.name)
+    config, cfg_path = load_config(path, opts.config, layout.name, pin.real)
     keys = [e.key for e in entries]
     bare = _bare(keys, layout.roots)
     full = {e.key: ("bert." + e.key if bare and e.key.split(".", 1)[0] in layout.roots else e.key) for e in entries}
-    where = os.path.join(path, flow_save.PICKLE_FILE) if os.path.isfile(os.path.join(path, flow_save.PICKLE_FILE)) \
-        else path
+    where = os.path.join(path, flow_save.PICKLE_FILE) \
+        if os.path.isfile(pin.real(os.path.join(path, flow_save.PICKLE_FILE))) else path
     clf = [e for e in entries if full[e.key] in ("classifier.weight", "classifier.bias")]
     for e in clf:
         if full[e.key] == "classifier.weight" and len(e.shape) == 2:
@@ -112,6 +119,8 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
         else:
             report.append(ReportLine(e.key, "dropped", note=hit.note))
 
+    held = {e.folder: pin.hold(os.path.join(e.folder, flow_save.DATA_FILE), spare=True)  # read later, from this tree
+            for e, _ in model + [c for c in checks if c[1].kind == "tied"]}
     tensors = []
     ties = {}  # canonical -> [twin entries] whose bytes must equal it
     for e, hit in checks:
@@ -121,14 +130,15 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
         if hit.kind == "mapped":
             c = hit.canonical[0]
             spec = TensorSpec(c, e.dtype, apply_shape(hit.transform, e.shape))
-            tensors.append(cast_spec(spec, _producer(e, hit, None, ties.get(c, []), where), opts.dtype))
+            tensors.append(cast_spec(spec, _producer(e, hit, None, ties.get(c, []), where, held), opts.dtype))
         else:
             n = len(hit.canonical)
             if not e.shape or e.shape[0] % n:
                 raise CheckpointError(f"{where}: tensor {e.key} has shape {list(e.shape)}, not {n} fused parts")
             shape = (e.shape[0] // n,) + tuple(e.shape[1:])
             for j, c in enumerate(hit.canonical):
-                tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where), opts.dtype))
+                tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where, held),
+                                         opts.dtype))
     if POOLER[0] not in back and POOLER[1] not in back and layout.no_pooler(config):
         # like HF's QA model: zeros the heads never read, left out again on write
         H, dt = config.hidden_size, (tensors[0][0].dtype if tensors else np.dtype("<f4"))
@@ -142,29 +152,30 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
         msg = hit.check(flow_save.read_tensor(e)) if hit.check else None
         if msg:
             raise CheckpointError(f"{where}: buffer {e.key} {msg}")
-    vocab = opts.vocab or _beside(path, VOCAB_FILE, cfg_path)
-    if opts.vocab and not os.path.isfile(opts.vocab):
+    vocab = opts.vocab or _beside(path, VOCAB_FILE, cfg_path, pin.real)
+    if opts.vocab and not os.path.isfile(pin.real(opts.vocab)):
         raise CheckpointError(f"{opts.vocab}: vocab file not found")
+    vocab = vocab and pin.hold(vocab)
     source = Source(path, layout.name, config, vocab, tensors, [], {}, report)
     # the tensors as the file stores them, for verify's reference (its own names and layout)
-    source.stored = {e.key: (lambda e=e: flow_save.read_tensor(e)) for e, _ in model}
+    source.stored = {e.key: (lambda e=e: flow_save.read_tensor(e, held.get(e.folder))) for e, _ in model}
     return source
 
 
-def _beside(path, name, cfg_path):
+def _beside(path, name, cfg_path, real):
     for d in (path, os.path.dirname(os.path.abspath(path)), os.path.dirname(cfg_path or "")):
-        if d and os.path.isfile(os.path.join(d, name)):
+        if d and os.path.isfile(real(os.path.join(d, name))):
             return os.path.join(d, name)
     return None
 
 
-def _producer(e, hit, part, twins, where):
+def _producer(e, hit, part, twins, where, held):
     def produce():
-        arr = flow_save.read_tensor(e)
+        arr = flow_save.read_tensor(e, held.get(e.folder))
         for t in twins:
             if t.folder == e.folder:
                 continue  # one pickled object: the same tensor
-            other = flow_save.read_tensor(t)
+            other = flow_save.read_tensor(t, held.get(t.folder))
             if other.dtype != arr.dtype or other.shape != arr.shape or other.tobytes() != arr.tobytes():
                 raise CheckpointError(f"{where}: tensor {t.key} differs from {e.key}; the model ties them "
                                       f"(bert_of keeps one)")

@@ -242,11 +242,12 @@ def read_config_file(path: str) -> dict:
 # --------------------------------------------------------------------------- which config, what it says
 
 
-def find_config(path: str, override=None):
+def find_config(path: str, override=None, real=lambda p: p):
     """The config file of the flow.save folder ``path``: ``override``, a LiBai run's config.yaml, a
-    config.json / bert_config.json in or beside it; None when there is none."""
+    config.json / bert_config.json in or beside it; None when there is none. ``real(p)``: the path
+    that reads ``p`` (bert_of.fs.PinnedDir.real)."""
     if override:
-        if not os.path.isfile(override):
+        if not os.path.isfile(real(override)):
             raise ConfigError(f"{override}: config file not found")
         return override
     here = os.path.abspath(path)
@@ -254,10 +255,10 @@ def find_config(path: str, override=None):
     for d in (here, parent):
         for name in CONFIG_NAMES + (LIBAI_RUN_CONFIG,):
             p = os.path.join(d, name)
-            if os.path.isfile(p):
+            if os.path.isfile(real(p)):
                 return p
     p = os.path.join(os.path.dirname(parent), LIBAI_RUN_CONFIG)  # output_dir/model_final/model/
-    if os.path.basename(parent).startswith("model_") and os.path.isfile(p):
+    if os.path.basename(parent).startswith("model_") and os.path.isfile(real(p)):
         return p
     return None
 
@@ -369,14 +370,15 @@ def ofmodels_args_of(config: BertConfig) -> dict:
     return dict(sorted(d.items()))
 
 
-def load_config(path: str, override, fmt: str):
+def load_config(path: str, override, fmt: str, real=lambda p: p):
     """(BertConfig, config file) for the flow.save folder ``path`` read as format ``fmt``
-    ("ofsd" | "ofmodels" | "libai"); ConfigError naming what is missing."""
-    where = find_config(path, override)
+    ("ofsd" | "ofmodels" | "libai"); ConfigError naming what is missing. ``real(p)``: the path that
+    reads ``p`` (bert_of.fs.PinnedDir.real)."""
+    where = find_config(path, override, real)
     if where is None:
         raise ConfigError(f"{path}: no config in or beside this flow.save folder (config.json, bert_config.json, "
                           f"a LiBai run's config.yaml): pass --config")
-    raw = model_cfg(read_config_file(where), where)
+    raw = model_cfg(read_config_file(real(where)), where)
     kind = kind_of(raw)
     if fmt == "libai" and kind != "libai" and kind != "bert_of":
         raise ConfigError(f"{where}: a LiBai checkpoint's LayerNorm placement is in its LiBai config "

@@ -9,6 +9,7 @@ from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.reader import whole
 
 NAME = "of"
 
@@ -26,9 +27,10 @@ def detect(path: str) -> bool:
         return False
 
 
-def _lazy(path):
-    """(specs with producers, metadata) of a safetensors file, read one tensor per call."""
-    f = SafetensorsFile(path)
+def _lazy(pin, path):
+    """(specs with producers, metadata) of a safetensors file in ``pin``'s tree, read one tensor
+    per call (from the file opened now)."""
+    f = SafetensorsFile(path, open(pin.real(path), "rb"))
     items = [(f.spec(k), (lambda k=k: f.get(k))) for k in f.keys()]
     return items, dict(f.metadata)
 
@@ -36,22 +38,30 @@ def _lazy(path):
 def read(path: str, opts: Options) -> Source:
     if not is_checkpoint_dir(path):
         load_checkpoint(path)  # raises the precise reason
-    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    return whole(path, lambda pin: _read(pin, path, opts))
+
+
+def _read(pin, path: str, opts: Options) -> Source:
+    cfg = os.path.join(path, CONFIG_NAME)
+    held_cfg = pin.hold(cfg)
+    with open(held_cfg, "rb") as f:
+        config = BertConfig.from_json_file(cfg, raw=f.read())
     vocab = opts.vocab or os.path.join(path, VOCAB_NAME)
-    model, _ = _lazy(os.path.join(path, WEIGHTS_NAME))
+    vocab = pin.hold(vocab) if os.path.isfile(pin.real(vocab)) else None
+    model, _ = _lazy(pin, os.path.join(path, WEIGHTS_NAME))
     tensors = [cast_spec(s, p, opts.dtype) for s, p in model]
     report = [ReportLine(s.name, "mapped", s.name) for s, _ in model]
     optim, meta = [], {}
-    if os.path.isfile(os.path.join(path, OPTIMIZER_NAME)):
-        items, meta = _lazy(os.path.join(path, OPTIMIZER_NAME))
+    if os.path.isfile(pin.real(os.path.join(path, OPTIMIZER_NAME))):
+        items, meta = _lazy(pin, os.path.join(path, OPTIMIZER_NAME))
         for s, p in items:
             if opts.with_optimizer:
                 optim.append((s, p))
                 report.append(ReportLine(s.name, "optimizer", s.name))
             else:
                 report.append(ReportLine(s.name, "dropped", note="optimizer state; convert it with --with-optimizer"))
-    return Source(path, NAME, config, vocab if os.path.isfile(vocab) else None, tensors, optim, meta, report,
-                  {s.name: p for s, p in model}, os.path.join(path, CONFIG_NAME))
+    return Source(path, NAME, config, vocab, tensors, optim, meta, report,
+                  {s.name: p for s, p in model}, held_cfg)
 
 
 def write_files(source: Source, d: str, opts: Options) -> list:

@@ -32,6 +32,11 @@ The API:
   gets a layout in ``converters/reference_np.py`` (its names, orientation and numerics, written
   from the format's own code, not from its TABLE).
 
+Whole checkpoints: :func:`whole` runs a format's read on one :class:`bert_of.fs.PinnedDir` (the
+folder, or the folder holding a file or TF prefix), so every file comes from one tree even while
+``--overwrite`` swaps the path between checkpoints; a read that the swap broke is read again,
+and the producers keep the pin (they read that tree, or fail with ``SourceChanged``).
+
 An entry's shape and dtype may be filled in after :func:`sort` (a format that learns them only
 for the tensors it keeps, or from the config); the report's layout notes ("transposed") are
 written by :func:`finish`, from the transforms as they are then.
@@ -45,7 +50,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
+from bert_of.errors import BertOfError, CheckpointError, SourceChanged
+from bert_of.fs import PinnedDir
 from bert_of.tensors import SCALAR_SLOTS, SCALAR_STATE, TensorSpec, check_fit, checked_producer
 from bert_of.converters.common import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
@@ -199,3 +205,76 @@ def finish(where: str, fmt: str, config: BertConfig, vocab: Optional[str], found
                   dict(optimizer_meta or {}) if found.optimizer else {}, found.report,
                   {e.name: checked_producer(TensorSpec(e.name, np.dtype(e.dtype), e.shape), e.read, where)
                    for e, _ in found.model}, config_file)
+
+
+ATTEMPTS = 5  # reads of a checkpoint replaced meanwhile, as bert_of.checkpoint.load_checkpoint
+
+
+def _one_line(pin: PinnedDir, e: Exception) -> BertOfError:
+    """``e`` as one bert_of error naming files as the user did (not through /proc)."""
+    if isinstance(e, OSError):
+        where = pin.shown(e.filename) if isinstance(e.filename, str) else pin.path
+        return CheckpointError(f"{where}: cannot read ({e.strerror or e})")
+    text = pin.shown(str(e))
+    if text == str(e):
+        return e
+    try:
+        return type(e)(text)
+    except TypeError:
+        return CheckpointError(text)
+
+
+def whole(path: str, read_pinned: Callable[[PinnedDir], Source]):
+    """``read_pinned(pin)`` on ``path``'s tree held open: one whole checkpoint (see the module doc).
+
+    The reader opens every file of the checkpoint through ``pin`` (``pin.real(p)`` / ``pin.hold(p)``
+    for the display path ``p``). When the tree was replaced while it was read (a file of it gone,
+    or an error while ``pin.replaced()``), the whole read starts again, up to ATTEMPTS times."""
+    for attempt in range(ATTEMPTS):
+        try:
+            pin = PinnedDir.around(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: no such file or directory") from None
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
+        try:
+            source = read_pinned(pin)
+        except (OSError, BertOfError) as e:
+            again = pin.replaced()
+            err = _one_line(pin, e)
+            pin.close()
+            if not again:
+                raise err from None
+            if attempt == ATTEMPTS - 1:
+                raise SourceChanged(f"{path}: replaced {ATTEMPTS} times while being read (is something rewriting "
+                                    f"it in a loop?): {err}") from None
+            continue
+        if isinstance(source, Source):
+            _keep(source, pin)
+        else:  # a description (inspect), read whole: nothing streams from it later
+            pin.close()
+        return source
+    raise AssertionError("unreachable")
+
+
+def _keep(source: Source, pin: PinnedDir) -> None:
+    """Producers that read ``pin``'s tree: an error once it was replaced is ``SourceChanged``."""
+    source.pinned = pin
+    where = source.path  # not the Source: no cycle, so its files close when it is dropped
+
+    def keep(p):
+        def produce():
+            try:
+                return p()
+            except (OSError, BertOfError) as e:
+                err = _one_line(pin, e)
+                if pin.replaced():
+                    raise SourceChanged(f"{where}: replaced by another checkpoint while its tensors were "
+                                        f"being read ({err}); read it again") from None
+                raise err from None
+        produce.checked = getattr(p, "checked", False)
+        return produce
+
+    source.tensors = [(s, keep(p)) for s, p in source.tensors]
+    source.optimizer = [(s, keep(p)) for s, p in source.optimizer]
+    source.stored = {k: keep(p) for k, p in source.stored.items()}

@@ -21,7 +21,7 @@ from bert_of.errors import CheckpointError
 from bert_of.converters import tf1_bundle
 from bert_of.converters.common import Options, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, inverse, spell
-from bert_of.converters.reader import Entry, Hit, finish, hit, sort
+from bert_of.converters.reader import Entry, Hit, finish, hit, sort, whole
 
 NAME = "tf"
 CONFIG_FILE = "bert_config.json"
@@ -63,9 +63,9 @@ def detect(path: str) -> bool:
         return False
 
 
-def _side_file(prefix: str, override, name: str, what: str) -> str:
+def _side_file(prefix: str, override, name: str, what: str, pin) -> str:
     path = override or os.path.join(os.path.dirname(prefix) or ".", name)
-    if not os.path.isfile(path):
+    if not os.path.isfile(pin.real(path)):
         flag = "--config" if what == "config" else "--vocab"
         raise CheckpointError(f"{path}: {what} file not found (pass {flag})")
     return path
@@ -90,27 +90,39 @@ def _classify(name: str):
 def read(path: str, opts: Options, require_vocab: bool = True) -> Source:
     """The checkpoint as canonical tensors. ``require_vocab=False`` (verify: TF's side needs no
     vocabulary) reads a checkpoint without ``vocab.txt`` too."""
-    prefix = tf1_bundle.resolve_prefix(path)
-    entries = tf1_bundle.read_index(prefix)
+    return whole(path, lambda pin: _read(pin, path, opts, require_vocab))
+
+
+def _read(pin, path: str, opts: Options, require_vocab: bool) -> Source:
+    """Index, data shards (held open for the producers), config and vocab from ``pin``'s tree."""
+    real = tf1_bundle.resolve_prefix(pin.real(path))
+    prefix = pin.shown(real)
+    entries = tf1_bundle.read_index(real)
     if not any(TABLE.to_canonical(n) for n in entries):
         raise CheckpointError(f"{prefix}: not a BERT checkpoint (no bert/embeddings/word_embeddings or other BERT variable)")
-    cfg_path = _side_file(prefix, opts.config, CONFIG_FILE, "config")
-    config = BertConfig.from_google_json_file(cfg_path)
+    cfg_path = _side_file(prefix, opts.config, CONFIG_FILE, "config", pin)
+    held_cfg = pin.hold(cfg_path)
+    with open(held_cfg, "rb") as f:
+        config = BertConfig.from_google_json_file(cfg_path, raw=f.read())
     vocab = None
-    if require_vocab or opts.vocab or os.path.isfile(os.path.join(os.path.dirname(prefix) or ".", VOCAB_FILE)):
-        vocab = _side_file(prefix, opts.vocab, VOCAB_FILE, "vocab")
-    found = sort([_entry(prefix, e) for e in entries.values()], lambda e: _classify(e.name), opts, prefix,
+    if require_vocab or opts.vocab or os.path.isfile(pin.real(os.path.join(os.path.dirname(prefix) or ".", VOCAB_FILE))):
+        vocab = pin.hold(_side_file(prefix, opts.vocab, VOCAB_FILE, "vocab", pin))
+    shards = {}  # shard -> the path that reads it (opened now: the data of this index)
+    for e in entries.values():
+        if not e.slices and e.shard not in shards:
+            shards[e.shard] = pin.hold(tf1_bundle.data_path(real, e.shard, e.num_shards))
+    found = sort([_entry(real, e, shards) for e in entries.values()], lambda e: _classify(e.name), opts, prefix,
                  "variable", TABLE)
-    return finish(prefix, NAME, config, vocab, found, opts, TABLE, optimizer_meta=OPTIMIZER_META, config_file=cfg_path)
+    return finish(prefix, NAME, config, vocab, found, opts, TABLE, optimizer_meta=OPTIMIZER_META, config_file=held_cfg)
 
 
-def _entry(prefix, e) -> Entry:
+def _entry(prefix, e, shards) -> Entry:
     problem = ""
     if e.slices:  # strings, resources, unknown enums, partitions: not numbers we can read
         problem = f"is a partitioned variable ({e.slices} slices); slice assembly is not supported"
     elif not isinstance(e.dtype, np.dtype):
         problem = f"has dtype {e.dtype}, not a numeric type"
-    return Entry(e.name, e.shape, e.dtype, lambda: tf1_bundle.read_tensor(prefix, e), problem)
+    return Entry(e.name, e.shape, e.dtype, lambda: tf1_bundle.read_tensor(prefix, e, data=shards.get(e.shard)), problem)
 
 
 def write_files(source: Source, d: str, opts: Options) -> list:

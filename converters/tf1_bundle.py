@@ -459,8 +459,11 @@ _DATA_RE = re.compile(r"^(.*)\.data-\d{5}-of-\d{5}$")
 _STATE_RE = re.compile(r'^\s*model_checkpoint_path\s*:\s*"((?:[^"\\]|\\.)*)"\s*$', re.M)
 
 
-def _data_path(prefix: str, shard: int, num_shards: int) -> str:
+def data_path(prefix: str, shard: int, num_shards: int) -> str:
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+_data_path = data_path
 
 
 def _from_state_file(d: str) -> str | None:
@@ -674,11 +677,13 @@ def _open(path: str):
         raise CheckpointError(f"{path}: cannot open data shard ({e.strerror})") from None
 
 
-def read_tensor(prefix, entry: TensorEntry, verify_crc: bool = True) -> np.ndarray:
-    """Load one tensor as a writable C-contiguous array of ``entry.shape``."""
-    prefix = _prefix(prefix)
+def read_tensor(prefix, entry: TensorEntry, verify_crc: bool = True, data: str | None = None) -> np.ndarray:
+    """Load one tensor as a writable C-contiguous array of ``entry.shape``. ``data``: the path that
+    reads its shard (a file held open since the index was read), else the shard by name."""
+    if data is None:
+        prefix = _prefix(prefix)
     dtype = _check_loadable(prefix, entry)
-    path = _data_path(prefix, entry.shard, _num_shards(prefix, entry))
+    path = data or _data_path(prefix, entry.shard, _num_shards(prefix, entry))
     with _open(path) as f:
         return _read_entry(f, path, entry, dtype, verify_crc)
 

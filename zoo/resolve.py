@@ -28,7 +28,8 @@ from typing import NamedTuple, Optional
 
 from bert_of.converters.common import Options
 from bert_of.converters.convert import detect
-from bert_of.errors import BertOfError, CheckpointError
+from bert_of.converters.reader import ATTEMPTS
+from bert_of.errors import BertOfError, CheckpointError, SourceChanged
 from bert_of.fs import atomic_write, publishing, sha256_file, utc_now
 from bert_of.version import __version__
 from bert_of.zoo.cache import MANIFEST, convert_record, dir_size, entry_lock, lift, read_manifest, write_manifest
@@ -77,7 +78,19 @@ def _from_path(z, path: str, vocab) -> Resolved:
 
 
 def converted(z, src: str, fmt: str, vocab: Optional[str] = None) -> str:
-    """The bert_of copy of the ``fmt`` checkpoint ``src`` in ``<cache>/converted/``, made if needed."""
+    """The bert_of copy of the ``fmt`` checkpoint ``src`` in ``<cache>/converted/``, made if needed.
+    A source replaced while it was converted (``--overwrite`` of it meanwhile) is converted again,
+    up to ATTEMPTS times."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return _converted(z, src, fmt, vocab)
+        except SourceChanged:
+            if attempt == ATTEMPTS - 1:
+                raise
+            z.log(f"{src}: changed while it was being converted; converting it again")
+
+
+def _converted(z, src: str, fmt: str, vocab: Optional[str] = None) -> str:
     skey, listing = source_key(src, fmt, vocab)
     ref = os.path.join(z.cache_dir, "converted", REFS, skey)
     found = _referenced(z, ref)
@@ -104,7 +117,7 @@ def _convert_into(z, dst, src, fmt, vocab, skey, listing, ckey) -> None:
         out = os.path.join(stage, ".out")
         conversion = convert_record(src, fmt, out, "of", Options(vocab=vocab))
         if source_key(src, fmt, vocab)[0] != skey:
-            raise CheckpointError(f"{src}: changed while it was being converted (still being written?); "
+            raise SourceChanged(f"{src}: changed while it was being converted (still being written?); "
                                   "nothing was kept")
         lift(out, stage)
         write_manifest(stage, {"zoo_manifest": 1, "kind": "converted", "created": utc_now(),
@@ -148,9 +161,20 @@ def _source_files(src: str) -> tuple:
 def content_key(src: str, fmt: str, vocab: Optional[str] = None) -> str:
     """The key of ``src``'s converted copy: a hash of what its files hold (reads every file)."""
     root, names = _source_files(src)
-    ident = {"format": fmt, "files": [[n, sha256_file(os.path.join(root, n))] for n in names],
+    ident = {"format": fmt, "files": [[n, _sha256(src, os.path.join(root, n))] for n in names],
              "vocab": sha256_file(vocab) if vocab else None, "bert_of": __version__}
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def _sha256(src: str, path: str) -> str:
+    if not os.path.lexists(path):  # listed a moment ago: the folder was replaced meanwhile
+        raise SourceChanged(f"{src}: changed while it was being read ({os.path.basename(path)} is gone)")
+    try:
+        return sha256_file(path)
+    except BertOfError:
+        if not os.path.lexists(path):
+            raise SourceChanged(f"{src}: changed while it was being read ({os.path.basename(path)} is gone)") from None
+        raise
 
 
 def source_key(src: str, fmt: str, vocab: Optional[str] = None) -> tuple:
@@ -160,7 +184,10 @@ def source_key(src: str, fmt: str, vocab: Optional[str] = None) -> tuple:
     root, names = _source_files(src)
     listing = []
     for n in names:
-        st = os.stat(os.path.join(root, n))
+        try:
+            st = os.stat(os.path.join(root, n))
+        except FileNotFoundError:  # listed a moment ago: the folder was replaced meanwhile
+            raise SourceChanged(f"{src}: changed while it was being read ({n} is gone)") from None
         listing.append([n, st.st_size, st.st_mtime_ns])
     voc = None
     if vocab:
