@@ -10,7 +10,8 @@ The ways must agree (see ``bert-of align``); what makes them agree:
   names as excludes, because graph mode clips gradients per group and clipping must see one
   global norm (:mod:`bert_of.training.optim`).
 - Eager clips with one global norm over all parameters, with the graph's formula.
-- Dropout draws from one generator seeded by (seed, step, rank): runs repeat, resumes replay.
+- Dropout draws from the model's one generator (``model.dropout_generator``), seeded every step
+  by (seed, step, rank): runs repeat, resumes replay.
 - Gradient accumulation splits the batch into k micro-batches; each micro-batch's loss is
   scaled by 1/k (the graph does the same).
 - AMP: the graph gets OneFlow's GradScaler conf; eager steps a dynamic loss scaler of our own
