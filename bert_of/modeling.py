@@ -471,7 +471,12 @@ def as_input(x, name: str, like, ids: bool = True):
 
 
 class BertModel(_PreTrained):
-    """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors."""
+    """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors.
+
+    ``dropout_generator``: the one ``flow.Generator`` every dropout of the model draws from (each
+    ``nn.Dropout`` otherwise makes its own, unseeded). Seed it for repeatable masks (the trainer
+    does, every step); its state is the dropout RNG a training checkpoint keeps.
+    """
 
     _ckpt_prefix = "bert."
 
@@ -481,6 +486,10 @@ class BertModel(_PreTrained):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config)
+        self.dropout_generator = flow.Generator()
+        for m in self.modules():
+            if isinstance(m, nn.Dropout):
+                m.generator = self.dropout_generator
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=None,
                 output_attentions=None, return_dict=None) -> BertModelOutput:
@@ -525,6 +534,11 @@ class _WithBert(_PreTrained):
         self.config = config
         self.bert = BertModel(config)
 
+    @property
+    def dropout_generator(self):
+        """The generator of every dropout, the heads' too (see :class:`BertModel`)."""
+        return self.bert.dropout_generator
+
 
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
@@ -564,10 +578,6 @@ class BertPreTrainingHeads(nn.Module):
 class BertForPreTraining(_WithBert):
     """BertModel + MLM head (tied to word embeddings) + next-sentence head."""
 
-    # Eager DDP over N ranks with local tensors: the MLM denominator is the weight sum over all
-    # ranks / N (the Trainer sets it), so the mean of the ranks' losses is the global-batch loss.
-    ddp_world = 1
-
     def __init__(self, config: BertConfig):
         super().__init__(config)
         self.cls = BertPreTrainingHeads(config)
@@ -575,7 +585,7 @@ class BertForPreTraining(_WithBert):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_positions=None,
                 masked_lm_ids=None, masked_lm_weights=None, next_sentence_labels=None, labels=None,
                 next_sentence_label=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None) -> PreTrainingOutput:
+                return_dict=None, ddp_world: int = 1) -> PreTrainingOutput:
         """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits, NSP logits [B,2].
 
         MLM logits are [B, S, V], or [B, P, V] at ``masked_lm_positions`` (int64 [B, P]) as in
@@ -584,6 +594,8 @@ class BertForPreTraining(_WithBert):
         (default all 1), shaped like the logits' rows ([B, P] or [B, S]); ``next_sentence_labels``
         int64 [B]. transformers' spellings work too: ``labels`` (-100 = not predicted, i.e.
         weight 0) and ``next_sentence_label``. ``loss`` is MLM + NSP (or the one given).
+        ``ddp_world``: under eager DDP over N ranks with local tensors, N: the MLM denominator is
+        the weight sum over all ranks / N, so the mean of the ranks' losses is the global-batch loss.
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         like = self.bert.embeddings.word_embeddings.weight
@@ -612,7 +624,7 @@ class BertForPreTraining(_WithBert):
         if masked_lm_ids is not None:
             if masked_lm_weights is None:
                 masked_lm_weights = flow.ones_like(masked_lm_ids).to(flow.float32)
-            res.mlm_loss, res.mlm_acc = masked_lm_loss(pred, masked_lm_ids, masked_lm_weights, self.ddp_world)
+            res.mlm_loss, res.mlm_acc = masked_lm_loss(pred, masked_lm_ids, masked_lm_weights, ddp_world)
         if next_sentence_labels is not None:
             res.nsp_loss, res.nsp_acc = next_sentence_loss(nsp, next_sentence_labels)
         if res.mlm_loss is not None and res.nsp_loss is not None:
@@ -657,7 +669,7 @@ class BertForSequenceClassification(_WithBert):
 
     def __init__(self, config: BertConfig):
         super().__init__(replace(config, classifier_kind="sequence") if config.classifier_kind != "sequence" else config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob, generator=self.bert.dropout_generator)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
@@ -695,7 +707,7 @@ class BertForTokenClassification(_WithBert):
 
     def __init__(self, config: BertConfig):
         super().__init__(replace(config, classifier_kind="token") if config.classifier_kind != "token" else config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob, generator=self.bert.dropout_generator)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,

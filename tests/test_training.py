@@ -201,6 +201,30 @@ def test_one_trainer_for_every_head():
         assert np.array_equal(p.numpy(), q.numpy()), n  # scaling by 2^16 and back is exact
 
 
+def test_every_dropout_draws_from_the_models_one_generator():
+    """What the trainer seeds every step: the model's own generator, the heads' dropout included;
+    seeding it repeats the masks, another seed draws others."""
+    from bert_of.modeling import BertForSequenceClassification, BertForTokenClassification
+
+    ids = flow.tensor(global_batch(0)["input_ids"])
+    for cls in (BertForPreTraining, BertForSequenceClassification, BertForTokenClassification):
+        model = cls(BertConfig(**dict(CONFIG, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)))
+        model.train()
+        drops = [m for m in model.modules() if isinstance(m, flow.nn.Dropout)]
+        assert len(drops) >= 1 + 3 * CONFIG["num_hidden_layers"] and all(m.generator is model.dropout_generator
+                                                                     for m in drops), cls.__name__
+
+        def forward(seed):
+            model.dropout_generator.manual_seed(seed)
+            out = model(ids)
+            head = out.prediction_logits if cls is BertForPreTraining else out.logits
+            return [out.sequence_output.numpy(), head.numpy()]
+
+        a, b, c = forward(1), forward(1), forward(2)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), cls.__name__
+        assert not any(np.array_equal(x, z) for x, z in zip(a, c)), cls.__name__
+
+
 def test_a_batch_without_labels_is_refused():
     from bert_of.errors import ConfigError
 

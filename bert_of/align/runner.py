@@ -84,10 +84,9 @@ def execute_run(spec: dict, rank: int = 0, world: int = 1) -> dict:
         model.init_weights(seed=init.get("seed", 0))
     dist, device = spec.get("dist", "none"), spec.get("device", "cpu")
     rt = Runtime.create(device, dist="global" if device != "cpu" else dist)
-    trainer = Trainer(model, TrainConfig(**spec["train"]), rt)
     variant = spec.get("variant") or {}
-    if variant.get("ddp_local_denominator"):
-        model.ddp_world = 1  # naive DDP: every rank normalises the MLM loss by its OWN weight sum
+    naive = variant.get("ddp_local_denominator")  # naive DDP: each rank's MLM loss over its OWN weight sum
+    trainer = Trainer(model, TrainConfig(**spec["train"]), rt, ddp_world=1 if naive else None)
     if init["kind"] == "checkpoint" and init.get("optimizer"):
         _load_optimizer_state(trainer, init["path"])
     stream = BatchStream(spec["data"], rank, world)

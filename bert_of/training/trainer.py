@@ -10,7 +10,8 @@ The ways must agree (see ``bert-of align``); what makes them agree:
   names as excludes, because graph mode clips gradients per group and clipping must see one
   global norm (:mod:`bert_of.training.optim`).
 - Eager clips with one global norm over all parameters, with the graph's formula.
-- Dropout draws from one generator seeded by (seed, step, rank): runs repeat, resumes replay.
+- Dropout draws from the model's one generator (``model.dropout_generator``), seeded every step
+  by (seed, step, rank): runs repeat, resumes replay.
 - Gradient accumulation splits the batch into k micro-batches; each micro-batch's loss is
   scaled by 1/k (the graph does the same).
 - AMP: the graph gets OneFlow's GradScaler conf; eager steps a dynamic loss scaler of our own
@@ -22,6 +23,7 @@ Shapes: B batch (this rank's rows), S sequence.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 
 import numpy as np
@@ -44,15 +46,25 @@ def _scalars(out) -> tuple:
     return names, tuple(getattr(out, k) for k in names)
 
 
-class _Forward(flow.nn.Module):
-    """``model(**batch)`` -> its scalar outputs as a tuple: what eager DDP's hooks understand."""
+def _state_tensor(rt: Runtime, arr):
+    """An optimizer-state array as a tensor where the parameters live (broadcast when global)."""
+    t = flow.tensor(np.ascontiguousarray(arr))
+    if rt.placement is not None:
+        t = t.to_global(placement=rt.placement, sbp=flow.sbp.broadcast)
+    elif rt.device != "cpu":
+        t = t.to(rt.local_device)
+    return t
 
-    def __init__(self, model):
+
+class _Forward(flow.nn.Module):
+    """``model(**batch, **extra)`` -> its scalar outputs as a tuple: what eager DDP's hooks understand."""
+
+    def __init__(self, model, extra: dict):
         super().__init__()
-        self.model, self.keys, self.names = model, None, None
+        self.model, self.extra, self.keys, self.names = model, extra, None, None
 
     def forward(self, *tensors):
-        self.names, values = _scalars(self.model(**dict(zip(self.keys, tensors))))
+        self.names, values = _scalars(self.model(**dict(zip(self.keys, tensors)), **self.extra))
         return values
 
 
@@ -77,6 +89,139 @@ class TrainGraph(flow.nn.Graph):
         return values
 
 
+# --------------------------------------------------------------------------- the two ways of a step
+#
+# Each builds its optimizer and schedule and has: start(keys) before the first batch;
+# run(batch, read) -> outputs, one optimizer update (``read`` turns the micro-batches' scalars into
+# numbers and checks the loss, before any eager update); slots() / load_slots(slots, step): the
+# optimizer state as {m/<name>, v/<name>, momentum/<name>: array}. The scheduler steps in Trainer.
+
+
+class GraphStep:
+    """The whole step (micro-batches, clip, update, schedule) in one compiled ``nn.Graph`` call."""
+
+    scaler = None  # AMP: the graph's own GradScaler conf
+
+    def __init__(self, model, cfg: TrainConfig, rt: Runtime):
+        self.rt = rt
+        self.opt = build_optimizer(model, cfg, for_graph=True)
+        self.sched = build_scheduler(self.opt, cfg)
+        self.graph = TrainGraph(model, self.opt, self.sched, cfg)
+
+    def start(self, keys: tuple) -> None:
+        self.keys = self.graph.keys = keys
+
+    def run(self, batch: dict, read) -> dict:
+        values = self.graph(*[self.rt.tensor(batch[k]) for k in self.keys])
+        return read(self.graph.names, [values])
+
+    def slots(self) -> dict:
+        # The graph's own step counter is not read back: on 2 ranks reading it hangs rank 1
+        # in OneFlow 0.9, and it equals the trainer's step anyway.
+        out = {}
+        for key, t in self.graph.state_dict().items():
+            for suffix, slot in (("-m", "m"), ("-v", "v"), ("-momentum", "momentum")):
+                if key.startswith("model.") and key.endswith(suffix):
+                    out[f"{slot}/{key[len('model.'):-len(suffix)]}"] = to_numpy(t)
+        return out
+
+    def load_slots(self, slots: dict, step) -> None:
+        """Before the graph's first call (it reads them when it compiles)."""
+        suffix = {"m": "-m", "v": "-v", "momentum": "-momentum"}
+        graph_state = {f"model.{k.partition('/')[2]}{suffix[k.partition('/')[0]]}": _state_tensor(self.rt, a)
+                       for k, a in slots.items()}
+        if step is not None:  # the graph's schedule reads its train step
+            graph_state["System-Train-TrainStep"] = _state_tensor(self.rt, np.array([int(step)], np.int64))
+        self.graph.load_state_dict(graph_state, strict=False)
+
+
+class EagerStep:
+    """Forward and backward per micro-batch (DDP all-reduces the gradients), then the loss scaler's
+    check (AMP), global-norm clip and update by hand."""
+
+    def __init__(self, model, cfg: TrainConfig, rt: Runtime, ddp_world: int | None):
+        self.model, self.cfg, self.rt = model, cfg, rt
+        extra = {}
+        if rt.ddp and "ddp_world" in inspect.signature(model.forward).parameters:
+            extra["ddp_world"] = rt.world if ddp_world is None else ddp_world  # its loss normalises over the ranks
+        self.forward = _Forward(model, extra)  # model -> its scalars
+        if rt.ddp:
+            # OneFlow 0.9's DDP returns the module itself with gradient all-reduce hooks
+            # (and broadcasts rank 0's parameters); its hooks understand tuples of tensors.
+            self.forward = flow.nn.parallel.DistributedDataParallel(self.forward)
+        self.opt = build_optimizer(model, cfg, for_graph=False)
+        self.sched = build_scheduler(self.opt, cfg)
+        # AMP keeps its own dynamic loss scale (the graph uses OneFlow's GradScaler conf).
+        self.scaler = DynamicLossScaler() if cfg.amp else None
+
+    def start(self, keys: tuple) -> None:
+        self.keys = self.forward.keys = keys
+
+    def run(self, batch: dict, read) -> dict:
+        k = self.cfg.grad_accum_steps
+        n = len(batch[self.keys[0]])
+        if n % k:
+            raise ConfigError(f"batch of {n} does not split into {k} accumulation steps")
+        scale = self.scaler.scale if self.scaler else 1.0
+        micro_values = []
+        for i in range(k):
+            micro = [self.rt.tensor(batch[key][i * n // k:(i + 1) * n // k]) for key in self.keys]
+            with self._autocast():
+                values = self.forward(*micro)
+            (values[0] * (scale / k)).backward()
+            micro_values.append(values)
+        out = read(self.forward.names, micro_values)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.scaler is None or self.scaler.unscale_and_check(params):
+            if self.cfg.clip_grad_norm:
+                out["grad_norm"] = scalar(clip_by_global_norm(params, float(self.cfg.clip_grad_norm)))
+            self.opt.step()
+            skipped = 0.0
+        else:
+            skipped = 1.0  # inf/nan gradients: no update, smaller scale next time
+        self.opt.zero_grad()
+        if self.scaler:
+            out["skipped"], out["loss_scale"] = skipped, self.scaler.scale
+        return out
+
+    def _autocast(self):
+        """fp16 autocast on CUDA under AMP; a no-op on CPU (no fp16 matmul kernels there)."""
+        if self.cfg.amp and self.rt.device == "cuda":
+            return flow.autocast(device_type="cuda", dtype=flow.float16)
+        return contextlib.nullcontext()
+
+    def _order(self) -> list:
+        return [p for g in self.opt.param_groups for p in g.parameters]
+
+    def slots(self) -> dict:
+        out = {}
+        order = self._order()
+        by_param = {id(p): n for n, p in self.model.named_parameters()}
+        for idx, slots in self.opt.state_dict()["state"].items():
+            if idx == "step":
+                continue
+            name = by_param[id(order[idx])]
+            for key, slot in (("exp_avg", "m"), ("exp_avg_sq", "v"), ("momentum_buf", "momentum")):
+                if key in slots:
+                    out[f"{slot}/{name}"] = to_numpy(slots[key])
+        return out
+
+    def load_slots(self, slots: dict, step) -> None:
+        sd = self.opt.state_dict()
+        params = dict(self.model.named_parameters())
+        position = {id(p): i for i, p in enumerate(self._order())}  # identity: tensor == compares values
+        new_state = {"step": int(step if step is not None else sd["state"].get("step", 0))}
+        keys = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buf"}
+        for key, arr in slots.items():
+            slot, _, name = key.partition("/")
+            new_state.setdefault(position[id(params[name])], {})[keys[slot]] = _state_tensor(self.rt, arr)
+        sd["state"] = new_state
+        self.opt.load_state_dict(sd)
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
 class Trainer:
     """Train ``model`` with ``cfg`` on ``runtime`` (default: one process, or global tensors when
     launched on several ranks).
@@ -87,34 +232,27 @@ class Trainer:
     nsp_acc), ``lr`` (the rate this step used) and, in eager mode, ``grad_norm`` (before
     clipping, when clipping), ``skipped`` / ``loss_scale`` (AMP) and ``rank_loss`` (DDP: this
     rank's own loss; ``loss`` is the mean over the ranks).
+
+    The step itself is the mode's (:class:`EagerStep` or :class:`GraphStep`); the trainer keeps
+    what both share: the step count, the dropout seed, the schedule, the reading of the outputs.
+    ``model`` needs ``dropout_generator`` (the heads of :mod:`bert_of.modeling` have it).
+    ``ddp_world``: what a forward taking ``ddp_world`` gets (BertForPreTraining's MLM
+    denominator); default the rank count under eager DDP, else 1.
     """
 
-    def __init__(self, model, cfg: TrainConfig, runtime: Runtime | None = None):
+    def __init__(self, model, cfg: TrainConfig, runtime: Runtime | None = None, ddp_world: int | None = None):
         self.model, self.cfg = model, cfg
         self.rt = runtime or Runtime.create()
         if self.rt.ddp and cfg.mode == "graph":
             raise ConfigError("DDP is eager data parallelism with local tensors: use mode eager")
         model.train()
         self.rt.place(model)
-        if self.rt.ddp and hasattr(model, "ddp_world"):
-            model.ddp_world = self.rt.world  # its loss normalises over every rank's rows
-        self.forward = _Forward(model) if cfg.mode == "eager" else None  # model -> its scalars
-        if self.rt.ddp:
-            # OneFlow 0.9's DDP returns the module itself with gradient all-reduce hooks
-            # (and broadcasts rank 0's parameters); its hooks understand tuples of tensors.
-            self.forward = flow.nn.parallel.DistributedDataParallel(self.forward)
-        # One generator for every dropout (each nn.Dropout otherwise makes its own, unseeded):
+        # The model's one dropout generator, seeded by (seed, step, rank) every step (see step):
         # runs repeat, and its state is saved with checkpoints for exact resume.
-        self.generator = flow.Generator()
+        self.generator = model.dropout_generator
         self.generator.manual_seed(cfg.seed * 1000 + self.rt.rank)
-        for m in model.modules():
-            if isinstance(m, flow.nn.Dropout):
-                m.generator = self.generator
-        self.opt = build_optimizer(model, cfg, for_graph=cfg.mode == "graph")
-        self.sched = build_scheduler(self.opt, cfg)
-        self.graph = TrainGraph(model, self.opt, self.sched, cfg) if cfg.mode == "graph" else None
-        # Eager AMP keeps its own dynamic loss scale; the graph uses OneFlow's GradScaler conf.
-        self.scaler = DynamicLossScaler() if cfg.amp and cfg.mode == "eager" else None
+        self.way = GraphStep(model, cfg, self.rt) if cfg.mode == "graph" else EagerStep(model, cfg, self.rt, ddp_world)
+        self.opt, self.sched, self.scaler = self.way.opt, self.way.sched, self.way.scaler
         self.keys = None
         self.global_step = 0
         self.nonfinite = 0  # consecutive steps with a non-finite loss (AMP skips a few)
@@ -125,26 +263,19 @@ class Trainer:
     def step(self, batch: dict) -> dict:
         keys = tuple(batch)
         if self.keys is None:
-            self._start(keys)
+            self.keys = keys
+            self.way.start(keys)
         elif keys != self.keys:
             raise ConfigError(f"batch keys {list(keys)} differ from the first batch's {list(self.keys)}")
         # Dropout masks are a function of (seed, step, rank): a resumed run draws the same ones.
         # (OneFlow 0.9's CPU Generator.get_state/set_state does not replay dropout masks.)
         self.generator.manual_seed((self.cfg.seed * 1_000_003 + self.global_step) * 4099 + self.rt.rank)
         lr = self.current_lr()  # the rate this step uses
-        if self.graph is not None:
-            values = self.graph(*[self.rt.tensor(batch[k]) for k in self.keys])
-            out = self._read(self.graph.names, [values])
-            self.sched.step()  # the graph keeps its own schedule; this copy only reports it
-        else:
-            out = self._eager_step(batch)
+        out = self.way.run(batch, self._read)
+        self.sched.step()  # the graph keeps its own schedule: there this copy only reports it
         self.global_step += 1
         out["lr"] = lr
         return out
-
-    def _start(self, keys: tuple) -> None:
-        self.keys = keys
-        (self.graph if self.graph is not None else self.forward).keys = keys
 
     def _read(self, names: tuple, micro_values: list) -> dict:
         """The ONE place a step's outputs become numbers: the mean over the micro-batches of each
@@ -181,64 +312,12 @@ class Trainer:
             return scalar(t) / self.rt.world
         return scalar(t)
 
-    def _eager_step(self, batch: dict) -> dict:
-        k = self.cfg.grad_accum_steps
-        n = len(batch[self.keys[0]])
-        if n % k:
-            raise ConfigError(f"batch of {n} does not split into {k} accumulation steps")
-        scale = self.scaler.scale if self.scaler else 1.0
-        micro_values = []
-        for i in range(k):
-            micro = [self.rt.tensor(batch[key][i * n // k:(i + 1) * n // k]) for key in self.keys]
-            with self._autocast():
-                values = self.forward(*micro)
-            (values[0] * (scale / k)).backward()
-            micro_values.append(values)
-        out = self._read(self.forward.names, micro_values)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.scaler is None or self.scaler.unscale_and_check(params):
-            if self.cfg.clip_grad_norm:
-                out["grad_norm"] = scalar(clip_by_global_norm(params, float(self.cfg.clip_grad_norm)))
-            self.opt.step()
-            skipped = 0.0
-        else:
-            skipped = 1.0  # inf/nan gradients: no update, smaller scale next time
-        self.opt.zero_grad()
-        self.sched.step()
-        if self.scaler:
-            out["skipped"], out["loss_scale"] = skipped, self.scaler.scale
-        return out
-
-    def _autocast(self):
-        """fp16 autocast on CUDA under AMP; a no-op on CPU (no fp16 matmul kernels there)."""
-        if self.cfg.amp and self.rt.device == "cuda":
-            return flow.autocast(device_type="cuda", dtype=flow.float16)
-        return contextlib.nullcontext()
-
     # ----------------------------------------------------------------------- optimizer state
 
     def optimizer_state(self) -> tuple:
         """({m/<name>, v/<name>, momentum/<name>: array, step}, metadata): the optimizer's state in
         canonical parameter names, whatever the mode (what a bert_of checkpoint stores)."""
-        out = {}
-        if self.graph is not None:
-            # The graph's own step counter is not read back: on 2 ranks reading it hangs rank 1
-            # in OneFlow 0.9, and it equals the trainer's step anyway.
-            for key, t in self.graph.state_dict().items():
-                for suffix, slot in (("-m", "m"), ("-v", "v"), ("-momentum", "momentum")):
-                    if key.startswith("model.") and key.endswith(suffix):
-                        out[f"{slot}/{key[len('model.'):-len(suffix)]}"] = to_numpy(t)
-        else:
-            sd = self.opt.state_dict()
-            order = [p for g in self.opt.param_groups for p in g.parameters]
-            by_param = {id(p): n for n, p in self.model.named_parameters()}
-            for idx, slots in sd["state"].items():
-                if idx == "step":
-                    continue
-                name = by_param[id(order[idx])]
-                for key, slot in (("exp_avg", "m"), ("exp_avg_sq", "v"), ("momentum_buf", "momentum")):
-                    if key in slots:
-                        out[f"{slot}/{name}"] = to_numpy(slots[key])
+        out = self.way.slots()
         out["step"] = np.asarray(self.global_step, np.int64)
         cfg = self.cfg
         names = [n for n, p in self.model.named_parameters() if p.requires_grad]
@@ -250,14 +329,6 @@ class Trainer:
     def load_optimizer_state(self, state: dict) -> None:
         """Canonical optimizer state ({m/<name>, v/<name>, momentum/<name>}, and ``step`` when the
         schedule continues from it) into the optimizer, or the graph before its first call."""
-        def tensor(arr):
-            t = flow.tensor(np.ascontiguousarray(arr))
-            if self.rt.placement is not None:
-                t = t.to_global(placement=self.rt.placement, sbp=flow.sbp.broadcast)
-            elif self.rt.device != "cpu":
-                t = t.to(self.rt.local_device)
-            return t
-
         params = dict(self.model.named_parameters())
         slots = {}
         for key, arr in state.items():
@@ -267,21 +338,4 @@ class Trainer:
             if slot not in ("m", "v", "momentum") or name not in params:
                 raise ConfigError(f"optimizer state {key!r}: not a slot of this model's parameters")
             slots[key] = arr
-        if self.graph is not None:
-            suffix = {"m": "-m", "v": "-v", "momentum": "-momentum"}
-            graph_state = {f"model.{k.partition('/')[2]}{suffix[k.partition('/')[0]]}": tensor(a)
-                           for k, a in slots.items()}
-            if "step" in state:  # the graph's schedule reads its train step
-                graph_state["System-Train-TrainStep"] = tensor(np.array([int(state["step"])], np.int64))
-            self.graph.load_state_dict(graph_state, strict=False)
-            return
-        sd = self.opt.state_dict()
-        order = [p for g in self.opt.param_groups for p in g.parameters]
-        position = {id(p): i for i, p in enumerate(order)}  # identity: tensor == compares values
-        new_state = {"step": int(state.get("step", sd["state"].get("step", 0)))}
-        keys = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buf"}
-        for key, arr in slots.items():
-            slot, _, name = key.partition("/")
-            new_state.setdefault(position[id(params[name])], {})[keys[slot]] = tensor(arr)
-        sd["state"] = new_state
-        self.opt.load_state_dict(sd)
+        self.way.load_slots(slots, state.get("step"))
