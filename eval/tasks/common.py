@@ -24,7 +24,7 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.eval.tasks.options import TaskOptions
 from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
-from bert_of.modeling import truncated_normal
+from bert_of.modeling import BertGraph
 from bert_of.options import RUN_RECORD, TrainConfig
 from bert_of.options import record as options_record
 from bert_of.progress import Progress, log
@@ -61,22 +61,6 @@ def model_folder(opts: TaskOptions, trained: str | None = None):
     yield r.path, r.name, r.source_path
 
 
-def _new_head_init(model, missing: list, seed: int) -> None:
-    """Google's init for task heads that were not in the checkpoint: truncated normal
-    (2 std, std = initializer_range) weights, zero biases."""
-    if not missing:
-        return
-    rng = np.random.default_rng(seed)
-    std = model.config.initializer_range
-    own = dict(model.state_dict())
-    with flow.no_grad():
-        for name in sorted(missing):
-            param = own[name]
-            shape = tuple(param.shape)
-            value = np.zeros(shape, np.float32) if name.endswith("bias") else truncated_normal(rng, shape, std)
-            param.copy_(flow.tensor(value, dtype=param.dtype, device=param.device))
-
-
 def checkpoint_head_labels(path: str):
     """Number of classes of a checkpoint's classifier head (from the safetensors header), or None."""
     with SafetensorsFile(os.path.join(path, WEIGHTS_NAME)) as f:
@@ -91,7 +75,8 @@ def load_model(cls, path: str, seed: int = 0, **overrides):
     Returns (model, newly initialised tensor names)."""
     model = cls.from_pretrained(path, **overrides)
     missing = list(model.loading_info["missing"])
-    _new_head_init(model, missing, seed)
+    if missing:
+        model.init_weights(seed, names=missing)
     return model, missing
 
 
@@ -187,16 +172,6 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         first = logged[0]["loss"] if logged else first
     return cfg, {"first_loss": first, "final_loss": losses[-1] if losses else None,
                  "train_seconds": round(res.seconds, 3)}, not res.stopped
-
-
-class _PredictGraph(flow.nn.Graph):
-    def __init__(self, model, outputs: tuple):
-        super().__init__()
-        self.model, self.outputs = model, outputs
-
-    def build(self, input_ids, token_type_ids, attention_mask):
-        out = self.model(input_ids, token_type_ids, attention_mask)
-        return tuple(getattr(out, k) for k in self.outputs)
 
 
 class _LayerGraph(flow.nn.Graph):
@@ -373,16 +348,13 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
                     rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
                 tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
                 positions += rows[0].size
-                if whole_graph:
-                    if graph is None:
-                        graph, t0 = _PredictGraph(model, outputs), time.perf_counter()
-                        vals = [to_numpy(v) for v in graph(*tensors)]  # the first call compiles
-                        build_s = time.perf_counter() - t0
-                    else:
-                        vals = [to_numpy(v) for v in graph(*tensors)]
-                else:
-                    out = model(*tensors)
-                    vals = [to_numpy(getattr(out, k)) for k in outputs]
+                t0 = None
+                if whole_graph and graph is None:
+                    graph, t0 = BertGraph(model, outputs), time.perf_counter()
+                out = (graph if whole_graph else model)(*tensors)
+                vals = [to_numpy(getattr(out, k)) for k in outputs]
+                if t0 is not None:  # the first graph call compiles
+                    build_s = time.perf_counter() - t0
                 for j, v in enumerate(vals):
                     v = v[:real].astype(np.float32)
                     if results[j] is None:
