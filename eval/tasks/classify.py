@@ -22,7 +22,7 @@ import numpy as np
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue import InputExample
-from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
+from bert_of.eval.tasks.common import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
                                        infer, load_model, make_tokenizer, model_display_name, model_folder,
                                        read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
@@ -40,19 +40,13 @@ OUTPUT_KINDS = (".csv", ".jsonl")
 
 
 @dataclass
-class ClassifyRun:
+class ClassifyRun(ModelRun):
     table: object  # user_data.Table
     problem: str
     labels: list  # class names in the model's order ([] for regression)
     predictions: np.ndarray  # class ids [n], or values [n] (regression)
     probabilities: np.ndarray | None  # [n, k]
     path: str
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
     targets: np.ndarray | None = None  # the file's labels encoded (evaluation)
 
 
@@ -158,8 +152,9 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
             return None
         _write_predictions(out_file, table, problem, labels, preds, probs)
         note(rt, f"predicted {len(table.rows)} rows of {opts.data}; wrote {out_file}")
-        return ClassifyRun(table, problem, labels, preds, probs, out_file, settings, path, name, ident, train_args,
-                           new_head, targets)
+        return ClassifyRun(table=table, problem=problem, labels=labels, predictions=preds, probabilities=probs,
+                           path=out_file, targets=targets, model_path=path, model_name=name, identity_path=ident,
+                           train_args=train_args, new_head=new_head, settings=settings)
 
 
 def _write_predictions(path, table, problem, labels, preds, probs) -> None:
@@ -207,7 +202,5 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
         metrics = percent(classification_metrics(run.targets, run.predictions, len(run.labels)), rt)
     print(json.dumps({"task": TASK, "problem": run.problem, "examples": len(run.table.rows), **metrics}, indent=2),
           flush=True)
-    record(opts, rt, TASK, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
-           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval classify",
-           new_head=run.new_head)
+    record(opts, rt, TASK, metrics, run, pred_path=run.path, tool="bert-of eval classify")
     return metrics

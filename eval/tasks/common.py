@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,6 +37,20 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
+
+
+@dataclass
+class ModelRun:
+    """What every task's predict step returns besides its own results: the model it ran (its bert_of
+    folder, display name, identity path, train_args.json, whether its head was newly initialised)
+    and the settings it ran with."""
+
+    model_path: str
+    model_name: str
+    identity_path: str
+    train_args: dict
+    new_head: bool
+    settings: dict
 
 
 def check_train(opts: TaskOptions, epochs: float) -> None:
@@ -470,10 +484,14 @@ def model_display_name(model: str) -> str:
     return os.path.basename(os.path.abspath(model).rstrip(os.sep)) if os.path.isdir(model) else model
 
 
-def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred_path: str,
-           model_path: str, model_name: str, train_args: dict, settings: dict, tool: str, new_head: bool) -> None:
+def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, run: ModelRun, *, pred_path: str, tool: str,
+           settings: dict | None = None) -> None:
+    """Append the scores of ``run`` (predictions of ``opts.data`` in ``pred_path``) to the results store;
+    ``settings``: what to record of how it ran (default ``run.settings``)."""
     if opts.no_record or not rt.is_main:
         return
+    data_path, train_args, new_head = opts.data, run.train_args, run.new_head
+    settings = run.settings if settings is None else settings
     hp = dict((train_args.get("hparams") or {}))
     hp.update({k: v for k, v in settings.items() if k not in hp})
     for item in opts.hparam or []:
@@ -491,7 +509,7 @@ def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, *, data_pat
         extra["note"] = f"fine-tuned from {base.get('name')}"
     if new_head:
         extra["note"] = "task head not trained (newly initialised)"
-    ident = identity(model_path, opts.name or model_name)
+    ident = identity(run.identity_path, opts.name or run.model_name)
     rec = make_record(task, metrics, split=os.path.basename(data_path), checkpoint=ident, hparams=hp,
                       data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
     note(rt, f"recorded in {append_result(rec, opts.results)}")
