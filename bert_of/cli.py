@@ -32,7 +32,7 @@ if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports b
 
 from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
-from bert_of.converters.common import Options, summarize
+from bert_of.converters.source import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source

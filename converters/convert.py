@@ -13,7 +13,7 @@ import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError
 from bert_of.fs import check_destination, publishing
-from bert_of.converters.common import Options, Source, summarize
+from bert_of.converters.source import Options, Source, summarize
 from bert_of.progress import Progress
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)

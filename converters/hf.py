@@ -51,7 +51,7 @@ from bert_of.checkpoint import SafetensorsFile, TensorSpec, copy_file, write_saf
 from bert_of.config import HF_ACT, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import read_json, write_json, writes_to
-from bert_of.converters.common import Options, ReportLine, Source, lower_case_of
+from bert_of.converters.source import Options, ReportLine, Source, lower_case_of
 from bert_of.converters.mapping import Table, spell
 from bert_of.converters.reader import POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros, sort
 from bert_of.converters.torch_zip import TorchZipFile

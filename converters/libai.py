@@ -50,7 +50,7 @@ import numpy as np
 
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
-from bert_of.converters.common import Source
+from bert_of.converters.source import Source
 from bert_of.converters.mapping import Table
 from bert_of.converters.native import PARAM, Hit, Layout
 from bert_of.converters.native_config import libai_cfg_of

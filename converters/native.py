@@ -29,7 +29,7 @@ from bert_of.errors import CheckpointError
 from bert_of.fs import writes_to
 from bert_of.tensors import TensorSpec
 from bert_of.converters import flow_save
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import apply, apply_shape, inverse
 from bert_of.converters.native_config import load_config
 
@@ -238,7 +238,7 @@ _STATE_DICT_ROOTS = ("bert.", "embeddings.", "encoder.", "encoders.", "pooler.",
 
 def format_functions(layout: Layout) -> tuple:
     """``detect``, ``read`` and ``write_files`` of the format whose files hold ``layout``'s state dict
-    (what a format module exposes: converters/common.py); ``write_files`` adds ``layout.write_notes``."""
+    (what a format module exposes: converters/source.py); ``write_files`` adds ``layout.write_notes``."""
     read_layout, write_layout = read, write_files
 
     def detect_format(path: str) -> bool:

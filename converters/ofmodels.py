@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
-from bert_of.converters.common import Source
+from bert_of.converters.source import Source
 from bert_of.converters.native import BUFFER, PARAM, Hit, Layout
 from bert_of.converters.native_config import ofmodels_args_of
 

@@ -4,7 +4,7 @@ JSON Lines file with named columns.
     finetune_classify(ClassifyOptions(...)) / predict_classify(...) / eval_classify(...)
 
 Rows are read by :func:`bert_of.eval.user_data.read_table`; features are run_classifier.py's
-(:func:`bert_of.eval.glue.convert_example_to_features`), the model
+(:func:`bert_of.eval.glue_data.convert_example_to_features`), the model
 :class:`~bert_of.modeling.BertForSequenceClassification` (cross-entropy; MSE for one output). The
 class order (transformers' run_glue order: sorted) is recorded in the fine-tuned model's
 train_args.json (``labels``, ``problem``) and prediction and evaluation use it.
@@ -21,10 +21,10 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue import InputExample
-from bert_of.eval.tasks.common import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
-                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
-                                       read_train_args, record, train)
+from bert_of.eval.glue_data import InputExample
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+                                           finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
+                                           model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
 from bert_of.eval.tasks.options import ClassifyOptions
 from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, problem_of, read_table,
