@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue_data import _read_text, accuracy, matthews_corrcoef, pearson, spearman
+from bert_of.eval.glue_data import _read_text
+from bert_of.eval.glue_metrics import accuracy, matthews_corrcoef, pearson, spearman
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "premise", "question", "review", "content")
 PAIR_COLUMNS = ("text_pair", "sentence2", "hypothesis", "passage")

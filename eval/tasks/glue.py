@@ -17,8 +17,9 @@ import numpy as np
 
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue_data import (compute_metrics, convert_example_to_features, get_labels, read_examples,
-                                    result_task_name, task_spec)
+from bert_of.eval.glue_data import (convert_example_to_features, get_labels, read_examples, result_task_name,
+                                    task_spec)
+from bert_of.eval.glue_metrics import compute_metrics
 from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, checkpoint_head_labels,
                                            default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
                                            model_display_name, model_folder, read_train_args, record, train)
@@ -170,7 +171,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
 
 
 def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
-    """Predict + score (eval.glue_data metrics, percent) + record; prints the scores as JSON."""
+    """Predict + score (eval.glue_metrics, percent) + record; prints the scores as JSON."""
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
