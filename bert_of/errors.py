@@ -17,7 +17,7 @@ class ConfigError(BertOfError):
     """A config that is missing, malformed, or does not fit the tensors."""
 
 
-class OutputError(CheckpointError):
+class OutputError(BertOfError):
     """A destination that cannot be written as asked: it exists, another process is writing it,
     it is not a directory, or the disk is full."""
 
