@@ -159,6 +159,17 @@ def read_tsv(path: str) -> list:
     return rows
 
 
+def finite_number(text: str, where: str, error) -> float:
+    """``float(text)``, else ``error("<where>'<text>' is not a (finite) number")``."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise error(f"{where}{text!r} is not a number") from None
+    if not math.isfinite(x):
+        raise error(f"{where}{text!r} is not a finite number")
+    return x
+
+
 def _field(row, i):
     return row[i] if i >= 0 else row[len(row) + i]
 
@@ -208,12 +219,7 @@ def read_examples(task: str, path: str, *, language: str | None = None, set_type
         if layout.label is not None:
             raw = _field(row, layout.label).strip()
             if spec.labels is None:
-                try:
-                    label = float(raw)
-                except ValueError:
-                    raise EvalDataError(f"{path}: line {line_no}: {spec.name} score {raw!r} is not a number") from None
-                if not math.isfinite(label):
-                    raise EvalDataError(f"{path}: line {line_no}: {spec.name} score {raw!r} is not a finite number")
+                label = finite_number(raw, f"{path}: line {line_no}: {spec.name} score ", EvalDataError)
             else:
                 if spec.name == "XNLI" and raw == "contradictory":
                     raw = "contradiction"

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from bert_of.eval.errors import EvalDataError, PredictionsError
-from bert_of.eval.glue_data import _lines, _read_text, read_examples, task_spec
+from bert_of.eval.glue_data import _lines, _read_text, finite_number, read_examples, task_spec
 
 
 # --------------------------------------------------------------------------- metrics
@@ -147,13 +147,7 @@ def read_predictions(path: str, task: str, n_examples: int) -> list:
     out = []
     for line_no, v in values:
         if spec.labels is None:
-            try:
-                x = float(v)
-            except ValueError:
-                raise PredictionsError(f"{path}: line {line_no}: {v!r} is not a number") from None
-            if not math.isfinite(x):
-                raise PredictionsError(f"{path}: line {line_no}: {v!r} is not a finite number")
-            out.append(x)
+            out.append(finite_number(v, f"{path}: line {line_no}: ", PredictionsError))
         elif v in spec.labels:
             out.append(v)
         elif v.isdigit() and int(v) < len(spec.labels):

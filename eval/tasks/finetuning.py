@@ -1,4 +1,4 @@
-"""What SQuAD and GLUE fine-tuning share: models and tokenizers,
+"""What every task (SQuAD, GLUE, classify, tag) shares: models and tokenizers,
 training on the shared :class:`~bert_of.training.Trainer`, prediction batches, publishing the
 fine-tuned checkpoint, and records in the results store."""
 
