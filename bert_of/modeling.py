@@ -651,9 +651,7 @@ class BertGraph(nn.Graph):
 
     def build(self, input_ids, token_type_ids, attention_mask):
         out = self.model(input_ids, token_type_ids, attention_mask)
-        values = out.to_dict()
-        if self.outputs is not None:
-            values = {k: getattr(out, k) for k in self.outputs}
+        values = out.to_dict() if self.outputs is None else {k: getattr(out, k) for k in self.outputs}
         self._cls, self._names = type(out), tuple(values)
         return tuple(values.values())
 
