@@ -8,7 +8,7 @@ environment variable changes; a command line sets its process up explicitly (ber
 
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError
-from bert_of.hooks import register_resolver
+from bert_of.resolver import register_resolver
 from bert_of.version import __version__
 
 _LAZY = {

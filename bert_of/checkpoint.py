@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-import bert_of.hooks as _hooks
+import bert_of.resolver as _resolver
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
 from bert_of.fs import PinnedDir, publishing, publishing_into, read_json, writes_to
@@ -317,7 +317,7 @@ def is_checkpoint_dir(path: str) -> bool:
 def resolve_checkpoint(name_or_path) -> str:
     """A bert_of checkpoint directory for ``name_or_path``: such a directory as it is; anything else
     (a zoo name, a checkpoint in another format) through the resolver an upper layer registered
-    (bert_of.hooks.register_resolver: the package facade registers the zoo's)."""
+    (bert_of.resolver.register_resolver: the package facade registers the zoo's)."""
     path = os.fspath(name_or_path)
     if is_checkpoint_dir(path):
         try:
@@ -326,10 +326,10 @@ def resolve_checkpoint(name_or_path) -> str:
             return path  # load_checkpoint says what is wrong with its config
         if "provenance" in config:  # HF directories hold config.json + model.safetensors too, without it
             return path
-    if _hooks.resolver is None:
+    if _resolver.resolver is None:
         raise CheckpointError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
                               "resolve once bert_of registers its resolver: import bert_of)")
-    return _hooks.resolver(path)
+    return _resolver.resolver(path)
 
 
 def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:

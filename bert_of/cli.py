@@ -32,8 +32,8 @@ if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports b
 
 from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
-from bert_of.converters.common import Options, summarize
-from bert_of.cli_grammar import HelpFormatter, add_options, configure, examples, finish
+from bert_of.converters.source import Options, summarize
+from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
 from bert_of.errors import BertOfError
@@ -269,35 +269,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("convert", help="convert a checkpoint: tf2of, of2tf, hf2of, of2hf, lazy2of, h52of, ...",
-                       description="Convert a checkpoint between formats through canonical names. Formats: "
-                                   + "; ".join(f"{k} = {v}" for k, v in DESCRIPTIONS.items()) + ".",
-                       epilog=examples(
-                           "bert-of convert tf2of uncased_L-12_H-768_A-12/ -o bert-base-of/ --verify",
-                           "bert-of convert tf2of model.ckpt-100000 -o out/ --config bert_config.json "
-                           "--vocab vocab.txt --with-optimizer",
-                           "bert-of convert of2hf bert-base-of/ -o hf/          # + tokenizer_config.json",
-                           "bert-of convert h52hf tf_model_dir/ -o hf/ --dtype float16"))
-    add_options(c, ConvertOptions)
-    c.set_defaults(fn=cmd_convert)
+    add_command(sub, "convert", cmd_convert, ConvertOptions,
+                help="convert a checkpoint: tf2of, of2tf, hf2of, of2hf, lazy2of, h52of, ...",
+                description="Convert a checkpoint between formats through canonical names. Formats: "
+                            + "; ".join(f"{k} = {v}" for k, v in DESCRIPTIONS.items()) + ".",
+                example_lines=(
+                    "bert-of convert tf2of uncased_L-12_H-768_A-12/ -o bert-base-of/ --verify",
+                    "bert-of convert tf2of model.ckpt-100000 -o out/ --config bert_config.json "
+                    "--vocab vocab.txt --with-optimizer",
+                    "bert-of convert of2hf bert-base-of/ -o hf/          # + tokenizer_config.json",
+                    "bert-of convert h52hf tf_model_dir/ -o hf/ --dtype float16"))
 
-    v = sub.add_parser("verify", help="forward equality of two checkpoints (vs a float64 NumPy reference on A)",
-                       description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
-                                   "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
-                                   "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
-                                   "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
-                       epilog=examples("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
-                                       "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
-    add_options(v, VerifyOptions)
-    v.set_defaults(fn=cmd_verify)
+    add_command(sub, "verify", cmd_verify, VerifyOptions,
+                help="forward equality of two checkpoints (vs a float64 NumPy reference on A)",
+                description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
+                            "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
+                            "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
+                            "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
+                example_lines=("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
+                               "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
 
-    i = sub.add_parser("inspect", help="format, tensors, shapes, dtypes, parameter count",
-                       description="What a checkpoint in any format holds: its format, config (with the numerics "
-                                   "of its provenance), every tensor as bert_of reads it, the parameter count.",
-                       epilog=examples("bert-of inspect uncased_L-12_H-768_A-12/",
-                                       "bert-of inspect hf/ --json | jq .parameters"))
-    add_options(i, InspectOptions)
-    i.set_defaults(fn=cmd_inspect)
+    add_command(sub, "inspect", cmd_inspect, InspectOptions, help="format, tensors, shapes, dtypes, parameter count",
+                description="What a checkpoint in any format holds: its format, config (with the numerics "
+                            "of its provenance), every tensor as bert_of reads it, the parameter count.",
+                example_lines=("bert-of inspect uncased_L-12_H-768_A-12/",
+                               "bert-of inspect hf/ --json | jq .parameters"))
 
     # Subcommands owned by other packages (zoo, eval, ...) register themselves.
     # Their parsers are cheap to import (no OneFlow); a command imports its implementation when it runs.

@@ -152,9 +152,24 @@ def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
         a.field_default = None if f.default is MISSING else f.default
 
 
+def add_command(sub, name: str, fn, options, *, help: str, description: str | None = None,
+                example_lines: tuple = (), command: str | None = None, **defaults):
+    """Sub-command ``name`` on subparsers ``sub``: its help line, description and :func:`examples`,
+    the options of dataclass ``options`` that ``command`` shows (see :func:`add_options`), and ``fn``
+    (plus ``defaults``) set on what it parses. Returns the parser."""
+    if isinstance(example_lines, str):  # one example: ("bert-of ...") is a string, not a tuple
+        example_lines = (example_lines,)
+    p = sub.add_parser(name, help=help, description=description,
+                       epilog=examples(*example_lines) if example_lines else None)
+    add_options(p, options, command)
+    p.set_defaults(fn=fn, **defaults)
+    return p
+
+
 def examples(*lines: str) -> str:
     """An epilog: ``examples:`` and one command per line (``#`` starts a comment)."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
 
 
 def subparsers(p):

@@ -27,7 +27,7 @@ class InputError(BertOfError):
     outside ``type_vocab_size``, a sequence longer than ``max_position_embeddings``."""
 
 
-class OutputError(CheckpointError):
+class OutputError(BertOfError):
     """A destination that cannot be written as asked: it exists, another process is writing it,
     it is not a directory, or the disk is full."""
 

@@ -334,11 +334,7 @@ class _PreTrained(nn.Module):
             for name, param in own.items():
                 if name not in arrays:
                     continue
-                arr = arrays[name]
-                src = flow.tensor(np.ascontiguousarray(arr), dtype=param.dtype)
-                if param.is_global:
-                    src = src.to_global(placement=param.placement, sbp=param.sbp)
-                param.copy_(src)
+                _copy_in(param, arrays[name])
         return {"missing": missing, "unexpected": unexpected}
 
     @classmethod
@@ -382,16 +378,19 @@ class _PreTrained(nn.Module):
         write_checkpoint(path, list(state.items()), self.config,
                          vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
 
-    def init_weights(self, seed: int = 0) -> None:
+    def init_weights(self, seed: int = 0, names=None) -> None:
         """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
 
         Drawn with NumPy in name order so every rank, mode and run starts from
-        the same numbers.
+        the same numbers. ``names`` (canonical names, e.g. ``loading_info["missing"]``: heads a
+        checkpoint lacked): only those tensors, drawn in the same order; the rest are kept.
         """
         rng = np.random.default_rng(seed)
         std = self.config.initializer_range
         state = {}
         for name, p in self.state_dict().items():
+            if names is not None and self._ckpt_prefix + name not in names:
+                continue
             shape = tuple(p.shape)
             if ".LayerNorm." in "." + name and name.endswith("weight"):
                 state[name] = np.ones(shape, np.float32)
@@ -399,7 +398,23 @@ class _PreTrained(nn.Module):
                 state[name] = np.zeros(shape, np.float32)
             else:
                 state[name] = truncated_normal(rng, shape, std)
-        self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
+        if names is None:
+            self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
+            return
+        own = self.state_dict()
+        with flow.no_grad():
+            for name, value in state.items():
+                _copy_in(own[name], value)
+
+
+def _copy_in(param, arr) -> None:
+    """Copy a numpy array into a (local or global) parameter of the same shape; under no_grad."""
+    arr = np.ascontiguousarray(arr)
+    if param.is_global:
+        src = flow.tensor(arr, dtype=param.dtype).to_global(placement=param.placement, sbp=param.sbp)
+    else:
+        src = flow.tensor(arr, dtype=param.dtype, device=param.device)
+    param.copy_(src)
 
 
 def to_local_full(t):
@@ -751,17 +766,18 @@ class BertGraph(nn.Graph):
     of the compiled batch stays allocated, ~440 MB per row for MiniLM at 384 tokens) and frees
     nothing of a graph when it is deleted; each new input shape compiles a graph of its own. Keep
     batches small and shapes few; ``bert-of predict`` runs one compiled layer for every layer.
+    ``outputs`` (field names): the graph returns only those (the others stay None).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, outputs: Optional[tuple] = None):
         super().__init__()
-        self.model = model
+        self.model, self.outputs = model, outputs
         self._names, self._cls = None, BertModelOutput
 
     def build(self, input_ids, token_type_ids, attention_mask):
         out = self.model(input_ids, token_type_ids, attention_mask)
-        self._cls, values = type(out), out.to_dict()
-        self._names = tuple(values)
+        values = out.to_dict() if self.outputs is None else {k: getattr(out, k) for k in self.outputs}
+        self._cls, self._names = type(out), tuple(values)
         return tuple(values.values())
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):

@@ -8,7 +8,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-from bert_of.cli_grammar import add_options, examples
+from bert_of.cli_grammar import add_command
 from bert_of.data.reader import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
 from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
@@ -140,23 +140,20 @@ def cmd_plot(args) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("pretrain", help="pretrain BERT on OFRecord data (graph/eager, 1+ ranks)",
-                       description="OFRecord pretraining data -> a trained bert_of checkpoint in OUTPUT/final "
-                                   "(-> the zoo with --zoo-name); graph or eager, 1+ ranks, exact resume. Sequence "
-                                   "lengths and the vocabulary default to the data's.",
-                       epilog=examples(
-                           "bert-of pretrain --data data/ --config bert_config.json -o run/ --steps 1000",
-                           "bert-of pretrain --data data/ --config bert_config.json -o run/ --nproc 2 --batch-size 64",
-                           "bert-of pretrain --data data/ --init-checkpoint bert-base-uncased -o run/ --lr 2e-5",
-                           "bert-of pretrain --data data/ -o run/ --resume        # continue exactly where it stopped",
-                           "bert-of pretrain --data data/ -o run/ --resume --steps 2000   # ... and train longer",
-                           "bert-of plot run/                                   # -> run/curves.png"))
-    add_options(p, PretrainOptions)
-    p.set_defaults(fn=cmd_pretrain)
-    q = sub.add_parser("plot", help="PNG loss/accuracy/lr curves of training runs",
-                       description="Loss, accuracy and learning-rate curves of one or more runs (their "
-                                   "metrics.jsonl) in one PNG.",
-                       epilog=examples("bert-of plot run/                      # writes run/curves.png",
-                                       "bert-of plot run-a/ run-b/ -o compare.png"))
-    add_options(q, PlotOptions)
-    q.set_defaults(fn=cmd_plot)
+    add_command(sub, "pretrain", cmd_pretrain, PretrainOptions,
+                help="pretrain BERT on OFRecord data (graph/eager, 1+ ranks)",
+                description="OFRecord pretraining data -> a trained bert_of checkpoint in OUTPUT/final "
+                            "(-> the zoo with --zoo-name); graph or eager, 1+ ranks, exact resume. Sequence "
+                            "lengths and the vocabulary default to the data's.",
+                example_lines=(
+                    "bert-of pretrain --data data/ --config bert_config.json -o run/ --steps 1000",
+                    "bert-of pretrain --data data/ --config bert_config.json -o run/ --nproc 2 --batch-size 64",
+                    "bert-of pretrain --data data/ --init-checkpoint bert-base-uncased -o run/ --lr 2e-5",
+                    "bert-of pretrain --data data/ -o run/ --resume        # continue exactly where it stopped",
+                    "bert-of pretrain --data data/ -o run/ --resume --steps 2000   # ... and train longer",
+                    "bert-of plot run/                                   # -> run/curves.png"))
+    add_command(sub, "plot", cmd_plot, PlotOptions, help="PNG loss/accuracy/lr curves of training runs",
+                description="Loss, accuracy and learning-rate curves of one or more runs (their "
+                            "metrics.jsonl) in one PNG.",
+                example_lines=("bert-of plot run/                      # writes run/curves.png",
+                               "bert-of plot run-a/ run-b/ -o compare.png"))

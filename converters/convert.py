@@ -13,7 +13,7 @@ import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
 from bert_of.fs import check_destination, publishing
-from bert_of.converters.common import Options, Source, summarize
+from bert_of.converters.source import Options, Source, summarize
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.progress import Progress
 from bert_of.tokenization import check_vocab_fits

@@ -45,7 +45,7 @@ from bert_of.errors import CheckpointError, ConfigError, OutputError
 from bert_of.fs import writes_to
 from bert_of.tensors import nbytes
 from bert_of.converters import hdf5, hf
-from bert_of.converters.common import Options, ReportLine, Source
+from bert_of.converters.source import Options, ReportLine, Source
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort, whole
 

@@ -55,7 +55,7 @@ from bert_of.checkpoint import SafetensorsFile, TensorSpec, copy_file, write_saf
 from bert_of.config import HF_ACT, BertConfig, pop_task_fields
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import read_json, write_json, writes_to
-from bert_of.converters.common import Options, ReportLine, Source, lower_case_of
+from bert_of.converters.source import Options, ReportLine, Source, lower_case_of
 from bert_of.converters.mapping import Table, spell
 from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros,
                                        sort, whole)

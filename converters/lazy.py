@@ -79,7 +79,7 @@ from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import writes_to
 from bert_of.tensors import check_shape, nbytes
-from bert_of.converters.common import Options, ReportLine, Source, write_google_sidecars
+from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, Hit, check, finish, sort, whole
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
-from bert_of.converters.common import Options, Source
+from bert_of.converters.source import Source
 from bert_of.converters.mapping import Table
 from bert_of.converters.native import PARAM, Hit, Layout
 from bert_of.converters.native_config import libai_cfg_of
@@ -195,23 +195,17 @@ def _libai_order(key):
     return (3, 0, 0, False)
 
 
-LAYOUT = Layout(NAME, ("embeddings", "encoders", "final_layernorm", "pooler"), _classify, _items, libai_cfg_of,
-                "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)", _no_pooler)
-
-
-def detect(path: str) -> bool:
-    return native.kind(path) == NAME
-
-
-def read(path: str, opts: Options) -> Source:
-    return native.read(path, opts, LAYOUT)
-
-
-def write_files(source: Source, d: str, opts: Options) -> list:
+def _write_notes(source: Source) -> list:
+    """Where LiBai's own BERT computes otherwise than this checkpoint."""
     notes = []
     c = source.config
     if c.hidden_act != "gelu_erf":
         notes.append(f"note: LiBai's BERT computes gelu_erf (this checkpoint: {c.hidden_act})")
     if "cls.predictions.bias" in source.names() and c.head_eps != 1e-5:
         notes.append(f"note: LiBai's MLM head LayerNorm uses eps 1e-05 (this checkpoint: {c.head_eps:g})")
-    return native.write_files(source, d, opts, LAYOUT) + notes
+    return notes
+
+
+LAYOUT = Layout(NAME, ("embeddings", "encoders", "final_layernorm", "pooler"), _classify, _items, libai_cfg_of,
+                "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)", _no_pooler, _write_notes)
+detect, read, write_files = native.format_functions(LAYOUT)

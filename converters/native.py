@@ -29,7 +29,7 @@ from bert_of.errors import CheckpointError
 from bert_of.fs import writes_to
 from bert_of.tensors import TensorSpec
 from bert_of.converters import flow_save
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import apply, apply_shape, inverse
 from bert_of.converters.native_config import load_config
 from bert_of.converters.reader import whole
@@ -62,6 +62,7 @@ class Layout:
     write_config: Callable  # (config) -> dict written as config.json
     description: str
     no_pooler: Callable = lambda config: False  # the config builds the model without a pooler
+    write_notes: Callable = lambda source: []  # (Source) -> what writing it in this layout changes
 
 
 def _bare(keys, roots) -> bool:
@@ -244,6 +245,23 @@ def arange_buffer(config):
 
 _STATE_DICT_ROOTS = ("bert.", "embeddings.", "encoder.", "encoders.", "pooler.", "cls.", "cls_head.", "cls_squad.",
                      "qa_outputs.", "classifier.", "final_layernorm.", "output_bias")
+
+
+def format_functions(layout: Layout) -> tuple:
+    """``detect``, ``read`` and ``write_files`` of the format whose files hold ``layout``'s state dict
+    (what a format module exposes: converters/source.py); ``write_files`` adds ``layout.write_notes``."""
+    read_layout, write_layout = read, write_files
+
+    def detect_format(path: str) -> bool:
+        return kind(path) == layout.name
+
+    def read_format(path: str, opts: Options) -> Source:
+        return read_layout(path, opts, layout)
+
+    def write_format(source: Source, d: str, opts: Options) -> list:
+        return write_layout(source, d, opts, layout) + layout.write_notes(source)
+
+    return detect_format, read_format, write_format
 
 
 def kind(path: str) -> Optional[str]:

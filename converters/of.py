@@ -8,7 +8,7 @@ from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS
                                 expected_shapes, is_checkpoint_dir, load_checkpoint, write_checkpoint_files)
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.reader import whole
 
 NAME = "of"

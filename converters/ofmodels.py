@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
-from bert_of.converters.common import Options, Source
+from bert_of.converters.source import Source
 from bert_of.converters.native import BUFFER, PARAM, Hit, Layout
 from bert_of.converters.native_config import ofmodels_args_of
 
@@ -86,22 +86,16 @@ def _items(names, config, bare):
     return out
 
 
-LAYOUT = Layout(NAME, ("embeddings", "encoder", "pooler"), _classify, _items, ofmodels_args_of,
-                "Oneflow-Inc/models BERT (BertForPreTraining / BertModel / SQuAD)")
-
-
-def detect(path: str) -> bool:
-    return native.kind(path) == NAME
-
-
-def read(path: str, opts: Options) -> Source:
-    return native.read(path, opts, LAYOUT)
-
-
-def write_files(source: Source, d: str, opts: Options) -> list:
+def _write_notes(source: Source) -> list:
+    """Where the models repo's BERT computes otherwise than this checkpoint."""
     notes = []
     c = source.config
     if c.hidden_act != "gelu_erf" or c.layer_norm_eps != 1e-5:
         notes.append(f"note: the models repo's BERT computes gelu_erf with LayerNorm eps 1e-05 (this checkpoint: "
                      f"{c.hidden_act}, eps {c.layer_norm_eps:g}); reading the folder back records its numerics")
-    return native.write_files(source, d, opts, LAYOUT) + notes + c.numerics_notes()
+    return notes + c.numerics_notes()
+
+
+LAYOUT = Layout(NAME, ("embeddings", "encoder", "pooler"), _classify, _items, ofmodels_args_of,
+                "Oneflow-Inc/models BERT (BertForPreTraining / BertModel / SQuAD)", write_notes=_write_notes)
+detect, read, write_files = native.format_functions(LAYOUT)

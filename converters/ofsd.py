@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
-from bert_of.converters.common import Options, Source
 from bert_of.converters.native import PARAM, Hit, Layout
 
 NAME = "ofsd"
@@ -37,13 +36,4 @@ LAYOUT = Layout(NAME, ("embeddings", "encoder", "pooler"), _classify, _items, la
                 "bert_of model state dict")
 
 
-def detect(path: str) -> bool:
-    return native.kind(path) == NAME
-
-
-def read(path: str, opts: Options) -> Source:
-    return native.read(path, opts, LAYOUT)
-
-
-def write_files(source: Source, d: str, opts: Options) -> list:
-    return native.write_files(source, d, opts, LAYOUT)
+detect, read, write_files = native.format_functions(LAYOUT)

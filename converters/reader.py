@@ -3,7 +3,7 @@
 A format lists what its file holds and says what each name is; the skeleton accounts for every
 tensor, refuses what it must with the same one-line errors in every format, checks the fit to
 the config in the file's own names and layout, and streams the tensors (one in memory at a time)
-into a :class:`~bert_of.converters.common.Source`, the single validation point
+into a :class:`~bert_of.converters.source.Source`, the single validation point
 (:func:`bert_of.tensors.check_tensors`). A whole reader is::
 
     def read(path, opts):
@@ -53,7 +53,7 @@ from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, SourceChanged
 from bert_of.fs import PinnedDir
 from bert_of.tensors import SCALAR_SLOTS, SCALAR_STATE, TensorSpec, check_fit, checked_producer
-from bert_of.converters.common import Options, ReportLine, Source, cast_spec
+from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse
 
 WORD_EMB = "bert.embeddings.word_embeddings.weight"

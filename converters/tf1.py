@@ -19,7 +19,7 @@ import numpy as np
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.converters import tf1_bundle
-from bert_of.converters.common import Options, Source, write_google_sidecars
+from bert_of.converters.source import Options, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import Entry, Hit, finish, hit, sort, whole
 

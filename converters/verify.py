@@ -28,7 +28,7 @@ import numpy as np
 from bert_of.errors import BertOfError, CheckpointError
 from bert_of.tokenization import FullTokenizer
 from bert_of.converters import hf_torch, reference_np, tf1
-from bert_of.converters.common import Options, lower_case_of
+from bert_of.converters.source import Options, lower_case_of
 from bert_of.converters.convert import detect, read
 from bert_of.progress import Progress, log
 

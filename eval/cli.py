@@ -22,12 +22,12 @@ import sys
 from dataclasses import dataclass
 
 from bert_of.cli import run_command
-from bert_of.cli_grammar import add_options, examples
+from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.finetune_cli import add_eval_commands
-from bert_of.eval.glue import (TASK_CHOICES, compute_metrics, read_examples, read_predictions, result_task_name,
-                               task_spec)
+from bert_of.eval.glue_data import TASK_CHOICES, read_examples, result_task_name, task_spec
+from bert_of.eval.glue_metrics import compute_metrics, read_predictions
 from bert_of.eval.results import (append_result, checkpoint_identity, file_identity, format_table, load_published,
                                   load_results, make_record, select)
 from bert_of.eval.squad_metrics import squad_score
@@ -225,37 +225,33 @@ def add_parser(subparsers):
                                               "bert-of results --task squad-v1.1"))
     esub = e.add_subparsers(dest="eval_command", required=True, metavar="EVAL_COMMAND")
 
-    s = esub.add_parser("squad-score", help="drop-in for the official SQuAD evaluate-v1.1.py / evaluate-v2.0.py",
-                        description="Score predictions.json like the official SQuAD script of the data file's "
-                                    "version; prints the same JSON object on stdout.",
-                        epilog=examples(
-                            "bert-of eval squad-score --data dev-v1.1.json --predictions predictions.json",
-                            "bert-of eval squad-score --data dev-v2.0.json --predictions predictions.json "
-                            "--na-prob-file null_odds.json",
-                            "bert-of eval squad-score --data dev-v1.1.json --predictions p.json --model squad-model/ "
-                            "--name my-bert"))
-    add_options(s, SquadScoreOptions)
-    s.set_defaults(fn=cmd_squad_score)
+    add_command(esub, "squad-score", cmd_squad_score, SquadScoreOptions,
+                help="drop-in for the official SQuAD evaluate-v1.1.py / evaluate-v2.0.py",
+                description="Score predictions.json like the official SQuAD script of the data file's "
+                            "version; prints the same JSON object on stdout.",
+                example_lines=(
+                    "bert-of eval squad-score --data dev-v1.1.json --predictions predictions.json",
+                    "bert-of eval squad-score --data dev-v2.0.json --predictions predictions.json "
+                    "--na-prob-file null_odds.json",
+                    "bert-of eval squad-score --data dev-v1.1.json --predictions p.json --model squad-model/ "
+                    "--name my-bert"))
 
-    g = esub.add_parser("glue-score", help="score GLUE / XNLI predictions against a labeled TSV",
-                        description="Metrics: CoLA Matthews; MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; "
-                                    "accuracy elsewhere (percent). Predictions: one label per line, or a GLUE "
-                                    "submission file (header 'index<TAB>prediction').",
-                        epilog=examples("bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions "
-                                        "preds/predictions.tsv",
-                                        "bert-of eval glue-score --task xnli --language de --data xnli.dev.tsv "
-                                        "--predictions p.tsv"))
-    add_options(g, GlueScoreOptions)
-    g.set_defaults(fn=cmd_glue_score)
+    add_command(esub, "glue-score", cmd_glue_score, GlueScoreOptions,
+                help="score GLUE / XNLI predictions against a labeled TSV",
+                description="Metrics: CoLA Matthews; MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; "
+                            "accuracy elsewhere (percent). Predictions: one label per line, or a GLUE "
+                            "submission file (header 'index<TAB>prediction').",
+                example_lines=("bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions "
+                               "preds/predictions.tsv",
+                               "bert-of eval glue-score --task xnli --language de --data xnli.dev.tsv "
+                               "--predictions p.tsv"))
 
     add_eval_commands(esub)  # eval squad / eval glue: run a model, then score and record
 
-    r = subparsers.add_parser("results", help="the results table (measured and published)",
-                              description="Print the results store with the published reference numbers.",
-                              epilog=examples("bert-of results", "bert-of results --task squad-v1.1 --format csv",
-                                              "bert-of results --measured-only --format json"))
-    add_options(r, ResultsOptions)
-    r.set_defaults(fn=cmd_results)
+    add_command(subparsers, "results", cmd_results, ResultsOptions, help="the results table (measured and published)",
+                description="Print the results store with the published reference numbers.",
+                example_lines=("bert-of results", "bert-of results --task squad-v1.1 --format csv",
+                               "bert-of results --measured-only --format json"))
     return esub
 
 

@@ -21,7 +21,7 @@ import argparse
 import os
 import types
 
-from bert_of.cli_grammar import add_options, examples
+from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError
 from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.fs import LOCK_NAME, check_unlocked
@@ -91,10 +91,7 @@ def cmd_task(args) -> int:
 
 
 def _task_parser(sub, command: str, task: str, **kw):
-    p = sub.add_parser(task, **kw)
-    add_options(p, OPTIONS[task], command)
-    p.set_defaults(fn=cmd_task, task_command=(command, task))
-    return p
+    return add_command(sub, task, cmd_task, OPTIONS[task], command=command, task_command=(command, task), **kw)
 
 
 # --------------------------------------------------------------------------- parsers
@@ -107,27 +104,27 @@ def add_eval_commands(esub) -> None:
                              "predictions.json / nbest_predictions.json (/ null_odds.json), score them as the "
                              "official evaluate script of the file's version does, print that JSON, and append the "
                              "result to the results store.",
-                 epilog=examples("bert-of eval squad --model squad-model/ --data dev-v1.1.json",
-                                 "bert-of eval squad --model squad-model/ --data dev-v2.0.json -o preds/ "
-                                 "--name my-bert-v2"))
+                 example_lines=("bert-of eval squad --model squad-model/ --data dev-v1.1.json",
+                                "bert-of eval squad --model squad-model/ --data dev-v2.0.json -o preds/ "
+                                "--name my-bert-v2"))
     _task_parser(esub, EVAL, "glue", help="predict a labeled GLUE / XNLI file with a model, score it and record it",
                  description="Classify DATA, write the predictions (GLUE submission format), score them (CoLA "
                              "Matthews; MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; accuracy) and append the "
                              "result to the results store.",
-                 epilog=examples("bert-of eval glue --model mrpc-model/ --data MRPC/dev.tsv",
-                                 "bert-of eval glue --model xnli-model/ --task xnli --language de --data xnli.dev.tsv"))
+                 example_lines=("bert-of eval glue --model mrpc-model/ --data MRPC/dev.tsv",
+                                "bert-of eval glue --model xnli-model/ --task xnli --language de --data xnli.dev.tsv"))
     _task_parser(esub, EVAL, "classify", help="predict your own labeled CSV / TSV / JSON Lines file, score it and "
                                                "record it",
                  description="Classify DATA with a model from `bert-of finetune classify` (its classes, in its "
                              "order), write OUTPUT/predictions.csv, score it (accuracy, macro-F1, MCC; regression: "
                              "Pearson, Spearman, MSE), print that JSON and append it to the results store.",
-                 epilog=examples("bert-of eval classify --model sentiment-model/ --data dev.csv"))
+                 example_lines=("bert-of eval classify --model sentiment-model/ --data dev.csv"))
     _task_parser(esub, EVAL, "tag", help="tag a labeled CoNLL / JSON Lines file with a model, score it (entities) "
                                           "and record it",
                  description="Tag DATA with a model from `bert-of finetune tag`, write OUTPUT/predictions.jsonl, score "
                              "it (entity-level precision, recall, F1 as conlleval / seqeval; token accuracy), print "
                              "that JSON and append it to the results store.",
-                 epilog=examples("bert-of eval tag --model ner-model/ --data dev.conll"))
+                 example_lines=("bert-of eval tag --model ner-model/ --data dev.conll"))
 
 
 def add_parser(subparsers):
@@ -143,7 +140,7 @@ def add_parser(subparsers):
     _task_parser(fsub, TRAIN, "squad", help="SQuAD v1.1 / v2.0 (run_squad.py)",
                  description="Fine-tune a span-prediction head on a SQuAD train file (v2.0 when the file says so), "
                              "with run_squad.py's defaults (each option shows its own). " + FINETUNE_NOTE,
-                 epilog=examples(
+                 example_lines=(
                      "bert-of finetune squad --model bert-base-uncased --train train-v1.1.json -o squad-model/ "
                      "--eval-data dev-v1.1.json",
                      "bert-of finetune squad --model cased_L-12_H-768_A-12/ --no-lower-case --train train-v2.0.json "
@@ -154,23 +151,23 @@ def add_parser(subparsers):
                  description="Fine-tune a classifier on a GLUE / XNLI train file, with run_classifier.py's defaults "
                              "(each option shows its own). STS-B trains a one-output regression head (MSE). "
                              + FINETUNE_NOTE,
-                 epilog=examples("bert-of finetune glue --task mrpc --model bert-base-uncased --train MRPC/train.tsv "
-                                 "-o mrpc-model/ --eval-data MRPC/dev.tsv",
-                                 "bert-of finetune glue --task sts-b --model bert-base-uncased --train STS-B/train.tsv "
-                                 "-o stsb/ --epochs 5"))
+                 example_lines=("bert-of finetune glue --task mrpc --model bert-base-uncased --train MRPC/train.tsv "
+                                "-o mrpc-model/ --eval-data MRPC/dev.tsv",
+                                "bert-of finetune glue --task sts-b --model bert-base-uncased --train STS-B/train.tsv "
+                                "-o stsb/ --epochs 5"))
     _task_parser(fsub, TRAIN, "classify", help="your own CSV / TSV / JSON Lines: classes or a regression target",
                  description="Fine-tune a classifier on a file with named columns (a text, optionally a second text, "
                              "a label): string or integer labels are classes (sorted, recorded in the model), real "
                              "numbers a regression target (MSE). run_classifier.py's defaults. " + FINETUNE_NOTE,
-                 epilog=examples("bert-of finetune classify --model bert-base-uncased --train train.csv -o "
-                                 "sentiment-model/ --eval-data dev.csv",
-                                 "bert-of finetune classify --model bert-base-uncased --train pairs.jsonl "
-                                 "--text-column q1 --text-pair-column q2 --label-column same -o pairs-model/"))
+                 example_lines=("bert-of finetune classify --model bert-base-uncased --train train.csv -o "
+                                "sentiment-model/ --eval-data dev.csv",
+                                "bert-of finetune classify --model bert-base-uncased --train pairs.jsonl "
+                                "--text-column q1 --text-pair-column q2 --label-column same -o pairs-model/"))
     _task_parser(fsub, TRAIN, "tag", help="token tagging (NER) on CoNLL-2003-style or JSON Lines files",
                  description="Fine-tune a token classifier: each word's tag on its first WordPiece (transformers' "
                              "NER example); tags sorted (O first) and recorded in the model. " + FINETUNE_NOTE,
-                 epilog=examples("bert-of finetune tag --model bert-base-cased --no-lower-case --train train.conll "
-                                 "-o ner-model/ --eval-data dev.conll"))
+                 example_lines=("bert-of finetune tag --model bert-base-cased --no-lower-case --train train.conll "
+                                "-o ner-model/ --eval-data dev.conll"))
 
     p = subparsers.add_parser("predict", help="predictions files for SQuAD or GLUE / XNLI",
                               description="Run a fine-tuned checkpoint over a data file and write predictions "
@@ -182,25 +179,25 @@ def add_parser(subparsers):
     _task_parser(psub, PREDICT, "squad", help="predictions.json, nbest_predictions.json (+ null_odds.json for v2.0)",
                  description="run_squad.py prediction: windows with doc_stride, max-context tokens, n-best list, "
                              "longest answer, v2.0 null score threshold; official file formats.",
-                 epilog=examples("bert-of predict squad --model squad-model/ --data dev-v1.1.json -o preds/",
-                                 "bert-of eval squad-score --data dev-v1.1.json --predictions preds/predictions.json"))
+                 example_lines=("bert-of predict squad --model squad-model/ --data dev-v1.1.json -o preds/",
+                                "bert-of eval squad-score --data dev-v1.1.json --predictions preds/predictions.json"))
     _task_parser(psub, PREDICT, "glue", help="GLUE submission file (index<TAB>prediction)",
                  description="Classify every row of a GLUE / XNLI TSV (train, dev or test layout) into "
                              "OUTPUT/predictions.tsv (index<TAB>prediction).",
-                 epilog=examples("bert-of predict glue --model mrpc-model/ --data MRPC/test.tsv -o preds/",
-                                 "bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions "
-                                 "preds/predictions.tsv"))
+                 example_lines=("bert-of predict glue --model mrpc-model/ --data MRPC/test.tsv -o preds/",
+                                "bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions "
+                                "preds/predictions.tsv"))
     _task_parser(psub, PREDICT, "classify", help="per row: the label and every class's probability (CSV / JSON Lines)",
                  description="Run a model from `bert-of finetune classify` over every row of a CSV / TSV / JSON "
                              "Lines file (no labels needed); writes, in input order, each row's label and every "
                              "class's probability (regression: the value) to OUTPUT (.csv or .jsonl).",
-                 epilog=examples("bert-of predict classify --model sentiment-model/ --data new.csv -o preds.csv",
-                                 "bert-of predict classify --model sentiment-model/ --data new.jsonl -o preds.jsonl"))
+                 example_lines=("bert-of predict classify --model sentiment-model/ --data new.csv -o preds.csv",
+                                "bert-of predict classify --model sentiment-model/ --data new.jsonl -o preds.jsonl"))
     _task_parser(psub, PREDICT, "tag", help="a tag per word (CoNLL or JSON Lines)",
                  description="Tag every word of a CoNLL / JSON Lines file (tags not needed) with a model from "
                              "`bert-of finetune tag`; writes OUTPUT as JSON Lines (tokens, tags) when it ends .jsonl, "
                              "else CoNLL (token TAB tag, a blank line between sentences).",
-                 epilog=examples("bert-of predict tag --model ner-model/ --data new.conll -o tagged.conll"))
+                 example_lines=("bert-of predict tag --model ner-model/ --data new.conll -o tagged.conll"))
     return fsub, psub
 
 

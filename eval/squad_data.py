@@ -30,10 +30,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from bert_of.eval._basic_tokenizer import BasicTokenizer
 from bert_of.eval.errors import EvalDataError
 from bert_of.fs import atomic_write, read_json
 from bert_of.progress import log, progress_iter
+from bert_of.tokenization import BasicTokenizer
 
 # --------------------------------------------------------------------------- reading the JSON
 

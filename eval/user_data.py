@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue import _read_text, accuracy, matthews_corrcoef, pearson, spearman
+from bert_of.eval.glue_data import _read_text
+from bert_of.eval.glue_metrics import accuracy, matthews_corrcoef, pearson, spearman
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "premise", "question", "review", "content")
 PAIR_COLUMNS = ("text_pair", "sentence2", "hypothesis", "passage")
@@ -71,18 +72,23 @@ def file_kind(path: str) -> str:
     return kind
 
 
+def _json_lines(path: str, text: str):
+    """(line number, parsed value) of every non-blank line of JSON Lines ``text`` (read from ``path``)."""
+    for i, line in enumerate(io.StringIO(text, newline=""), 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except ValueError as e:
+            raise EvalDataError(f"{path}: line {i}: not JSON ({e.msg})") from None
+
+
 def _records(path: str, kind: str):
     """(line, {column: value}) of every non-blank record, and the column names in file order."""
     text = _read_text(path)
     if kind == "jsonl":
         out, columns = [], {}
-        for i, line in enumerate(io.StringIO(text, newline=""), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise EvalDataError(f"{path}: line {i}: not JSON ({e.msg})") from None
+        for i, obj in _json_lines(path, text):
             if not isinstance(obj, dict):
                 raise EvalDataError(f"{path}: line {i}: expected a JSON object, found {type(obj).__name__}")
             columns.update(dict.fromkeys(obj))
@@ -318,13 +324,7 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
     ext = os.path.splitext(path)[1].lower()
     out = []
     if ext in (".jsonl", ".ndjson", ".json"):
-        for i, line in enumerate(io.StringIO(text, newline=""), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise EvalDataError(f"{path}: line {i}: not JSON ({e.msg})") from None
+        for i, obj in _json_lines(path, text):
             tokens = obj.get("tokens") if isinstance(obj, dict) else None
             tags = (obj.get("tags", obj.get("ner_tags")) if isinstance(obj, dict) else None)
             if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):

@@ -20,7 +20,7 @@ import numpy as np
 from bert_of.checkpoint import expected_shapes, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters import tf1_bundle
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 from bert_of.converters.convert import convert
 
 SMALL = BertConfig(vocab_size=13, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=6,

@@ -10,7 +10,7 @@ import safetensors.numpy
 from bert_of.checkpoint import (SafetensorsFile, TensorSpec, expected_shapes, load_checkpoint, load_safetensors,
                                 save_safetensors, write_checkpoint)
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, OutputError
 from tests.conftest import write_vocab
 
 CFG = BertConfig(vocab_size=11, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=5)
@@ -75,7 +75,7 @@ def test_checkpoint_dir_is_atomic_on_crash(tmp_path):
     assert os.listdir(tmp_path) == ["vocab.txt"]  # no dst, no temp dir left
 
     write_checkpoint(str(dst), _backbone(1.0), CFG, vocab)
-    with pytest.raises(CheckpointError, match="already exists"):
+    with pytest.raises(OutputError, match="already exists"):
         write_checkpoint(str(dst), _backbone(0.0), CFG, vocab)
     # A failed overwrite keeps the old checkpoint whole.
     with pytest.raises(RuntimeError):

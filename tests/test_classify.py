@@ -32,7 +32,7 @@ def _rows(path):
 
 
 def _vocab(path):
-    from bert_of.eval._basic_tokenizer import BasicTokenizer
+    from bert_of.tokenization import BasicTokenizer
 
     bt = BasicTokenizer(do_lower_case=True)
     words = set()

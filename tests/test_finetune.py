@@ -72,7 +72,7 @@ def fixture_texts():
 def build_vocab(path):
     """Specials, every lower-cased word of the fixtures, and single characters (plain and ##) so any
     other word still splits into WordPieces instead of [UNK]."""
-    from bert_of.eval._basic_tokenizer import BasicTokenizer
+    from bert_of.tokenization import BasicTokenizer
 
     bt = BasicTokenizer(do_lower_case=True)
     words = sorted({w for t in fixture_texts() for w in bt.tokenize(t)})

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from bert_of.eval.errors import EvalDataError, PredictionsError
-from bert_of.eval.glue import (accuracy, compute_metrics, convert_example_to_features, f1_binary, get_labels, glue_score,
-                       matthews_corrcoef, pearson, rankdata, read_examples, read_predictions, spearman,
-                       truncate_seq_pair)
+from bert_of.eval.glue_data import convert_example_to_features, get_labels, read_examples, truncate_seq_pair
+from bert_of.eval.glue_metrics import (accuracy, compute_metrics, f1_binary, glue_score, matthews_corrcoef, pearson,
+                                       rankdata, read_predictions, spearman)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G = os.path.join(ROOT, "tests", "data", "glue")

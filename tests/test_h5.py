@@ -86,7 +86,7 @@ def of_dirs(root):
 
 
 def _run(path, batch, fmt="of", **opts):
-    from bert_of.converters.common import Options
+    from bert_of.converters.source import Options
     from bert_of.converters.convert import read
     from bert_of.converters.verify import run_bert_of
 
@@ -433,7 +433,7 @@ def test_model_scope_read_from_the_file(root, tmp_path):
         g.move("tf_bert_model", "tf_bert_model_1")
         g.attrs["weight_names"] = [w.replace("tf_bert_model/", "tf_bert_model_1/", 1).encode()
                                    for w in g.attrs["weight_names"]]
-    from bert_of.converters.common import Options
+    from bert_of.converters.source import Options
     from bert_of.converters.h5 import read
 
     got = read(str(src), Options()).load()

@@ -279,7 +279,7 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     float64 NumPy reference's, computed from the HF files themselves (not bert_of's model)."""
     from bert_of._flow import flow
     from bert_of.converters import hf, reference_np
-    from bert_of.converters.common import Options
+    from bert_of.converters.source import Options
     from bert_of.converters.verify import DEFAULT_TOL, make_batch, verify
     from bert_of.modeling import BertForTokenClassification
 

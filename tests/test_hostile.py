@@ -499,7 +499,7 @@ def test_squad_score_accepts_what_the_official_script_scores(tmp_path):
 
 
 def test_glue_tsv_details_run_classifier_ignores(tmp_path):
-    from bert_of.eval.glue import read_examples
+    from bert_of.eval.glue_data import read_examples
 
     p = tmp_path / "dev.tsv"  # BOM, CRLF, a bare quote, U+2028 and NEL inside sentences, an extra column
     p.write_bytes("\ufeffsentence\tlabel\r\na \"quoted\u2028 film\t1\r\nno\x85 break here\t0\textra\r\n\r\n".encode())

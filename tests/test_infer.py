@@ -1,4 +1,4 @@
-"""Prediction batches (eval/tasks/common.py:infer): the same outputs whatever the batch size, length
+"""Prediction batches (eval/tasks/finetuning.py:infer): the same outputs whatever the batch size, length
 bucketing or mode; one graph per call of infer, its rows per call bounded on CPU."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
-from bert_of.eval.tasks.common import LENGTH_STEP, graph_rows, infer
+from bert_of.eval.tasks.finetuning import LENGTH_STEP, graph_rows, infer
 from bert_of.modeling import BertForQuestionAnswering, BertForSequenceClassification
 from bert_of.training.runtime import Runtime
 
@@ -84,7 +84,7 @@ def test_cpu_graph_rows_follow_the_activation_budget():
 
 
 def test_cpu_train_graph_splits_a_step_into_micro_batches_that_fit():
-    from bert_of.eval.tasks.common import graph_accum_steps
+    from bert_of.eval.tasks.finetuning import graph_accum_steps
 
     minilm = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
     assert graph_accum_steps(minilm, 384, 32, "cpu") == 32  # one row per micro-batch at 384 tokens
@@ -114,3 +114,17 @@ def test_a_graph_step_in_micro_batches_equals_the_whole_batch_step():
         runs.append((losses, model.qa_outputs.weight.numpy().copy()))
     np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=1e-5)
     np.testing.assert_allclose(runs[1][1], runs[0][1], rtol=0, atol=1e-5)
+
+
+def test_a_model_whose_layers_differ_predicts_through_one_whole_model_graph():
+    """Query-key layer scaling gives every layer its own function, so no layer-by-layer run: the
+    graph is the whole model (BertGraph), padded to its rows per call, returning the outputs asked for."""
+    flow.manual_seed(3)
+    qa = BertForQuestionAnswering(BertConfig(**TINY, query_key_layer_scaling=True))
+    rt, rows = Runtime.create("cpu"), _rows(n=5)
+    s1, e1 = infer(qa, rows, ("start_logits", "end_logits"), 5, "eager", rt)
+    stats = {}
+    s2, e2 = infer(qa, rows, ("start_logits", "end_logits"), 2, "graph", rt, stats=stats)  # calls of 2, 2, 1 + pad
+    assert stats["graphs"] == 1 and not stats["layerwise"] and stats["batch_size"] == 2
+    np.testing.assert_allclose(s2, s1, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(e2, e1, rtol=0, atol=1e-5)

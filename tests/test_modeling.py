@@ -310,3 +310,25 @@ def test_graph_outputs_keep_their_class_and_order():
     bare.eval()
     out = BertGraph(bare)(*args)
     assert out[0] is out.last_hidden_state and tuple(out[1].shape) == (2, 32)  # BaseModelOutputWithPooling's order
+    only = BertGraph(model, outputs=("end_logits",))(*args)  # the graph returns just the named outputs
+    assert only.start_logits is None and only.sequence_output is None
+    np.testing.assert_allclose(only.end_logits.numpy(), eager.end_logits.numpy(), atol=1e-6)
+
+
+def test_init_weights_of_named_heads_keeps_the_rest(pretraining_ckpt):
+    """init_weights(names=...) (fine-tuning's new heads): Google's init for just those tensors, drawn
+    from the seed's first numbers in name order; every other tensor keeps its loaded value."""
+    model = BertForPreTraining.from_pretrained(pretraining_ckpt)
+    before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    names = ["cls.predictions.transform.dense.weight", "cls.predictions.transform.LayerNorm.weight",
+             "cls.predictions.transform.LayerNorm.bias", "cls.seq_relationship.weight"]
+    model.init_weights(seed=5, names=names)
+    after = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert all(np.array_equal(after[k], before[k]) for k in after if k not in names)
+    assert np.array_equal(after[names[1]], np.ones(CFG.hidden_size)) and not after[names[2]].any()
+    rng, std = np.random.default_rng(5), CFG.initializer_range
+    for name in (names[0], names[3]):  # N(0, std^2) redrawn beyond 2 std, one draw after another
+        w = rng.standard_normal(after[name].shape)
+        while (np.abs(w) > 2).any():
+            w[np.abs(w) > 2] = rng.standard_normal(int((np.abs(w) > 2).sum()))
+        np.testing.assert_allclose(after[name], w * std, rtol=1e-6)

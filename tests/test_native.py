@@ -13,7 +13,7 @@ import pytest
 from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.converters import flow_save
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
 from bert_of.converters.verify import make_batch, max_abs_diff, run_bert_of, verify
 from bert_of.modeling import BertForPreTraining, BertForQuestionAnswering

@@ -21,7 +21,7 @@ from bert_of.converters import tf_reference as ref
 from bert_of.converters.convert import convert
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.fs import locked
-from bert_of.hooks import register_resolver
+from bert_of.resolver import register_resolver
 from bert_of.zoo import NotCachedError, OfflineError, UnknownEntryError, Zoo
 from bert_of.zoo.cache import MANIFEST
 from bert_of.zoo.resolve import content_key, source_key
@@ -274,7 +274,7 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
         BertModel.from_pretrained(str(broken))
 
 
-MODEL_AND_BASE = ("errors", "version", "process", "fs", "progress", "config", "hooks", "tensors", "checkpoint", "tokenization",
+MODEL_AND_BASE = ("errors", "version", "process", "fs", "progress", "config", "resolver", "tensors", "checkpoint", "tokenization",
                   "_flow", "outputs", "modeling")
 
 

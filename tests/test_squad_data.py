@@ -239,18 +239,6 @@ def test_get_final_text(pred, orig, lower, want):
     assert get_final_text(pred, orig, lower) == want
 
 
-def test_basic_tokenizer_matches_bert_of_tokenization_if_present():
-    tokenization = pytest.importorskip("bert_of.tokenization")
-    from bert_of.eval._basic_tokenizer import BasicTokenizer
-
-    texts = ["Steve Smith's (1895-1943).", "José Müller, Café Zürich!", "naïve\u00a0text\twith\u200bodd  spaces",
-             "$5 ^caret^ `tick` 北京大学", "İstanbul ÆSIR straße"]
-    for lower in (True, False):
-        ours, theirs = BasicTokenizer(lower), tokenization.BasicTokenizer(do_lower_case=lower)
-        for t in texts:
-            assert ours.tokenize(t) == theirs.tokenize(t), t
-
-
 # --------------------------------------------------------------------------- postprocessing
 
 

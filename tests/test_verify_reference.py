@@ -16,7 +16,7 @@ import pytest
 from bert_of.checkpoint import SafetensorsFile, load_safetensors, save_safetensors
 from bert_of.converters import hf_torch, reference_np
 from bert_of.converters import tf_reference as ref
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import DEFAULT_TOL, SENTENCES, token_batch, verify
 

@@ -23,7 +23,7 @@ from bert_of.checkpoint import expected_shapes, load_checkpoint, load_safetensor
 from bert_of.config import BertConfig
 from bert_of.converters import convert as conv
 from bert_of.converters import hf, lazy, reader
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 from bert_of.fs import _RENAME_EXCHANGE, _rename2, publishing
 from bert_of.tokenization import read_vocab_lines
 from bert_of.zoo import Zoo
@@ -81,7 +81,7 @@ def _which(source, tensors, pair) -> str:
 WRITER = r"""
 import os, sys
 from bert_of.converters.convert import convert
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 a, b, dst, fmt, stop = sys.argv[1:]
 n = 0
 while not os.path.exists(stop):
@@ -215,7 +215,7 @@ def test_a_tree_replaced_and_deleted_mid_read_is_read_again(tmp_path, pair):
 SWAPS = r"""
 import sys
 from bert_of.converters.convert import convert
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 a, b, dst, fmt, n = sys.argv[1:]
 for i in range(int(n)):
     convert(f"of2{fmt}", b if i % 2 == 0 else a, dst, Options(overwrite=True))

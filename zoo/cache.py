@@ -21,7 +21,7 @@ import contextlib
 import os
 import time
 
-from bert_of.converters.common import Options, summarize
+from bert_of.converters.source import Options, summarize
 from bert_of.converters.convert import convert
 from bert_of.errors import OutputError
 from bert_of.fs import locked, read_json, sha256_file, write_json

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from bert_of.cli import run_command
-from bert_of.cli_grammar import add_options, examples
+from bert_of.cli_grammar import add_command, examples
 from bert_of.options import arg, from_args
 from bert_of.progress import log
 from bert_of.zoo.core import FORMATS, Zoo
@@ -351,63 +351,51 @@ def cmd_add(args) -> int:
 def _fill(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="zoo_command", required=True, metavar="ZOO_COMMAND")
 
-    s = sub.add_parser("list", help="table of entries: params, size, format, downloaded?, SQuAD",
-                       description="List every registry entry.",
-                       epilog=examples("bert-of zoo list", "bert-of zoo list --downloaded",
-                                       "bert-of zoo list --json | jq '.entries[].name'"))
-    add_options(s, ListOptions)
-    s.set_defaults(fn=cmd_list)
+    add_command(sub, "list", cmd_list, ListOptions, help="table of entries: params, size, format, downloaded?, SQuAD",
+                description="List every registry entry.",
+                example_lines=("bert-of zoo list", "bert-of zoo list --downloaded",
+                               "bert-of zoo list --json | jq '.entries[].name'"))
 
-    s = sub.add_parser("info", help="everything about one entry",
-                       description="URLs, hashes, config, license, provenance, evaluation results with sources, "
-                                   "cache state, and which registry the entry came from.",
-                       epilog=examples("bert-of zoo info bert-base-uncased", "bert-of zoo info bert-large --json"))
-    add_options(s, InfoOptions)
-    s.set_defaults(fn=cmd_info)
+    add_command(sub, "info", cmd_info, InfoOptions, help="everything about one entry",
+                description="URLs, hashes, config, license, provenance, evaluation results with sources, "
+                            "cache state, and which registry the entry came from.",
+                example_lines=("bert-of zoo info bert-base-uncased", "bert-of zoo info bert-large --json"))
 
-    s = sub.add_parser("download", help="download, verify, extract, convert, cache; print the path",
-                       description="Download NAME (resuming a partial download), verify SHA-256, extract safely, "
-                                   "convert (tf2of by default) with a forward-equality check, publish into the "
-                                   "cache atomically, and print the folder. Cached entries return at once. "
-                                   "Ctrl-C keeps the partial download; the next call resumes it.",
-                       epilog=examples("bert-of zoo download bert-base-uncased",
-                                       "bert-of zoo download bert-large-cased --format tf    # Google's files",
-                                       "MODEL=$(bert-of zoo download bert-base -q)          # just the path"))
-    add_options(s, FetchOptions)
-    s.set_defaults(fn=cmd_download, interrupt_note=" (a partial download is kept and resumes next time)")
+    add_command(sub, "download", cmd_download, FetchOptions,
+                help="download, verify, extract, convert, cache; print the path",
+                description="Download NAME (resuming a partial download), verify SHA-256, extract safely, "
+                            "convert (tf2of by default) with a forward-equality check, publish into the "
+                            "cache atomically, and print the folder. Cached entries return at once. "
+                            "Ctrl-C keeps the partial download; the next call resumes it.",
+                example_lines=("bert-of zoo download bert-base-uncased",
+                               "bert-of zoo download bert-large-cased --format tf    # Google's files",
+                               "MODEL=$(bert-of zoo download bert-base -q)          # just the path"),
+                interrupt_note=" (a partial download is kept and resumes next time)")
 
-    s = sub.add_parser("path", help="print the cached folder (error if not downloaded)",
-                       description="Print NAME's folder in the cache; an error (exit 1) when it is not there. "
-                                   "Never downloads.",
-                       epilog=examples("bert-of zoo path bert-base-uncased", "ls $(bert-of zoo path bert-base --format tf)"))
-    add_options(s, PathOptions)
-    s.set_defaults(fn=cmd_path)
+    add_command(sub, "path", cmd_path, PathOptions, help="print the cached folder (error if not downloaded)",
+                description="Print NAME's folder in the cache; an error (exit 1) when it is not there. "
+                            "Never downloads.",
+                example_lines=("bert-of zoo path bert-base-uncased", "ls $(bert-of zoo path bert-base --format tf)"))
 
-    s = sub.add_parser("verify", help="re-hash the cached files against their manifest",
-                       description="Re-hash every cached file of NAME against the SHA-256 recorded when it was "
-                                   "published (and, for Google's files, against the registry). Exit 1 on any "
-                                   "difference.",
-                       epilog=examples("bert-of zoo verify bert-base-uncased", "bert-of zoo verify bert-base --format tf"))
-    add_options(s, CachedOptions)
-    s.set_defaults(fn=cmd_verify)
+    add_command(sub, "verify", cmd_verify, CachedOptions, help="re-hash the cached files against their manifest",
+                description="Re-hash every cached file of NAME against the SHA-256 recorded when it was "
+                            "published (and, for Google's files, against the registry). Exit 1 on any "
+                            "difference.",
+                example_lines=("bert-of zoo verify bert-base-uncased", "bert-of zoo verify bert-base --format tf"))
 
-    s = sub.add_parser("remove", help="delete cached folders; unregister a `zoo add` entry",
-                       description="Delete NAME's cached folders and partial downloads (all formats, or --format). "
-                                   "For an entry made by `zoo add`, also unregister it; its folder is not touched.",
-                       epilog=examples("bert-of zoo remove bert-large-uncased", "bert-of zoo remove bert-base --format hf"))
-    add_options(s, CachedOptions)
-    s.set_defaults(fn=cmd_remove)
+    add_command(sub, "remove", cmd_remove, CachedOptions, help="delete cached folders; unregister a `zoo add` entry",
+                description="Delete NAME's cached folders and partial downloads (all formats, or --format). "
+                            "For an entry made by `zoo add`, also unregister it; its folder is not touched.",
+                example_lines=("bert-of zoo remove bert-large-uncased", "bert-of zoo remove bert-base --format hf"))
 
-    s = sub.add_parser("add", help="register a local checkpoint folder (e.g. from pretraining)",
-                       description="Register DIR (a bert_of checkpoint, or any format bert-of convert reads) under "
-                                   "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
-                                   "its files. Every tensor is read: one holding NaN or inf (a diverged run) is "
-                                   "refused. --metadata FILE: JSON with optional description, aliases, license, "
-                                   "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.",
-                       epilog=examples("bert-of zoo add run/final --name my-mini-bert",
-                                       "bert-of zoo add run/final --name my-mini-bert --alias mini --overwrite"))
-    add_options(s, AddOptions)
-    s.set_defaults(fn=cmd_add)
+    add_command(sub, "add", cmd_add, AddOptions, help="register a local checkpoint folder (e.g. from pretraining)",
+                description="Register DIR (a bert_of checkpoint, or any format bert-of convert reads) under "
+                            "NAME in <cache>/registry.local.json, referenced in place with the SHA-256 of "
+                            "its files. Every tensor is read: one holding NaN or inf (a diverged run) is "
+                            "refused. --metadata FILE: JSON with optional description, aliases, license, "
+                            "training {...}, evaluation [{task, metrics, source?, setting?}], provenance.",
+                example_lines=("bert-of zoo add run/final --name my-mini-bert",
+                               "bert-of zoo add run/final --name my-mini-bert --alias mini --overwrite"))
 
     _fill_cache(sub)
 
@@ -420,25 +408,20 @@ def _fill_cache(sub) -> None:
                        epilog=examples("bert-of zoo cache list", "bert-of zoo cache remove ~/models/minilm-hf",
                                        "bert-of zoo cache prune --dry-run"))
     cache = s.add_subparsers(dest="cache_command", required=True, metavar="CACHE_COMMAND")
-    c = cache.add_parser("list", help="every item: id, kind, size, state, source",
-                         description="Every item in the cache with its size; a converted copy's state says whether "
-                                     "its source is still there as it was.",
-                         epilog=examples("bert-of zoo cache list", "bert-of zoo cache list --json"))
-    add_options(c, CacheListOptions)
-    c.set_defaults(fn=cmd_cache_list)
-    c = cache.add_parser("remove", help="remove converted copies or zoo entries",
-                         description="Remove each ID: a converted copy (its id, a prefix of 6+ characters of it, or "
-                                     "the path of the source it was converted from) or a zoo entry (NAME or "
-                                     "NAME/FORMAT, as `bert-of zoo remove`).",
-                         epilog=examples("bert-of zoo cache remove 3f2a9c", "bert-of zoo cache remove ./my-hf-model"))
-    add_options(c, CacheRemoveOptions)
-    c.set_defaults(fn=cmd_cache_remove)
-    c = cache.add_parser("prune", help="remove converted copies no source needs any more",
-                         description="Remove the converted copies whose sources are gone or now hold other content "
-                                     "(a source that was only touched or copied keeps its copy).",
-                         epilog=examples("bert-of zoo cache prune", "bert-of zoo cache prune --dry-run"))
-    add_options(c, CachePruneOptions)
-    c.set_defaults(fn=cmd_cache_prune)
+    add_command(cache, "list", cmd_cache_list, CacheListOptions, help="every item: id, kind, size, state, source",
+                description="Every item in the cache with its size; a converted copy's state says whether "
+                            "its source is still there as it was.",
+                example_lines=("bert-of zoo cache list", "bert-of zoo cache list --json"))
+    add_command(cache, "remove", cmd_cache_remove, CacheRemoveOptions, help="remove converted copies or zoo entries",
+                description="Remove each ID: a converted copy (its id, a prefix of 6+ characters of it, or "
+                            "the path of the source it was converted from) or a zoo entry (NAME or "
+                            "NAME/FORMAT, as `bert-of zoo remove`).",
+                example_lines=("bert-of zoo cache remove 3f2a9c", "bert-of zoo cache remove ./my-hf-model"))
+    add_command(cache, "prune", cmd_cache_prune, CachePruneOptions,
+                help="remove converted copies no source needs any more",
+                description="Remove the converted copies whose sources are gone or now hold other content "
+                            "(a source that was only touched or copied keeps its copy).",
+                example_lines=("bert-of zoo cache prune", "bert-of zoo cache prune --dry-run"))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ import os
 import shutil
 from typing import NamedTuple, Optional
 
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 from bert_of.converters.convert import detect
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.errors import BertOfError, CheckpointError, SourceChanged

@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 
-from bert_of.converters.common import Options
+from bert_of.converters.source import Options
 from bert_of.converters.convert import convert
 from bert_of.converters.verify import tf_reference_module
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data

@@ -17,7 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass, fields
 
-from bert_of.cli_grammar import add_options, examples, finish
+from bert_of.cli_grammar import add_command, add_options, examples, finish
 from bert_of.fs import publishing, write_json
 from bert_of.options import arg, from_args
 
@@ -226,15 +226,13 @@ def _add_commands(sub) -> None:
     add_options(c, CreatePretrainingOptions)
     c.set_defaults(fn=cmd_create_pretraining)
 
-    i = sub.add_parser("inspect", help="part files, record counts and features of an OFRecord dataset",
-                       epilog=examples("bert-of data inspect data/", "bert-of data inspect data/ --check --json"))
-    add_options(i, InspectOptions)
-    i.set_defaults(fn=cmd_inspect)
+    add_command(sub, "inspect", cmd_inspect, InspectOptions,
+                help="part files, record counts and features of an OFRecord dataset",
+                example_lines=("bert-of data inspect data/", "bert-of data inspect data/ --check --json"))
 
-    r = sub.add_parser("reshard", help="re-deal an OFRecord dataset into N part files (e.g. one per rank)",
-                       epilog=examples("bert-of data reshard data/ data-8/ --num-parts 8"))
-    add_options(r, ReshardOptions)
-    r.set_defaults(fn=cmd_reshard)
+    add_command(sub, "reshard", cmd_reshard, ReshardOptions,
+                help="re-deal an OFRecord dataset into N part files (e.g. one per rank)",
+                example_lines=("bert-of data reshard data/ data-8/ --num-parts 8",))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from bert_of.cli_grammar import add_options, examples
+from bert_of.cli_grammar import add_command
 from bert_of.fs import atomic_write
 from bert_of.options import arg, from_args
 
@@ -40,11 +40,10 @@ def cmd_selftest(args) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("selftest", help="check this machine in one command (every CUDA path on a GPU machine)",
-                       description="verify (cpu, cuda) vs the TF reference, fused CUDA kernels vs the CPU formulas, "
-                                   "align amp, BERT-base samples/s (fp32/AMP, eager/graph, 2-GPU global vs DDP). "
-                                   "One JSON summary on stdout; exit 1 if a check fails. Without CUDA: the CPU "
-                                   "parts, exit 0.",
-                       epilog=examples("bert-of selftest", "bert-of selftest --quick -o selftest.json"))
-    add_options(p, SelftestOptions)
-    p.set_defaults(fn=cmd_selftest)
+    add_command(sub, "selftest", cmd_selftest, SelftestOptions,
+                help="check this machine in one command (every CUDA path on a GPU machine)",
+                description="verify (cpu, cuda) vs the TF reference, fused CUDA kernels vs the CPU formulas, "
+                            "align amp, BERT-base samples/s (fp32/AMP, eager/graph, 2-GPU global vs DDP). "
+                            "One JSON summary on stdout; exit 1 if a check fails. Without CUDA: the CPU "
+                            "parts, exit 0.",
+                example_lines=("bert-of selftest", "bert-of selftest --quick -o selftest.json"))

@@ -13,6 +13,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
+from bert_of.modeling import to_local_full
 
 DISTS = ("auto", "global", "ddp", "none")
 
@@ -85,9 +86,7 @@ class Runtime:
 
 def to_numpy(t) -> np.ndarray:
     """A tensor as numpy; a global one gathered whole on every rank (a collective)."""
-    if t.is_global:
-        t = t.to_global(sbp=flow.sbp.broadcast).to_local()
-    return t.numpy()
+    return to_local_full(t).numpy()
 
 
 def scalar(t) -> float:

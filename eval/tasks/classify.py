@@ -4,7 +4,7 @@ scored on a CSV, TSV or JSON Lines file with named columns.
     finetune_classify(ClassifyOptions(...)) / predict_classify(...) / eval_classify(...)
 
 Rows are read by :func:`bert_of.eval.user_data.read_table`; features are run_classifier.py's
-(:func:`bert_of.eval.glue.convert_example_to_features`), the model
+(:func:`bert_of.eval.glue_data.convert_example_to_features`), the model
 :class:`~bert_of.modeling.BertForSequenceClassification` (cross-entropy; MSE for one output;
 multi-label: a sigmoid per class and binary cross-entropy, a class predicted at probability >= 0.5).
 The class order (transformers' run_glue order: sorted) is recorded in the fine-tuned model's
@@ -24,10 +24,10 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue import InputExample
-from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
-                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
-                                       read_train_args, record, train)
+from bert_of.eval.glue_data import InputExample
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+                                           finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
+                                           model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
 from bert_of.eval.tasks.options import ClassifyOptions
 from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
@@ -47,19 +47,13 @@ PROBLEM_TYPE = {"single_label": "single_label_classification", "regression": "re
 
 
 @dataclass
-class ClassifyRun:
+class ClassifyRun(ModelRun):
     table: object  # user_data.Table
     problem: str
     labels: list  # class names in the model's order ([] for regression)
     predictions: np.ndarray  # class ids [n], values [n] (regression), or 0/1 [n, k] (multi-label)
     probabilities: np.ndarray | None  # [n, k] (softmax, or each class's sigmoid)
     path: str
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
     targets: np.ndarray | None = None  # the file's labels encoded (evaluation): ids, values or 0/1 [n, k]
 
 
@@ -173,8 +167,9 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
             return None
         _write_predictions(out_file, table, problem, labels, preds, probs, opts.label_separator)
         note(rt, f"predicted {len(table.rows)} rows of {opts.data}; wrote {out_file}")
-        return ClassifyRun(table, problem, labels, preds, probs, out_file, settings, path, name, ident, train_args,
-                           new_head, targets)
+        return ClassifyRun(table=table, problem=problem, labels=labels, predictions=preds, probabilities=probs,
+                           path=out_file, targets=targets, model_path=path, model_name=name, identity_path=ident,
+                           train_args=train_args, new_head=new_head, settings=settings)
 
 
 def _write_predictions(path, table, problem, labels, preds, probs, separator="|") -> None:
@@ -230,7 +225,5 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
         metrics = percent(classification_metrics(run.targets, run.predictions, len(run.labels)), rt)
     print(json.dumps({"task": TASK, "problem": run.problem, "examples": len(run.table.rows), **metrics}, indent=2),
           flush=True)
-    record(opts, rt, TASK, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
-           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval classify",
-           new_head=run.new_head)
+    record(opts, rt, TASK, metrics, run, pred_path=run.path, tool="bert-of eval classify")
     return metrics

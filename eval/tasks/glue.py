@@ -17,11 +17,12 @@ import numpy as np
 
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue import (compute_metrics, convert_example_to_features, get_labels, read_examples,
-                               result_task_name, task_spec)
-from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, checkpoint_head_labels,
-                                       default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
-                                       model_display_name, model_folder, read_train_args, record, train)
+from bert_of.eval.glue_data import (convert_example_to_features, get_labels, read_examples, result_task_name,
+                                    task_spec)
+from bert_of.eval.glue_metrics import compute_metrics
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, checkpoint_head_labels,
+                                           default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
+                                           model_display_name, model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
 from bert_of.fs import atomic_open
 from bert_of.progress import progress_iter
@@ -33,16 +34,10 @@ PREDICTIONS_FILE = "predictions.tsv"
 
 
 @dataclass
-class GlueRun:
+class GlueRun(ModelRun):
     examples: list
     predictions: list  # label strings (floats for STS-B)
     path: str
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
 
 
 def glue_arrays(examples, labels, max_seq_length, tok) -> dict:
@@ -171,11 +166,12 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
             for i, p in enumerate(preds):
                 f.write(f"{i}\t{p!r}\n" if labels is None else f"{i}\t{p}\n")
         note(rt, f"predicted {len(examples)} {spec.name} examples; wrote {out_file}")
-        return GlueRun(examples, preds, out_file, settings, path, name, ident, train_args, new_head)
+        return GlueRun(examples=examples, predictions=preds, path=out_file, model_path=path, model_name=name,
+                       identity_path=ident, train_args=train_args, new_head=new_head, settings=settings)
 
 
 def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
-    """Predict + score (eval.glue metrics, percent) + record; prints the scores as JSON."""
+    """Predict + score (eval.glue_metrics, percent) + record; prints the scores as JSON."""
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
@@ -194,7 +190,5 @@ def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Run
     if name == "xnli" and opts.language:
         name = f"xnli-{opts.language}"
     print(json.dumps({"task": name, "examples": len(run.examples), **metrics}, indent=2), flush=True)
-    record(opts, rt, name, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
-           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval glue",
-           new_head=run.new_head)
+    record(opts, rt, name, metrics, run, pred_path=run.path, tool="bert-of eval glue")
     return metrics

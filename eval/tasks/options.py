@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bert_of.eval.glue import TASK_CHOICES
+from bert_of.eval.glue_data import TASK_CHOICES
 from bert_of.options import TRAINING, Ranks, TrainConfig, arg
 
 TRAIN, PREDICT, EVAL = "finetune", "predict", "eval"

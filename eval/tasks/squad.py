@@ -19,27 +19,21 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
                                      postprocess_predictions, read_squad_examples, write_prediction_files)
 from bert_of.eval.squad_metrics import squad_score
-from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
-                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
-                                       read_train_args, record, train)
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+                                           finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
+                                           model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
 from bert_of.modeling import BertForQuestionAnswering
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime
 
 @dataclass
-class SquadRun:
+class SquadRun(ModelRun):
     """What predict_squad produced."""
 
     squad: object  # SquadData
     predictions: object  # SquadPredictions
     paths: dict
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
 
 
 def _squad_lengths(opts: SquadOptions, train_args: dict) -> dict:
@@ -138,7 +132,8 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         paths = write_prediction_files(opts.output, preds)
         note(rt, f"predicted {len(examples)} questions ({len(features)} windows, {secs:.1f} s); wrote "
                  + ", ".join(paths[k] for k in paths))
-        return SquadRun(sd, preds, paths, settings, path, name, ident, train_args, new_head)
+        return SquadRun(squad=sd, predictions=preds, paths=paths, model_path=path, model_name=name,
+                        identity_path=ident, train_args=train_args, new_head=new_head, settings=settings)
 
 
 def eval_squad(opts: SquadOptions, trained: str | None = None, model=None,
@@ -158,8 +153,6 @@ def eval_squad(opts: SquadOptions, trained: str | None = None, model=None,
     for line in score.notes:
         note(rt, line)
     print(json.dumps(score.result) if score.version == "1.1" else json.dumps(score.result, indent=2), flush=True)
-    record(opts, rt, f"squad-v{score.version}", dict(score.result), data_path=opts.data,
-           pred_path=run.paths["predictions"], model_path=run.identity_path, model_name=run.model_name,
-           train_args=run.train_args, settings=dict(run.settings, output_dir=os.path.abspath(opts.output)),
-           tool="bert-of eval squad", new_head=run.new_head)
+    record(opts, rt, f"squad-v{score.version}", dict(score.result), run, pred_path=run.paths["predictions"],
+           tool="bert-of eval squad", settings=dict(run.settings, output_dir=os.path.abspath(opts.output)))
     return dict(score.result)

@@ -20,9 +20,9 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.tasks.common import (base_args, check_output, check_seq_len, default_eval_dir, finish_finetuning,
-                                       infer, load_model, make_tokenizer, model_display_name, model_folder,
-                                       read_train_args, record, train)
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+                                           finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
+                                           model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
 from bert_of.eval.tasks.options import TagOptions
 from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
@@ -38,17 +38,11 @@ JSONL = (".jsonl", ".ndjson", ".json")  # read_tagged reads these as JSON Lines
 
 
 @dataclass
-class TagRun:
+class TagRun(ModelRun):
     sentences: list
     labels: list
     predictions: list  # one tag list per sentence, a tag per word
     path: str
-    settings: dict
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
 
 
 def tag_features(sentences, labels, max_seq: int, tok, path: str) -> tuple:
@@ -152,7 +146,9 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
                 else:
                     f.write("".join(f"{w}\t{t}\n" for w, t in zip(s.tokens, tags)) + "\n")
         note(rt, f"tagged {len(sentences)} sentences of {opts.data}; wrote {out_file}")
-        return TagRun(sentences, labels, preds, out_file, settings, path, name, ident, train_args, new_head)
+        return TagRun(sentences=sentences, labels=labels, predictions=preds, path=out_file, model_path=path,
+                      model_name=name, identity_path=ident, train_args=train_args, new_head=new_head,
+                      settings=settings)
 
 
 def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
@@ -167,7 +163,5 @@ def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runti
         return None
     metrics = percent(entity_scores([s.tags for s in run.sentences], run.predictions), rt)
     print(json.dumps({"task": TASK, "examples": len(run.sentences), **metrics}, indent=2), flush=True)
-    record(opts, rt, TASK, metrics, data_path=opts.data, pred_path=run.path, model_path=run.identity_path,
-           model_name=run.model_name, train_args=run.train_args, settings=run.settings, tool="bert-of eval tag",
-           new_head=run.new_head)
+    record(opts, rt, TASK, metrics, run, pred_path=run.path, tool="bert-of eval tag")
     return metrics

@@ -1,4 +1,4 @@
-"""What SQuAD and GLUE fine-tuning share: models and tokenizers,
+"""What every task (SQuAD, GLUE, classify, tag) shares: models and tokenizers,
 training on the shared :class:`~bert_of.training.Trainer`, prediction batches, publishing the
 fine-tuned checkpoint, and records in the results store."""
 
@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from bert_of.eval.results import append_result, checkpoint_identity, file_identi
 from bert_of.eval.tasks.options import TaskOptions
 from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
 from bert_of.config import BertConfig
-from bert_of.modeling import check_inputs, truncated_normal
+from bert_of.modeling import BertGraph, check_inputs
 from bert_of.options import RUN_RECORD, TrainConfig
 from bert_of.options import record as options_record
 from bert_of.progress import Progress, log
@@ -38,6 +38,20 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
+
+
+@dataclass
+class ModelRun:
+    """What every task's predict step returns besides its own results: the model it ran (its bert_of
+    folder, display name, identity path, train_args.json, whether its head was newly initialised)
+    and the settings it ran with."""
+
+    model_path: str
+    model_name: str
+    identity_path: str
+    train_args: dict
+    new_head: bool
+    settings: dict
 
 
 def check_train(opts: TaskOptions, epochs: float) -> None:
@@ -62,22 +76,6 @@ def model_folder(opts: TaskOptions, trained: str | None = None):
     yield r.path, r.name, r.source_path
 
 
-def _new_head_init(model, missing: list, seed: int) -> None:
-    """Google's init for task heads that were not in the checkpoint: truncated normal
-    (2 std, std = initializer_range) weights, zero biases."""
-    if not missing:
-        return
-    rng = np.random.default_rng(seed)
-    std = model.config.initializer_range
-    own = dict(model.state_dict())
-    with flow.no_grad():
-        for name in sorted(missing):
-            param = own[name]
-            shape = tuple(param.shape)
-            value = np.zeros(shape, np.float32) if name.endswith("bias") else truncated_normal(rng, shape, std)
-            param.copy_(flow.tensor(value, dtype=param.dtype, device=param.device))
-
-
 def checkpoint_head_labels(path: str):
     """Number of classes of a checkpoint's classifier head (from the safetensors header), or None."""
     with SafetensorsFile(os.path.join(path, WEIGHTS_NAME)) as f:
@@ -96,7 +94,8 @@ def load_model(cls, path: str, seed: int = 0, **overrides):
         overrides.setdefault("problem_type", None)
     model = cls.from_pretrained(path, **overrides)
     missing = list(model.loading_info["missing"])
-    _new_head_init(model, missing, seed)
+    if missing:
+        model.init_weights(seed, names=missing)
     return model, missing
 
 
@@ -199,16 +198,6 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         first = logged[0]["loss"] if logged else first
     return cfg, {"first_loss": first, "final_loss": losses[-1] if losses else None,
                  "train_seconds": round(res.seconds, 3)}, not res.stopped
-
-
-class _PredictGraph(flow.nn.Graph):
-    def __init__(self, model, outputs: tuple):
-        super().__init__()
-        self.model, self.outputs = model, outputs
-
-    def build(self, input_ids, token_type_ids, attention_mask):
-        out = self.model(input_ids, token_type_ids, attention_mask)
-        return tuple(getattr(out, k) for k in self.outputs)
 
 
 class _LayerGraph(flow.nn.Graph):
@@ -386,16 +375,13 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
                     rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
                 tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
                 positions += rows[0].size
-                if whole_graph:
-                    if graph is None:
-                        graph, t0 = _PredictGraph(model, outputs), time.perf_counter()
-                        vals = [to_numpy(v) for v in graph(*tensors)]  # the first call compiles
-                        build_s = time.perf_counter() - t0
-                    else:
-                        vals = [to_numpy(v) for v in graph(*tensors)]
-                else:
-                    out = model(*tensors)
-                    vals = [to_numpy(getattr(out, k)) for k in outputs]
+                t0 = None
+                if whole_graph and graph is None:
+                    graph, t0 = BertGraph(model, outputs), time.perf_counter()
+                out = (graph if whole_graph else model)(*tensors)
+                vals = [to_numpy(getattr(out, k)) for k in outputs]
+                if t0 is not None:  # the first graph call compiles
+                    build_s = time.perf_counter() - t0
                 for j, v in enumerate(vals):
                     v = v[:real].astype(np.float32)
                     if results[j] is None:
@@ -511,10 +497,14 @@ def model_display_name(model: str) -> str:
     return os.path.basename(os.path.abspath(model).rstrip(os.sep)) if os.path.isdir(model) else model
 
 
-def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, *, data_path: str, pred_path: str,
-           model_path: str, model_name: str, train_args: dict, settings: dict, tool: str, new_head: bool) -> None:
+def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, run: ModelRun, *, pred_path: str, tool: str,
+           settings: dict | None = None) -> None:
+    """Append the scores of ``run`` (predictions of ``opts.data`` in ``pred_path``) to the results store;
+    ``settings``: what to record of how it ran (default ``run.settings``)."""
     if opts.no_record or not rt.is_main:
         return
+    data_path, train_args, new_head = opts.data, run.train_args, run.new_head
+    settings = run.settings if settings is None else settings
     hp = dict((train_args.get("hparams") or {}))
     hp.update({k: v for k, v in settings.items() if k not in hp})
     for item in opts.hparam or []:
@@ -532,7 +522,7 @@ def record(opts: TaskOptions, rt: Runtime, task: str, metrics: dict, *, data_pat
         extra["note"] = f"fine-tuned from {base.get('name')}"
     if new_head:
         extra["note"] = "task head not trained (newly initialised)"
-    ident = identity(model_path, opts.name or model_name)
+    ident = identity(run.identity_path, opts.name or run.model_name)
     rec = make_record(task, metrics, split=os.path.basename(data_path), checkpoint=ident, hparams=hp,
                       data=file_identity(data_path), predictions=file_identity(pred_path), tool=tool, **extra)
     note(rt, f"recorded in {append_result(rec, opts.results)}")

@@ -1,9 +1,10 @@
-"""What an upper layer installs for the layers below it, so that they never import it.
+"""The checkpoint resolver slot: what an upper layer installs so the layers below never import it.
 
 ``resolver``: name or path -> bert_of checkpoint directory, for what
 :func:`bert_of.checkpoint.resolve_checkpoint` does not handle itself (zoo names, checkpoints in
-other formats). The package facade (``bert_of/__init__.py``) installs the zoo's. This module
-imports nothing, so installing costs ``import bert_of`` nothing (no NumPy, no OneFlow).
+other formats). The package facade (``bert_of/__init__.py``) installs the zoo's. The slot is not in
+checkpoint.py because that imports NumPy and safetensors: this module imports nothing, so
+installing costs ``import bert_of`` nothing (no NumPy, no OneFlow).
 """
 
 from __future__ import annotations
