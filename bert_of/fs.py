@@ -115,7 +115,7 @@ class PinnedDir:
     """
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = path = os.fspath(path)
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         self._held = []  # files kept open for later readers (hold)
         self._shown = {}  # path that reads through this pin -> the path it stands for (messages)

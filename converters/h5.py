@@ -267,6 +267,7 @@ def _layout_for(path: str, scope: str, groups: set, has_pooler: bool) -> str:
 
 
 def read(path: str, opts: Options) -> Source:
+    path = os.fspath(path)  # a PathLike from a Python caller
     return whole(path, lambda pin: _read_pinned(pin, path, opts))
 
 

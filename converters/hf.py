@@ -320,6 +320,7 @@ def read(path: str, opts: Options) -> Source:
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a directory (a HuggingFace checkpoint is a directory with "
                               f"config.json and model.safetensors)")
+    path = os.fspath(path)  # a PathLike from a Python caller
     return whole(path, lambda pin: _read(pin, path, opts))
 
 
@@ -437,6 +438,7 @@ def inspect(path: str) -> dict:
 
     kind: "model" (mapped), "tied"/"buffer" (checked and dropped on conversion), "unknown".
     """
+    path = os.fspath(path)  # a PathLike from a Python caller
     return whole(path, lambda pin: _inspect(pin, path))
 
 

@@ -376,6 +376,7 @@ def _variant(snap, vars_, done):
 
 
 def read(path: str, opts: Options) -> Source:
+    path = os.fspath(path)  # a PathLike from a Python caller
     snap = path.rstrip("/") or path
     if not os.path.isdir(snap):
         raise CheckpointError(f"{snap}: not a directory (a lazy OneFlow snapshot is a directory of variable folders)")

@@ -71,6 +71,7 @@ def _bare(keys, roots) -> bool:
 
 
 def read(path: str, opts: Options, layout: Layout) -> Source:
+    path = os.fspath(path)  # a PathLike from a Python caller
     return whole(path, lambda pin: _read(pin, path, opts, layout))
 
 

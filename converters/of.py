@@ -38,6 +38,7 @@ def _lazy(pin, path):
 def read(path: str, opts: Options) -> Source:
     if not is_checkpoint_dir(path):
         load_checkpoint(path)  # raises the precise reason
+    path = os.fspath(path)  # a PathLike from a Python caller
     return whole(path, lambda pin: _read(pin, path, opts))
 
 

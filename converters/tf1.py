@@ -90,6 +90,7 @@ def _classify(name: str):
 def read(path: str, opts: Options, require_vocab: bool = True) -> Source:
     """The checkpoint as canonical tensors. ``require_vocab=False`` (verify: TF's side needs no
     vocabulary) reads a checkpoint without ``vocab.txt`` too."""
+    path = os.fspath(path)  # a PathLike from a Python caller
     return whole(path, lambda pin: _read(pin, path, opts, require_vocab))
 
 
