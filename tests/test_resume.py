@@ -75,6 +75,17 @@ def straight(setup):
     return run
 
 
+@pytest.fixture(scope="module")
+def straight_process(setup):
+    """The uninterrupted run as its own process, as the soak's runs are. Inside this test process
+    the BLAS kernels are whichever OneFlow was imported with first: `pretrain` asks for OpenBLAS's
+    Haswell kernels (BERT_OF_BLAS=fast -> OPENBLAS_CORETYPE), which apply only to an import after
+    it, so after a full suite an in-process run differed from a fresh process in the 7th digit."""
+    run = setup / "straight-process"
+    run_cli(*_args(setup, run), process=True)
+    return run
+
+
 def test_resume_with_no_other_flag_continues_the_run_under_the_default_keep(setup, straight, tmp_path):
     """--save-every 2 with --keep 2: the checkpoint the run resumed from is deleted three saves
     later; the run still finishes, because it reads its own vocab.txt and config.json."""
@@ -162,7 +173,7 @@ def _lines(path) -> int:
         return 0
 
 
-def test_soak_killed_at_random_and_resumed_with_the_defaults_ends_bit_identical(setup, straight, tmp_path):
+def test_soak_killed_at_random_and_resumed_with_the_defaults_ends_bit_identical(setup, straight_process, tmp_path):
     """SIGKILL at seeded random steps (a kill may land in a step, a save, a resume's start or the
     final write), then `--resume` alone each time: the same losses, bit-identical weights."""
     rng = random.Random(2026)
@@ -188,7 +199,7 @@ def test_soak_killed_at_random_and_resumed_with_the_defaults_ends_bit_identical(
         if i == len(kills):
             assert p.returncode == 0, err
     assert killed, "every run finished before it could be killed"
-    assert _metrics(run) == _metrics(straight)
-    _same_weights(run, straight)
+    assert _metrics(run) == _metrics(straight_process)
+    _same_weights(run, straight_process)
     assert not [n for n in os.listdir(run / "checkpoints") if n.startswith(".")]  # no staging folder left
     print(f"\nsoak: killed at metrics lines {killed}, {time.monotonic() - t0:.1f} s")
