@@ -234,6 +234,11 @@ def cmd_inspect(args) -> int:
               f"I={cfg['intermediate_size']} V={cfg['vocab_size']} P={cfg['max_position_embeddings']} "
               f"T={cfg['type_vocab_size']} act={cfg['hidden_act']} ln_eps={cfg['layer_norm_eps']:g} "
               f"(provenance {cfg['provenance']})")
+    if cfg and any(t["name"].startswith("classifier.") for t in info["tensors"]):
+        names = cfg.get("id2label") or {}
+        shown = ", ".join(str(names[k]) for k in sorted(names, key=int)[:8]) + (", ..." if len(names) > 8 else "")
+        print(f"  classifier: {cfg.get('classifier_kind', 'sequence')}, {cfg.get('num_labels')} labels"
+              + (f" ({shown})" if shown else "") + (f", {cfg['problem_type']}" if cfg.get("problem_type") else ""))
     width = max((len(t["name"]) for t in info["tensors"]), default=10)
     for t in info["tensors"]:
         print(f"  {t['name']:<{width}}  {t['dtype']:<8} {str(t['shape']):<16} {t['kind']}")

@@ -12,7 +12,7 @@ Tables (``read_table``)
   column). A prediction file needs no label column.
 - Labels: integers or strings are classes; real numbers (or ``problem="regression"``) are a
   regression target; ``problem="multi_label"`` reads a JSON list (JSON Lines) or a
-  ``label_separator``-separated string (default ",") of classes per row. Classes are ordered as
+  ``label_separator``-separated string (default :data:`LABEL_SEPARATOR`) of classes per row. Classes are ordered as
   transformers' run_glue orders them (sorted: numbers numerically, strings by code point) unless a
   model's ``id2label`` gives the order.
 
@@ -131,10 +131,14 @@ def _pick(path, columns, given, defaults, what, required=True):
     return found
 
 
+LABEL_SEPARATOR = "|"  # multi-label CSV/TSV cells: "sports|politics"
+
+
 def read_table(path: str, text_column: str | None = None, text_pair_column: str | None = None,
                label_column: str | None = None, need_labels: bool = True, problem: str = "auto",
-               label_separator: str = ",") -> Table:
+               label_separator: str | None = None) -> Table:
     """The rows of a user's CSV/TSV/JSON Lines file (see the module docstring)."""
+    label_separator = LABEL_SEPARATOR if label_separator is None else label_separator
     if problem not in PROBLEMS:
         raise EvalDataError(f"problem {problem!r}: expected one of {', '.join(PROBLEMS)}")
     records, columns = _records(path, file_kind(path))

@@ -288,6 +288,8 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["ok"] and "logits" in report["outputs"] and report["max_abs_diff"]["B:eager"]["logits"] <= 1e-5
     assert "sequence classification" not in r.stdout + r.stderr  # once a note, then read as one
+    shown = run_cli("inspect", tmp_path / "of").stdout
+    assert f"classifier: token, {len(TAGS)} labels ({', '.join(TAGS)})" in shown, shown
 
     source = hf.read(src, Options())
     batch = make_batch(source.config, 3, 12)

@@ -65,3 +65,23 @@ def test_without_tensorflow_conversions_work_and_verify_says_in_one_line_that_tf
     assert report["ecosystem"]["A:tf-float64"].startswith("not run: TensorFlow is not installed")
     r = _bert_of(env, "convert", "tf2of", tf, "-o", tmp_path / "checked", "--verify")
     assert r.returncode == 0 and note in r.stderr and (tmp_path / "checked" / "model.safetensors").exists(), r.stderr
+
+
+def test_without_tensorflow_data_and_pretraining_run(env, tmp_path):
+    """Training needs no TensorFlow either: pretraining data from text, then a short pretraining run."""
+    text = os.path.join(ROOT, "tests", "data", "text")
+    data, run = tmp_path / "data", tmp_path / "run"
+    r = _bert_of(env, "data", "create-pretraining", "--input", os.path.join(text, "sample_text.txt"), "--vocab",
+                 os.path.join(text, "vocab.txt"), "-o", data, "--max-seq-length", 64, "--max-predictions-per-seq",
+                 10, "--dupe-factor", 1, "-q")
+    assert r.returncode == 0, r.stderr
+    cfg = tmp_path / "bert_config.json"
+    cfg.write_text(json.dumps({"vocab_size": sum(1 for _ in open(os.path.join(text, "vocab.txt"), encoding="utf-8")),
+                               "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                               "intermediate_size": 37, "max_position_embeddings": 64, "type_vocab_size": 2}))
+    r = _bert_of(env, "pretrain", "--data", data, "-o", run, "--config", cfg, "--steps", 3, "--batch-size", 4,
+                 "--log-every", 1, "--mode", "eager", "-q")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [row["step"] for row in rows] == [1, 2, 3] and all(row["loss"] > 0 for row in rows), rows
+    assert (run / "final" / "model.safetensors").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bert_of.eval.glue_data import TASK_CHOICES
+from bert_of.eval.user_data import LABEL_SEPARATOR
 from bert_of.options import TRAINING, Ranks, TrainConfig, arg
 
 TRAIN, PREDICT, EVAL = "finetune", "predict", "eval"
@@ -165,7 +166,7 @@ class ClassifyOptions(TaskOptions):
     problem: str = arg("auto", choices=CLASSIFY_PROBLEMS, group=YOUR_DATA, commands=(TRAIN,),
                        help="auto: regression when the labels are real numbers, else classes; multi_label: "
                             "each row holds a set of classes (sigmoid per class, binary cross-entropy)")
-    label_separator: str = arg("|", metavar="SEP", group=YOUR_DATA,
+    label_separator: str = arg(LABEL_SEPARATOR, metavar="SEP", group=YOUR_DATA,
                                help="multi_label: what separates a row's classes in a CSV/TSV cell (JSON Lines "
                                     "may hold a list); the predictions file joins them with it")
     max_seq_length: int | None = arg(None, metavar="N", group=YOUR_DATA,
