@@ -59,7 +59,8 @@ def main():
         convert("tf2of", tf_dir, os.path.join(tmp, "tf-of"), a.anchor)
         out["pretraining heads: of2hf"] = convert("of2hf", os.path.join(tmp, "tf-of"), os.path.join(tmp, "tf-hf"),
                                                   a.anchor)
-        out.update({               "command": "bench/verify_ecosystem.py", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    out["command"] = "bench/verify_ecosystem.py"
+    out["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     text = json.dumps(out, indent=2)
     print(text)
     if a.out:

@@ -333,7 +333,7 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
         "reference": reference, "tolerance": tol, "device": device, "batches": described,
         "outputs": sorted({k for r in results.values() for k in r}),
         "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol and not failed),
-        "failures": {k: v for k, v in failed.items()},
+        "failures": failed,
         "ecosystem": {k: (_diffs(ref, v, batches) if isinstance(v, dict) else v) for k, v in ecosystem.items()},
     }
 
