@@ -18,17 +18,18 @@ Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab
 
 from __future__ import annotations
 
-import difflib
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
+import bert_of.resolver as _resolver
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
-from bert_of.config import BertConfig
+from bert_of.config import BertConfig, check_override_names
 from bert_of.errors import CheckpointError, ConfigError
+from bert_of.fs import publishing_into
 from bert_of.inputs import (IGNORE_INDEX, as_input, check_classifier_targets, check_inputs,  # noqa: F401 (the gate)
                             check_pretraining_targets, check_span_targets)
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
@@ -290,10 +291,6 @@ class BertPooler(nn.Module):
 # --------------------------------------------------------------------------- loading
 
 
-# What from_pretrained's keyword overrides may set.
-_CONFIG_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
-
-
 class _PreTrained(nn.Module):
     """from_pretrained / save_pretrained over a bert_of checkpoint directory."""
 
@@ -350,19 +347,15 @@ class _PreTrained(nn.Module):
           directory, a lazy OneFlow snapshot: converted once into the cache and reused).
 
         ``config`` replaces the checkpoint's config. ``overrides`` are BertConfig fields
-        (``num_labels=3``, ``hidden_dropout_prob=0.0``), validated again; any other keyword is a
-        TypeError naming it. Heads missing from the checkpoint are newly initialised (see
+        (``num_labels=3``, ``hidden_dropout_prob=0.0``, ``output_hidden_states=True``; transformers'
+        ``label2id`` too), validated again; any other keyword is a TypeError naming it. Heads missing from the checkpoint are newly initialised (see
         ``load_canonical``); ``loading_info`` says which.
         """
-        unknown = sorted(set(overrides) - _CONFIG_FIELDS)
-        if unknown:
-            hints = [f"{k} (did you mean {close[0]}?)" if close else k
-                     for k in unknown for close in [difflib.get_close_matches(k, sorted(_CONFIG_FIELDS), n=1)]]
-            raise TypeError(f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {', '.join(hints)}; "
-                            f"keywords set BertConfig fields: {', '.join(sorted(_CONFIG_FIELDS))}")
+        who = f"{cls.__name__}.from_pretrained()"
+        check_override_names(who, overrides)  # before any loading
         path = resolve_checkpoint(name_or_path)
         ckpt = load_checkpoint(path)
-        config = replace(config or ckpt.config, **overrides)  # a new, re-validated config
+        config = (config or ckpt.config).updated(who, **overrides)  # a new, re-validated config
         model = cls(config)
         info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
         if info["missing"]:
@@ -372,13 +365,42 @@ class _PreTrained(nn.Module):
         model.eval()
         return model
 
-    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
+    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None,
+                        format: str = "of") -> None:
         """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
         existing, as transformers does: its files of these names are replaced, others kept.
-        Every file is written whole before any lands (see :func:`bert_of.fs.publishing_into`)."""
+        Every file is written whole before any lands (see :func:`bert_of.fs.publishing_into`).
+
+        ``format``: "of", bert_of's layout (read back by ``from_pretrained``); "hf", transformers'
+        (its config.json, model.safetensors, vocab.txt and tokenizer files; what ``bert-of convert
+        of2hf`` writes, by the same writer), or any format ``bert-of convert`` writes."""
+        vocab_file = vocab_file or getattr(self, "vocab_file", None)
+        if format not in ("of", "bert_of"):
+            if _resolver.writer is None:
+                raise CheckpointError(f"save_pretrained(format={format!r}): the format writers register with "
+                                      "import bert_of")
+            state = self.canonical_state()
+            with publishing_into(path) as stage:
+                for note in _resolver.writer(format, self.config, state, vocab_file, stage):
+                    log.info(note)
+            return
         state = self.canonical_state()
-        write_checkpoint(path, list(state.items()), self.config,
-                         vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
+        write_checkpoint(path, list(state.items()), self.config, vocab_file=vocab_file, metadata=metadata, into=True)
+
+    @property
+    def device(self):
+        """Where the parameters are (transformers' ``model.device``): a ``flow.device``, or the
+        placement of a global model."""
+        p = next(self.parameters())
+        return p.placement if p.is_global else p.device
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """The parameter count as transformers counts it: each (tied) parameter once;
+        ``only_trainable``: those that require grad; ``exclude_embeddings``: without the
+        embedding tables (word, position, token type)."""
+        tables = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, nn.Embedding)}
+        return sum(p.numel() for name, p in self.named_parameters()
+                   if (p.requires_grad or not only_trainable) and not (exclude_embeddings and name in tables))
 
     def init_weights(self, seed: int = 0, names=None) -> None:
         """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
@@ -473,6 +495,10 @@ class BertModel(_PreTrained):
         pooled_output[, hidden_states][, attentions]). Ids the embeddings cannot look up are an
         :class:`InputError` (see :func:`check_inputs`).
         """
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
         like = self.embeddings.word_embeddings.weight
         input_ids = as_input(input_ids, "input_ids", like)
         token_type_ids = as_input(token_type_ids, "token_type_ids", like)

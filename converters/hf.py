@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -205,8 +206,19 @@ def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
         raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
 
 
+# config.json keys that describe a classifier's labels
+_LABEL_KEYS = ("num_labels", "id2label", "label2id", "problem_type")
+
+
 def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> dict:
-    """BertConfig -> HF config.json dict (sorted on write, as transformers writes it)."""
+    """BertConfig -> HF config.json dict (sorted on write, as transformers writes it).
+
+    For a question-answering class the label fields describe its span head, whatever the config
+    carried: transformers builds ``qa_outputs`` with ``num_labels`` outputs, and the head has 2
+    (start, end)."""
+    if architectures and str(architectures[0]).endswith("ForQuestionAnswering"):
+        config = replace(config, num_labels=2, id2label=None, problem_type=None,
+                         extra={k: v for k, v in config.extra.items() if k not in _LABEL_KEYS})
     d = {k: v for k, v in config.extra.items() if k != ACT_SPELLING_KEY}
     for k in _FIELDS:
         d[k] = getattr(config, k)
@@ -509,6 +521,9 @@ def write_files(source: Source, d: str, opts: Options) -> list:
                          f"(its outputs do not use it)")
     if opts.with_optimizer and source.optimizer:
         notes.append("note: optimizer state not written: a HuggingFace model directory does not hold it")
+    if kind == "qa" and source.config.num_labels != 2:
+        notes.append(f"note: num_labels {source.config.num_labels} written as 2: transformers' "
+                     f"BertForQuestionAnswering reads num_labels as its span head's outputs (start, end)")
     items.sort(key=lambda it: it[0].name)
     floats = sorted({np.dtype(s.dtype).name for s, _ in items if np.dtype(s.dtype).kind == "f"
                      or np.dtype(s.dtype).name == "bfloat16"})

@@ -275,7 +275,7 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
 
 
 MODEL_AND_BASE = ("errors", "version", "process", "fs", "progress", "config", "resolver", "tensors", "checkpoint", "tokenization",
-                  "_flow", "outputs", "modeling")
+                  "_flow", "inputs", "outputs", "modeling")
 
 
 def test_model_layer_never_imports_zoo_converters_or_eval(formats):
