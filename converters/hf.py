@@ -61,15 +61,11 @@ from bert_of.converters.mapping import Table, spell
 from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros,
                                        sort, whole)
 from bert_of.converters.torch_zip import TorchZipFile
-from bert_of.tokenization import read_vocab_lines
+from bert_of.tokenizer import hf_tokenizer_files
 
 NAME = "hf"
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
-SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                  "mask_token": "[MASK]"}
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PT_BIN = "pytorch_model.bin"
@@ -544,15 +540,9 @@ def write_files(source: Source, d: str, opts: Options) -> list:
 
 
 def _write_tokenizer_files(source: Source, d: str) -> None:
-    """tokenizer_config.json and special_tokens_map.json as transformers' BertTokenizer saves them,
-    so AutoTokenizer lower-cases exactly when the checkpoint's own tokenizer does (its default
-    would lower-case a cased model's text)."""
-    vocab = set(read_vocab_lines(source.vocab_file))
-    specials = {k: t for k, t in SPECIAL_TOKENS.items() if t in vocab}
-    cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case_of(source), "do_basic_tokenize": True,
-           "never_split": None, "tokenize_chinese_chars": True, "strip_accents": None,
-           "model_max_length": source.config.max_position_embeddings, "clean_up_tokenization_spaces": True,
-           **specials}
-    for name, obj in ((TOKENIZER_CONFIG_FILE, cfg), (SPECIAL_TOKENS_FILE, specials)):
+    """tokenizer_config.json and special_tokens_map.json as transformers' BertTokenizer saves them
+    (:func:`bert_of.tokenizer.hf_tokenizer_files`), lower-casing as the checkpoint's own tokenizer does."""
+    files = hf_tokenizer_files(source.vocab_file, lower_case_of(source), source.config.max_position_embeddings)
+    for name, obj in files.items():
         with writes_to(os.path.join(d, name)):
             write_json(os.path.join(d, name), obj)
