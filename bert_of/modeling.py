@@ -770,5 +770,6 @@ class BertGraph(nn.Graph):
             token_type_ids = flow.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
+        check_inputs(self.model.config, input_ids, token_type_ids, attention_mask)  # traced, the forward cannot
         values = super().__call__(input_ids, token_type_ids, attention_mask)
         return self._cls(**dict(zip(self._names, values)))

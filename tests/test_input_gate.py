@@ -168,3 +168,13 @@ def test_squad_positions_outside_the_sequence():
         model(_ids(), start_positions=[0, 5], end_positions=[1, 6])
     with pytest.raises(InputError, match=r"start_positions: shape \[3\], expected \[2\]"):
         model(_ids(), start_positions=[0, 1, 2], end_positions=[1, 2])
+
+
+def test_a_graph_checks_its_inputs_before_running():
+    from bert_of.modeling import BertGraph
+
+    graph = BertGraph(_model())
+    with pytest.raises(InputError, match="input_ids holds 99, outside \\[0, 99\\)"):
+        graph(flow.tensor(np.full((B, S), 99), dtype=flow.int64))
+    with pytest.raises(InputError, match=r"attention_mask: shape \[6\]"):
+        graph(flow.tensor(_ids()), attention_mask=flow.tensor(np.ones(S, np.int64)))
