@@ -7,7 +7,7 @@ environment variable changes; a command line sets its process up explicitly (ber
 """
 
 from bert_of.config import BertConfig
-from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError
+from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError, InputTypeError
 from bert_of.resolver import register_resolver, register_writer
 from bert_of.version import __version__
 
@@ -22,7 +22,8 @@ _LAZY = {
     "BertTokenizer": "bert_of.tokenizer",
 }
 
-__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "InputError", "__version__", *_LAZY]
+__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "InputError", "InputTypeError", "__version__",
+           *_LAZY]
 
 
 def _resolve_with_zoo(name_or_path: str) -> str:
