@@ -373,7 +373,7 @@ class _PreTrained(nn.Module):
     def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
         """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
         existing, as transformers does: its files of these names are replaced, others kept.
-        Every file is written whole before any lands (see :func:`bert_of.fs.publishing_into`)."""
+        Every file is written whole before any lands (see :func:`bert_of.files.publish.publishing_into`)."""
         state = self.canonical_state()
         write_checkpoint(path, list(state.items()), self.config,
                          vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
