@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 import bert_of.resolver as _resolver
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
-from bert_of.fs import PinnedDir, publishing, publishing_into, read_json, writes_to
+from bert_of.fs import PinnedDir, publishing, publishing_into, read_json, register_own_files, writes_to
 from bert_of.tensors import (TensorSpec, backbone_names, check_optimizer, check_shape, check_tensors,
                              expected_shapes, nbytes)
 
@@ -40,6 +40,7 @@ CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
 WEIGHTS_NAME = "model.safetensors"
 OPTIMIZER_NAME = "optimizer.safetensors"
+register_own_files((CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, OPTIMIZER_NAME))
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
 # safetensors dtype codes <-> NumPy. bfloat16 comes from ml_dtypes when present.

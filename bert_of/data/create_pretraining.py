@@ -54,7 +54,7 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError, OutputError
-from bert_of.fs import publishing, sha256_file, write_json
+from bert_of.fs import publishing, register_own_files, sha256_file, write_json
 from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
@@ -67,6 +67,7 @@ from .text import MAX_LINE_CHARS, DataError, read_corpus
 DATASET_META = "bert_of_data.json"
 DATASET_VOCAB = "vocab.txt"  # the copy of the vocabulary kept beside the parts
 PART_FORMAT = "part-{:05d}"
+register_own_files((DATASET_META,), (r"part-\d+",))
 FEATURE_KINDS = {"input_ids": "int32", "input_mask": "int32", "segment_ids": "int32",
                  "masked_lm_positions": "int32", "masked_lm_ids": "int32", "masked_lm_weights": "float",
                  "next_sentence_labels": "int32"}

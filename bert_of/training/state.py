@@ -38,13 +38,14 @@ from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, WEIGHTS_NAME, Tenso
                                 write_checkpoint_files)
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.fs import (LOCK_NAME, check_sources, filter_jsonl, foreign_entry, locked, publishing, read_json,
-                        remove_stale_staging, sha256_file, write_json)
+                        register_own_files, remove_stale_staging, sha256_file, write_json)
 from bert_of.progress import log
 
 CKPT_DIR = "checkpoints"
 STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
 METRICS_NAME = "metrics.jsonl"
+register_own_files((STATE_NAME, MANIFEST_NAME, METRICS_NAME))
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, STATE_NAME)  # what an exact resume reads
 _STEP = re.compile(r"step-\d{7,}")
 

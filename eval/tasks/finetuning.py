@@ -23,7 +23,8 @@ from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.eval.tasks.options import TaskOptions
-from bert_of.fs import bert_of_home, check_destination, publishing, read_json, read_jsonl, utc_now, write_json
+from bert_of.fs import (bert_of_home, check_destination, publishing, read_json, read_jsonl, register_own_files,
+                        utc_now, write_json)
 from bert_of.config import BertConfig
 from bert_of.modeling import BertGraph, check_inputs
 from bert_of.options import RUN_RECORD, TrainConfig
@@ -38,6 +39,7 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
+register_own_files((TRAIN_ARGS,))
 
 
 @dataclass
