@@ -18,7 +18,7 @@ from typing import Optional
 
 import bert_of.resolver as _resolver
 from bert_of.errors import ConfigError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 
 # Activations bert_of computes. Each name means exactly one function.
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "tanh", "silu", "linear")

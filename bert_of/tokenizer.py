@@ -26,7 +26,9 @@ import numpy as np
 
 from bert_of.checkpoint import resolve_checkpoint
 from bert_of.errors import BertOfError, InputError
-from bert_of.fs import publishing_into, read_json, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.publish import publishing_into
+from bert_of.files.reading import read_json
 from bert_of.tokenization import (FastTokenizer, FullTokenizer, _is_cjk, _is_control, _is_punctuation,
                                   _is_whitespace, read_vocab_lines, recorded_lower_case, vocab_looks_cased)
 
