@@ -70,7 +70,7 @@ def _medians(rows: list) -> list:
 
 
 def markdown(res: dict) -> str:
-    """The README's tables from a results object."""
+    """docs/benchmarks.md's tables from a results object."""
     lines = ["| model | seq | task | transformers w/s | bert_of eager w/s (x) | bert_of graph w/s (x) | "
              "transformers peak RSS | eager RSS (x) | graph RSS (x) |", "|---|---|---|---|---|---|---|---|---|"]
     rows = _medians([r for r in res["rows"] if "error" not in r])

@@ -3,7 +3,7 @@
 negative test through the real CLI (a perturbed learning rate must fail) and unit tests of the
 comparison rule and the derived datasets.
 
-The full 1000-step runs: `bert-of align all --steps 1000` (README, "Alignment suite").
+The full 1000-step runs: `bert-of align all --steps 1000` (docs/alignment.md).
 """
 
 import json
