@@ -29,6 +29,7 @@ FORMATS = {
     "lazy": "bert_of.converters.lazy",
     "hf": "bert_of.converters.hf",
     "h5": "bert_of.converters.h5",
+    "onnx": "bert_of.converters.onnx",
 }
 DESCRIPTIONS = {
     "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",
@@ -39,6 +40,7 @@ DESCRIPTIONS = {
     "lazy": "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])",
     "hf": "HuggingFace directory (config.json + model.safetensors)",
     "h5": "HuggingFace Keras weights (tf_model.h5 + config.json)",
+    "onnx": "ONNX inference graph bert_of writes (model.onnx, opset 14, the config in its metadata + vocab.txt)",
 }
 
 
@@ -123,8 +125,9 @@ def _counted(source: Source, desc: str):
 
 
 # Formats whose files record that a classifier.* head is a token classifier (config.classifier_kind):
-# bert_of's config.json (of, ofsd), HF's architectures (hf, h5), bert_config.json's bert_of key (tf, lazy).
-TOKEN_CLASSIFIER_FORMATS = ("of", "ofsd", "hf", "h5", "tf", "lazy")
+# bert_of's config.json (of, ofsd; onnx: in the model's metadata), HF's architectures (hf, h5),
+# bert_config.json's bert_of key (tf, lazy).
+TOKEN_CLASSIFIER_FORMATS = ("of", "ofsd", "hf", "h5", "tf", "lazy", "onnx")
 
 
 def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
