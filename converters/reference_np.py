@@ -366,6 +366,24 @@ class LiBai(Layout):
         return heads_of(self, layer_norm(x, *self.ln("final_ln"), eps), word, act, self.head_eps)
 
 
+class Onnx(BertOf):
+    """bert_of's ONNX graph (converters/onnx.py): the initializers MatMul multiplies by are dense
+    weights [in, out] named ``<scope>.kernel``; the rest keep bert_of's names. The graph's mask
+    adder is ``(1 - mask) * -10000``; its activation and epsilons (the MLM head's own, when the
+    config has one) are the bert_of config's, which the model's metadata holds."""
+    name = "onnx"
+    _L = "bert.encoder.layer.{i}."
+    NAMES = {**BertOf.NAMES, **_roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
+        "q": _L + "attention.self.query", "k": _L + "attention.self.key", "v": _L + "attention.self.value",
+        "ao": _L + "attention.output.dense", "in": _L + "intermediate.dense", "out": _L + "output.dense",
+        "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
+        "qa": "qa_outputs", "clf": "classifier"}.items()})}
+
+    def __init__(self, tensors, config, numerics, head_eps=None):
+        super().__init__(tensors, config, numerics)
+        self.head_eps = head_eps
+
+
 NATIVE = {c.name: c for c in (OfStateDict, OfModels, LiBai)}
 LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
 # What the lazy BERT computes, by the snapshot's provenance: (GELU for "gelu", LayerNorm epsilon)
@@ -408,6 +426,10 @@ def layout_for(source) -> Layout:
     """The reference layout of a ``Source``: its stored tensors and its own config file. (A flow.save
     folder holds no config: its numerics are what the reader found for it, from the config beside
     it: LiBai's config.yaml, the models repo's arguments, bert_of's config.json.)"""
+    if source.format == "onnx":  # the config is in the model's metadata (read into source.config)
+        c = source.config
+        return Onnx(source.stored, {"classifier_kind": c.classifier_kind}, (c.hidden_act, float(c.layer_norm_eps)),
+                    head_eps=c.head_layer_norm_eps)
     if source.format in NATIVE:
         c = source.config
         act, eps = c.hidden_act, float(c.layer_norm_eps)
@@ -445,7 +467,8 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
         i += 1
     if layout.pre_ln:
         x = layer_norm(x, *layout.ln("final_ln"), eps)
-    return heads_of(layout, x, word, act, eps)
+    head_eps = getattr(layout, "head_eps", None)  # the MLM head's own epsilon, where the layout has one
+    return heads_of(layout, x, word, act, eps if head_eps is None else head_eps)
 
 
 def heads_of(layout: Layout, x, word, act, head_eps: float) -> dict:
