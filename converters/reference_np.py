@@ -235,6 +235,10 @@ class BertOf(HuggingFace):
     def token_classifier(self):  # bert_of's config.json: classifier_kind
         return self.config.get("classifier_kind") == "token"
 
+    @property
+    def head_eps(self):  # the MLM head's own LayerNorm epsilon, when bert_of's config.json has one
+        return self.config.get("head_layer_norm_eps")
+
 
 class Keras(Layout):
     name = "h5"
@@ -379,10 +383,6 @@ class Onnx(BertOf):
         "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
         "qa": "qa_outputs", "clf": "classifier"}.items()})}
 
-    def __init__(self, tensors, config, numerics, head_eps=None):
-        super().__init__(tensors, config, numerics)
-        self.head_eps = head_eps
-
 
 NATIVE = {c.name: c for c in (OfStateDict, OfModels, LiBai)}
 LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
@@ -428,8 +428,7 @@ def layout_for(source) -> Layout:
     it: LiBai's config.yaml, the models repo's arguments, bert_of's config.json.)"""
     if source.format == "onnx":  # the config is in the model's metadata (read into source.config)
         c = source.config
-        return Onnx(source.stored, {"classifier_kind": c.classifier_kind}, (c.hidden_act, float(c.layer_norm_eps)),
-                    head_eps=c.head_layer_norm_eps)
+        return Onnx(source.stored, c.to_dict(), (c.hidden_act, float(c.layer_norm_eps)))
     if source.format in NATIVE:
         c = source.config
         act, eps = c.hidden_act, float(c.layer_norm_eps)
