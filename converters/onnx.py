@@ -3,7 +3,8 @@
 ``of2onnx`` writes a folder: ``model.onnx`` (the graph, every weight as an initializer, the
 bert_of config in the model's metadata) and ``vocab.txt``. The protobuf is written by our own
 field writer (no ``onnx`` package); ``onnx2of`` parses it as data and reads back only what
-``of2onnx`` wrote (producer ``bert_of``), any other ONNX file is refused in one line.
+``of2onnx`` wrote (producer ``bert_of``, its graph exactly the one of2onnx writes for the config
+and weights it holds), any other ONNX file is refused in one line.
 
 The graph (opset 14, IR version 7; every op in the default domain; docs/formats-onnx.md):
 
@@ -256,6 +257,13 @@ def build_graph(config: BertConfig, heads: dict) -> tuple:
     return g, outputs
 
 
+def _graph_io(config: BertConfig, heads: dict) -> tuple:
+    """(nodes, inputs, outputs) as of2onnx writes them, each a list of serialized messages."""
+    graph, outputs = build_graph(config, heads)
+    return (graph.nodes, [_value_info(n, INT64, ("batch", "sequence")) for n in INPUTS],
+            [_value_info(n, FLOAT, dims) for n, dims in outputs])
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -290,16 +298,14 @@ def write_files(source: Source, d: str, opts: Options) -> list:
                      "rounding differs by ~1e-7)")
     if any(np.dtype(s.dtype) != np.float32 for s, _ in source.tensors):
         notes.append("note: the ONNX graph computes in float32: the weights are written as float32 (widened exactly)")
-    heads = heads_of(source.names())
-    graph, outputs = build_graph(config, heads)
+    nodes, inputs, outputs = _graph_io(config, heads_of(source.names()))
     inits = _initializers(source)
     metadata = {CONFIG_KEY: config.to_json_string(), LOWER_CASE_KEY: json.dumps(lower_case_of(source))}
     head = (_int(1, IR_VERSION) + _len(2, PRODUCER) + _len(3, __version__))
     tail = _len(8, _len(1, "") + _int(2, OPSET)) + b"".join(
         _len(14, _len(1, k) + _len(2, v)) for k, v in metadata.items())
-    nodes = b"".join(_len(1, n) for n in graph.nodes) + _len(2, "bert_of")
-    io = b"".join(_len(11, _value_info(n, INT64, ("batch", "sequence"))) for n in INPUTS) + \
-        b"".join(_len(12, _value_info(n, FLOAT, dims)) for n, dims in outputs)
+    nodes = b"".join(_len(1, n) for n in nodes) + _len(2, "bert_of")
+    io = b"".join(_len(11, i) for i in inputs) + b"".join(_len(12, o) for o in outputs)
     entries = []  # per initializer: (GraphProto field 5 key + length + TensorProto header + raw_data key + length)
     for name, dims, header, n, raw in inits:
         tensor_len = len(header) + len(_key(9, 2)) + len(varint(n)) + n
@@ -423,6 +429,18 @@ def _entry(buf, span, where: str, index: int) -> Entry:
     return Entry(name, dims, np.dtype(np.float32), read, problem)
 
 
+def _check_graph(buf, g: "_Message", config: BertConfig, names, where: str) -> None:
+    """The graph is the one of2onnx writes for this config and these weights: what the weights
+    mean (and what verify's NumPy reference computes for the file) is then known."""
+    want = _graph_io(config, heads_of(names))
+    for number, expected, what in zip((1, 11, 12), want, ("nodes", "inputs", "outputs")):
+        got = [bytes(buf[v[0]:v[1]]) if isinstance(v, tuple) else v for v in g.fields.get(number, [])]
+        if got != expected:
+            raise CheckpointError(f"{where}: its graph's {what} are not the ones of2onnx writes for its config and "
+                                  f"weights (edited after it was written?); onnx2of reads back only what of2onnx "
+                                  f"wrote")
+
+
 def read(path: str, opts: Options) -> Source:
     path = os.fspath(path)
     return whole(path, lambda pin: _read(pin, path, opts))
@@ -459,6 +477,7 @@ def _read(pin, path: str, opts: Options) -> Source:
     entries = [_entry(buf, span, where, i) for i, span in enumerate(g.fields.get(5, []))
                if isinstance(span, tuple)]
     found = sort(entries, lambda e: hit(TABLE, e.name), opts, where, "initializer", TABLE)
+    _check_graph(buf, g, config, [h.target for _, h in found.model], where)
     folder = os.path.dirname(where) if not os.path.isdir(path) else path
     vocab = opts.vocab or os.path.join(folder, VOCAB_FILE)
     vocab = pin.hold(vocab) if os.path.isfile(pin.real(vocab)) else None

@@ -260,9 +260,13 @@ def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
         "noise": bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)),
         # an initializer renamed to a name that is not BERT's (same length: the framing stays valid)
         "unknown": model.replace(b"qa_outputs.kernel", b"qa_outputs.kernal"),
+        # a valid ONNX model, edited: its GELU's tanh made a relu (op_type is NodeProto field 4)
+        "edited": model.replace(b"\x22\x04Tanh", b"\x22\x04Relu"),
     }
     expected = {"truncated": "not a readable ONNX model", "empty": "not a readable ONNX model",
-                "noise": "not a readable ONNX model", "unknown": "unknown initializer qa_outputs.kernal"}
+                "noise": "not a readable ONNX model", "unknown": "unknown initializer qa_outputs.kernal",
+                "edited": "its graph's nodes are not the ones of2onnx writes for its config and weights"}
+    assert cases["edited"] != model and ort.InferenceSession(cases["edited"], providers=["CPUExecutionProvider"])
     for case, data in cases.items():
         d = tmp_path / case
         os.makedirs(d)
