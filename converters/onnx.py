@@ -22,7 +22,8 @@ The graph (opset 14, IR version 7; every op in the default domain; docs/formats-
   ``0.5 x (1 + erf(x / sqrt 2))``; ``gelu_tanh``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``),
   ``relu``, ``tanh``, ``silu`` (``x sigmoid(x)``), ``linear``;
 - outputs named as transformers names them: ``last_hidden_state`` [batch, sequence, H],
-  ``pooler_output`` [batch, H] (when the checkpoint has a pooler), ``prediction_logits``
+  ``pooler_output`` [batch, H] (when the checkpoint has a pooler: not the zeros a reader filled
+  in for transformers' QA, token-classifier and MLM classes, which have none), ``prediction_logits``
   [batch, sequence, V] and ``seq_relationship_logits`` [batch, 2] (MLM / NSP heads; the decoder is
   the word embeddings, transposed in the graph, one initializer), ``start_logits`` /
   ``end_logits`` [batch, sequence] (QA), ``logits`` [batch, L] (sequence classifier, on the
@@ -56,7 +57,7 @@ from bert_of.varint import decode as decode_varint, encode as varint
 from bert_of.version import __version__
 from bert_of.converters.source import Options, Source, lower_case_of
 from bert_of.converters.mapping import Table, apply, inverse, spell
-from bert_of.converters.reader import Entry, finish, hit, sort, whole
+from bert_of.converters.reader import POOLER, Entry, finish, hit, pooler_zeros, sort, whole
 
 NAME = "onnx"
 PRE_LN = False  # an original (post-LN) BERT graph: a pre-LN network is refused by convert
@@ -267,10 +268,21 @@ def _graph_io(config: BertConfig, heads: dict) -> tuple:
 # --------------------------------------------------------------------------- writing
 
 
-def _initializers(source: Source) -> list:
+def _zero_pooler_unread(source: Source) -> bool:
+    """Whether the pooler is the zeros a reader filled in for a model without one (HF's QA, token
+    classifier and MLM classes) and no head reads it: then the graph has no pooler_output, as
+    transformers' class has none, and onnx2of fills the zeros in again (bit for bit: +0.0 only)."""
+    heads = heads_of(source.names())
+    reads_pooler = heads["nsp"] or (heads["classifier"] and source.config.classifier_kind != "token")
+    if not heads["pooler"] or reads_pooler or not (heads["qa"] or heads["classifier"] or heads["mlm"]):
+        return False
+    return all(not np.ascontiguousarray(p()).view(np.uint8).any() for s, p in source.tensors if s.name in POOLER)
+
+
+def _initializers(source: Source, tensors: list) -> list:
     """[(initializer name, dims, header bytes, producer of its raw bytes)] in the Source's order."""
     out = []
-    for spec, produce in source.tensors:
+    for spec, produce in tensors:
         found = TABLE.from_canonical(spec.name)
         if found is None:
             raise CheckpointError(f"{source.path}: tensor {spec.name} has no place in the ONNX graph")
@@ -298,8 +310,11 @@ def write_files(source: Source, d: str, opts: Options) -> list:
                      "rounding differs by ~1e-7)")
     if any(np.dtype(s.dtype) != np.float32 for s, _ in source.tensors):
         notes.append("note: the ONNX graph computes in float32: the weights are written as float32 (widened exactly)")
-    nodes, inputs, outputs = _graph_io(config, heads_of(source.names()))
-    inits = _initializers(source)
+    tensors = source.tensors
+    if _zero_pooler_unread(source):
+        tensors = [(s, p) for s, p in tensors if s.name not in POOLER]
+    nodes, inputs, outputs = _graph_io(config, heads_of(s.name for s, _ in tensors))
+    inits = _initializers(source, tensors)
     metadata = {CONFIG_KEY: config.to_json_string(), LOWER_CASE_KEY: json.dumps(lower_case_of(source))}
     head = (_int(1, IR_VERSION) + _len(2, PRODUCER) + _len(3, __version__))
     tail = _len(8, _len(1, "") + _int(2, OPSET)) + b"".join(
@@ -481,7 +496,9 @@ def _read(pin, path: str, opts: Options) -> Source:
     folder = os.path.dirname(where) if not os.path.isdir(path) else path
     vocab = opts.vocab or os.path.join(folder, VOCAB_FILE)
     vocab = pin.hold(vocab) if os.path.isfile(pin.real(vocab)) else None
-    return finish(where, NAME, config, vocab, found, opts, TABLE, noun="initializer")
+    kept = {h.target for _, h in found.model}
+    fill = [] if any(p in kept for p in POOLER) else pooler_zeros(config, np.float32)  # see _zero_pooler_unread
+    return finish(where, NAME, config, vocab, found, opts, TABLE, fill=fill, noun="initializer")
 
 
 # --------------------------------------------------------------------------- onnxruntime
