@@ -321,3 +321,34 @@ def test_without_onnxruntime_writing_works_and_verify_says_so_in_one_note(models
     got = json.loads(report.read_text())
     assert got["ok"] and "B:numpy-float64 (onnx layout)" in got["max_abs_diff"]
     assert got["ecosystem"]["B:onnxruntime-float32"].startswith("not run: onnxruntime is not installed")
+
+
+def test_random_damage_is_a_bert_of_error_or_a_model_never_a_crash(models, tmp_path):
+    """Bytes overwritten or cut anywhere (framing, graph, weights, metadata): reading gives the model
+    (its tensors as they were named and shaped: a weight or a string changed) or one bert_of error
+    line, nothing else; damage to the graph's nodes is refused."""
+    from bert_of.errors import BertOfError
+    model = open(os.path.join(models["classifier"][1], "model.onnx"), "rb").read()
+    rng = np.random.default_rng(7)
+    d = tmp_path / "m"
+    os.makedirs(d)
+    outcomes = {"read": 0, "refused": 0}
+    want = {k: (v.shape, v.dtype) for k, v in read(models["classifier"][1], "onnx").load().items()}
+    nodes = (model.index(b"Constant"), model.index(b"bert.embeddings.word_embeddings.weight\x4a"))
+    for i in range(120):
+        data = bytearray(model)
+        if i % 3 == 0:
+            data = data[:int(rng.integers(0, len(data)))]
+        else:
+            at = int(rng.integers(*nodes) if i % 3 == 1 else rng.integers(0, len(data) - 4))
+            data[at:at + 4] = rng.integers(0, 256, 4, dtype=np.uint8).tobytes()
+        (d / "model.onnx").write_bytes(bytes(data))
+        try:
+            got = read(str(d), "onnx").load()
+            outcomes["read"] += 1
+            assert {k: (v.shape, v.dtype) for k, v in got.items()} == want
+            assert i % 3 != 1 or bytes(data) == model, i  # the nodes' bytes changed: never read
+        except BertOfError as e:
+            assert "\n" not in str(e) and str(e).startswith(str(d)), e
+            outcomes["refused"] += 1
+    assert outcomes["refused"] >= 80 and outcomes["read"] >= 1, outcomes
