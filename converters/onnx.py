@@ -44,23 +44,24 @@ import json
 import math
 import mmap
 import os
-import struct
 
 import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.tensors import SCOPES
 from bert_of.checkpoint import copy_file
-from bert_of.varint import decode as decode_varint, encode as varint
+from bert_of import protobuf
+from bert_of.protobuf import LEN, VARINT, ProtobufError, field_float as _float, field_int as _int, key as _key, varint
 from bert_of.version import __version__
+from bert_of.converters import reference_np
+from bert_of.converters.descriptor import Format
 from bert_of.converters.source import Options, Source, lower_case_of
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import POOLER, Entry, finish, hit, pooler_zeros, sort, whole
 
 NAME = "onnx"
-PRE_LN = False  # an original (post-LN) BERT graph: a pre-LN network is refused by convert
 MODEL_FILE = "model.onnx"
 VOCAB_FILE = "vocab.txt"
 OPSET = 14
@@ -88,25 +89,9 @@ FLOAT, INT64 = 1, 7
 ATTR_FLOAT, ATTR_INT, ATTR_TENSOR, ATTR_INTS = 1, 2, 4, 7
 
 
-# --------------------------------------------------------------------------- protobuf fields
-
-
-def _key(field: int, wire: int) -> bytes:
-    return varint((field << 3) | wire)
-
-
-def _int(field: int, n: int) -> bytes:
-    return _key(field, 0) + varint(n)
-
-
 def _len(field: int, payload) -> bytes:
-    if isinstance(payload, str):
-        payload = payload.encode("utf-8")
-    return _key(field, 2) + varint(len(payload)) + payload
-
-
-def _float(field: int, x: float) -> bytes:
-    return _key(field, 5) + struct.pack("<f", x)
+    """A length-delimited field: a string (UTF-8), bytes or a sub-message."""
+    return protobuf.field_bytes(field, payload.encode("utf-8") if isinstance(payload, str) else payload)
 
 
 # --------------------------------------------------------------------------- ONNX messages
@@ -361,33 +346,19 @@ def detect(path: str) -> bool:
 
 
 class _Message:
-    """The fields of one protobuf message in ``buf[start:end]``, parsed as data:
-    ``fields[number] = [value]``, a varint as an int, a length-delimited field as (start, end)."""
+    """The fields of one protobuf message in ``buf[start:end]`` (bert_of.protobuf's walk), parsed as
+    data: ``fields[number] = [value]``, a varint as an int, a length-delimited field as
+    (start, end), a fixed-width one as its bytes."""
 
     def __init__(self, buf, start: int, end: int, where: str, what: str):
         self.buf, self.fields = buf, {}
-        error = _error(where, what)
-        pos = start
-        while pos < end:
-            key, pos = decode_varint(buf, pos, end, error)
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                value, pos = decode_varint(buf, pos, end, error)
-            elif wire == 2:
-                n, pos = decode_varint(buf, pos, end, error)
-                if n > end - pos:
-                    raise error(f"field {number} runs past the end")
-                value, pos = (pos, pos + n), pos + n
-            elif wire in (1, 5):
-                size = 8 if wire == 1 else 4
-                if size > end - pos:
-                    raise error(f"field {number} runs past the end")
-                value, pos = bytes(buf[pos:pos + size]), pos + size
-            else:
-                raise error(f"field {number} has wire type {wire}, which no ONNX message uses")
-            if number == 0:
-                raise error("field number 0")
-            self.fields.setdefault(number, []).append(value)
+        try:
+            for number, wire, a, b in protobuf.fields(buf, start, end):
+                value = protobuf.read_varint(buf, a, b)[0] if wire == VARINT else (a, b) if wire == LEN \
+                    else bytes(buf[a:b])
+                self.fields.setdefault(number, []).append(value)
+        except ProtobufError as e:
+            raise CheckpointError(f"{where}: not a readable ONNX model ({what}: {e})") from None
 
     def text(self, number: int, default: str = "") -> str:
         span = self.fields.get(number, [None])[-1]
@@ -407,15 +378,9 @@ class _Message:
             elif isinstance(v, tuple):
                 pos, end = v
                 while pos < end:
-                    n, pos = decode_varint(self.buf, pos, end, ValueError)
+                    n, pos = protobuf.read_varint(self.buf, pos, end)
                     out.append(n)
         return out
-
-
-def _error(where, what):
-    def make(message):
-        return CheckpointError(f"{where}: not a readable ONNX model ({what}: {message})")
-    return make
 
 
 def _entry(buf, span, where: str, index: int) -> Entry:
@@ -526,3 +491,10 @@ def run_onnxruntime(path: str, batch: dict) -> dict:
     feed = {k: np.ascontiguousarray(batch[k], np.int64) for k in INPUTS}
     names = [o.name for o in session.get_outputs()]
     return {REFERENCE_NAMES.get(n, n): v for n, v in zip(names, session.run(names, feed))}
+
+
+FORMAT = Format(NAME, "ONNX inference graph of2onnx writes (model.onnx: opset 14, the config in its metadata; "
+                "+ vocab.txt)", detect, read, write_files, reference_np.Onnx, owns=(MODEL_FILE, VOCAB_FILE),
+                records_numerics=True,  # the graph computes the config's activation and epsilons, recorded beside
+                token_classifier=True,  # classifier_kind in the config, and in the graph
+                table=TABLE, ecosystem="onnxruntime", dtypes=("float32",))
