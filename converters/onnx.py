@@ -1,10 +1,10 @@
 """ONNX (``model.onnx``): BERT as a self-contained inference graph, written by bert_of and read back.
 
 ``of2onnx`` writes a folder: ``model.onnx`` (the graph, every weight as an initializer, the
-bert_of config in the model's metadata) and ``vocab.txt``. The protobuf is written by our own
-field writer (no ``onnx`` package); ``onnx2of`` parses it as data and reads back only what
-``of2onnx`` wrote (producer ``bert_of``, its graph exactly the one of2onnx writes for the config
-and weights it holds), any other ONNX file is refused in one line.
+bert_of config in the model's metadata) and ``vocab.txt``. The protobuf is written with
+``bert_of.protobuf``'s field writer (no ``onnx`` package); ``onnx2of`` walks it as data and reads
+back only what ``of2onnx`` wrote (producer ``bert_of``, its graph exactly the one of2onnx writes
+for the config and weights it holds): any other ONNX file is refused in one line.
 
 The graph (opset 14, IR version 7; every op in the default domain; docs/formats-onnx.md):
 
