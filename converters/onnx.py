@@ -453,6 +453,8 @@ def _read(pin, path: str, opts: Options) -> Source:
         if isinstance(e, BertOfError):
             raise
         raise ConfigError(f"{where}: {CONFIG_KEY} is not JSON ({e})") from None
+    if config.original_bert_mismatch():  # the graph is post-LN BERT's: such a config is not of2onnx's
+        raise CheckpointError(f"{where}: {CONFIG_KEY} describes a pre-LN BERT, which of2onnx never writes")
     g = _Message(buf, graph[0], graph[1], where, "GraphProto")
     entries = [_entry(buf, span, where, i) for i, span in enumerate(g.fields.get(5, []))
                if isinstance(span, tuple)]

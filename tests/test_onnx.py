@@ -259,7 +259,14 @@ def test_onnx_models_bert_of_did_not_write_are_refused_in_one_line(models, tmp_p
 
 def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
     model = open(os.path.join(models["qa"][1], "model.onnx"), "rb").read()
+    from bert_of.converters.onnx import CONFIG_KEY, _len
+    config = read(models["qa"][1], "onnx").config
+    entry = _len(14, _len(1, CONFIG_KEY) + _len(2, config.to_json_string()))
+    pre = BertConfig.from_dict({**config.to_dict(), "layernorm_placement": "pre"})
+    assert model.count(entry) == 1
     cases = {
+        # a valid model whose metadata says pre-LN: the graph (post-LN) would not compute that
+        "pre-ln": model.replace(entry, _len(14, _len(1, CONFIG_KEY) + _len(2, pre.to_json_string()))),
         "truncated": model[:len(model) // 2],
         "empty": b"",
         "noise": bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)),
@@ -268,7 +275,7 @@ def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
         # a valid ONNX model, edited: its GELU's tanh made a relu (op_type is NodeProto field 4)
         "edited": model.replace(b"\x22\x04Tanh", b"\x22\x04Relu"),
     }
-    expected = {"truncated": "not a readable ONNX model", "empty": "not a readable ONNX model",
+    expected = {"pre-ln": "bert_of.config describes a pre-LN BERT, which of2onnx never writes", "truncated": "not a readable ONNX model", "empty": "not a readable ONNX model",
                 "noise": "not a readable ONNX model", "unknown": "unknown initializer qa_outputs.kernal",
                 "edited": "its graph's nodes are not the ones of2onnx writes for its config and weights"}
     assert cases["edited"] != model and ort.InferenceSession(cases["edited"], providers=["CPUExecutionProvider"])
