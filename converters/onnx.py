@@ -54,6 +54,7 @@ from bert_of.tensors import SCOPES
 from bert_of.checkpoint import copy_file
 from bert_of import protobuf
 from bert_of.protobuf import LEN, VARINT, ProtobufError, field_float as _float, field_int as _int, key as _key, varint
+from bert_of.tokenization import read_vocab_lines, vocab_looks_cased
 from bert_of.version import __version__
 from bert_of.converters import reference_np
 from bert_of.converters.descriptor import Format
@@ -463,6 +464,10 @@ def _read(pin, path: str, opts: Options) -> Source:
     folder = os.path.dirname(where) if not os.path.isdir(path) else path
     vocab = opts.vocab or os.path.join(folder, VOCAB_FILE)
     vocab = pin.hold(vocab) if os.path.isfile(pin.real(vocab)) else None
+    lower = metadata.get(LOWER_CASE_KEY)
+    if lower in ("true", "false") and "do_lower_case" not in config.extra and \
+            (lower == "true") != (not vocab or not vocab_looks_cased(read_vocab_lines(vocab))):
+        config.extra["do_lower_case"] = lower == "true"  # what the vocabulary alone would not say
     kept = {h.target for _, h in found.model}
     fill = [] if any(p in kept for p in POOLER) else pooler_zeros(config, np.float32)  # see _zero_pooler_unread
     return finish(where, NAME, config, vocab, found, opts, TABLE, fill=fill, noun="initializer")

@@ -359,3 +359,21 @@ def test_random_damage_is_a_bert_of_error_or_a_model_never_a_crash(models, tmp_p
             assert "\n" not in str(e) and str(e).startswith(str(d)), e
             outcomes["refused"] += 1
     assert outcomes["refused"] >= 80 and outcomes["read"] >= 1, outcomes
+
+
+def test_lower_casing_travels_in_the_metadata(models, tmp_path):
+    """A cased model whose vocabulary looks uncased (its folder records do_lower_case false): the
+    ONNX model records it, and what is read back from it says it too."""
+    from bert_of.converters.source import lower_case_of
+    of = tmp_path / "cased"
+    os.makedirs(of)
+    for f in ("model.safetensors", "vocab.txt", "config.json"):
+        os.link(os.path.join(models["bare"][0], f), of / f)
+    (of / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    assert lower_case_of(read(str(of), "of")) is False and lower_case_of(read(models["bare"][0], "of")) is True
+    run_cli("convert", "of2onnx", of, "-o", tmp_path / "onnx")
+    run_cli("convert", "onnx2of", tmp_path / "onnx", "-o", tmp_path / "back")
+    assert lower_case_of(read(str(tmp_path / "onnx"), "onnx")) is False
+    assert lower_case_of(read(str(tmp_path / "back"), "of")) is False
+    # the uncased one records nothing beyond its vocabulary's word
+    assert "do_lower_case" not in read(models["bare"][1], "onnx").config.extra
