@@ -402,7 +402,8 @@ def _entry(buf, span, where: str, index: int) -> Entry:
     elif data_type != FLOAT or not isinstance(raw, tuple):
         problem = "is not float32 raw_data (of2onnx writes only those)"
     elif raw[1] - raw[0] != 4 * int(np.prod(dims, dtype=np.int64)):
-        problem = f"holds {raw[1] - raw[0]} bytes, not the {4 * int(np.prod(dims, dtype=np.int64))} of float32 {list(dims)}"
+        want = 4 * int(np.prod(dims, dtype=np.int64))
+        problem = f"holds {raw[1] - raw[0]} bytes, not the {want} of float32 {list(dims)}"
 
     def read():
         return np.frombuffer(buf, np.dtype("<f4"), int(np.prod(dims, dtype=np.int64)), raw[0]).reshape(dims) \

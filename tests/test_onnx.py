@@ -275,7 +275,8 @@ def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
         # a valid ONNX model, edited: its GELU's tanh made a relu (op_type is NodeProto field 4)
         "edited": model.replace(b"\x22\x04Tanh", b"\x22\x04Relu"),
     }
-    expected = {"pre-ln": "bert_of.config describes a pre-LN BERT, which of2onnx never writes", "truncated": "not a readable ONNX model", "empty": "not a readable ONNX model",
+    expected = {"pre-ln": "bert_of.config describes a pre-LN BERT, which of2onnx never writes",
+                "truncated": "not a readable ONNX model", "empty": "not a readable ONNX model",
                 "noise": "not a readable ONNX model", "unknown": "unknown initializer qa_outputs.kernal",
                 "edited": "its graph's nodes are not the ones of2onnx writes for its config and weights"}
     assert cases["edited"] != model and ort.InferenceSession(cases["edited"], providers=["CPUExecutionProvider"])
