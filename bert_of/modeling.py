@@ -11,7 +11,8 @@ as (word + token_type) + position, scores are ``(q @ k^T) * 1/sqrt(d)`` plus
 created inside ``forward`` and nothing slices a split tensor, so with
 parameters broadcast and a batch split(0) no S->B conversion creeps in.
 Given labels, the task heads also compute their loss (transformers-style; the losses and
-output classes are in :mod:`bert_of.outputs`), so one trainer serves every task.
+output classes are in :mod:`bert_of.outputs`), so one trainer serves every task. Loading and
+saving are :mod:`bert_of.model_io`; the CPU kernel workarounds :mod:`bert_of.kernels`.
 
 Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab.
 """
