@@ -20,6 +20,7 @@ from bert_of.tokenization import check_vocab_fits
 
 # short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
 FORMATS = {
+    "tf2": "bert_of.converters.tf2",  # before tf: a TF2 checkpoint is a TF1 bundle too
     "tf": "bert_of.converters.tf1",
     "of": "bert_of.converters.of",
     # flow.save folders: before lazy, whose detection takes any folder with snapshot_done
@@ -31,6 +32,7 @@ FORMATS = {
     "h5": "bert_of.converters.h5",
 }
 DESCRIPTIONS = {
+    "tf2": "TensorFlow 2 Model Garden checkpoint (object-based tf.train.Checkpoint) or TF Hub SavedModel",
     "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",
     "of": "bert_of checkpoint directory (config.json + model.safetensors + vocab.txt)",
     "libai": "LiBai BERT saved by flow.save (model_final/model/ + the run's config.yaml)",
