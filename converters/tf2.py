@@ -196,8 +196,7 @@ def keys_of(nodes: list) -> dict:
     keys, seen, queue = {}, {0}, deque([(0, "")])
     while queue:
         i, path = queue.popleft()
-        if nodes[i].attributes:
-            keys[i] = path
+        keys[i] = path
         for child, name in nodes[i].children:
             if child not in seen:
                 seen.add(child)
