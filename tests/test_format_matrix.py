@@ -13,7 +13,7 @@ from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import verify
 from tests.conftest import TINY, write_vocab
 
-FORMATS = ("of", "tf", "lazy", "hf", "h5", "ofsd", "ofmodels", "libai")
+FORMATS = ("of", "tf", "lazy", "hf", "h5", "ofsd", "ofmodels", "libai", "tf2")
 # formats that can hold each dtype (h5py has no bfloat16; the lazy meta has no bf16 code here, nor
 # the flow.save folders' meta, which is the same record)
 # (float16: one flow.save format stands for the three: they share the container and its meta.)
