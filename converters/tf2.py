@@ -53,6 +53,7 @@ PREFIX_NAME = "bert_model.ckpt"
 SAVED_MODEL = "saved_model.pb"
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+MAX_GRAPH = 1 << 31  # protobuf's own limit on a message: saved_model.pb is read whole, no larger
 MAX_PATHS = 200_000  # object-graph walk steps: a hostile graph (every node a child of every other) stops here
 
 # How Model Garden's objects name each scope (the path below the encoder / the model object).
@@ -142,15 +143,17 @@ def parse_object_graph(buf: bytes) -> list:
             continue
         node = Node()
         for n, w, x in _fields(v):
-            if w != 2:
+            if w != 2 or n not in (1, 2, 3):
                 continue
-            sub = {k: val for k, _, val in _fields(x)}
+            ints, strs = {}, {}
+            for k, wt, val in _fields(x):
+                (ints if wt == 0 else strs if wt == 2 else {})[k] = val
             if n == 1:
-                node.children.append((int(sub.get(1, 0)), _text(sub.get(2, b""))))
+                node.children.append((ints.get(1, 0), _text(strs.get(2, b""))))
             elif n == 2:
-                node.attributes.append((_text(sub.get(1, b"")), _text(sub.get(2, b"")), _text(sub.get(3, b""))))
-            elif n == 3:
-                node.slots.append((int(sub.get(1, 0)), _text(sub.get(2, b"")), int(sub.get(3, 0))))
+                node.attributes.append((_text(strs.get(1, b"")), _text(strs.get(2, b"")), _text(strs.get(3, b""))))
+            else:
+                node.slots.append((ints.get(1, 0), _text(strs.get(2, b"")), ints.get(3, 0)))
         nodes.append(node)
     for node in nodes:
         for i, _ in node.children + [(s[0], "") for s in node.slots] + [(s[2], "") for s in node.slots]:
@@ -223,7 +226,9 @@ def saved_variable_names(path: str) -> dict:
     SavedVariable.name = 6). A malformed file is a CheckpointError naming it."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_GRAPH + 1)
+        if len(data) > MAX_GRAPH:
+            raise _Corrupt(f"larger than {MAX_GRAPH} bytes")
         metas = [v for n, w, v in _fields(data) if n == 2 and w == 2]
         if len(metas) != 1:
             raise _Corrupt(f"{len(metas)} meta graphs (one expected)")
