@@ -44,7 +44,7 @@ ERROR_PREFIX = "bert-of: error: "
 # its checkpoint through the zoo's command); stopping: the signal that is ending this command.
 _STATE = {"pid": None, "depth": 0, "stopping": None}
 _DEFER = {"depth": 0, "pending": None}
-_AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.fs: unfinished writes)
+_AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.files.atomic: unfinished writes)
 
 
 # --------------------------------------------------------------------------- set-up

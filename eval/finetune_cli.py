@@ -24,7 +24,7 @@ import types
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError
 from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
-from bert_of.fs import LOCK_NAME, check_unlocked
+from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
 

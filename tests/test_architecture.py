@@ -2,8 +2,8 @@
 
 Layers, bottom to top (docs/architecture.md); a module may import its own layer or any below:
 
-    0 base      errors, version, process, fs, config, checkpoint, tokenization, varint
-    1 model     _flow, modeling
+    0 base      errors, version, process, files/, config, initializers, checkpoint, tokenization, varint
+    1 model     _flow, kernels, model_io, modeling
     2 formats   converters/ (bert_of.converters): readers, writers, verification
     3 training  bert_of/data/, the trainer, the rank launcher
     4 services  zoo/ (bert_of.zoo), eval/ (bert_of.eval)
@@ -23,8 +23,8 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|fs|resolver|progress|config|options|tensors|checkpoint|tokenization|varint)", 0),
-    (r"bert_of\.(_flow|outputs|modeling|tokenizer)", 1),
+    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|varint)", 0),
+    (r"bert_of\.(_flow|kernels|outputs|model_io|modeling|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
     (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),

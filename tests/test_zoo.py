@@ -675,7 +675,7 @@ def test_zoo_add_refuses_non_finite_tensors(home, local_ckpt, tmp_path):
 
 def test_concurrent_zoo_adds_all_land(home, local_ckpt):
     """Four `zoo add`s at once: the registry is rewritten whole under one lock, so every one lands."""
-    from bert_of.fs import locked
+    from bert_of.files.locks import locked
 
     env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home))
     names = [f"run-{i}" for i in range(4)]

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_of.errors import BertOfError
-from bert_of.fs import read_json, sha256_file
+from bert_of.files.reading import read_json, sha256_file
 
 from .ofrecord import OFRecordError, RecordFile, decode_values, decode_varint_runs, parse_record
 
