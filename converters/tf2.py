@@ -283,7 +283,10 @@ def _variables(nodes, where, saved):
     slot_of = {s[2]: (s[1], s[0]) for node in nodes for s in node.slots}
     out = {}
     for i, node in enumerate(nodes):
-        for _, _, key in node.attributes:
+        for _, full, key in node.attributes:
+            if saved is not None and saved.get(i) and full and full != saved[i]:  # one graph, two files
+                raise CheckpointError(f"{where}: {SAVED_MODEL} names node {i} {saved[i]!r} but variables/ holds "
+                                      f"{full!r} there (files of two different SavedModels?)")
             names = ([saved[i]] if saved is not None and saved.get(i) else []) + paths.get(i, [])
             out[key] = _Var(key, names, slot_of.get(i, ()))
     return out, paths

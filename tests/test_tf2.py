@@ -313,3 +313,30 @@ def test_we_read_a_savedmodel_tensorflow_saves(pair, tmp_path):
     assert sorted(got) == sorted(names) and all(np.array_equal(got[k], tensors[k]) for k in names)
     assert sm.config.extra["do_lower_case"] is False and sm.config.hidden_act == "gelu_tanh"
     assert any(r.source.startswith("vars/") for r in sm.report)
+
+
+def test_hostile_object_graphs_are_one_line_errors(pair, tmp_path):
+    prefix = os.path.join(pair[1], tf2.PREFIX_NAME)
+    index = tf1_bundle.read_index(prefix)
+    values = {k: tf1_bundle.read_tensor(prefix, e) for k, e in index.items() if k != tf2.OBJECT_GRAPH}
+    config = os.path.join(pair[1], "bert_config.json")
+    # 60 diamonds: 2**60 paths from the root; the walk stops at its bound
+    diamonds = [tf2.Node(children=[(i + 1, "a"), (i + 1, "b")]) for i in range(60)] + [tf2.Node()]
+    cases = {"paths": (tf2.encode_object_graph(diamonds), "more than 200000 paths"),
+             "truncated": (tf2.encode_object_graph(diamonds)[:-3], "corrupt _CHECKPOINTABLE_OBJECT_GRAPH")}
+    for name, (graph, message) in cases.items():
+        tf1_bundle.write_bundle(str(tmp_path / name / "ckpt"), {**values, tf2.OBJECT_GRAPH: graph})
+        r = run_cli("convert", "tf22of", str(tmp_path / name), "-o", str(tmp_path / f"o-{name}"), "--config", config,
+                    check=False)
+        assert r.returncode == 1 and message in error_lines(r.stderr)[-1], (name, r.stderr)
+        assert "Traceback" not in r.stderr and not (tmp_path / f"o-{name}").exists()
+    # the object graph's bytes changed after the index was written: its CRC says so
+    crc = tmp_path / "crc"
+    tf1_bundle.write_bundle(str(crc / "ckpt"), {**values, tf2.OBJECT_GRAPH: _graph_bytes(prefix)})
+    data = crc / "ckpt.data-00000-of-00001"
+    entry = tf1_bundle.read_index(str(crc / "ckpt"))[tf2.OBJECT_GRAPH]
+    raw = bytearray(data.read_bytes())
+    raw[entry.offset + entry.size - 1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="CRC32C mismatch for tensor '_CHECKPOINTABLE_OBJECT_GRAPH'"):
+        read(str(crc), "tf2", Options(config=config))
