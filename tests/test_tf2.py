@@ -340,3 +340,38 @@ def test_hostile_object_graphs_are_one_line_errors(pair, tmp_path):
     data.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="CRC32C mismatch for tensor '_CHECKPOINTABLE_OBJECT_GRAPH'"):
         read(str(crc), "tf2", Options(config=config))
+
+
+def test_we_read_a_training_checkpoint_with_adam_slots(tmp_path):
+    """official.legacy.bert's layout: Checkpoint(model=..., optimizer=Keras Adam, global_step=its
+    iterations) after one step; the slots are found through the graph's slot_variables."""
+    tf = pytest.importorskip("tensorflow")
+    of = _of_checkpoint(tmp_path / "of", heads="squad", seed=6)
+    tensors, src = _tensors(of, "of")
+    enc = _module_tree(tf, {k: v for k, v in tensors.items() if k.startswith("bert.")}, src.config)
+    qa = tf.Module()
+    setattr(qa, "layer_with_weights-0", tf.Module())
+    head = getattr(qa, "layer_with_weights-0")
+    head.kernel, head.bias = tf.Variable(tensors["qa_outputs.weight"].T.copy()), tf.Variable(tensors["qa_outputs.bias"])
+    model = tf.Module()
+    setattr(model, "layer_with_weights-0", enc)
+    model.span_labeling = qa
+    opt = tf.keras.optimizers.legacy.Adam(1e-3, epsilon=1e-6)
+    variables = list(enc.trainable_variables) + [head.kernel, head.bias]
+    rng = np.random.default_rng(0)
+    grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in variables]
+    opt.apply_gradients(zip(grads, variables))
+    tf.train.Checkpoint(model=model, optimizer=opt, global_step=opt.iterations).save(str(tmp_path / "ckpt" / "ctl_step"))
+    got, read_src = _tensors(str(tmp_path / "ckpt"), "tf2", with_optimizer=True)  # no config beside: inferred
+    state = {s.name: p() for s, p in read_src.optimizer}
+    assert state["step"] == 1 and len(state) == 1 + 2 * len(variables)
+    q = enc._transformer_layers[1]._attention_layer._query_dense.kernel
+    m = opt.get_slot(q, "m").numpy()  # TF's own slot, einsum-shaped
+    assert np.array_equal(state["m/bert.encoder.layer.1.attention.self.query.weight"], m.reshape(32, 32).T)
+    assert np.array_equal(state["v/qa_outputs.weight"], opt.get_slot(head.kernel, "v").numpy().T)
+    assert np.array_equal(got["qa_outputs.weight"], head.kernel.numpy().T)
+    dropped = {r.note for r in read_src.report if r.action == "dropped"}
+    assert "optimizer hyper-parameter (not state)" in dropped and read_src.optimizer_meta["bias_correction"] == "true"
+    assert read_src.config.num_attention_heads == 4 and read_src.config.intermediate_size == 37
+    plain = read(str(tmp_path / "ckpt"), "tf2", Options())  # without --with-optimizer: reported, not kept
+    assert not plain.optimizer and sum(r.note.startswith("optimizer state") for r in plain.report) == len(state)
