@@ -32,6 +32,7 @@ from bert_of.files.atomic import writes_to
 from bert_of.files.pinned import PinnedDir
 from bert_of.files.publish import publishing, publishing_into
 from bert_of.files.reading import read_json
+from bert_of.files.owned import register_own_files
 from bert_of.tensors import (TensorSpec, backbone_names, check_optimizer, check_shape, check_tensors,
                              expected_shapes, nbytes)
 
@@ -43,6 +44,7 @@ CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
 WEIGHTS_NAME = "model.safetensors"
 OPTIMIZER_NAME = "optimizer.safetensors"
+register_own_files((CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, OPTIMIZER_NAME))
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
 # safetensors dtype codes <-> NumPy. bfloat16 comes from ml_dtypes when present.

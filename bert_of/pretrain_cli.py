@@ -8,6 +8,7 @@ import sys
 import types
 from dataclasses import dataclass
 
+from bert_of import process
 from bert_of.cli_grammar import add_command
 from bert_of.data.reader import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
@@ -31,7 +32,7 @@ def options(args) -> PretrainOptions:
 
 def _set_blas(opts) -> None:
     if "oneflow" not in sys.modules:  # read when OneFlow loads; inherited by relaunched ranks
-        os.environ["BERT_OF_BLAS"] = opts.blas
+        process.set_environ({"BERT_OF_BLAS": opts.blas})
 
 
 def preflight(opts: PretrainOptions, world: int) -> PretrainOptions:

@@ -48,6 +48,8 @@ from bert_of.converters import hdf5, hf
 from bert_of.converters.source import Options, ReportLine, Source
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort, whole
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "h5"
 WEIGHTS_FILE = "tf_model.h5"
@@ -497,3 +499,9 @@ def _write_weights(f, layout, rows, by_name, source) -> None:
             del arr
         _set_list_attr(g, "weight_names", names)
     _set_list_attr(f.create_group("top_level_model_weights"), "weight_names", [])
+
+
+FORMAT = Format(NAME, "HuggingFace Keras weights (tf_model.h5 + config.json)", detect, read, write_files,
+                reference_np.Keras, owns=(WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE),
+                token_classifier=True,  # config.json's architectures
+                table=TABLE, ecosystem="tf-weights", dtypes=("float32", "float16"))  # h5py has no bfloat16

@@ -62,6 +62,8 @@ from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit,
                                        sort, whole)
 from bert_of.converters.torch_zip import TorchZipFile
 from bert_of.tokenization import read_vocab_lines
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "hf"
 CONFIG_FILE = "config.json"
@@ -542,3 +544,9 @@ def _write_tokenizer_files(source: Source, d: str) -> None:
     for name, obj in ((TOKENIZER_CONFIG_FILE, cfg), (SPECIAL_TOKENS_FILE, specials)):
         with writes_to(os.path.join(d, name)):
             write_json(os.path.join(d, name), obj)
+
+
+FORMAT = Format(NAME, "HuggingFace directory (config.json + model.safetensors)", detect, read, write_files,
+                reference_np.HuggingFace, owns=(CONFIG_FILE, SAFETENSORS, VOCAB_FILE),
+                token_classifier=True,  # config.json's architectures
+                table=TABLE, ecosystem="transformers")

@@ -82,6 +82,8 @@ from bert_of.tensors import check_shape, nbytes
 from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, Hit, check, finish, sort, whole
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "lazy"
 CONFIG_FILE = "bert_config.json"
@@ -692,3 +694,9 @@ def _one(prod, dtype):
         return a.reshape((1,)).astype(dtype if dtype is not None else a.dtype, copy=False)
 
     return f
+
+
+FORMAT = Format(NAME, "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])", detect, read, write_files,
+                reference_np.Lazy, owns=(DATA_FILE, META_FILE, SNAPSHOT_DONE, CONFIG_FILE, VOCAB_FILE),
+                token_classifier=True,  # bert_config.json's bert_of key
+                table=TABLE, dtypes=("float32", "float16"))  # the meta record has no bfloat16 code here

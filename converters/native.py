@@ -38,6 +38,9 @@ VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "config.json"
 PARAM, BUFFER = "oneflow.nn.Parameter", "oneflow.Tensor"
 POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
+# what these formats' writer creates: flow.save's pickled_data and tensor_N/{out,meta}, our config and vocabulary
+OWNS = (flow_save.PICKLE_FILE, flow_save.DATA_FILE, flow_save.META_FILE, CONFIG_FILE, VOCAB_FILE)
+DTYPES = ("float32", "float16")  # flow.save's meta (the lazy record) has no bfloat16 code here
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bert_of import protobuf as pb
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.converters import tf1_bundle
 from bert_of.converters.mapping import Table, apply_shape, spell
 from bert_of.converters.reader import Entry, Hit, finish, sort, whole
 from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
-# the protobuf wire format as tf1_bundle speaks it (to move to bert_of/protobuf.py when it lands)
-from bert_of.converters.tf1_bundle import _Corrupt, _f_bytes, _f_varint, _fields
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "tf2"
 CONFIG_FILE = "bert_config.json"
@@ -138,15 +139,15 @@ def parse_object_graph(buf: bytes) -> list:
     local_name 2}, attributes = 2 {name 1, full_name 2, checkpoint_key 3}, slot_variables = 3
     {original_variable_node_id 1, slot_name 2, slot_variable_node_id 3}) as Nodes."""
     nodes = []
-    for num, wt, v in _fields(buf):
+    for num, wt, v in pb.values(buf):
         if num != 1 or wt != 2:
             continue
         node = Node()
-        for n, w, x in _fields(v):
+        for n, w, x in pb.values(v):
             if w != 2 or n not in (1, 2, 3):
                 continue
             ints, strs = {}, {}
-            for k, wt, val in _fields(x):
+            for k, wt, val in pb.values(x):
                 (ints if wt == 0 else strs if wt == 2 else {})[k] = val
             if n == 1:
                 node.children.append((ints.get(1, 0), _text(strs.get(2, b""))))
@@ -158,17 +159,17 @@ def parse_object_graph(buf: bytes) -> list:
     for node in nodes:
         for i, _ in node.children + [(s[0], "") for s in node.slots] + [(s[2], "") for s in node.slots]:
             if not 0 <= i < len(nodes):
-                raise _Corrupt(f"a reference to node {i} of {len(nodes)}")
+                raise pb.ProtobufError(f"a reference to node {i} of {len(nodes)}")
     return nodes
 
 
 def encode_object_graph(nodes: list) -> bytes:
     def obj(node):
-        out = b"".join(_f_bytes(1, _f_varint(1, i) + _f_bytes(2, name.encode())) for i, name in node.children)
-        out += b"".join(_f_bytes(2, _f_bytes(1, a.encode()) + _f_bytes(2, f.encode()) + _f_bytes(3, k.encode()))
+        out = b"".join(pb.field_bytes(1, pb.field_varint(1, i) + pb.field_bytes(2, name.encode())) for i, name in node.children)
+        out += b"".join(pb.field_bytes(2, pb.field_bytes(1, a.encode()) + pb.field_bytes(2, f.encode()) + pb.field_bytes(3, k.encode()))
                         for a, f, k in node.attributes)
         return out
-    return b"".join(_f_bytes(1, obj(n)) for n in nodes)
+    return b"".join(pb.field_bytes(1, obj(n)) for n in nodes)
 
 
 def aliases(nodes: list, where: str) -> dict:
@@ -228,21 +229,21 @@ def saved_variable_names(path: str) -> dict:
         with open(path, "rb") as f:
             data = f.read(MAX_GRAPH + 1)
         if len(data) > MAX_GRAPH:
-            raise _Corrupt(f"larger than {MAX_GRAPH} bytes")
-        metas = [v for n, w, v in _fields(data) if n == 2 and w == 2]
+            raise pb.ProtobufError(f"larger than {MAX_GRAPH} bytes")
+        metas = [v for n, w, v in pb.values(data) if n == 2 and w == 2]
         if len(metas) != 1:
-            raise _Corrupt(f"{len(metas)} meta graphs (one expected)")
-        graphs = [v for n, w, v in _fields(metas[0]) if n == 7 and w == 2]
+            raise pb.ProtobufError(f"{len(metas)} meta graphs (one expected)")
+        graphs = [v for n, w, v in pb.values(metas[0]) if n == 7 and w == 2]
         if not graphs:
-            raise _Corrupt("no object graph (a TF1 SavedModel, not TF2's)")
+            raise pb.ProtobufError("no object graph (a TF1 SavedModel, not TF2's)")
         names = {}
-        nodes = [v for n, w, v in _fields(graphs[-1]) if n == 1 and w == 2]
+        nodes = [v for n, w, v in pb.values(graphs[-1]) if n == 1 and w == 2]
         for i, node in enumerate(nodes):
-            for n, w, v in _fields(node):
+            for n, w, v in pb.values(node):
                 if n == 7 and w == 2:
-                    names[i] = next((_text(x) for k, wt, x in _fields(v) if k == 6 and wt == 2), "")
+                    names[i] = next((_text(x) for k, wt, x in pb.values(v) if k == 6 and wt == 2), "")
         return names
-    except _Corrupt as e:
+    except pb.ProtobufError as e:
         raise CheckpointError(f"{path}: not a readable SavedModel ({e})") from None
 
 
@@ -358,7 +359,7 @@ def _read(pin, path: str, opts: Options) -> Source:
     graph_entry = entries[OBJECT_GRAPH]
     try:
         nodes = parse_object_graph(tf1_bundle.read_bytes(real, graph_entry, data=shards.get(graph_entry.shard)))
-    except _Corrupt as e:
+    except pb.ProtobufError as e:
         raise CheckpointError(f"{where}: corrupt {OBJECT_GRAPH} ({e})") from None
     variables, _ = _variables(nodes, where, saved)
     node_key = {i: key for i, node in enumerate(nodes) for _, _, key in node.attributes}
@@ -572,3 +573,9 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     tf1_bundle.write_bundle(os.path.join(d, PREFIX_NAME), ((k, v if isinstance(v, bytes) else v()) for k, v in items))
     write_google_sidecars(source, d)
     return notes
+
+
+FORMAT = Format(
+    NAME, "TensorFlow 2 Model Garden checkpoint (object-based tf.train.Checkpoint) or TF Hub SavedModel",
+    detect, read, write_files, reference_np.ModelGarden, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"),
+    owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"), table=TABLE)

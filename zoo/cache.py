@@ -22,6 +22,7 @@ import os
 import time
 
 from bert_of.converters.source import Options, summarize
+from bert_of.converters import registry
 from bert_of.converters.convert import convert
 from bert_of.errors import OutputError
 from bert_of.files.atomic import write_json
@@ -30,7 +31,7 @@ from bert_of.files.reading import read_json, sha256_file
 from bert_of.zoo.errors import ZooError
 
 MANIFEST = "zoo_manifest.json"
-FORMATS = ("of", "tf", "lazy", "hf")  # what `zoo download --format` can produce
+FORMATS = registry.names(writable=True)  # what `zoo download --format` can produce: every format bert_of writes
 
 
 def hash_tree(root: str, skip=(MANIFEST,)) -> dict:

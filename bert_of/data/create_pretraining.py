@@ -57,6 +57,7 @@ from bert_of.errors import ConfigError, OutputError
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing
 from bert_of.files.reading import sha256_file
+from bert_of.files.owned import register_own_files
 from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
@@ -69,6 +70,7 @@ from .text import MAX_LINE_CHARS, DataError, read_corpus
 DATASET_META = "bert_of_data.json"
 DATASET_VOCAB = "vocab.txt"  # the copy of the vocabulary kept beside the parts
 PART_FORMAT = "part-{:05d}"
+register_own_files((DATASET_META,), (r"part-\d+",))
 FEATURE_KINDS = {"input_ids": "int32", "input_mask": "int32", "segment_ids": "int32",
                  "masked_lm_positions": "int32", "masked_lm_ids": "int32", "masked_lm_weights": "float",
                  "next_sentence_labels": "int32"}

@@ -8,7 +8,7 @@ One module per job:
 - ``reading``: ``read_json`` (one line per failure), ``sha256_file``.
 - ``home``: where bert_of keeps its stores (``bert_of_home``) and the time its records carry (``utc_now``).
 - ``locks``: one writer per directory (``locked``, ``check_unlocked``), naming the holder.
-- ``owned``: which files are bert_of's (``OWN_FILES``, the files manifest) and the rules every
+- ``owned``: which files are bert_of's (names each layer registers, the files manifest) and the rules every
   destination obeys (``check_destination``).
 - ``publish``: a directory built in a staging folder and swapped in by one rename (``publishing``,
   ``publishing_into``).

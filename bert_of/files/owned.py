@@ -13,25 +13,32 @@ from bert_of.files.atomic import atomic_write
 # everything in it is bert_of's (or it holds nothing), so a mistyped destination never takes the
 # user's own files with it. The standard files of every format, of pretraining data and of runs are
 # known by name (a published folder then holds exactly its format's files, what other tools, content
-# hashes and zoo manifests expect); anything else bert_of writes (tokenizer files beside an HF
-# checkpoint, sidecars) is listed in FILES_MANIFEST in the published folder.
+# hashes and zoo manifests expect): each layer that writes them declares them here with
+# ``register_own_files`` (a format in its descriptor, converters/registry.py; the data and the runs
+# where their names are defined), so this layer lists none of theirs. Anything else bert_of writes
+# (tokenizer files beside an HF checkpoint, sidecars) is listed in FILES_MANIFEST in the published folder.
 
-OWN_FILES = frozenset({
-    "config.json", "vocab.txt", "model.safetensors", "optimizer.safetensors",  # bert_of, HF
-    "bert_config.json", "checkpoint",  # TF, with <prefix>.index and <prefix>.data-NNNNN-of-NNNNN
-    "tf_model.h5",  # Keras
-    "out", "meta", "snapshot_done",  # lazy OneFlow snapshots: a folder per variable
-    "pickled_data",  # OneFlow's flow.save folders, with tensor_N/out + meta
-    "bert_of_data.json",  # pretraining data, with part-NNNNN
-    "train_args.json", "trainer_state.json", "manifest.json", "metrics.jsonl", "zoo_metadata.json",  # runs
-})
-_OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
+_OWN_NAMES: set = set()
+_OWN_PATTERNS: list = [re.compile(r"\.bert_of.*")]  # this layer's own sidecars (FILES_MANIFEST, staging)
 ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
 FILES_MANIFEST = ".bert_of-files.json"  # {"files": [relative paths]}: what else bert_of wrote here
 
 
+def register_own_files(names=(), patterns=()) -> None:
+    """Declare file names (and full-match regexes) that bert_of writes into the folders it publishes."""
+    _OWN_NAMES.update(names)
+    for p in patterns:
+        if p not in (x.pattern for x in _OWN_PATTERNS):
+            _OWN_PATTERNS.append(re.compile(p))
+
+
+def own_files() -> frozenset:
+    """The file names registered so far (patterns aside)."""
+    return frozenset(_OWN_NAMES)
+
+
 def own_by_name(name: str) -> bool:
-    return name in OWN_FILES or bool(_OWN_PATTERN.fullmatch(name))
+    return name in _OWN_NAMES or any(p.fullmatch(name) for p in _OWN_PATTERNS)
 
 
 def record_files(folder: str) -> None:

@@ -28,6 +28,7 @@ from bert_of.files.home import bert_of_home, utc_now
 from bert_of.files.owned import check_destination
 from bert_of.files.publish import publishing
 from bert_of.files.reading import read_json
+from bert_of.files.owned import register_own_files
 from bert_of.config import BertConfig
 from bert_of.modeling import BertGraph, check_inputs
 from bert_of.options import RUN_RECORD, TrainConfig
@@ -42,6 +43,7 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
+register_own_files((TRAIN_ARGS,))
 
 
 @dataclass
