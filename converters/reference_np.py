@@ -338,7 +338,11 @@ class ModelGarden(Layout):
         w, b = super().dense(role, i)
         if w.ndim == 3:
             w = w.reshape(-1, w.shape[-1]) if role == "ao" else w.reshape(w.shape[0], -1)
-        return w, b.reshape(-1)
+        return w, b
+
+    def vector(self, role, i=0):
+        v = super().vector(role, i)
+        return v.reshape(-1) if role in ("q.b", "k.b", "v.b") else v  # [heads, head_size]
 
 
 class Lazy(Layout):

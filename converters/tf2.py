@@ -578,4 +578,5 @@ def write_files(source: Source, d: str, opts: Options) -> list:
 FORMAT = Format(
     NAME, "TensorFlow 2 Model Garden checkpoint (object-based tf.train.Checkpoint) or TF Hub SavedModel",
     detect, read, write_files, reference_np.ModelGarden, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"),
-    owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"), table=TABLE)
+    owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"), table=TABLE,
+    ecosystem="tf-weights")  # verify also runs Google's modeling.py in TensorFlow on these weights
