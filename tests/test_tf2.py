@@ -95,6 +95,8 @@ def test_convert_verify_cli(pair, tmp_path):
     assert report["ok"] and report["worst"] <= 1e-5
     assert {"sequence_output", "pooled_output", "prediction_logits", "seq_relationship_logits"} <= set(report["outputs"])
     assert report["reference"] == "numpy-float64 (tf2 layout)"
+    tf_run = report["ecosystem"].get("A:tf-float64")  # Google's modeling.py in TF on these weights
+    assert tf_run is None or isinstance(tf_run, str) or max(tf_run.values()) <= 1e-9, tf_run
 
 
 def _rewrite(src_prefix, dst_prefix, nodes):
