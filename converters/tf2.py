@@ -279,8 +279,10 @@ class _Var:
 
 
 def _variables(nodes, where, saved):
-    """checkpoint key -> _Var, from the object graph (and the SavedModel's variable names)."""
-    paths = aliases(nodes, where)
+    """checkpoint key -> _Var, from the object graph: every path to the variable (a checkpoint), or
+    the variable's name in saved_model.pb (a SavedModel, whose graph also reaches each variable
+    through every Keras list that holds it: ~10^5 paths for a 3-layer model, not walked)."""
+    paths = aliases(nodes, where) if saved is None else {}
     slot_of = {s[2]: (s[1], s[0]) for node in nodes for s in node.slots}
     out = {}
     for i, node in enumerate(nodes):
@@ -289,8 +291,9 @@ def _variables(nodes, where, saved):
                 raise CheckpointError(f"{where}: {SAVED_MODEL} names node {i} {saved[i]!r} but variables/ holds "
                                       f"{full!r} there (files of two different SavedModels?)")
             names = ([saved[i]] if saved is not None and saved.get(i) else []) + paths.get(i, [])
-            out[key] = _Var(key, names, slot_of.get(i, ()))
-    return out, paths
+            stem = key[:-len(VALUE)] if key.endswith(VALUE) else key
+            out[key] = _Var(key, names + ([stem] if stem not in names else []), slot_of.get(i, ()))
+    return out
 
 
 def _classify_var(var, table, by_node_key):
@@ -361,16 +364,16 @@ def _read(pin, path: str, opts: Options) -> Source:
         nodes = parse_object_graph(tf1_bundle.read_bytes(real, graph_entry, data=shards.get(graph_entry.shard)))
     except pb.ProtobufError as e:
         raise CheckpointError(f"{where}: corrupt {OBJECT_GRAPH} ({e})") from None
-    variables, _ = _variables(nodes, where, saved)
+    variables = _variables(nodes, where, saved)
     node_key = {i: key for i, node in enumerate(nodes) for _, _, key in node.attributes}
     memo = {}
 
     def classify_key(key):
         if key not in memo:
-            memo[key] = _classify_var(variables[key], table, lambda i: classify_key(node_key.get(i, "")))
+            memo[key] = None  # a slot of a slot of ... itself: unknown, not an endless loop
+            memo[key] = _classify_var(variables[key], table,
+                                      lambda i: classify_key(node_key[i]) if i in node_key else None)
         return memo[key]
-
-    variables.setdefault("", _Var("", []))
 
     def classify(e):
         if e.name == OBJECT_GRAPH:
