@@ -111,7 +111,7 @@ SAVED_TABLE = Table(spell(lambda scope: None, {**PARAMS, "ln": [("/gamma", ".Lay
 }))
 
 SLOTS = {"m": "m", "v": "v"}  # Keras Adam's slot names -> bert_of optimizer-state prefixes
-HYPER = ("beta_1", "beta_2", "decay", "learning_rate", "epsilon", "weight_decay_rate")
+HYPER = ("beta_1", "beta_2", "decay", "learning_rate", "_learning_rate", "epsilon", "weight_decay_rate")
 OPTIMIZER_META = {"optimizer": "adamw", "bias_correction": "true", "eps": "1e-06", "weight_decay": "0.01",
                   "exclude_from_weight_decay": "LayerNorm,layer_norm,bias",
                   "source": "Model Garden official.nlp.optimization.AdamWeightDecay (Keras Adam)"}
@@ -276,6 +276,7 @@ class _Var:
     key: str  # the bundle's name
     names: list  # what the graph calls it: paths (checkpoint) or its variable name (SavedModel)
     slot: tuple = ()  # (slot name, node of the variable it belongs to)
+    full: str = ""  # the tf.Variable's name (a Keras optimizer's slot: "<Optimizer>/m/<its variable's name>")
 
 
 def _variables(nodes, where, saved):
@@ -292,12 +293,14 @@ def _variables(nodes, where, saved):
                                       f"{full!r} there (files of two different SavedModels?)")
             names = ([saved[i]] if saved is not None and saved.get(i) else []) + paths.get(i, [])
             stem = key[:-len(VALUE)] if key.endswith(VALUE) else key
-            out[key] = _Var(key, names + ([stem] if stem not in names else []), slot_of.get(i, ()))
+            out[key] = _Var(key, names + ([stem] if stem not in names else []), slot_of.get(i, ()), full)
     return out
 
 
-def _classify_var(var, table, by_node_key):
-    """Hit or ReportLine for one variable of the graph."""
+def _classify_var(var, table, by_node_key, by_full_name):
+    """Hit or ReportLine for one variable of the graph. Optimizer slots: a Keras "legacy" optimizer
+    lists them in the graph (``slot_variables``); a Keras 2.11+ optimizer keeps them in its own
+    list (``optimizer/_variables/N``), named ``<Optimizer>/m/<the variable's name>``."""
     hits = {found for found in (_tails(table, n) for n in var.names) if found}
     if len(hits) > 1:
         raise CheckpointError(f"variable {var.key} is named as {' and '.join(sorted(h[0] for h in hits))}")
@@ -310,8 +313,13 @@ def _classify_var(var, table, by_node_key):
         if isinstance(base, Hit) and not base.optimizer and slot in SLOTS:
             return Hit(f"{SLOTS[slot]}/{base.target}", base.transform, optimizer=True)
         return None
+    slot = re.fullmatch(r"[^/]+/(m|v)/(.+)", var.full) if any(n.startswith("optimizer/") for n in var.names) else None
+    if slot and slot.group(1) in SLOTS:
+        base = by_full_name(slot.group(2))
+        if isinstance(base, Hit) and not base.optimizer:
+            return Hit(f"{SLOTS[slot.group(1)]}/{base.target}", base.transform, optimizer=True)
     ends = {n.rsplit("/", 1)[-1] for n in var.names}
-    if any(n in ("global_step", "optimizer/iter") or n.endswith("/optimizer/iter") for n in var.names):
+    if any(n in ("global_step", "optimizer/iter", "optimizer/_iterations") for n in var.names):
         return Hit("step", "scalar", optimizer=True)
     if "save_counter" in ends:
         return ReportLine(var.key, "dropped", note="tf.train.Checkpoint's save counter")
@@ -366,13 +374,17 @@ def _read(pin, path: str, opts: Options) -> Source:
         raise CheckpointError(f"{where}: corrupt {OBJECT_GRAPH} ({e})") from None
     variables = _variables(nodes, where, saved)
     node_key = {i: key for i, node in enumerate(nodes) for _, _, key in node.attributes}
+    named_once = {}  # a variable's name -> its key, where one variable has that name
+    for v in variables.values():
+        named_once[v.full] = None if v.full in named_once else v.key
     memo = {}
 
     def classify_key(key):
         if key not in memo:
             memo[key] = None  # a slot of a slot of ... itself: unknown, not an endless loop
             memo[key] = _classify_var(variables[key], table,
-                                      lambda i: classify_key(node_key[i]) if i in node_key else None)
+                                      lambda i: classify_key(node_key[i]) if i in node_key else None,
+                                      lambda full: classify_key(named_once[full]) if named_once.get(full) else None)
         return memo[key]
 
     def classify(e):

@@ -218,21 +218,23 @@ def _module_tree(tf, tensors, config, heads_order=None):
             setattr(mod, k, v)
         return mod
 
-    def var(a):
-        return tf.Variable(a)
+    def var(a, name):  # unique names, as Keras gives them (a Keras 2.11+ optimizer names its slots by them)
+        return tf.Variable(a, name=name)
 
     def dense(scope, kind="T"):
         w, b = tensors[scope + ".weight"], tensors[scope + ".bias"]
+        k, bn = scope + "/kernel", scope + "/bias"
         if kind == "in":
-            return m(kernel=var(w.T.reshape(H, n, -1)), bias=var(b.reshape(n, -1)))
+            return m(kernel=var(w.T.reshape(H, n, -1), k), bias=var(b.reshape(n, -1), bn))
         if kind == "out":
-            return m(kernel=var(w.T.reshape(n, -1, H)), bias=var(b))
-        return m(kernel=var(w.T.copy()), bias=var(b))
+            return m(kernel=var(w.T.reshape(n, -1, H), k), bias=var(b, bn))
+        return m(kernel=var(w.T.copy(), k), bias=var(b, bn))
 
     def ln(scope):
-        return m(gamma=var(tensors[scope + ".LayerNorm.weight"]), beta=var(tensors[scope + ".LayerNorm.bias"]))
+        return m(gamma=var(tensors[scope + ".LayerNorm.weight"], scope + "/gamma"),
+                 beta=var(tensors[scope + ".LayerNorm.bias"], scope + "/beta"))
 
-    emb = [m(embeddings=var(tensors[f"bert.embeddings.{s}.weight"]))
+    emb = [m(embeddings=var(tensors[f"bert.embeddings.{s}.weight"], s))
            for s in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
     blocks = []
     for i in range(config.num_hidden_layers):
@@ -344,9 +346,11 @@ def test_hostile_object_graphs_are_one_line_errors(pair, tmp_path):
         read(str(crc), "tf2", Options(config=config))
 
 
-def test_we_read_a_training_checkpoint_with_adam_slots(tmp_path):
+@pytest.mark.parametrize("keras_optimizer", ["legacy", "current"])
+def test_we_read_a_training_checkpoint_with_adam_slots(tmp_path, keras_optimizer):
     """official.legacy.bert's layout: Checkpoint(model=..., optimizer=Keras Adam, global_step=its
-    iterations) after one step; the slots are found through the graph's slot_variables."""
+    iterations) after one step. A legacy Keras optimizer's slots are found through the graph's
+    slot_variables, a Keras 2.11+ one's by their names (``Adam/m/<variable>``)."""
     tf = pytest.importorskip("tensorflow")
     of = _of_checkpoint(tmp_path / "of", heads="squad", seed=6)
     tensors, src = _tensors(of, "of")
@@ -354,11 +358,12 @@ def test_we_read_a_training_checkpoint_with_adam_slots(tmp_path):
     qa = tf.Module()
     setattr(qa, "layer_with_weights-0", tf.Module())
     head = getattr(qa, "layer_with_weights-0")
-    head.kernel, head.bias = tf.Variable(tensors["qa_outputs.weight"].T.copy()), tf.Variable(tensors["qa_outputs.bias"])
+    head.kernel = tf.Variable(tensors["qa_outputs.weight"].T.copy(), name="qa/kernel")
+    head.bias = tf.Variable(tensors["qa_outputs.bias"], name="qa/bias")
     model = tf.Module()
     setattr(model, "layer_with_weights-0", enc)
     model.span_labeling = qa
-    opt = tf.keras.optimizers.legacy.Adam(1e-3, epsilon=1e-6)
+    opt = (tf.keras.optimizers.legacy.Adam if keras_optimizer == "legacy" else tf.keras.optimizers.Adam)(1e-3, epsilon=1e-6)
     variables = list(enc.trainable_variables) + [head.kernel, head.bias]
     rng = np.random.default_rng(0)
     grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in variables]
@@ -368,9 +373,13 @@ def test_we_read_a_training_checkpoint_with_adam_slots(tmp_path):
     state = {s.name: p() for s, p in read_src.optimizer}
     assert state["step"] == 1 and len(state) == 1 + 2 * len(variables)
     q = enc._transformer_layers[1]._attention_layer._query_dense.kernel
-    m = opt.get_slot(q, "m").numpy()  # TF's own slot, einsum-shaped
-    assert np.array_equal(state["m/bert.encoder.layer.1.attention.self.query.weight"], m.reshape(32, 32).T)
-    assert np.array_equal(state["v/qa_outputs.weight"], opt.get_slot(head.kernel, "v").numpy().T)
+
+    def slot(var, name):  # TF's own slot
+        if keras_optimizer == "legacy":
+            return opt.get_slot(var, name).numpy()
+        return next(s for s in opt.variables if s.name.split(":")[0] == f"Adam/{name}/{var.name.split(':')[0]}").numpy()
+    assert np.array_equal(state["m/bert.encoder.layer.1.attention.self.query.weight"], slot(q, "m").reshape(32, 32).T)
+    assert np.array_equal(state["v/qa_outputs.weight"], slot(head.kernel, "v").T)
     assert np.array_equal(got["qa_outputs.weight"], head.kernel.numpy().T)
     dropped = {r.note for r in read_src.report if r.action == "dropped"}
     assert "optimizer hyper-parameter (not state)" in dropped and read_src.optimizer_meta["bias_correction"] == "true"
