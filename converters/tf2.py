@@ -12,7 +12,8 @@ Three kinds of files, one reader, no TensorFlow:
   ``tf2_bert_encoder_checkpoint_converter``'s encoder and pretrainer output, TF-NLP's
   ``encoder/`` + ``masked_lm/`` pretrainer checkpoints and official.legacy.bert's training
   checkpoints (``model/...``, NSP ``classification/``, SQuAD ``span_labeling/``, Adam slots listed
-  in the graph's ``slot_variables``, ``global_step``).
+  in the graph's ``slot_variables`` or, for a Keras 2.11+ optimizer, named after their variable,
+  ``global_step``).
 - TF Hub SavedModels (``saved_model.pb`` + ``variables/variables.*``): the bundle's keys are
   ``variables/N/...``; ``saved_model.pb``'s ``SavedObjectGraph`` (MetaGraphDef field 7) names
   every variable (``transformer/layer_0/self_attention/query/kernel``), node for node the bundle's
