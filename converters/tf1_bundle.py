@@ -661,17 +661,21 @@ def read_bytes(prefix, entry: TensorEntry, data: str | None = None, limit: int =
         raise CheckpointError(f"{path}: tensor {entry.name!r}: {e}") from None
     if pos + 4 + n != len(raw):
         raise CheckpointError(f"{path}: tensor {entry.name!r}: string length {n} does not fit its {len(raw)} bytes")
-    if n >= 1 << 32 or raw[pos:pos + 4] != _string_bytes(b"", n)[-4:] or \
+    if n >= 1 << 32 or raw[pos:pos + 4] != _length_checksum(n) or \
             (entry.crc32c is not None and _string_crc(raw[pos:pos + 4], raw[pos + 4:]) != entry.crc32c):
         raise CheckpointError(f"{path}: CRC32C mismatch for tensor {entry.name!r}: data file is corrupt "
                               f"or does not belong to this index")
     return raw[pos + 4:]
 
 
-def _string_bytes(value: bytes, n: int | None = None) -> bytes:
-    """A DT_STRING scalar as TF's bundle writer lays it out (see :func:`read_bytes`)."""
-    n = len(value) if n is None else n
-    return pb.varint(n) + struct.pack("<I", _mask(_crc(struct.pack("<I", n)))) + value
+def _length_checksum(n: int) -> bytes:
+    return struct.pack("<I", _mask(_crc(struct.pack("<I", n))))
+
+
+def _string_entry(value: bytes) -> tuple:
+    """(bytes, entry CRC) of a DT_STRING scalar as TF's bundle writer lays it out (:func:`read_bytes`)."""
+    checksum = _length_checksum(len(value))
+    return pb.varint(len(value)) + checksum + value, _string_crc(checksum, value)
 
 
 def _string_crc(checksum: bytes, value: bytes) -> int:
@@ -769,9 +773,9 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
                 if key in records:
                     raise CheckpointError(f"{final_index}: duplicate tensor name {name!r}")
                 if isinstance(arr, bytes):  # a string scalar (a TF2 object graph)
-                    raw = _string_bytes(arr)
+                    raw, crc = _string_entry(arr)
                     f.write(raw)
-                    records[key] = _enc_entry(_DT_STRING, (), offset, len(raw), _string_crc(raw[len(raw) - len(arr) - 4:len(raw) - len(arr)], arr))
+                    records[key] = _enc_entry(_DT_STRING, (), offset, len(raw), crc)
                     offset += len(raw)
                     continue
                 arr = np.asarray(arr)
