@@ -509,6 +509,10 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         notes.append(f"note: Model Garden's BertEncoder would compute differently: {reason}; "
                      f"bert_config.json records the exact numerics (bert_of_hidden_act / layer_norm_eps)")
     tensors = {s.name: p for s, p in source.tensors}
+    dtypes = {str(s.dtype) for s, _ in source.tensors}
+    if dtypes != {"float32"}:
+        notes.append(f"note: weights written as {', '.join(sorted(dtypes))}; Model Garden's BertEncoder builds "
+                     f"float32 variables, which TensorFlow restores only from float32 tensors")
     unplaced = [n for n in tensors if n.startswith("classifier.")]
     if unplaced:
         raise CheckpointError(f"{source.path}: tensor {unplaced[0]} has no place in a Model Garden checkpoint "
