@@ -5,6 +5,7 @@ where it restores our files and writes checkpoints and SavedModels we read."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -295,6 +296,22 @@ def test_we_read_a_savedmodel_tensorflow_saves(pair, tmp_path):
             names[canonical] = spelled[0]
     n, H = src.config.num_attention_heads, src.config.hidden_size
     order = sorted(names, key=lambda k: hash(k) % 97)
+    save_savedmodel(tf, tensors, order, n, H, str(tmp_path / "sm"))
+    assert detect(str(tmp_path / "sm")) == "tf2"
+    got, sm = _tensors(str(tmp_path / "sm"), "tf2")
+    assert sorted(got) == sorted(names) and all(np.array_equal(got[k], tensors[k]) for k in names)
+    assert sm.config.extra["do_lower_case"] is False and sm.config.hidden_act == "gelu_tanh"
+    assert any(r.source.startswith("vars/") for r in sm.report)
+    # control: saved_model.pb of one SavedModel beside the variables/ of another (another order)
+    save_savedmodel(tf, tensors, order[::-1], n, H, str(tmp_path / "other"))
+    shutil.rmtree(tmp_path / "sm" / "variables")
+    shutil.copytree(tmp_path / "other" / "variables", tmp_path / "sm" / "variables")
+    with pytest.raises(CheckpointError, match="files of two different SavedModels"):
+        read(str(tmp_path / "sm"), "tf2", Options())
+
+
+def save_savedmodel(tf, tensors, order, n, H, path):
+    """tf.saved_model.save of the tensors as Model Garden stores them, named as it names them."""
     root = tf.Module()
     variables = []
     for canonical in order:
@@ -311,12 +328,7 @@ def test_we_read_a_savedmodel_tensorflow_saves(pair, tmp_path):
         variables.append(tf.Variable(a, name=spelled))
     root.vars = variables
     root.do_lower_case = tf.Variable(False, trainable=False, name="do_lower_case")
-    tf.saved_model.save(root, str(tmp_path / "sm"))
-    assert detect(str(tmp_path / "sm")) == "tf2"
-    got, sm = _tensors(str(tmp_path / "sm"), "tf2")
-    assert sorted(got) == sorted(names) and all(np.array_equal(got[k], tensors[k]) for k in names)
-    assert sm.config.extra["do_lower_case"] is False and sm.config.hidden_act == "gelu_tanh"
-    assert any(r.source.startswith("vars/") for r in sm.report)
+    tf.saved_model.save(root, path)
 
 
 def test_hostile_object_graphs_are_one_line_errors(pair, tmp_path):
