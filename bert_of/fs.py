@@ -469,7 +469,7 @@ OWN_FILES = frozenset({
     "bert_of_data.json",  # pretraining data, with part-NNNNN
     "train_args.json", "trainer_state.json", "manifest.json", "metrics.jsonl", "zoo_metadata.json",  # runs
 })
-_OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
+_OWN_PATTERN = re.compile(r"part-\d+(\.tfrecord(\.gz)?|\.hdf5)?|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
 ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
 FILES_MANIFEST = ".bert_of-files.json"  # {"files": [relative paths]}: what else bert_of wrote here
 
