@@ -85,8 +85,10 @@ def detect(path: str) -> str:
         n, crc = _HEAD.unpack(head)
         if crc == masked_crc(head[:8]):
             return "tfrecord"
-        if 0 <= n <= size - 8:
+        if n <= size - 8:
             return "ofrecord"
+    elif len(head) >= 8 and struct.unpack("<q", head[:8])[0] == size - 8:
+        return "ofrecord"  # one short record
     raise OFRecordError(f"{path}: not a pretraining record file: neither a TFRecord (length CRC does not match), "
                         f"gzip, HDF5 nor an OFRecord (first length does not fit the file)")
 
@@ -285,7 +287,7 @@ class HDF5File:
         self.path = path
         try:
             self._h = h5py.File(path, "r")
-        except (OSError, ValueError) as e:
+        except Exception as e:  # h5py raises OSError, ValueError, KeyError... for a damaged file
             raise OFRecordError(f"{path}: not a readable HDF5 file ({e})") from None
         try:
             self._ds, n = {}, None
