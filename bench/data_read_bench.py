@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bert_of.data.reader import FEATURES, PretrainingDataset  # noqa: E402
-from bert_of.fs import write_json  # noqa: E402
+from bert_of.files.atomic import write_json  # noqa: E402
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 FORMATS = {"ofrecord": [], "tfrecord": ["--format", "tfrecord"], "tfrecord_gzip": ["--format", "tfrecord", "--gzip"],

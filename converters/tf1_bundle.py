@@ -37,7 +37,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from bert_of.errors import CheckpointError
-from bert_of.fs import atomic_write, fsync_dir, writes_to
+from bert_of.files.atomic import atomic_write, fsync_dir, writes_to
 from bert_of import protobuf as pb
 
 __all__ = [

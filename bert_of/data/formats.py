@@ -38,6 +38,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from bert_of import protobuf as pb
+from bert_of.files.owned import register_own_files
 
 from .ofrecord import (OFRecordError, OFRecordWriter, RecordFile, decode_values, encode_records,
                        parse_feature_map)
@@ -57,6 +58,7 @@ HDF5_NAMES = {"input_ids": "i4", "input_mask": "i1", "segment_ids": "i1", "maske
               "masked_lm_ids": "i4", "next_sentence_labels": "i1"}
 _M32 = 0xFFFFFFFF
 _HEAD = struct.Struct("<QI")
+register_own_files((), (r"part-\d+\.tfrecord(\.gz)?", r"part-\d+\.hdf5"))  # the part files bert_of writes
 
 
 def masked_crc(data) -> int:
