@@ -90,6 +90,9 @@ def test_the_same_records_in_every_format_and_back_byte_for_byte(sets):
     _data("reshard", sets["h5"], str(sets["root"] / "h5-3"), "--num-parts", 3)
     assert sorted(os.listdir(sets["root"] / "h5-3"))[:3] == ["bert_of_data.json", "part-00000.hdf5",
                                                              "part-00001.hdf5"]
+    _data("reshard", sets["gz"], str(sets["root"] / "gz-3"), "--num-parts", 3)  # gzip stays gzip
+    assert sorted(n for n in os.listdir(sets["root"] / "gz-3") if n.startswith("part-")) == \
+        [f"part-0000{i}.tfrecord.gz" for i in range(3)]
     dealt = _records(str(sets["root"] / "h5-3"))
     key = lambda r: r["input_ids"].tobytes() + r["masked_lm_ids"].tobytes()  # noqa: E731
     assert sorted(map(key, dealt)) == sorted(map(key, base))

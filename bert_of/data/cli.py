@@ -207,6 +207,9 @@ def reshard(src: str, dst: str, num_parts: Optional[int] = None, overwrite: bool
     copy come along. Records keep their values; within one format their bytes are copied as they are.
     ``num_parts=None``: part i of SRC becomes part i of DST, records in the same order."""
     paths, _, src_fmt = list_data_files(src)
+    if fmt is None and src_fmt == "tfrecord":  # reshard keeps the format, gzip included
+        with open(paths[0], "rb") as f:
+            compress = compress or f.read(2) == b"\x1f\x8b"
     fmt = fmt or src_fmt
     same_parts = num_parts is None
     num_parts = len(paths) if same_parts else num_parts
