@@ -274,3 +274,40 @@ def test_pretrain_losses_are_bit_identical_on_tfrecord_ofrecord_and_hdf5(sets, t
     curves = [_losses(sets, fmt, str(tmp_path / fmt), *extra) for fmt in formats]
     assert len(curves[0]) == 3 and all(c == curves[0] for c in curves[1:])
     assert len({c[1] for c in curves[0]}) == 3  # the loss moves: three different steps compared
+
+
+def test_mutated_examples_are_read_or_refused_by_our_error_never_anything_else(sets, tmp_path):
+    """Seeded byte mutations of tf.train.Example payloads, framed with valid CRCs (so the protobuf
+    reader, not the CRC, meets them): each file reads, or fails with one bert_of error."""
+    from bert_of.errors import BertOfError
+
+    src = TFRecordFile(os.path.join(sets["tf"], "part-00000.tfrecord"))
+    try:
+        raws = [bytes(src.raw(i)) for i in range(4)]
+    finally:
+        src.close()
+    rng = np.random.default_rng(7)
+    outcomes = {"read": 0, "refused": 0}
+    for case in range(200):
+        payload = bytearray(raws[case % 4])
+        for _ in range(int(rng.integers(1, 4))):
+            kind = rng.integers(3)
+            at = int(rng.integers(len(payload)))
+            if kind == 0:
+                payload[at] = int(rng.integers(256))
+            elif kind == 1:
+                del payload[at:at + int(rng.integers(1, 9))]
+            else:
+                payload[at:at] = bytes(rng.integers(256, size=int(rng.integers(1, 6)), dtype=np.uint8))
+        d = tmp_path / f"c{case}"
+        d.mkdir()
+        (d / "x.tfrecord").write_bytes(_frame(bytes(payload)))
+        try:
+            list(iter_dataset(str(d)))
+            with PretrainingDataset(str(d), 1, SEQ, PRED, vocab_size=CONFIG["vocab_size"], shuffle=False) as ds:
+                ds.validate()
+            outcomes["read"] += 1
+        except BertOfError as e:
+            assert "x.tfrecord" in str(e) and "\n" not in str(e), str(e)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100 and sum(outcomes.values()) == 200, outcomes
