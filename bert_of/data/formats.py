@@ -134,14 +134,14 @@ def encode_examples(features: Dict[str, Tuple[str, np.ndarray]]) -> List[bytes]:
 # --------------------------------------------------------------------------- TFRecord
 
 
-class TFRecordFile:
+class TFRecordFile(RecordFile):
     """Random access to the records of one TFRecord file (plain: memory-mapped; gzip: inflated into
     an unnamed temporary file, so memory stays bounded). Every frame's length and both CRCs are
     checked when the file is opened: a corrupt or truncated file fails before training starts."""
 
-    fmt = "tfrecord"
+    fmt = "tfrecord"  # raw(i), len(f), close() and the context manager are RecordFile's
 
-    def __init__(self, path: str):
+    def __init__(self, path: str):  # not RecordFile.__init__: that one indexes OFRecord framing
         self.path = path
         self._f = open(path, "rb")
         self._mm = b""
@@ -200,13 +200,6 @@ class TFRecordFile:
             i += 1
         return np.asarray(offsets, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
 
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def raw(self, i: int) -> bytes:
-        o = int(self.offsets[i])
-        return self._mm[o:o + int(self.lengths[i])]
-
     def parse(self, i: int):
         """(raw bytes, :func:`parse_example` of them); a malformed Example names file and record."""
         raw = self.raw(i)
@@ -221,24 +214,6 @@ class TFRecordFile:
             return {name: decode_values(raw, kind, spans) for name, (kind, spans) in fields.items()}
         except ValueError as e:
             raise OFRecordError(f"{self.path}: record {i} is not a valid tf.train.Example ({e})") from None
-
-    def close(self) -> None:
-        view, self._view = self._view, None
-        try:
-            if view is not None:
-                view.release()
-            if isinstance(self._mm, mmap.mmap):
-                self._mm.close()
-        except BufferError:
-            pass  # a slice is still referenced: the map closes when it is freed
-        self._mm = b""
-        self._f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class TFRecordWriter:
