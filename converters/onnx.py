@@ -44,6 +44,7 @@ import json
 import math
 import mmap
 import os
+import struct
 
 import numpy as np
 
@@ -53,7 +54,7 @@ from bert_of.files.atomic import writes_to
 from bert_of.tensors import SCOPES
 from bert_of.checkpoint import copy_file
 from bert_of import protobuf
-from bert_of.protobuf import LEN, VARINT, ProtobufError, field_float as _float, field_int as _int, key as _key, varint
+from bert_of.protobuf import LEN, VARINT, ProtobufError, key as _key, varint
 from bert_of.tokenization import read_vocab_lines, vocab_looks_cased
 from bert_of.version import __version__
 from bert_of.converters import reference_np
@@ -88,6 +89,16 @@ TABLE = Table(spell(lambda scope: scope, PARAMS))
 # ONNX's enums (onnx.proto): TensorProto.DataType, AttributeProto.AttributeType
 FLOAT, INT64 = 1, 7
 ATTR_FLOAT, ATTR_INT, ATTR_TENSOR, ATTR_INTS = 1, 2, 4, 7
+
+
+def _int(field: int, n: int) -> bytes:
+    """A varint field written even when zero (ONNX's messages are proto2: a 0 in ``perm`` is data)."""
+    return protobuf.field_varint(field, n, always=True)
+
+
+def _float(field: int, x: float) -> bytes:
+    """A float field, written even when zero."""
+    return protobuf.field_fixed32(field, struct.unpack("<I", struct.pack("<f", x))[0], always=True)
 
 
 def _len(field: int, payload) -> bytes:
