@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
-from bert_of.converters.native import PARAM, Hit, Layout
+from bert_of.converters.native import PARAM, Layout
+from bert_of.converters.reader import Hit
 from bert_of.converters.descriptor import Format
 from bert_of.converters import reference_np
 
@@ -21,7 +22,7 @@ NAME = "ofsd"
 
 
 def _classify(name, config):
-    return Hit("mapped", (name,)) if name in expected_shapes(config) else None
+    return Hit(name) if name in expected_shapes(config) else None
 
 
 def _items(names, config, bare):
