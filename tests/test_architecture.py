@@ -23,7 +23,7 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|fs|resolver|progress|config|options|tensors|checkpoint|tokenization|varint)", 0),
+    (r"bert_of\.(errors|version|process|fs|resolver|progress|config|options|tensors|checkpoint|tokenization|varint|pickles)", 0),
     (r"bert_of\.(_flow|outputs|modeling|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
