@@ -18,80 +18,28 @@ Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab
 
 from __future__ import annotations
 
-import difflib
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError, ConfigError, InputError
+from bert_of.errors import ConfigError, InputError
+from bert_of.kernels import LayerNorm, gelu_tanh
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
-from bert_of.progress import log
-from bert_of.tensors import check_fit, check_role
+from bert_of.model_io import PreTrained, to_local_full
 
 nn = flow.nn
 
 # --------------------------------------------------------------------------- activations
 
 
-def _is_cuda(x) -> bool:
-    return (x.placement.type if x.is_global else x.device.type) == "cuda"
-
-
-def gelu_tanh(x):
-    """Google's GELU: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))). x: any shape.
-
-    On CUDA, OneFlow's fused kernel for this formula. On CPU, OneFlow's tanh (and
-    fast_gelu) are scalar loops, 2.5x slower than its sigmoid; 0.5(1 + tanh(u)) is
-    sigmoid(2u) exactly, and without tanh's cancellation near -1.
-    """
-    if _is_cuda(x):
-        return flow._C.fast_gelu(x)
-    return x * flow.sigmoid((2.0 * math.sqrt(2.0 / math.pi)) * (x + 0.044715 * (x * x * x)))
-
-
 def gelu_erf(x):
     """Exact GELU 0.5x(1 + erf(x/sqrt2)): HF's "gelu" and the lazy OneFlow kernel."""
     return flow.nn.functional.gelu(x)
-
-
-class LayerNorm(nn.Module):
-    """Google's layer_norm over the last axis: (x - mean) * rsqrt(var + eps) * weight + bias.
-
-    Same parameters (``weight``, ``bias`` [H]) and formula as ``nn.LayerNorm`` (biased variance,
-    eps inside the rsqrt). On CUDA it is OneFlow's fused kernel. On CPU, OneFlow 0.9's kernel
-    does the row broadcasts ``x[T,H] - mean[T,1]`` and ``* inv_std[T,1]`` in oneDNN's scalar
-    reference binary (~50 ms each at [2048, 256]; 43% of a pretraining step). Here the row
-    sums and broadcasts are products with a ones vector (``x @ ones[H,1]``, ``m @ ones[1,H]``;
-    the broadcast is exact), so only shapes oneDNN vectorises remain: forward + backward ~25x
-    faster (bench/results/pretrain_profile.md), the same numbers to fp32 rounding.
-    """
-
-    def __init__(self, hidden_size: int, eps: float = 1e-12):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(flow.ones(hidden_size))
-        self.bias = nn.Parameter(flow.zeros(hidden_size))
-        # not in state dicts; they move and go global with the parameters
-        self.register_buffer("ones_row", flow.ones(1, hidden_size), persistent=False)
-        self.register_buffer("ones_col", flow.ones(hidden_size, 1), persistent=False)
-
-    def forward(self, x):
-        """x: [..., H] -> [..., H]."""
-        if _is_cuda(x):
-            return flow.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        shape, inv_h = x.shape, 1.0 / x.shape[-1]
-        x2 = x.reshape(-1, shape[-1])  # [T, H]
-        mean = flow.matmul(x2, self.ones_col) * inv_h  # [T, 1]
-        xc = x2 - flow.matmul(mean, self.ones_row)
-        var = flow.matmul(xc * xc, self.ones_col) * inv_h
-        y = xc * flow.matmul(flow.rsqrt(var + self.eps), self.ones_row)
-        return (y * self.weight + self.bias).reshape(shape)
 
 
 ACT_FN = {
@@ -102,16 +50,6 @@ ACT_FN = {
     "silu": flow.nn.functional.silu,
     "linear": lambda x: x,
 }
-
-
-def truncated_normal(rng, shape, std: float) -> np.ndarray:
-    """float32 N(0, std^2) redrawn beyond 2 std: TF's truncated_normal_initializer, Google's init."""
-    w = rng.standard_normal(shape)
-    bad = np.abs(w) > 2.0
-    while bad.any():
-        w[bad] = rng.standard_normal(int(bad.sum()))
-        bad = np.abs(w) > 2.0
-    return (w * std).astype(np.float32)
 
 
 # --------------------------------------------------------------------------- scopes
@@ -285,152 +223,6 @@ class BertPooler(nn.Module):
         return flow.tanh(self.dense(first))
 
 
-# --------------------------------------------------------------------------- loading
-
-
-# What from_pretrained's keyword overrides may set.
-_CONFIG_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
-
-
-class _PreTrained(nn.Module):
-    """from_pretrained / save_pretrained over a bert_of checkpoint directory."""
-
-    # Prefix this class's own names carry inside a full (canonical) checkpoint.
-    _ckpt_prefix = ""
-
-    def canonical_state(self) -> dict:
-        """{canonical name: numpy array}; tied decoder weight appears once."""
-        return {self._ckpt_prefix + k: v.numpy() for k, v in _local_state(self).items()}
-
-    def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
-        """Copy {canonical name: array} into the parameters.
-
-        Every tensor first passes the gate the converters use (bert_of.tensors): floating
-        point, a place in a BERT of this model's config (no layer beyond ``num_hidden_layers``,
-        no unknown name) with the shape it implies, the backbone complete. So a config that does
-        not fit its tensors is an error here exactly as in ``bert-of convert``. Tensors of task
-        heads this class does not have are accepted (and returned as "unexpected"); task heads
-        missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
-        checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
-        """
-        own = {self._ckpt_prefix + k: p for k, p in self.state_dict().items()}
-        arrays = {k: np.asarray(v) for k, v in state.items()}
-        for name, arr in arrays.items():
-            check_role(name, arr.dtype, "checkpoint")
-        missing = [k for k in own if k not in arrays]
-        unexpected = sorted(k for k in arrays if k not in own)
-        bad_missing = [k for k in missing if strict_heads or k.startswith("bert.")]
-        if bad_missing:
-            raise CheckpointError(f"checkpoint lacks {len(bad_missing)} tensor(s) the model needs, first: {bad_missing[0]}")
-        for name, param in own.items():
-            if name in arrays and tuple(arrays[name].shape) != tuple(param.shape):
-                raise CheckpointError(f"tensor {name}: checkpoint shape {list(arrays[name].shape)} != model shape "
-                                      f"{list(param.shape)}")
-        # The rest must fit this config too; a head this class lacks may come from a config with
-        # another label count, so its shape is not ours to check.
-        check_fit({k: a.shape for k, a in arrays.items()}, self.config, "checkpoint", require_backbone=False,
-                  loose=[k for k in unexpected if k.startswith("classifier.")])
-        with flow.no_grad():
-            for name, param in own.items():
-                if name not in arrays:
-                    continue
-                _copy_in(param, arrays[name])
-        return {"missing": missing, "unexpected": unexpected}
-
-    @classmethod
-    def from_pretrained(cls, name_or_path, config: Optional[BertConfig] = None, strict_heads: bool = False,
-                        **overrides):
-        """Load a model the way HF's ``from_pretrained`` does, from
-
-        - a zoo name or alias ("bert-base": downloaded, verified and converted on first use),
-        - a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt),
-        - a checkpoint in any format bert_of reads (a Google TF folder or prefix, an HF or Keras
-          directory, a lazy OneFlow snapshot: converted once into the cache and reused).
-
-        ``config`` replaces the checkpoint's config. ``overrides`` are BertConfig fields
-        (``num_labels=3``, ``hidden_dropout_prob=0.0``), validated again; any other keyword is a
-        TypeError naming it. Heads missing from the checkpoint are newly initialised (see
-        ``load_canonical``); ``loading_info`` says which.
-        """
-        unknown = sorted(set(overrides) - _CONFIG_FIELDS)
-        if unknown:
-            hints = [f"{k} (did you mean {close[0]}?)" if close else k
-                     for k in unknown for close in [difflib.get_close_matches(k, sorted(_CONFIG_FIELDS), n=1)]]
-            raise TypeError(f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {', '.join(hints)}; "
-                            f"keywords set BertConfig fields: {', '.join(sorted(_CONFIG_FIELDS))}")
-        path = resolve_checkpoint(name_or_path)
-        ckpt = load_checkpoint(path)
-        config = replace(config or ckpt.config, **overrides)  # a new, re-validated config
-        model = cls(config)
-        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
-        if info["missing"]:
-            log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}")
-        model.loading_info = info
-        model.vocab_file = ckpt.vocab_file
-        model.eval()
-        return model
-
-    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
-        """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
-        existing, as transformers does: its files of these names are replaced, others kept.
-        Every file is written whole before any lands (see :func:`bert_of.fs.publishing_into`)."""
-        state = self.canonical_state()
-        write_checkpoint(path, list(state.items()), self.config,
-                         vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
-
-    def init_weights(self, seed: int = 0, names=None) -> None:
-        """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
-
-        Drawn with NumPy in name order so every rank, mode and run starts from
-        the same numbers. ``names`` (canonical names, e.g. ``loading_info["missing"]``: heads a
-        checkpoint lacked): only those tensors, drawn in the same order; the rest are kept.
-        """
-        rng = np.random.default_rng(seed)
-        std = self.config.initializer_range
-        state = {}
-        for name, p in self.state_dict().items():
-            if names is not None and self._ckpt_prefix + name not in names:
-                continue
-            shape = tuple(p.shape)
-            if ".LayerNorm." in "." + name and name.endswith("weight"):
-                state[name] = np.ones(shape, np.float32)
-            elif name.endswith("bias") or ".LayerNorm." in "." + name:
-                state[name] = np.zeros(shape, np.float32)
-            else:
-                state[name] = truncated_normal(rng, shape, std)
-        if names is None:
-            self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
-            return
-        own = self.state_dict()
-        with flow.no_grad():
-            for name, value in state.items():
-                _copy_in(own[name], value)
-
-
-def _copy_in(param, arr) -> None:
-    """Copy a numpy array into a (local or global) parameter of the same shape; under no_grad."""
-    arr = np.ascontiguousarray(arr)
-    if param.is_global:
-        src = flow.tensor(arr, dtype=param.dtype).to_global(placement=param.placement, sbp=param.sbp)
-    else:
-        src = flow.tensor(arr, dtype=param.dtype, device=param.device)
-    param.copy_(src)
-
-
-def to_local_full(t):
-    """A global tensor as this rank's full local copy (no communication when broadcast)."""
-    if not t.is_global:
-        return t
-    if any(s != flow.sbp.broadcast for s in t.sbp):
-        t = t.to_global(sbp=flow.sbp.broadcast)
-    return t.to_local()
-
-
-def _local_state(module) -> dict:
-    """state_dict with global tensors as full local tensors."""
-    return {k: to_local_full(v) for k, v in module.state_dict().items()}
-
-
 def _mask_adder(attention_mask, dtype):
     """[B, S] 1/0 mask -> [B, 1, 1, S] additive mask: 0 keep, -10000 drop."""
     return (1.0 - attention_mask.to(dtype).unsqueeze(1).unsqueeze(2)) * -10000.0
@@ -485,7 +277,7 @@ def as_input(x, name: str, like, ids: bool = True):
     return flow.tensor(a, dtype=dtype, device=like.device)
 
 
-class BertModel(_PreTrained):
+class BertModel(PreTrained):
     """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors.
 
     ``dropout_generator``: the one ``flow.Generator`` every dropout of the model draws from (each
@@ -541,7 +333,7 @@ class BertModel(_PreTrained):
         return out if return_dict is None or return_dict else out.to_tuple()
 
 
-class _WithBert(_PreTrained):
+class _WithBert(PreTrained):
     _ckpt_prefix = ""
 
     def __init__(self, config: BertConfig):

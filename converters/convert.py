@@ -11,7 +11,8 @@ import os
 import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
-from bert_of.fs import check_destination, publishing
+from bert_of.files.owned import check_destination
+from bert_of.files.publish import publishing
 from bert_of.converters.source import Options, Source, summarize
 from bert_of.converters import registry
 from bert_of.converters.reader import ATTEMPTS
@@ -100,7 +101,7 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
 
     ``dst`` is never the source, inside it or around it (nor ``opts.config`` / ``opts.vocab``);
-    ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.fs.check_destination`).
+    ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.files.owned.check_destination`).
 
     ``check(source, staged_dir)``, when given, runs on the finished files before they are published
     (``convert --verify``, with the ``Source`` already read): if it raises, ``dst`` is never created (or, with ``overwrite``, the

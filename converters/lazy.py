@@ -77,7 +77,7 @@ import numpy as np
 from bert_of.checkpoint import expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.tensors import check_shape, nbytes
 from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
@@ -386,7 +386,7 @@ def read(path: str, opts: Options) -> Source:
 
 
 def _read(pin, snap: str, opts: Options) -> Source:
-    """Every variable folder through ``pin`` (bert_of.fs.PinnedDir: one snapshot, whatever replaces
+    """Every variable folder through ``pin`` (bert_of.files.pinned.PinnedDir: one snapshot, whatever replaces
     ``snap``); the variables' paths read that tree (messages name them as ``snap`` does)."""
     done = os.path.isfile(pin.real(os.path.join(snap, SNAPSHOT_DONE)))
 

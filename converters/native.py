@@ -28,7 +28,7 @@ import numpy as np
 
 from bert_of.checkpoint import copy_file
 from bert_of.errors import CheckpointError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.converters import flow_save
 from bert_of.converters.source import Options, Source
 from bert_of.converters.mapping import apply, inverse
@@ -69,7 +69,7 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
 
 
 def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
-    """The folder's files through ``pin`` (bert_of.fs.PinnedDir): one checkpoint, whatever replaces
+    """The folder's files through ``pin`` (bert_of.files.pinned.PinnedDir): one checkpoint, whatever replaces
     ``path`` meanwhile; the entries' folders read that tree."""
     entries = flow_save.read_dir(path, pin.real(path))
     if not entries:

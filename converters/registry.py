@@ -3,7 +3,7 @@
 
 Everything that used to list formats by hand derives from :data:`FORMATS`: the CLI's ``X2Y``
 choices and their descriptions (``converters/convert.py``), the files ``--overwrite`` knows as
-bert_of's (``bert_of.fs.own_files``, filled from each format's ``owns``), the numerics and head
+bert_of's (``bert_of.files.owned.own_files``, filled from each format's ``owns``), the numerics and head
 notes of a conversion (``pre_ln``, ``records_numerics``, ``token_classifier``), ``verify``'s
 reference layout and ecosystem run (``reference``, ``ecosystem``), the zoo's source and download
 formats, and the tests' matrix (``dtypes``).
@@ -19,7 +19,7 @@ import importlib
 import re
 
 from bert_of.errors import BertOfError
-from bert_of.fs import register_own_files
+from bert_of.files.owned import register_own_files
 from bert_of.converters.descriptor import Format
 
 # Detection order: the first format whose ``detect`` takes a path is its format. The flow.save

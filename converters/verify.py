@@ -25,6 +25,7 @@ import os
 
 import numpy as np
 
+from bert_of import process
 from bert_of.errors import BertOfError, CheckpointError
 from bert_of.tokenization import FullTokenizer
 from bert_of.converters import hf_torch, reference_np, registry
@@ -158,7 +159,7 @@ def tf_reference_module(name: str = "tf_reference", why: str = "verifying a TF1 
     optional ``tf`` extra. Without it, one line saying so."""
     import importlib
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
+    process.set_environ({"TF_CPP_MIN_LOG_LEVEL": "2"}, keep_existing=True)  # TF's start-up banner is noise here
     try:
         return importlib.import_module(f"bert_of.converters.{name}")
     except ModuleNotFoundError as e:

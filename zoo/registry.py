@@ -21,7 +21,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from bert_of.fs import read_json, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.reading import read_json
 from bert_of.converters import registry as formats
 from bert_of.progress import log
 from bert_of.zoo.errors import RegistryError, UnknownEntryError

@@ -24,7 +24,8 @@ from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, 
 from bert_of.checkpoint import load_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters.verify import tf_reference_module
-from bert_of.fs import atomic_write, read_json
+from bert_of.files.atomic import atomic_write
+from bert_of.files.reading import read_json
 from bert_of.launch import Topology, run_ranks, spawn
 from bert_of.modeling import BertForPreTraining
 from bert_of.training.optim import TrainConfig

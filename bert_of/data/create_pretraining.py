@@ -54,7 +54,10 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError, OutputError
-from bert_of.fs import publishing, register_own_files, sha256_file, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.publish import publishing
+from bert_of.files.reading import sha256_file
+from bert_of.files.owned import register_own_files
 from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
@@ -317,7 +320,7 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
     """Write ``output_dir/part-00000 ...`` (OFRecord), ``vocab.txt`` (a copy of ``vocab_file``) and
     ``bert_of_data.json``; returns the summary.
 
-    Everything is written to a staging folder and swapped in at the end (:mod:`bert_of.fs`): on
+    Everything is written to a staging folder and swapped in at the end (:mod:`bert_of.files.publish`): on
     any error the previous ``output_dir`` (if any) is untouched and no partial output remains.
     An ``output_dir`` that is, contains or lies inside an input (text, folder, vocab, config) is
     refused. A line over ``max_line_chars`` characters (0: no limit) is an error.

@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_of.errors import BertOfError
-from bert_of.fs import read_json, register_own_files, sha256_file
+from bert_of.files.reading import read_json, sha256_file
+from bert_of.files.owned import register_own_files
 
 from .ofrecord import OFRecordError, RecordFile, decode_values, decode_varint_runs, parse_record
 

@@ -37,8 +37,11 @@ from bert_of._flow import flow
 from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, WEIGHTS_NAME, TensorSpec, load_checkpoint,
                                 write_checkpoint_files)
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
-from bert_of.fs import (LOCK_NAME, check_sources, filter_jsonl, foreign_entry, locked, publishing, read_json,
-                        register_own_files, remove_stale_staging, sha256_file, write_json)
+from bert_of.files.atomic import filter_jsonl, write_json
+from bert_of.files.locks import LOCK_NAME, locked
+from bert_of.files.owned import check_sources, foreign_entry, register_own_files
+from bert_of.files.publish import publishing, remove_stale_staging
+from bert_of.files.reading import read_json, sha256_file
 from bert_of.progress import log
 
 CKPT_DIR = "checkpoints"

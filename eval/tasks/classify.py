@@ -32,7 +32,7 @@ from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, perce
 from bert_of.eval.tasks.options import ClassifyOptions
 from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
                                     problem_of, read_table, regression_metrics)
-from bert_of.fs import atomic_open
+from bert_of.files.atomic import atomic_open
 from bert_of.modeling import BertForSequenceClassification
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime

@@ -23,8 +23,12 @@ from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.eval.tasks.options import TaskOptions
-from bert_of.fs import (bert_of_home, check_destination, publishing, read_json, read_jsonl, register_own_files,
-                        utc_now, write_json)
+from bert_of.files.atomic import read_jsonl, write_json
+from bert_of.files.home import bert_of_home, utc_now
+from bert_of.files.owned import check_destination
+from bert_of.files.publish import publishing
+from bert_of.files.reading import read_json
+from bert_of.files.owned import register_own_files
 from bert_of.config import BertConfig
 from bert_of.modeling import BertGraph, check_inputs
 from bert_of.options import RUN_RECORD, TrainConfig

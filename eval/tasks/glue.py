@@ -24,7 +24,7 @@ from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, ch
                                            default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
                                            model_display_name, model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
-from bert_of.fs import atomic_open
+from bert_of.files.atomic import atomic_open
 from bert_of.progress import progress_iter
 from bert_of.modeling import BertForSequenceClassification
 from bert_of.training.loop import note

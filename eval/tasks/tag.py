@@ -26,7 +26,7 @@ from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, ch
 from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
 from bert_of.eval.tasks.options import TagOptions
 from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
-from bert_of.fs import atomic_open
+from bert_of.files.atomic import atomic_open
 from bert_of.modeling import IGNORE_INDEX, BertForTokenClassification
 from bert_of.progress import progress_iter
 from bert_of.training.loop import note
