@@ -32,7 +32,7 @@ if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports b
 
 from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
-from bert_of.converters.source import Options, summarize
+from bert_of.converters.source import Options, parse_size, summarize
 from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
@@ -87,13 +87,17 @@ class ConvertOptions(CheckOptions):
     numerics: str | None = arg(None, choices=("tf1", "lazy", "hf"),
                                help="override the activation/LayerNorm-eps provenance recorded for the source")
     no_meta: bool = arg(False, help="of2lazy: oldest snapshot layout (no meta files)")
+    max_shard_size: str | None = arg(None, metavar="SIZE",
+                                     help="X2hf: weights in shards of at most SIZE (5GB, 200MB, 1GiB) with "
+                                          "model.safetensors.index.json, as transformers' save_pretrained")
     overwrite: bool = arg(False, help="replace DST if it exists")
     verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
 
     def reader_options(self) -> Options:
         return Options(config=self.config, vocab=self.vocab, with_optimizer=self.with_optimizer,
                        skip_unknown=self.skip_unknown, overwrite=self.overwrite, dtype=self.dtype,
-                       numerics=self.numerics, no_meta=self.no_meta)
+                       numerics=self.numerics, no_meta=self.no_meta,
+                       max_shard_size=parse_size(self.max_shard_size) if self.max_shard_size else None)
 
 
 def cmd_convert(args) -> int:
