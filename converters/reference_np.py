@@ -259,6 +259,30 @@ class BertOf(HuggingFace):
         return self.config.get("classifier_kind") == "token"
 
 
+class Nvidia(HuggingFace):
+    """NVIDIA DeepLearningExamples' PyTorch BERT (modeling.py): HF's names and nn.Linear layout, but
+    its fused ``LinearActivation`` layers are ``dense_act``; ``"gelu"`` is
+    ``F.gelu(approximate=True)`` (tanh), LayerNorm eps 1e-12 (hard-coded), mask ``(1 - m) * -10000``."""
+    name = "nvidia"
+    mask_value = -10000.0
+    _L = "bert.encoder.layer.{i}."
+    NAMES = {**HuggingFace.NAMES, **_roles({}, None, {}, {}, {
+        "in": [(_L + "intermediate.dense_act.weight", _L + "intermediate.dense_act.bias", "out_in")],
+        "pool": [("bert.pooler.dense_act.weight", "bert.pooler.dense_act.bias", "out_in")],
+        "mlm": [("cls.predictions.transform.dense_act.weight", "cls.predictions.transform.dense_act.bias",
+                 "out_in")]})}
+
+    @classmethod
+    def numerics(cls, config, provenance=None):
+        if config.get("bert_of_hidden_act"):  # what bert_of wrote beside the label
+            return config["bert_of_hidden_act"], _eps(config)
+        act = {"gelu": "gelu_tanh", "tanh": "tanh", "relu": "relu", "swish": "silu"}.get(config.get("hidden_act"))
+        return act, 1e-12 if config.get("layer_norm_eps") is None else float(config["layer_norm_eps"])
+
+    def token_classifier(self):
+        return False
+
+
 class Keras(Layout):
     name = "h5"
     _L = "bert/encoder/layer_._{i}/"

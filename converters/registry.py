@@ -31,6 +31,7 @@ MODULES = (
     "ofmodels",
     "ofsd",
     "lazy",
+    "nvidia",
     "hf",
     "h5",
 )

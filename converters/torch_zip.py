@@ -22,6 +22,7 @@ member per storage: raw bytes) and ``<root>/byteorder``. The pickle is never unp
 from __future__ import annotations
 
 import math
+import struct
 import zipfile
 from typing import NamedTuple
 
@@ -336,3 +337,109 @@ class TorchZipFile:
 
     def close(self):
         self._zip.close()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+
+class Tensor(NamedTuple):
+    """A tensor to write: ``produce()`` -> its array, read when its storage is written; tensors
+    with one ``storage`` key share it (a tied weight, as torch.save writes one Parameter twice)."""
+
+    storage: str
+    dtype: np.dtype
+    shape: tuple
+    produce: object
+
+
+def _storage_name(dtype) -> str:
+    dt = np.dtype(dtype)
+    key = dt.name if dt.name == "bfloat16" or dt.itemsize == 1 else dt.newbyteorder("<").str
+    for name, st in _STORAGE_TYPES.items():
+        st_key = st.dtype.name if st.dtype.name == "bfloat16" or st.dtype.itemsize == 1 else st.dtype.str
+        if st_key == key:
+            return name
+    raise CheckpointError(f"dtype {dt} has no torch storage type")
+
+
+def _p_int(v: int) -> bytes:
+    if 0 <= v < 256:
+        return b"K" + bytes([v])
+    if 0 <= v < 65536:
+        return b"M" + v.to_bytes(2, "little")
+    if -2 ** 31 <= v < 2 ** 31:
+        return b"J" + v.to_bytes(4, "little", signed=True)
+    n = (v.bit_length() + 8) // 8
+    return b"\x8a" + bytes([n]) + v.to_bytes(n, "little", signed=True)
+
+
+def _p_global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _p(v) -> bytes:
+    """Protocol-2 opcodes of plain data and :class:`Tensor` records (what torch.save writes for them)."""
+    if v is None:
+        return b"N"
+    if isinstance(v, bool):
+        return b"\x88" if v else b"\x89"
+    if isinstance(v, int):
+        return _p_int(v)
+    if isinstance(v, float):
+        return b"G" + struct.pack(">d", v)
+    if isinstance(v, str):
+        b = v.encode("utf-8")
+        return b"X" + len(b).to_bytes(4, "little") + b
+    if isinstance(v, Tensor):
+        numel = int(math.prod(v.shape))
+        stride = tuple(int(math.prod(v.shape[k + 1:])) for k in range(len(v.shape)))
+        storage = b"(" + _p("storage") + _p_global("torch", _storage_name(v.dtype)) + _p(v.storage) + _p("cpu") \
+            + _p(numel) + b"tQ"
+        return (_p_global("torch._utils", "_rebuild_tensor_v2") + b"(" + storage + _p(0) + _p(tuple(v.shape))
+                + _p(stride) + b"\x89" + _p_global("collections", "OrderedDict") + b")R" + b"tR")
+    if isinstance(v, tuple):
+        return b"(" + b"".join(_p(x) for x in v) + b"t" if v else b")"
+    if isinstance(v, list):
+        return b"]" + (b"(" + b"".join(_p(x) for x in v) + b"e" if v else b"")
+    if isinstance(v, dict):
+        head = _p_global("collections", "OrderedDict") + b")R" if getattr(v, "ordered", False) else b"}"
+        return head + (b"(" + b"".join(_p(k) + _p(x) for k, x in v.items()) + b"u" if v else b"")
+    raise CheckpointError(f"cannot write a {type(v).__name__} into a torch pickle")
+
+
+class StateDict(dict):
+    """A dict written as torch writes a module's state dict (an OrderedDict)."""
+
+    ordered = True
+
+
+def write_torch_zip(path: str, obj, root: str = "archive") -> None:
+    """``obj`` (plain data, :class:`StateDict`s and :class:`Tensor`s) as ``torch.save`` writes it: a
+    zip of ``<root>/data.pkl``, ``<root>/data/<storage>`` (one tensor in memory at a time),
+    ``<root>/byteorder`` and ``<root>/version``; ``torch.load(path, weights_only=True)`` reads it."""
+    tensors = {}
+
+    def collect(v):
+        if isinstance(v, Tensor):
+            t = tensors.setdefault(v.storage, v)
+            if (t.dtype, tuple(t.shape)) != (v.dtype, tuple(v.shape)):
+                raise CheckpointError(f"{path}: storage {v.storage} written with two shapes")
+        elif isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                collect(x)
+    collect(obj)
+    raw = b"\x80\x02" + _p(obj) + b"."
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{root}/data.pkl", raw)
+        z.writestr(f"{root}/byteorder", b"little")
+        for key, t in tensors.items():
+            arr = np.ascontiguousarray(np.asarray(t.produce()), dtype=t.dtype)
+            if arr.shape != tuple(t.shape):
+                raise CheckpointError(f"{path}: tensor of storage {key} is {list(arr.shape)}, not {list(t.shape)}")
+            z.writestr(f"{root}/data/{key}", arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+                       if arr.dtype.itemsize > 1 and arr.dtype.name != "bfloat16" else arr.tobytes())
+        z.writestr(f"{root}/version", b"3\n")
