@@ -247,7 +247,33 @@ def _with_optimizer(source: Source, sd: StateDict, storage: dict) -> dict:
     return {"model": sd, "optimizer": {"state": state, "param_groups": param_groups}, "epoch": 0}
 
 
+class Reference(reference_np.HuggingFace):
+    """verify's reference in this format's layout, written from NVIDIA's modeling.py (not from TABLE):
+    HF's names and nn.Linear layout, but
+    its fused ``LinearActivation`` layers are ``dense_act``; ``"gelu"`` is
+    ``F.gelu(approximate=True)`` (tanh), LayerNorm eps 1e-12 (hard-coded), mask ``(1 - m) * -10000``."""
+    name = "nvidia"
+    mask_value = -10000.0
+    _L = "bert.encoder.layer.{i}."
+    NAMES = {**reference_np.HuggingFace.NAMES, **reference_np.roles({}, None, {}, {}, {
+        "in": [(_L + "intermediate.dense_act.weight", _L + "intermediate.dense_act.bias", "out_in")],
+        "pool": [("bert.pooler.dense_act.weight", "bert.pooler.dense_act.bias", "out_in")],
+        "mlm": [("cls.predictions.transform.dense_act.weight", "cls.predictions.transform.dense_act.bias",
+                 "out_in")]})}
+
+    @classmethod
+    def numerics(cls, config, provenance=None):
+        """Its ACT2FN labels; the exact activation and epsilon bert_of records beside them are
+        honoured, as for Google's bert_config.json."""
+        act = config.get("bert_of_hidden_act") or \
+            {"gelu": "gelu_tanh", "tanh": "tanh", "relu": "relu", "swish": "silu"}.get(config.get("hidden_act"))
+        return act, 1e-12 if config.get("layer_norm_eps") is None else float(config["layer_norm_eps"])
+
+    def token_classifier(self):
+        return False
+
+
 FORMAT = Format(
     NAME, "NVIDIA DeepLearningExamples PyTorch BERT (ckpt_N.pt or pytorch_model.bin + config.json)", detect, read,
-    write_files, reference_np.Nvidia, owns=(WEIGHTS, *CONFIG_FILES, VOCAB_FILE), owns_patterns=(r"ckpt_\d+\.pt",),
+    write_files, Reference, owns=(WEIGHTS, *CONFIG_FILES, VOCAB_FILE), owns_patterns=(r"ckpt_\d+\.pt",),
     table=TABLE)

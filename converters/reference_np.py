@@ -170,7 +170,7 @@ def _dense(role, template, orient):
     return {role + ".w": [(template[0], orient)], role + ".b": [(template[1], None)]}
 
 
-def _roles(dense, vec, ln, emb, heads):
+def roles(dense, vec, ln, emb, heads):
     """Role table from: a dense-scope speller, a [in, out] orientation, LN and embedding names."""
     names = {}
     for role, scope in emb.items():
@@ -195,7 +195,7 @@ class Google(Layout):
     def token_classifier(self):  # the key bert_of writes beside Google's (Google's code has no token head)
         return self.config.get("bert_of_classifier_kind") == "token"
     _L = "bert/encoder/layer_{i}/"
-    NAMES = _roles(
+    NAMES = roles(
         {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
          "ao": _L + "attention/output/dense", "in": _L + "intermediate/dense", "out": _L + "output/dense",
          "pool": "bert/pooler/dense", "mlm": "cls/predictions/transform/dense"},
@@ -215,7 +215,7 @@ class HuggingFace(Layout):
     name = "hf"
     mask_value = float(np.finfo(np.float32).min)  # transformers' extended attention mask
     _L = "bert.encoder.layer.{i}."
-    NAMES = _roles(
+    NAMES = roles(
         {}, None,
         {"emb_ln": (["bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.gamma"],
                     ["bert.embeddings.LayerNorm.bias", "bert.embeddings.LayerNorm.beta"]),
@@ -259,34 +259,10 @@ class BertOf(HuggingFace):
         return self.config.get("classifier_kind") == "token"
 
 
-class Nvidia(HuggingFace):
-    """NVIDIA DeepLearningExamples' PyTorch BERT (modeling.py): HF's names and nn.Linear layout, but
-    its fused ``LinearActivation`` layers are ``dense_act``; ``"gelu"`` is
-    ``F.gelu(approximate=True)`` (tanh), LayerNorm eps 1e-12 (hard-coded), mask ``(1 - m) * -10000``."""
-    name = "nvidia"
-    mask_value = -10000.0
-    _L = "bert.encoder.layer.{i}."
-    NAMES = {**HuggingFace.NAMES, **_roles({}, None, {}, {}, {
-        "in": [(_L + "intermediate.dense_act.weight", _L + "intermediate.dense_act.bias", "out_in")],
-        "pool": [("bert.pooler.dense_act.weight", "bert.pooler.dense_act.bias", "out_in")],
-        "mlm": [("cls.predictions.transform.dense_act.weight", "cls.predictions.transform.dense_act.bias",
-                 "out_in")]})}
-
-    @classmethod
-    def numerics(cls, config, provenance=None):
-        if config.get("bert_of_hidden_act"):  # what bert_of wrote beside the label
-            return config["bert_of_hidden_act"], _eps(config)
-        act = {"gelu": "gelu_tanh", "tanh": "tanh", "relu": "relu", "swish": "silu"}.get(config.get("hidden_act"))
-        return act, 1e-12 if config.get("layer_norm_eps") is None else float(config["layer_norm_eps"])
-
-    def token_classifier(self):
-        return False
-
-
 class Keras(Layout):
     name = "h5"
     _L = "bert/encoder/layer_._{i}/"
-    NAMES = _roles(
+    NAMES = roles(
         {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
          "ao": _L + "attention/output/dense", "in": _L + "intermediate/dense", "out": _L + "output/dense",
          "pool": "bert/pooler/dense", "mlm": "mlm___cls/predictions/transform/dense",
@@ -325,7 +301,7 @@ class Lazy(Layout):
         act = _google_act(config)
         return (gelu if act and act.startswith("gelu") else act), eps
     token_classifier = Google.token_classifier
-    NAMES = {**_dashed(Google.NAMES), **_roles({}, None, {}, {}, {
+    NAMES = {**_dashed(Google.NAMES), **roles({}, None, {}, {}, {
         "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: a dense [H, 2]
                ("cls-squad-output_weights", "cls-squad-output_bias", "out_in")],  # Google's names
         "clf": [("classification-output_weights", "classification-output_bias", "out_in"),
@@ -360,7 +336,7 @@ class OfModels(HuggingFace):
              "type": HuggingFace.NAMES["type"] + [("bert.embeddings.tokentype_embeddings", None)],
              "pos": HuggingFace.NAMES["pos"] + [("bert.embeddings.position_embeddings", None)],
              "mlm_bias": [("cls.predictions.output_bias", None), ("output_bias", None)],
-             **_roles({}, None, {}, {}, {"qa": [("cls_squad.weight", "cls_squad.bias", "out_in")]})}
+             **roles({}, None, {}, {}, {"qa": [("cls_squad.weight", "cls_squad.bias", "out_in")]})}
 
     @classmethod
     def from_source(cls, source):
@@ -376,7 +352,7 @@ class LiBai(Layout):
     interleaved per head ([heads, 3, head_size, H]). The MLM head's LayerNorm is at eps 1e-5."""
     name = "libai"
     _E = "bert.encoders.{i}."
-    NAMES = _roles({}, None,
+    NAMES = roles({}, None,
                    {"in_ln": ([_E + "input_layernorm.weight"], [_E + "input_layernorm.bias"]),
                     "pa_ln": ([_E + "post_attention_layernorm.weight"], [_E + "post_attention_layernorm.bias"]),
                     "final_ln": (["bert.final_layernorm.weight"], ["bert.final_layernorm.bias"]),
