@@ -30,9 +30,19 @@ class PreTrained(nn.Module):
     # Prefix this class's own names carry inside a full (canonical) checkpoint.
     _ckpt_prefix = ""
 
+    def state_name(self, key: str) -> str:
+        """The state-dict key ``key`` as the canonical names spell it, without this class's prefix
+        (optimizer state is stored under it): the key itself, unless the model class places a
+        module otherwise than the canonical names say (pre-LN's LayerNorms, bert_of.modeling)."""
+        return key
+
+    def canonical_name(self, key: str) -> str:
+        """The canonical name of the state-dict key ``key``."""
+        return self._ckpt_prefix + self.state_name(key)
+
     def canonical_state(self) -> dict:
         """{canonical name: numpy array}; tied decoder weight appears once."""
-        return {self._ckpt_prefix + k: v.numpy() for k, v in local_state(self).items()}
+        return {self.canonical_name(k): v.numpy() for k, v in local_state(self).items()}
 
     def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
         """Copy {canonical name: array} into the parameters.
@@ -45,7 +55,7 @@ class PreTrained(nn.Module):
         missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
         checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
         """
-        own = {self._ckpt_prefix + k: p for k, p in self.state_dict().items()}
+        own = {self.canonical_name(k): p for k, p in self.state_dict().items()}
         arrays = {k: np.asarray(v) for k, v in state.items()}
         for name, arr in arrays.items():
             check_role(name, arr.dtype, "checkpoint")
@@ -119,24 +129,25 @@ class PreTrained(nn.Module):
         """
         rng = np.random.default_rng(seed)
         std = self.config.initializer_range
-        state = {}
-        for name, p in self.state_dict().items():
-            if names is not None and self._ckpt_prefix + name not in names:
+        state = {}  # state-dict key -> value
+        for key, p in self.state_dict().items():
+            name = self.canonical_name(key)
+            if names is not None and name not in names:
                 continue
             shape = tuple(p.shape)
             if ".LayerNorm." in "." + name and name.endswith("weight"):
-                state[name] = np.ones(shape, np.float32)
+                state[key] = np.ones(shape, np.float32)
             elif name.endswith("bias") or ".LayerNorm." in "." + name:
-                state[name] = np.zeros(shape, np.float32)
+                state[key] = np.zeros(shape, np.float32)
             else:
-                state[name] = truncated_normal(rng, shape, std)
+                state[key] = truncated_normal(rng, shape, std)
         if names is None:
-            self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
+            self.load_canonical({self.canonical_name(k): v for k, v in state.items()}, strict_heads=True)
             return
         own = self.state_dict()
         with flow.no_grad():
-            for name, value in state.items():
-                copy_in(own[name], value)
+            for key, value in state.items():
+                copy_in(own[key], value)
 
 
 def copy_in(param, arr) -> None:

@@ -18,7 +18,9 @@ Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 from dataclasses import replace
 from typing import Optional
 
@@ -61,20 +63,17 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # Pre-LN (LiBai's embeddings) has no LayerNorm here: the first layer normalises its input.
+        self.LayerNorm = None if config.pre_ln else LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.pre_ln = config.pre_ln
 
     def forward(self, input_ids, token_type_ids):
-        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H].
-
-        Pre-LN: the sum without its LayerNorm (LiBai's embeddings; the encoder applies this
-        LayerNorm as layer 0's input norm)."""
+        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H]."""
         seq_len = input_ids.shape[1]
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         # Positions 0..S-1 are a slice of the (broadcast) table: no index tensor to place.
         x = x + self.position_embeddings.weight.narrow(0, 0, seq_len).unsqueeze(0)
-        if self.pre_ln:
+        if self.LayerNorm is None:
             return self.dropout(x)
         return self.dropout(self.LayerNorm(x))
 
@@ -165,51 +164,161 @@ class BertLayer(nn.Module):
         self.output = BertOutput(config)
 
     def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> [B, S, H]."""
         attn = self.attention(hidden, mask_adder, probs_out)
         return self.output(self.intermediate(attn), attn)
 
-    def forward_pre_ln(self, hidden, mask_adder, input_norm, probs_out: Optional[list] = None):
-        """Pre-LN layer (LiBai, apply_residual_post_layernorm=False): h + attn(norm(h)), then
-        h + mlp(attention.output.LayerNorm(h)). ``input_norm`` is the LayerNorm before this layer
-        (the embeddings' for layer 0, the previous layer's output LayerNorm after that), so the
-        canonical names stay those of original BERT, shifted as LiBai's own HF loader shifts them."""
-        out = self.attention.output
-        attn = out.dropout(out.dense(self.attention.self(input_norm(hidden), mask_adder, probs_out)))
-        hidden = hidden + attn
-        mlp = self.output.dropout(self.output.dense(self.intermediate(out.LayerNorm(hidden))))
-        return hidden + mlp
+
+def run_layers(layers, hidden, mask_adder):
+    """Each layer in turn: what an encoder does unless given another ``layer_runner``."""
+    for layer in layers:
+        hidden = layer(hidden, mask_adder)
+    return hidden
 
 
 class BertEncoder(nn.Module):
+    """The stack of layers (post-LN: each layer ends with its LayerNorm).
+
+    ``layer_runner(layers, hidden, mask_adder) -> hidden`` runs the layers when neither the
+    states nor the attention probabilities are asked for (default :func:`run_layers`); inference
+    may give another (bert_of.training.inference: one compiled layer graph for every layer)
+    through :meth:`layers_run_by`."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layer = nn.ModuleList([BertLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layer = nn.ModuleList([self.layer_class(config, i) for i in range(config.num_hidden_layers)])
+        self.layer_runner = run_layers
 
-    def forward(self, hidden, mask_adder, input_norm=None, states: Optional[list] = None,
-                probs_out: Optional[list] = None):
-        """hidden [B, S, H] -> [B, S, H]. Post-LN; with ``input_norm`` (the embeddings' LayerNorm)
-        pre-LN, closed by the last layer's output LayerNorm (LiBai's final_layernorm).
+    layer_class = BertLayer
 
-        ``states`` (a list) receives the input and each layer's output, L + 1 tensors [B, S, H],
-        the last being the result (pre-LN: the last layer's output normalised, as transformers'
-        Megatron-BERT); ``probs_out`` each layer's attention probabilities [B, N, S, S]."""
+    @contextlib.contextmanager
+    def layers_run_by(self, runner):
+        """``with encoder.layers_run_by(runner):`` the encoder's forward runs its layers through
+        ``runner(layers, hidden, mask_adder) -> hidden`` for the block."""
+        self.layer_runner = runner
+        try:
+            yield
+        finally:
+            self.layer_runner = run_layers
+
+    def _layers(self, hidden, mask_adder, states: Optional[list], probs_out: Optional[list]):
+        """hidden [B, S, H] through every layer; ``states`` receives the input and each layer's output."""
+        if states is None and probs_out is None:
+            return self.layer_runner(self.layer, hidden, mask_adder)
         if states is not None:
             states.append(hidden)
-        if input_norm is None:
-            for layer in self.layer:
-                hidden = layer(hidden, mask_adder, probs_out)
-                if states is not None:
-                    states.append(hidden)
-            return hidden
         for layer in self.layer:
-            hidden = layer.forward_pre_ln(hidden, mask_adder, input_norm, probs_out)
-            input_norm = layer.output.LayerNorm
+            hidden = layer(hidden, mask_adder, probs_out)
             if states is not None:
                 states.append(hidden)
-        hidden = input_norm(hidden)
+        return hidden
+
+    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None):
+        """hidden [B, S, H] -> [B, S, H].
+
+        ``states`` (a list) receives the input and each layer's output, L + 1 tensors [B, S, H],
+        the last being the result; ``probs_out`` each layer's attention probabilities [B, N, S, S]."""
+        return self._layers(hidden, mask_adder, states, probs_out)
+
+
+# --------------------------------------------------------------------------- pre-LN
+#
+# LiBai's default BERT (apply_residual_post_layernorm=False), nanoGPT's Block: every layer
+# normalises its sub-layers' inputs, x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), and a final
+# LayerNorm closes the stack. Its LayerNorms sit where LiBai has them; bert_of's checkpoints spell
+# them with original BERT's names, each shifted one place as LiBai's own HF loader shifts them
+# (:func:`pre_ln_canonical_name`), so every format's table stays the one original BERT's.
+
+
+class BertProjection(nn.Module):
+    """A pre-LN sub-layer's output: dense, dropout (no residual, no LayerNorm)."""
+
+    def __init__(self, in_size: int, out_size: int, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(in_size, out_size)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        """[..., in] -> [..., out]."""
+        return self.dropout(self.dense(x))
+
+
+class BertPreLNAttention(nn.Module):
+    def __init__(self, config: BertConfig, layer_index: int = 0):
+        super().__init__()
+        self.self = BertSelfAttention(config, layer_index)
+        self.output = BertProjection(config.hidden_size, config.hidden_size, config.hidden_dropout_prob)
+
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """normalised hidden [B, S, H] -> the attention's contribution to the residual [B, S, H]."""
+        return self.output(self.self(hidden, mask_adder, probs_out))
+
+
+class BertPreLNLayer(nn.Module):
+    """x + attn(input_layer_norm(x)), then x + mlp(post_attention_layer_norm(x))."""
+
+    def __init__(self, config: BertConfig, layer_index: int = 0):
+        super().__init__()
+        self.input_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention = BertPreLNAttention(config, layer_index)
+        self.post_attention_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertProjection(config.intermediate_size, config.hidden_size, config.hidden_dropout_prob)
+
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> [B, S, H] (not normalised)."""
+        hidden = hidden + self.attention(self.input_layer_norm(hidden), mask_adder, probs_out)
+        return hidden + self.output(self.intermediate(self.post_attention_layer_norm(hidden)))
+
+
+class BertPreLNEncoder(BertEncoder):
+    """Pre-LN layers, then the final LayerNorm (LiBai's final_layernorm)."""
+
+    layer_class = BertPreLNLayer
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.final_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None):
+        """hidden [B, S, H] -> [B, S, H]; ``states`` as :class:`BertEncoder`'s, the last one the
+        result normalised (as transformers' Megatron-BERT)."""
+        hidden = self.final_layer_norm(self._layers(hidden, mask_adder, states, probs_out))
         if states is not None:
             states[-1] = hidden
         return hidden
+
+
+_PRE_LN_IN = re.compile(r"(bert\.encoder\.layer\.)(\d+)\.input_layer_norm\.(\w+)")
+_PRE_LN_POST = re.compile(r"(bert\.encoder\.layer\.\d+)\.post_attention_layer_norm\.(\w+)")
+_PRE_LN_FINAL = re.compile(r"bert\.encoder\.final_layer_norm\.(\w+)")
+
+
+def pre_ln_canonical_name(name: str, num_layers: int) -> str:
+    """The canonical name of a pre-LN model's parameter ``name`` (``bert.`` first): layer i's
+    input LayerNorm is ``bert.embeddings.LayerNorm`` (i = 0) or layer i-1's ``output.LayerNorm``,
+    its post-attention one its ``attention.output.LayerNorm``, the final one layer L-1's
+    ``output.LayerNorm``. Other names are the same."""
+    m = _PRE_LN_IN.fullmatch(name)
+    if m:
+        i = int(m.group(2))
+        return (f"bert.embeddings.LayerNorm.{m.group(3)}" if i == 0
+                else f"{m.group(1)}{i - 1}.output.LayerNorm.{m.group(3)}")
+    m = _PRE_LN_POST.fullmatch(name)
+    if m:
+        return f"{m.group(1)}.attention.output.LayerNorm.{m.group(2)}"
+    m = _PRE_LN_FINAL.fullmatch(name)
+    if m:
+        return f"bert.encoder.layer.{num_layers - 1}.output.LayerNorm.{m.group(1)}"
+    return name
+
+
+def _state_name(self, key: str) -> str:
+    """``key`` canonically spelled (see :meth:`bert_of.model_io.PreTrained.state_name`)."""
+    if not self.config.pre_ln:
+        return key
+    full = pre_ln_canonical_name(self._ckpt_prefix + key, self.config.num_hidden_layers)
+    return full[len(self._ckpt_prefix):]
 
 
 class BertPooler(nn.Module):
@@ -286,17 +395,23 @@ class BertModel(PreTrained):
     """
 
     _ckpt_prefix = "bert."
+    state_name = _state_name
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config)
+        self.encoder = (BertPreLNEncoder if config.pre_ln else BertEncoder)(config)
         self.pooler = BertPooler(config)
         self.dropout_generator = flow.Generator()
         for m in self.modules():
             if isinstance(m, nn.Dropout):
                 m.generator = self.dropout_generator
+
+    @property
+    def base_model(self) -> "BertModel":
+        """The model itself (a head's ``base_model`` is its BertModel)."""
+        return self
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=None,
                 output_attentions=None, return_dict=None) -> BertModelOutput:
@@ -319,14 +434,9 @@ class BertModel(PreTrained):
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
         hidden = self.embeddings(input_ids, token_type_ids)
-        norm = self.embeddings.LayerNorm if self.config.pre_ln else None
         states = [] if output_hidden_states else None
         probs = [] if output_attentions else None
-        mask_adder = _mask_adder(attention_mask, hidden.dtype)
-        if states is None and probs is None:  # the call bert-of predict's layer-by-layer graph replaces
-            seq = self.encoder(hidden, mask_adder, norm)
-        else:
-            seq = self.encoder(hidden, mask_adder, norm, states=states, probs_out=probs)
+        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype), states=states, probs_out=probs)
         out = BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq),
                               hidden_states=None if states is None else tuple(states),
                               attentions=None if probs is None else tuple(probs))
@@ -335,11 +445,17 @@ class BertModel(PreTrained):
 
 class _WithBert(PreTrained):
     _ckpt_prefix = ""
+    state_name = _state_name
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
+
+    @property
+    def base_model(self) -> BertModel:
+        """The BertModel under the head (transformers' name)."""
+        return self.bert
 
     @property
     def dropout_generator(self):
@@ -536,14 +652,17 @@ class BertForTokenClassification(_WithBert):
         return res if return_dict is None or return_dict else res.to_tuple()
 
 
-def model_class_for(names) -> type:
-    """The class whose parameters a checkpoint's canonical names describe."""
+def model_class_for(names, config: Optional[BertConfig] = None) -> type:
+    """The class whose parameters a checkpoint's canonical names describe; a ``classifier.*`` head
+    is a token classifier when ``config.classifier_kind`` says so (the same names)."""
     names = set(names)
     if any(n.startswith("cls.predictions.") for n in names) and any(n.startswith("cls.seq_relationship.") for n in names):
         return BertForPreTraining
     if any(n.startswith("qa_outputs.") for n in names):
         return BertForQuestionAnswering
     if any(n.startswith("classifier.") for n in names):
+        if config is not None and config.classifier_kind == "token":
+            return BertForTokenClassification
         return BertForSequenceClassification
     return BertModel
 

@@ -108,13 +108,10 @@ def _stack(batches: list) -> dict:
 def _bert_of_runs(source, batches: dict, modes, device: str = "cpu") -> dict:
     """{mode: {batch: {output: np.ndarray}}} for bert_of on a Source's tensors, on ``device``."""
     from bert_of._flow import flow
-    from bert_of.modeling import BertForSequenceClassification, BertForTokenClassification, BertGraph, model_class_for
+    from bert_of.modeling import BertGraph, model_class_for
 
     tensors = source.load()
-    cls = model_class_for(tensors)
-    if cls is BertForSequenceClassification and source.config.classifier_kind == "token":  # same tensor names
-        cls = BertForTokenClassification
-    model = cls(source.config)
+    model = model_class_for(tensors, source.config)(source.config)
     model.load_canonical({k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" or
                           np.asarray(v).dtype.name == "bfloat16" else v for k, v in tensors.items()},
                          strict_heads=True)
