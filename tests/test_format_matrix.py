@@ -12,7 +12,7 @@ from bert_of.converters import tf_reference as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import verify
-from tests.conftest import TINY, write_vocab
+from tests.conftest import TINY, run_cli, write_vocab
 
 # every registered format that bert_of writes; bert_of's own first (the matrix's sources are made from it)
 FORMATS = ("of",) + tuple(n for n in registry.names(writable=True) if n != "of")
@@ -133,3 +133,27 @@ def test_dtype_flag_casts_and_round_trips(sources, tmp_path):
     full, _ = _canonical(sources["float32"]["of"], "of")
     for k, v in tensors.items():
         assert np.array_equal(v, full[k].astype(np.float16)), k
+
+
+def test_the_registry_is_the_one_list_of_formats():
+    """Every format module is registered by one line; the CLI, the owned files, the zoo and this
+    matrix read the registry (a format module that is not registered, or a list kept elsewhere, fails)."""
+    import glob
+    import os
+    import re as _re
+
+    from bert_of.converters import convert as conv
+    from bert_of.files.owned import own_files
+    from bert_of.zoo import cache, registry as zoo_registry
+    from tests.conftest import ROOT
+
+    declared = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "converters", "*.py"))
+                      if _re.search(r"^FORMAT = Format\(", open(p, encoding="utf-8").read(), _re.M))
+    assert declared == sorted(registry.MODULES)
+    assert conv.FORMATS is registry.FORMATS and list(conv.DESCRIPTIONS) == list(registry.FORMATS)
+    for name, f in registry.FORMATS.items():
+        assert set(f.owns) <= own_files(), name
+        assert f.reference.from_source and (f.write_files is None) == (name not in FORMATS)
+    assert zoo_registry.SOURCE_FORMATS == registry.names() and cache.FORMATS == registry.names(writable=True)
+    shown = run_cli("convert", "--help").stdout
+    assert all(f"{n} = " in " ".join(shown.split()) for n in registry.FORMATS), shown
