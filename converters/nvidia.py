@@ -163,6 +163,8 @@ def _read(pin, path: str, opts: Options) -> Source:
                 Hit(kind="buffer", note="the step of another parameter group (one step: group 0's)")
         if parts[0] == "optimizer" and len(parts) == 4 and parts[1] == "param_groups" and parts[3] == "lr":
             return Hit(kind="buffer", note="the learning rate the schedule set (not state)")
+        if parts[0] == "master params" and len(parts) == 2:  # older run_pretraining.py (apex amp)
+            return Hit(kind="buffer", note="apex amp's fp32 master copy of a parameter (the model's own is read)")
         return None
 
     entries = [entry(k) for k in z.tensors]
