@@ -143,3 +143,20 @@ def test_hostile_and_foreign_files_are_one_line(made, tmp_path):
     with pytest.raises(CheckpointError, match="tensor cls.predictions.decoder.weight differs from "
                                               "bert.embeddings.word_embeddings.weight"):
         read(str(untied), "nvidia", Options(skip_unknown=True)).load()
+
+
+def test_older_checkpoints_master_params_are_reported(made, tmp_path):
+    """An older run_pretraining.py (apex amp) also saved 'master params': fp32 copies, dropped and said."""
+    from bert_of.converters.torch_zip import StateDict, Tensor, write_torch_zip
+
+    z = TorchZipFile(os.path.join(made["squad"], "pytorch_model.bin"), state_dict=False)
+    sd = StateDict((n, Tensor(str(i), z.dtype(f"model/{n}"), z.shape(f"model/{n}"), (lambda n=n: z.get(f"model/{n}"))))
+                   for i, n in enumerate(z.obj["model"]))
+    master = [Tensor(f"m{i}", np.dtype("<f4"), (2,), lambda: np.ones(2, np.float32)) for i in range(2)]
+    old = tmp_path / "old"
+    old.mkdir()
+    write_torch_zip(str(old / "ckpt_3.pt"), {"model": sd, "master params": master, "files": [0, "a.hdf5"], "epoch": 1})
+    shutil.copy(os.path.join(made["squad"], "config.json"), old)
+    src = read(str(old), "nvidia", Options())
+    notes = [r.note for r in src.report if r.source.startswith("master params/")]
+    assert len(notes) == 2 and all("master copy" in n for n in notes)
