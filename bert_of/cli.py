@@ -30,9 +30,7 @@ from bert_of import process
 if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports below load native libraries
     process.setup()
 
-from bert_of.config import BertConfig  # noqa: E402
-from bert_of.converters import tf1, tf1_bundle
-from bert_of.converters.source import Options, parse_size, summarize
+from bert_of.converters.source import Options, parse_size, summarize  # noqa: E402
 from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
@@ -184,18 +182,8 @@ def inspect_path(path: str, config: str | None = None) -> dict:
     file when it is not beside it)."""
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
-    if fmt == "tf":
-        prefix = tf1_bundle.resolve_prefix(path)
-        entries = tf1_bundle.read_index(prefix)
-        for name, e in entries.items():
-            found = tf1._classify(name)
-            kind = "unknown" if found is None else found.target if found.target == "step" else \
-                "optimizer" if found.optimizer else "model"
-            info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
-        cfg = config or os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
-        if os.path.isfile(cfg):
-            info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
-        info["path"] = prefix
+    if FORMATS[fmt].inspect is not None:  # a format listing its file as stored (tf: its index, no config needed)
+        info.update(FORMATS[fmt].inspect(path, config))
     else:  # any other format: what it reads as, through its converter
         source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True))
         info["config"] = source.config.to_dict()

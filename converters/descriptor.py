@@ -41,4 +41,5 @@ class Format:
     read_reference_side: Optional[Callable] = None
     dtypes: tuple = ("float32", "float16", "bfloat16")
     shards: bool = False  # its writer splits the weights by --max-shard-size
+    inspect: Optional[Callable] = None  # (path, config) -> {"tensors", "config", ...} as stored, for inspect
     extra: dict = field(default_factory=dict)  # a format's own traits, for its own tests and tools
