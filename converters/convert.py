@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
 from bert_of.files.owned import check_destination
@@ -17,6 +16,7 @@ from bert_of.converters.source import Options, Source, summarize
 from bert_of.converters import registry
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.progress import Progress
+from bert_of.tensors import TensorSpec
 from bert_of.tokenization import check_vocab_fits
 
 # short name -> Format (converters/registry.py: every format module declares its own descriptor)
@@ -30,11 +30,13 @@ def module(fmt: str):
 
 
 def parse_direction(direction: str) -> tuple:
-    m = re.fullmatch(r"([a-z0-9]+)2([a-z0-9]+)", direction)
-    if not m or m.group(1) not in FORMATS or m.group(2) not in FORMATS:
+    # a format's name may hold a "2" (tf2): every "2" is tried as the separator
+    splits = [(direction[:i], direction[i + 1:]) for i, c in enumerate(direction) if c == "2"]
+    found = [(a, b) for a, b in splits if a in FORMATS and b in FORMATS]
+    if len(found) != 1:
         known = ", ".join(f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b)
         raise BertOfError(f"unknown conversion {direction!r} (known: {known})")
-    return m.group(1), m.group(2)
+    return found[0]
 
 
 def detect(path: str) -> str:
@@ -150,4 +152,22 @@ def _convert(a, b, direction, src, dst, opts, check, sources) -> tuple:
     return source, notes
 
 
-__all__ = ["FORMATS", "Options", "convert", "detect", "read", "summarize", "parse_direction"]
+def write_model(fmt: str, config, tensors: dict, vocab_file, folder: str) -> list:
+    """A model held in memory ({canonical name: array}) as format ``fmt``'s files in the (staging)
+    folder ``folder``: ``save_pretrained(path, format=fmt)``. Returns the writer's notes. The
+    tensors pass the same gate as a read checkpoint's (``Source``); the vocabulary's folder is the
+    model's, where its recorded lower-casing is found."""
+    target = module(fmt)
+    why = config.original_bert_mismatch()
+    if why and not target.pre_ln:
+        raise CheckpointError(f"cannot save as {fmt}: {why}")
+    specs = [(TensorSpec(name, a.dtype, tuple(a.shape)), lambda a=a: a) for name, a in sorted(tensors.items())]
+    where = os.path.dirname(os.path.abspath(vocab_file)) if vocab_file else "<model in memory>"
+    source = Source(where, "of", config, vocab_file, specs)
+    if vocab_file:
+        check_vocab_fits(vocab_file, config.vocab_size)
+    notes = target.write_files(source, folder, Options()) or []
+    return notes + ([] if target.records_numerics else config.numerics_notes())
+
+
+__all__ = ["FORMATS", "Options", "convert", "detect", "read", "summarize", "parse_direction", "write_model"]
