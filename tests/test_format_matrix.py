@@ -18,16 +18,14 @@ from tests.conftest import TINY, run_cli, write_vocab
 FORMATS = ("of",) + tuple(n for n in registry.names(writable=True) if n != "of")
 # formats that can hold each dtype (declared by each format: h5py has no bfloat16; the lazy meta has
 # no bf16 code here, nor the flow.save folders' meta, which is the same record). Every pair in fp32;
-# in fp16/bf16 one format stands for those sharing a container (the same files: the flow.save three).
+# in fp16/bf16 one format stands for those sharing a container (the same files: the flow.save three,
+# the TF bundles).
 
 
 def _one_per_container(fmts):
-    seen, out = set(), []
-    for f in fmts:
-        if registry.get(f).owns not in seen:
-            seen.add(registry.get(f).owns)
-            out.append(f)
-    return tuple(out)
+    """The last registered of the formats writing the same files (tf of tf2/tf, ofsd of the flow.save three)."""
+    last = {registry.get(f).owns: f for f in fmts}
+    return tuple(f for f in fmts if last[registry.get(f).owns] == f)
 
 
 DTYPE_FORMATS = {dt: (lambda fs: fs if dt == "float32" else _one_per_container(fs))(
