@@ -33,7 +33,7 @@ if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports b
 from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.source import Options, summarize
-from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
+from bert_of.cli_grammar import HelpFormatter, Parser, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
 from bert_of.errors import BertOfError
@@ -266,7 +266,7 @@ TOP_EXAMPLES = examples(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
+    p = Parser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
                                 description="BERT checkpoints across TF1, OneFlow, HuggingFace and Keras, moved "
                                             "without changing a number; pretraining, fine-tuning and SQuAD/GLUE "
                                             "scores on OneFlow.")

@@ -7,6 +7,7 @@ Adding a format means one module in ``FORMATS``; no pairwise code.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import os
 import re
@@ -51,8 +52,11 @@ def module(fmt: str):
 def parse_direction(direction: str) -> tuple:
     m = re.fullmatch(r"([a-z0-9]+)2([a-z0-9]+)", direction)
     if not m or m.group(1) not in FORMATS or m.group(2) not in FORMATS:
-        known = ", ".join(f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b)
-        raise BertOfError(f"unknown conversion {direction!r} (known: {known})")
+        pairs = [f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b]
+        close = difflib.get_close_matches(direction, pairs, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise BertOfError(f"unknown conversion {direction!r}: {hint}a direction is SRC2DST with SRC, DST among "
+                          f"{', '.join(FORMATS)} (e.g. tf2of, of2hf)")
     return m.group(1), m.group(2)
 
 
