@@ -469,7 +469,7 @@ OWN_FILES = frozenset({
     "bert_of_data.json",  # pretraining data, with part-NNNNN
     "train_args.json", "trainer_state.json", "manifest.json", "metrics.jsonl", "zoo_metadata.json",  # runs
 })
-_OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*")
+_OWN_PATTERN = re.compile(r"part-\d+|.+\.index|.+\.data-\d+-of-\d+|\.bert_of.*", re.DOTALL)
 ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
 FILES_MANIFEST = ".bert_of-files.json"  # {"files": [relative paths]}: what else bert_of wrote here
 
@@ -580,7 +580,8 @@ def check_destination(dst, overwrite: bool = False, sources=()) -> str:
 # pid later: it started after the folder was made). Two live writers of one destination see each
 # other's folder; the older one wins, the newer one stops at once naming the holder.
 
-_STAGE_NAME = re.compile(r"\.(?P<dst>.+)\.tmp-(?P<pid>\d+)-(?P<ns>\d+)-[a-z0-9_]+")
+# DOTALL: a name may hold any character but "/" and NUL, a newline too
+_STAGE_NAME = re.compile(r"\.(?P<dst>.+)\.tmp-(?P<pid>\d+)-(?P<ns>\d+)-[a-z0-9_]+", re.DOTALL)
 
 
 def _stage_path(dst: str) -> str:
@@ -602,10 +603,10 @@ class _Stage:
             except FileExistsError:
                 continue
         _UNFINISHED[self.path] = "dir"
-        m = _STAGE_NAME.fullmatch(os.path.basename(self.path))
-        self.mark = {"pid": os.getpid(), "created_ns": int(m["ns"])}
         self.fd = None
         try:
+            m = _STAGE_NAME.fullmatch(os.path.basename(self.path))
+            self.mark = {"pid": os.getpid(), "created_ns": int(m["ns"])}
             self.fd = os.open(self.path, os.O_RDONLY)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:
