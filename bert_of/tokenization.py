@@ -449,11 +449,31 @@ def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool
     for name in ("tokenizer_config.json", "train_args.json", "config.json"):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
-            value = read_json(path, name, error).get("do_lower_case")
+            d = read_json(path, name, error)
+            value = d.get("do_lower_case")
+            if name == "config.json" and value is None and isinstance(d.get("extra"), dict):
+                value = d["extra"].get("do_lower_case")  # bert_of's config.json keeps a source's keys there
             if isinstance(value, bool):
                 return value
     return None
 
 
+def lower_case_for(folder: str, vocab_file: Optional[str] = None, given: Optional[bool] = None,
+                   error: type = BertOfError) -> tuple:
+    """(do_lower_case, where it comes from) for text fed to the checkpoint in ``folder``: the one rule
+    every path follows (``BertTokenizer.from_pretrained``, finetune, predict, eval, convert):
+    ``given`` (an explicit flag or argument) wins ("given"); else what the folder records
+    (:func:`recorded_lower_case`: "checkpoint"); else what ``vocab_file`` looks like ("vocabulary");
+    else True ("default")."""
+    if given is not None:
+        return bool(given), "given"
+    recorded = recorded_lower_case(folder, error)
+    if recorded is not None:
+        return recorded, "checkpoint"
+    if vocab_file and os.path.isfile(vocab_file):
+        return not vocab_looks_cased(read_vocab_lines(vocab_file)), "vocabulary"
+    return True, "default"
+
+
 __all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "FastTokenizer", "load_vocab", "read_vocab_lines",
-           "vocab_size", "check_vocab_fits", "vocab_looks_cased", "recorded_lower_case"]
+           "vocab_size", "check_vocab_fits", "vocab_looks_cased", "recorded_lower_case", "lower_case_for"]

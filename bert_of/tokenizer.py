@@ -27,7 +27,7 @@ from bert_of.checkpoint import resolve_checkpoint
 from bert_of.errors import BertOfError
 from bert_of.fs import read_json
 from bert_of.tokenization import (FastTokenizer, FullTokenizer, _is_cjk, _is_control, _is_punctuation,
-                                  _is_whitespace, read_vocab_lines, recorded_lower_case, vocab_looks_cased)
+                                  _is_whitespace, lower_case_for)
 
 TextInput = Union[str, Sequence[str]]
 
@@ -97,10 +97,7 @@ class BertTokenizer:
         vocab = os.path.join(folder, "vocab.txt")
         if not os.path.isfile(vocab):
             raise BertOfError(f"{name_or_path}: no vocab.txt (a tokenizer needs the checkpoint's vocabulary)")
-        if do_lower_case is None:
-            do_lower_case = recorded_lower_case(folder)
-            if do_lower_case is None:
-                do_lower_case = not vocab_looks_cased(read_vocab_lines(vocab))
+        do_lower_case, _ = lower_case_for(folder, vocab, do_lower_case)  # the rule finetune/predict follow
         if model_max_length is None:
             model_max_length = _max_positions(folder)
         return cls(vocab, do_lower_case=do_lower_case, model_max_length=model_max_length, **kwargs)

@@ -34,17 +34,17 @@ import sys
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, WEIGHTS_NAME, TensorSpec, load_checkpoint,
-                                write_checkpoint_files)
+from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, RUN_CHECKPOINTS, RUN_METRICS, WEIGHTS_NAME, TensorSpec,
+                                load_checkpoint, write_checkpoint_files)
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.fs import (LOCK_NAME, check_sources, filter_jsonl, foreign_entry, locked, publishing, read_json,
                         remove_stale_staging, sha256_file, write_json)
 from bert_of.progress import log
 
-CKPT_DIR = "checkpoints"
+CKPT_DIR = RUN_CHECKPOINTS  # named in bert_of.checkpoint, whose run_final finds a run's model
 STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
-METRICS_NAME = "metrics.jsonl"
+METRICS_NAME = RUN_METRICS
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, STATE_NAME)  # what an exact resume reads
 _STEP = re.compile(r"step-\d{7,}")
 

@@ -99,7 +99,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
         arrays = _arrays(table, max_seq, tok, targets)
         n = len(table.rows)
         cfg, summary, finished = train(model, arrays, n, opts, opts.epochs, rt, f"finetune {TASK}")
-        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(problem=problem, labels=labels, id2label={str(i): k for i, k in enumerate(labels)},
                     label2id={k: i for i, k in enumerate(labels)}, train_examples=n,
@@ -139,8 +139,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         table = _read(opts, opts.data, need_labels, problem)
         targets = encode_labels(table, problem, labels) if need_labels else None  # unknown labels: before the work
         num_labels = len(labels) or 1
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:

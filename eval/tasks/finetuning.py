@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
-from bert_of.tokenization import check_vocab_fits, vocab_looks_cased
+from bert_of.tokenization import check_vocab_fits, lower_case_for, recorded_lower_case, vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
@@ -116,8 +116,15 @@ def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None
     vocab_file = vocab_file or os.path.join(path, "vocab.txt")
     if not os.path.isfile(vocab_file):
         raise CheckpointError(f"{path}: no vocab.txt in the checkpoint (pass --vocab FILE)")
-    lower = True if do_lower_case is None else bool(do_lower_case)
+    # the rule BertTokenizer.from_pretrained follows: a flag, else what the checkpoint records
+    # (tokenizer_config.json, train_args.json, config.json), else its vocabulary's case
+    lower, origin = lower_case_for(path, vocab_file, do_lower_case, CheckpointError)
+    recorded = recorded_lower_case(path, CheckpointError)
+    if origin == "given" and recorded is not None and recorded != lower:
+        note(rt, f"note: {'--do-lower-case' if lower else '--no-lower-case'} overrides the checkpoint's "
+                 f"do_lower_case {str(recorded).lower()} ({path})")
     tok = FullTokenizer(vocab_file, do_lower_case=lower)
+    tok.lower_case_from = origin  # recorded in train_args.json
     cased = vocab_looks_cased(tok.vocab)
     if cased and lower:
         note(rt, f"warning: {vocab_file} looks like a CASED vocabulary but the text is lower-cased "
@@ -448,10 +455,14 @@ def identity(path: str, name: str) -> dict:
 
 
 def base_args(task: str, opts: TaskOptions, cfg: TrainConfig, epochs: float, rt: Runtime, ident_path: str,
-              model_name: str, lower: bool) -> dict:
-    """train_args.json: what was fine-tuned from what, how, where and when."""
+              model_name: str, lower) -> dict:
+    """train_args.json: what was fine-tuned from what, how, where and when. ``lower``: the
+    tokenizer (its do_lower_case and where that came from), or a bool."""
+    origin = getattr(lower, "lower_case_from", None)
+    lower = getattr(lower, "do_lower_case", lower)
     return {"task": task, "base_checkpoint": identity(ident_path, model_name),
             "train_data": file_identity(opts.train), "do_lower_case": lower,
+            **({"do_lower_case_from": origin} if origin else {}),
             "hparams": {"lr": cfg.lr, "batch_size": opts.batch_size, "epochs": epochs, "steps": cfg.steps,
                         "warmup_proportion": opts.warmup_proportion, "warmup_steps": cfg.warmup_steps,
                         "weight_decay": cfg.weight_decay, "clip_grad_norm": cfg.clip_grad_norm or None,

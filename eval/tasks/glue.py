@@ -91,7 +91,7 @@ def finetune_glue(opts: GlueOptions) -> dict:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = glue_arrays(examples, labels, max_seq, tok)
         cfg, summary, finished = train(model, arrays, len(examples), opts, opts.epochs, rt, f"finetune {spec.name}")
-        args = base_args(spec.name.lower(), opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(spec.name.lower(), opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(labels=labels, language=opts.language, train_examples=len(examples))
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_glue)
@@ -135,8 +135,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
             note(rt, f"warning: {name} was fine-tuned for {trained_for}, predicting {spec.name}")
         examples = read_examples(task, opts.data, language=opts.language)
         labels, num_labels = _classifier_labels(task)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:

@@ -84,7 +84,7 @@ def finetune_squad(opts: SquadOptions) -> dict:
                   "end_positions": arr["end_positions"]}
         task = f"squad-v{'2.0' if v2 else '1.1'}"
         cfg, summary, finished = train(model, arrays, len(examples), opts, epochs, rt, f"finetune {task}", unit="windows")
-        args = base_args(task, opts, cfg, epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(task, opts, cfg, epochs, rt, ident, name, tok)
         args["hparams"].update(lengths)
         args.update(train_examples=len(examples), train_features=n_features)
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_squad)
@@ -101,8 +101,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
     v2 = _squad_version(opts, sd)
     with model_folder(opts, trained) as (path, name, ident):
         train_args = read_train_args(path)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
         lengths = _squad_lengths(opts, train_args)
         new_head = False
         if model is None:

@@ -95,7 +95,7 @@ def finetune_tag(opts: TagOptions) -> dict:
             model.vocab_file = opts.vocab
         arrays, _ = tag_features(sentences, labels, max_seq, tok, opts.train)
         cfg, summary, finished = train(model, arrays, len(sentences), opts, opts.epochs, rt, f"finetune {TASK}")
-        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(labels=labels, id2label={str(i): t for i, t in enumerate(labels)},
                     label2id={t: i for i, t in enumerate(labels)}, train_examples=len(sentences))
@@ -117,8 +117,7 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
             raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune tag` (its train_args.json records no "
                               "tagging labels)")
         sentences = read_tagged(opts.data, need_tags=need_tags)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         new_head = False
