@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -321,9 +322,33 @@ class Sentence:
     tags: list | None
 
 
+_TAG = re.compile(r"O|[BIESLU]-\S+|[BIESLU]")  # IOB1/IOB2/IOE/IOBES/BILOU tags
+
+
+def tagged_layout(text: str) -> str:
+    """"conll" (a word a line, columns after it) or "text" (a sentence a line) for a file that is
+    not JSON Lines. CoNLL: every line has the same number of columns and either one column, a last
+    column of tags on every line, or blank lines between sentences; anything else (lines of several
+    words, their counts varying) is plain text."""
+    counts, tag_last, blank_between, seen, gap = set(), True, False, False, False
+    for line in io.StringIO(text, newline=""):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            gap = seen
+            continue
+        blank_between, seen = blank_between or gap, True
+        counts.add(len(parts))
+        if len(counts) > 1:
+            return "text"
+        tag_last = tag_last and bool(_TAG.fullmatch(parts[-1]))
+    k = next(iter(counts), 1)
+    return "conll" if k == 1 or tag_last or blank_between else "text"
+
+
 def read_tagged(path: str, need_tags: bool = True) -> list:
-    """Sentences of a CoNLL-style file (token first, tag last, whitespace-separated) or a JSON Lines
-    file of {"tokens": [...], "tags": [...]} (``ner_tags`` also read)."""
+    """Sentences of a CoNLL-style file (token first, tag last, whitespace-separated), a JSON Lines
+    file of {"tokens": [...], "tags": [...]} (``ner_tags`` also read), or, without tags (to
+    predict), plain text: a sentence a line (:func:`tagged_layout` tells it from CoNLL)."""
     text = _read_text(path)
     ext = os.path.splitext(path)[1].lower()
     out = []
@@ -340,6 +365,14 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
                     raise EvalDataError(f"{path}: line {i}: {len(tokens)} tokens but {len(tags)} tags")
                 tags = [str(t) for t in tags]
             out.append(Sentence(i, tokens, tags if need_tags else None))
+    elif tagged_layout(text) == "text":  # one sentence a line, words apart by spaces
+        if need_tags:
+            raise EvalDataError(f"{path}: reads as plain text (one sentence a line, no tag column); tagged data "
+                                "is CoNLL (a word a line: 'TOKEN ... TAG', a blank line between sentences) or "
+                                "JSON Lines")
+        for i, line in enumerate(io.StringIO(text, newline=""), 1):
+            if line.split():
+                out.append(Sentence(i, line.split(), None))
     else:
         start, tokens, tags = None, [], []
         for i, line in enumerate(io.StringIO(text, newline=""), 1):

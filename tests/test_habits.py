@@ -80,3 +80,30 @@ def test_a_cased_checkpoint_fine_tuned_through_the_cli_keeps_case(env, tmp_path)
     args = json.loads((ft2 / "train_args.json").read_text())
     assert args["do_lower_case"] is True and args["do_lower_case_from"] == "given"
     assert "--do-lower-case overrides the checkpoint's do_lower_case false" in r.stderr, r.stderr
+
+
+# --------------------------------------------------------------------------- plain text to tag
+
+
+@pytest.fixture(scope="module")
+def tagger(env):
+    ft = env.root / "tagger"
+    run_cli("finetune", "tag", "--model", env.cased, "--train", N_TRAIN, "-o", ft, "--steps", 1, *FAST)
+    return ft
+
+
+def test_predict_tag_on_plain_text_tags_every_word(tagger, tmp_path):
+    text = tmp_path / "sentences.txt"
+    lines = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "BRUSSELS 1996-08-22 today"]
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "tags.jsonl"
+    run_cli("predict", "tag", "--model", tagger, "--data", text, "-o", out)
+    got = [json.loads(ln) for ln in out.read_text(encoding="utf-8").splitlines()]
+    assert [g["tokens"] for g in got] == [ln.split() for ln in lines]
+    assert all(len(g["tags"]) == len(g["tokens"]) for g in got)
+    # a CoNLL file (a word a line) is still read as CoNLL, and tagged data must be CoNLL or JSON Lines
+    run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", tmp_path / "dev.jsonl")
+    words = [ln.split()[0] for ln in open(N_DEV, encoding="utf-8") if ln.split() and ln.split()[0] != "-DOCSTART-"]
+    assert sum(len(json.loads(ln)["tokens"]) for ln in open(tmp_path / "dev.jsonl")) == len(words)
+    r = run_cli("eval", "tag", "--model", tagger, "--data", text, "-o", tmp_path / "ev", check=False)
+    assert r.returncode == 1 and "reads as plain text" in error_lines(r.stderr)[0], r.stderr
