@@ -365,11 +365,7 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
                     raise EvalDataError(f"{path}: line {i}: {len(tokens)} tokens but {len(tags)} tags")
                 tags = [str(t) for t in tags]
             out.append(Sentence(i, tokens, tags if need_tags else None))
-    elif tagged_layout(text) == "text":  # one sentence a line, words apart by spaces
-        if need_tags:
-            raise EvalDataError(f"{path}: reads as plain text (one sentence a line, no tag column); tagged data "
-                                "is CoNLL (a word a line: 'TOKEN ... TAG', a blank line between sentences) or "
-                                "JSON Lines")
+    elif not need_tags and tagged_layout(text) == "text":  # one sentence a line, words apart by spaces
         for i, line in enumerate(io.StringIO(text, newline=""), 1):
             if line.split():
                 out.append(Sentence(i, line.split(), None))
@@ -389,6 +385,10 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
             tags.append(parts[-1] if len(parts) > 1 else None)
         if tokens:
             out.append(Sentence(start, tokens, tags if need_tags else None))
+        if need_tags and tagged_layout(text) == "text":  # every line "TOKEN ... TAG", yet sentences
+            raise EvalDataError(f"{path}: reads as plain text (a sentence a line, no tag column); tagged data "
+                                "is CoNLL (a word a line: 'TOKEN ... TAG', a blank line between sentences) or "
+                                "JSON Lines")
     if not out:
         raise EvalDataError(f"{path}: no sentences")
     return out
