@@ -335,4 +335,5 @@ def configure(args) -> None:
         args.no_progress = True  # commands drawing a bar of their own draw none either
 
 
-__all__ = ["ANCHOR_FLAGS", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "configure", "examples", "finish", "grammar_markdown", "suggest_flag", "walk"]
+__all__ = ["ANCHOR_FLAGS", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "configure", "examples", "finish",
+           "grammar_markdown", "suggest_flag", "walk"]

@@ -107,3 +107,26 @@ def test_predict_tag_on_plain_text_tags_every_word(tagger, tmp_path):
     assert sum(len(json.loads(ln)["tokens"]) for ln in open(tmp_path / "dev.jsonl")) == len(words)
     r = run_cli("eval", "tag", "--model", tagger, "--data", text, "-o", tmp_path / "ev", check=False)
     assert r.returncode == 1 and "reads as plain text" in error_lines(r.stderr)[0], r.stderr
+
+
+# --------------------------------------------------------------------------- --eval-data before training
+
+
+def test_eval_data_problems_are_found_before_training(env, tmp_path):
+    unseen = tmp_path / "unseen.csv"
+    unseen.write_text("text,label\nfine words,positive\nodd words,ecstatic\n", encoding="utf-8")
+    wrong_column = tmp_path / "cols.csv"
+    wrong_column.write_text("text\nfine words\n", encoding="utf-8")  # no label column
+    bad_tags = tmp_path / "tags.conll"
+    bad_tags.write_text("EU B-ORG\nrejects B-NOTATAG\n", encoding="utf-8")
+    cases = [(["classify", "--train", S_TRAIN, "--eval-data", tmp_path / "missing.csv"], "no such file"),
+             (["classify", "--train", S_TRAIN, "--eval-data", unseen], "'ecstatic' is not one of"),
+             (["classify", "--train", S_TRAIN, "--eval-data", wrong_column], "column"),
+             (["tag", "--train", N_TRAIN, "--eval-data", bad_tags], "'B-NOTATAG' is not one of the tags")]
+    for args, needle in cases:
+        out = tmp_path / "never"
+        r = run_cli("finetune", args[0], "--model", env.cased, *args[1:], "-o", out, "--steps", 1, *FAST,
+                    check=False, process=True)
+        lines = error_lines(r.stderr)
+        assert r.returncode == 1 and len(lines) == 1 and needle in lines[0], (args, r.stderr)
+        assert "steps" not in r.stderr and not out.exists(), r.stderr  # no training started, nothing written

@@ -25,7 +25,7 @@ import numpy as np
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import InputExample
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
                                            finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
@@ -86,6 +86,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
                             "classifier needs two or more")
     num_labels = len(labels) or 1
     targets = encode_labels(table, problem, labels)
+    check_eval_data(opts, lambda d: encode_labels(_read(opts, d, True, problem), problem, labels))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, TASK, name)

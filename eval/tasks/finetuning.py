@@ -473,6 +473,18 @@ def base_args(task: str, opts: TaskOptions, cfg: TrainConfig, epochs: float, rt:
             "command": _command_line()}
 
 
+def check_eval_data(opts: TaskOptions, read) -> None:
+    """Every ``--eval-data`` file read, and its labels checked against the training's, before training
+    starts (a wrong column found after the training is the training lost): ``read(path)`` raises
+    EvalDataError for what the evaluation would refuse."""
+    for data in opts.eval_data or ():
+        if not os.path.exists(data):
+            raise EvalDataError(f"--eval-data {data}: no such file")
+        if not os.path.isfile(data):
+            raise EvalDataError(f"--eval-data {data}: not a regular file")
+        read(data)
+
+
 def finish_finetuning(model, opts: TaskOptions, rt: Runtime, args: dict, summary: dict, finished: bool,
                       model_path: str, evaluate) -> dict:
     """The end of a fine-tuning: train_args.json and the checkpoint published in ``opts.output``

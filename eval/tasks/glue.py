@@ -20,7 +20,7 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import (convert_example_to_features, get_labels, read_examples, result_task_name,
                                     task_spec)
 from bert_of.eval.glue_metrics import compute_metrics
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, checkpoint_head_labels,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, checkpoint_head_labels,
                                            default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
                                            model_display_name, model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
@@ -70,6 +70,12 @@ def check_head(path: str, num_labels: int, task: str, name: str) -> None:
                               "(a checkpoint fine-tuned for another task?)")
 
 
+def _labeled(opts: GlueOptions, path: str) -> None:
+    """``path`` reads as the task's file and has labels (what eval needs)."""
+    if any(e.label is None for e in read_examples(opts.task, path, language=opts.language)):
+        raise EvalDataError(f"{path}: has no labels (a test file?); evaluation needs a labeled file")
+
+
 def finetune_glue(opts: GlueOptions) -> dict:
     """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
@@ -81,6 +87,7 @@ def finetune_glue(opts: GlueOptions) -> dict:
     if any(e.label is None for e in examples):
         raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
     labels, num_labels = _classifier_labels(opts.task)
+    check_eval_data(opts, lambda d: _labeled(opts, d))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, spec.name, name)

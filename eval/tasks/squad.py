@@ -19,7 +19,7 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
                                      postprocess_predictions, read_squad_examples, write_prediction_files)
 from bert_of.eval.squad_metrics import squad_score
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
                                            finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
@@ -67,6 +67,8 @@ def finetune_squad(opts: SquadOptions) -> dict:
                                    warn=lambda m: note(rt, f"warning: {opts.train}: {m}"))
     if not examples:
         raise EvalDataError(f"{opts.train}: no usable training questions")
+    check_eval_data(opts, lambda d: read_squad_examples(load_squad(d, check_spans=False), is_training=False,
+                                                        version_2_with_negative=v2))
     epochs = opts.epochs if opts.epochs is not None else SQUAD_V2_EPOCHS if v2 else SQUAD_EPOCHS
     lengths = _squad_lengths(opts, {})
     with model_folder(opts) as (path, name, ident):

@@ -20,7 +20,7 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
                                            finish_finetuning, infer, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
@@ -77,6 +77,16 @@ def tag_features(sentences, labels, max_seq: int, tok, path: str) -> tuple:
     return {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": mask, "labels": tags}, firsts
 
 
+def _known_tags(path: str, labels: list) -> None:
+    """``path`` is tagged data whose tags are all among ``labels`` (the training's)."""
+    for s in read_tagged(path, need_tags=True):
+        for j, t in enumerate(s.tags):
+            if t not in labels:
+                where = f"line {s.line}" if path.lower().endswith(JSONL) else f"line {s.line + j}"
+                raise EvalDataError(f"{path}: {where}: tag {t!r} is not one of the tags of the training data "
+                                    f"({', '.join(labels)})")
+
+
 def finetune_tag(opts: TagOptions) -> dict:
     rt = Runtime.create(opts.device)
     check_output(opts)
@@ -84,6 +94,7 @@ def finetune_tag(opts: TagOptions) -> dict:
     labels = tag_list(sentences)
     if len(labels) < 2:
         raise EvalDataError(f"{opts.train}: one tag ({labels[0]}); tagging needs two or more")
+    check_eval_data(opts, lambda d: _known_tags(d, labels))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, len(labels), TASK, name)
