@@ -130,3 +130,17 @@ def test_eval_data_problems_are_found_before_training(env, tmp_path):
         lines = error_lines(r.stderr)
         assert r.returncode == 1 and len(lines) == 1 and needle in lines[0], (args, r.stderr)
         assert "steps" not in r.stderr and not out.exists(), r.stderr  # no training started, nothing written
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_verify_prints_a_one_line_verdict_and_json_on_request(tmp_path):
+    hf = os.path.join(ROOT, "tests", "data", "hf", "tiny_pt")
+    run_cli("convert", "hf2of", hf, "-o", tmp_path / "of")
+    r = run_cli("verify", hf, tmp_path / "of", "--modes", "eager")
+    assert len(r.stdout.splitlines()) == 1 and r.stdout.startswith("verify: ok: "), r.stdout
+    assert "(of) computes what" in r.stdout and "<= 1e-05" in r.stdout
+    r = run_cli("verify", hf, tmp_path / "of", "--modes", "eager", "--json", "-o", tmp_path / "r.json")
+    report = json.loads(r.stdout)
+    assert report["ok"] and report == json.loads((tmp_path / "r.json").read_text())
