@@ -144,3 +144,19 @@ def test_verify_prints_a_one_line_verdict_and_json_on_request(tmp_path):
     r = run_cli("verify", hf, tmp_path / "of", "--modes", "eager", "--json", "-o", tmp_path / "r.json")
     report = json.loads(r.stdout)
     assert report["ok"] and report == json.loads((tmp_path / "r.json").read_text())
+
+
+def test_predict_o_is_a_folder_as_for_eval_and_replaces_only_with_overwrite(tagger, tmp_path):
+    out = tmp_path / "preds"
+    run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", out)
+    assert os.listdir(out) == ["predictions.jsonl"]
+    first = (out / "predictions.jsonl").read_text()
+    r = run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", out, check=False)
+    assert r.returncode == 1 and error_lines(r.stderr) == [
+        f"bert-of: error: {out / 'predictions.jsonl'}: exists (pass --overwrite to replace it)"], r.stderr
+    run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", out, "--overwrite")
+    assert (out / "predictions.jsonl").read_text() == first
+    # a file named by its extension is still the file itself (the older spelling), under the same rule
+    conll = tmp_path / "p.conll"
+    run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", conll)
+    assert run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", conll, check=False).returncode == 1
