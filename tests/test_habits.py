@@ -79,7 +79,8 @@ def test_a_cased_checkpoint_fine_tuned_through_the_cli_keeps_case(env, tmp_path)
                 "--do-lower-case")
     args = json.loads((ft2 / "train_args.json").read_text())
     assert args["do_lower_case"] is True and args["do_lower_case_from"] == "given"
-    assert "--do-lower-case overrides the checkpoint's do_lower_case false" in r.stderr, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if "--do-lower-case overrides the checkpoint's do_lower_case false" in ln]
+    assert said and said[0].endswith(f"({hf} (converted copy))"), r.stderr  # the user's path, not the cache's
 
 
 # --------------------------------------------------------------------------- plain text to tag
@@ -160,3 +161,23 @@ def test_predict_o_is_a_folder_as_for_eval_and_replaces_only_with_overwrite(tagg
     conll = tmp_path / "p.conll"
     run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", conll)
     assert run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", conll, check=False).returncode == 1
+
+
+def test_a_model_with_64_positions_is_fine_tuned_at_64(env, tmp_path):
+    from bert_of.config import BertConfig
+    from bert_of.modeling import BertForPreTraining
+
+    cfg = BertConfig.from_json_file(os.path.join(env.cased, "config.json"))
+    cfg.max_position_embeddings = 64
+    model = BertForPreTraining(cfg)
+    model.init_weights(seed=0)
+    short = tmp_path / "p64"
+    model.save_pretrained(str(short), vocab_file=os.path.join(env.cased, "vocab.txt"))
+    ft = tmp_path / "ft"
+    fast = [a for a in FAST if a not in ("--max-seq-length", 32)]  # the default: 128
+    r = run_cli("finetune", "classify", "--model", short, "--train", S_TRAIN, "-o", ft, "--steps", 1, *fast)
+    assert f"max_seq_length 128 capped to 64, the model's max_position_embeddings ({short})" in r.stderr, r.stderr
+    assert json.loads((ft / "train_args.json").read_text())["hparams"]["max_seq_length"] == 64
+    r = run_cli("finetune", "classify", "--model", short, "--train", S_TRAIN, "-o", tmp_path / "x", "--steps", 1,
+                *fast, "--max-seq-length", 100, check=False)  # a length asked for is not silently cut
+    assert r.returncode == 1 and "--max-seq-length 100 exceeds the model's max_position_embeddings 64" in r.stderr

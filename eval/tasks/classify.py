@@ -94,7 +94,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels,
                               id2label=dict(enumerate(labels)) if labels else None,  # travels in config.json
                               problem_type=PROBLEM_TYPE[problem])
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = _arrays(table, max_seq, tok, targets)
@@ -148,7 +148,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
             model, missing = load_model(BertForSequenceClassification, path, num_labels=num_labels)
             new_head = bool(missing)
             rt.place(model)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = _arrays(table, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)

@@ -63,6 +63,17 @@ def check_train(opts: TaskOptions, epochs: float) -> None:
 # --------------------------------------------------------------------------- models and tokenizers
 
 
+_SHOWN: dict = {}  # bert_of folder -> the name or path the user gave (a converted copy lives in the cache)
+
+
+def shown(path: str) -> str:
+    """``path`` as the user knows it: under a converted copy's cache folder, the model they named."""
+    for folder, given in _SHOWN.items():
+        if path == folder or path.startswith(folder + os.sep):
+            return given + path[len(folder):] if path != folder else given
+    return path
+
+
 @contextlib.contextmanager
 def model_folder(opts: TaskOptions, trained: str | None = None):
     """(bert_of folder, display name, identity path) of the model to run: ``trained`` (a folder just
@@ -73,6 +84,8 @@ def model_folder(opts: TaskOptions, trained: str | None = None):
         yield path, os.path.basename(path), path
         return
     r = resolve_for("--model", opts.model)
+    if r.path != os.path.abspath(opts.model):
+        _SHOWN[r.path] = f"{opts.model} (converted copy)" if r.conversion else opts.model
     yield r.path, r.name, r.source_path
 
 
@@ -115,32 +128,42 @@ def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None
         check_vocab_fits(vocab_file, BertConfig.from_json_file(os.path.join(path, CONFIG_NAME)).vocab_size)
     vocab_file = vocab_file or os.path.join(path, "vocab.txt")
     if not os.path.isfile(vocab_file):
-        raise CheckpointError(f"{path}: no vocab.txt in the checkpoint (pass --vocab FILE)")
+        raise CheckpointError(f"{shown(path)}: no vocab.txt in the checkpoint (pass --vocab FILE)")
     # the rule BertTokenizer.from_pretrained follows: a flag, else what the checkpoint records
     # (tokenizer_config.json, train_args.json, config.json), else its vocabulary's case
     lower, origin = lower_case_for(path, vocab_file, do_lower_case, CheckpointError)
     recorded = recorded_lower_case(path, CheckpointError)
     if origin == "given" and recorded is not None and recorded != lower:
         note(rt, f"note: {'--do-lower-case' if lower else '--no-lower-case'} overrides the checkpoint's "
-                 f"do_lower_case {str(recorded).lower()} ({path})")
+                 f"do_lower_case {str(recorded).lower()} ({shown(path)})")
     tok = FullTokenizer(vocab_file, do_lower_case=lower)
     tok.lower_case_from = origin  # recorded in train_args.json
     cased = vocab_looks_cased(tok.vocab)
     if cased and lower:
-        note(rt, f"warning: {vocab_file} looks like a CASED vocabulary but the text is lower-cased "
+        note(rt, f"warning: {shown(vocab_file)} looks like a CASED vocabulary but the text is lower-cased "
                  "(pass --no-lower-case for cased models)")
     elif not cased and not lower:
-        note(rt, f"warning: {vocab_file} looks like an uncased vocabulary but --no-lower-case keeps capitals "
+        note(rt, f"warning: {shown(vocab_file)} looks like an uncased vocabulary but --no-lower-case keeps capitals "
                  "(most words will become [UNK])")
     return tok
 
 
-def check_seq_len(model_config, max_seq_length: int, path: str) -> None:
-    if max_seq_length > model_config.max_position_embeddings:
-        raise ConfigError(f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings "
-                          f"{model_config.max_position_embeddings} ({path})")
+def check_seq_len(model_config, max_seq_length: int, path: str, rt: Runtime | None = None,
+                  given: bool = True) -> int:
+    """The sequence length to run: ``max_seq_length``; a default (not ``given``) longer than the
+    model's max_position_embeddings is capped to it with a note (as transformers' examples cap theirs
+    to model_max_length), a --max-seq-length given is refused."""
     if max_seq_length < 8:
         raise ConfigError(f"--max-seq-length {max_seq_length}: too short")
+    limit = model_config.max_position_embeddings
+    if max_seq_length > limit and given:
+        raise ConfigError(f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings "
+                          f"{limit} ({shown(path)})")
+    if max_seq_length > limit:
+        note(rt, f"note: max_seq_length {max_seq_length} capped to {limit}, the model's max_position_embeddings "
+                 f"({shown(path)})")
+        return limit
+    return max_seq_length
 
 
 # --------------------------------------------------------------------------- training and prediction

@@ -93,7 +93,7 @@ def finetune_glue(opts: GlueOptions) -> dict:
         check_head(path, num_labels, spec.name, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = glue_arrays(examples, labels, max_seq, tok)
@@ -153,7 +153,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
                 note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
                          "(newly initialised) head")
             rt.place(model)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt, bucket=True)

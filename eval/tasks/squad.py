@@ -74,7 +74,8 @@ def finetune_squad(opts: SquadOptions) -> dict:
     with model_folder(opts) as (path, name, ident):
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
         model, _ = load_model(BertForQuestionAnswering, path, seed=opts.seed)
-        check_seq_len(model.config, lengths["max_seq_length"], path)
+        lengths["max_seq_length"] = check_seq_len(model.config, lengths["max_seq_length"], path, rt,
+                                                  given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         features = convert_examples_to_features(examples, tok, is_training=True, **lengths)
@@ -113,7 +114,8 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
                 note(rt, f"warning: {name} has no trained SQuAD head: predictions come from a random "
                          "(newly initialised) head")
             rt.place(model)
-        check_seq_len(model.config, lengths["max_seq_length"], path)
+        lengths["max_seq_length"] = check_seq_len(model.config, lengths["max_seq_length"], path, rt,
+                                                  given=opts.max_seq_length is not None)
         examples = read_squad_examples(sd, is_training=False, version_2_with_negative=v2)
         features = convert_examples_to_features(examples, tok, is_training=False, **lengths)
         arr = features_to_arrays(features)

@@ -101,7 +101,7 @@ def finetune_tag(opts: TagOptions) -> dict:
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
         model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels),
                               id2label=dict(enumerate(labels)))  # the tag names travel in config.json
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab
         arrays, _ = tag_features(sentences, labels, max_seq, tok, opts.train)
@@ -130,14 +130,14 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         sentences = read_tagged(opts.data, need_tags=need_tags)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
-        arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         new_head = False
         if model is None:
             check_head(path, len(labels), TASK, name)
             model, missing = load_model(BertForTokenClassification, path, num_labels=len(labels))
             new_head = bool(missing)
             rt.place(model)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
+        arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
         best = logits.argmax(axis=-1)  # [n, S]
