@@ -77,7 +77,7 @@ import numpy as np
 from bert_of.checkpoint import expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import writes_to
+from bert_of.fs import read_bounded, writes_to
 from bert_of.tensors import check_shape, nbytes
 from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
@@ -398,13 +398,10 @@ def _read(pin, snap: str, opts: Options) -> Source:
         kind, target, transform, evidence, extra = _classify(e.name)
         v = _Var(e.name, e.path, kind, target, transform, evidence, extra)
         if os.path.isfile(os.path.join(e.path, META_FILE)):
+            raw = read_bounded(os.path.join(e.path, META_FILE), _MAX_META, "VariableMetaInfo", CheckpointError)
             try:
-                with open(os.path.join(e.path, META_FILE), encoding="utf-8") as f:
-                    text = f.read(_MAX_META + 1)
-                if len(text) > _MAX_META:
-                    raise CheckpointError(f"{os.path.join(e.path, META_FILE)}: not a VariableMetaInfo "
-                                          f"(over {_MAX_META} characters)")
-            except (OSError, UnicodeDecodeError) as err:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
                 raise CheckpointError(f"{os.path.join(e.path, META_FILE)}: cannot read ({err})") from None
             v.meta = parse_meta(text, os.path.join(e.path, META_FILE))
         vars_.append(v)
