@@ -112,23 +112,31 @@ def _records(path: str, kind: str):
         raise EvalDataError(f"{path}: line {reader.line_num}: not readable as {kind.upper()} ({e})") from None
     if not header or not any(h.strip() for h in header):
         raise EvalDataError(f"{path}: no header row (the first row names the columns)")
-    if len(set(header)) != len(header):
-        dup = next(h for h in header if header.count(h) > 1)
-        raise EvalDataError(f"{path}: column {dup!r} appears twice in the header")
+    seen = set()
+    for h in header:  # one pass (header.count per name was quadratic in the columns)
+        if h in seen:
+            raise EvalDataError(f"{path}: column {h[:80]!r} appears twice in the header")
+        seen.add(h)
     if not rows:
         raise EvalDataError(f"{path}: no rows after the header")
     return rows, header
 
 
+def _shown_columns(columns) -> str:
+    """The column names for a message: all of a table's few, the first ones of a wide one."""
+    return ", ".join(columns) if len(columns) <= 20 else ", ".join(columns[:20]) + f", ... ({len(columns)} columns)"
+
+
 def _pick(path, columns, given, defaults, what, required=True):
+    names = set(columns)
     if given is not None:
-        if given not in columns:
-            raise EvalDataError(f"{path}: no column {given!r} ({what}; the columns are {', '.join(columns)})")
+        if given not in names:
+            raise EvalDataError(f"{path}: no column {given!r} ({what}; the columns are {_shown_columns(columns)})")
         return given
-    found = next((c for c in defaults if c in columns), None)
+    found = next((c for c in defaults if c in names), None)
     if found is None and required:
         raise EvalDataError(f"{path}: no {what} column: name it with --{what.replace(' ', '-')}-column "
-                            f"(the columns are {', '.join(columns)}; looked for {', '.join(defaults)})")
+                            f"(the columns are {_shown_columns(columns)}; looked for {', '.join(defaults[:20])})")
     return found
 
 
