@@ -15,6 +15,7 @@ from bert_of.config import BertConfig
 from bert_of.converters import flow_save
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
+from bert_of.errors import CheckpointError
 from bert_of.converters.verify import make_batch, max_abs_diff, run_bert_of, verify
 from bert_of.modeling import BertForPreTraining, BertForQuestionAnswering
 from tests import native_models as nm
@@ -343,6 +344,40 @@ def test_hostile_pickled_data_is_refused_and_nothing_runs(tmp_path):
     assert not marker.exists() and not os.path.exists(tmp_path / "out")
     pickle.loads(cases["foreign global"][0])  # the same bytes, unpickled, do run: the test would see it
     assert marker.exists()
+
+
+META_SPELLINGS = [  # (meta text, whether flow.load reads it): protobuf text format, as OneFlow 0.9 parses it
+    ("shape {\n  dim: 2\n  dim: 2\n}\ndata_type: kFloat\n", True),  # what flow.save writes
+    ("shape { dim: [2, 2] } data_type: kFloat", True),  # a repeated field as a list
+    ("shape: < dim: 2; dim: 0x2 >, data_type: 2;", True),  # ':' before a message, <>, separators, hex, a number
+    ("# a comment\nshape {dim: 02 dim: [2]} data_type: kFloat # another\n", True),  # C octal 02
+    ("shape { dim: 2 dim: 2 } shape { dim: 2 dim: 2 } data_type: kFloat", False),  # a message field twice
+    ("shape { dim: 2 dim: 2 } data_type: kFloat data_type: kFloat", False),  # a scalar twice
+    ("shape { dim: 2 dim: 2 } data_type: 02", False),  # an enum number is int(text, 0): no C octal
+    ("shape { dim 2 dim 2 } data_type: kFloat", False),  # a scalar needs its ':'
+    ("shape { dim: [2 2] } data_type: kFloat", False),  # list items need ','
+    ("shape { dim: 2 dim: 2 } data_type: 99", False),  # no such DataType
+    ("shape [ dim: 2 ] data_type: kFloat", False),
+]
+
+
+@pytest.mark.parametrize("text,loads", META_SPELLINGS, ids=range(len(META_SPELLINGS)))
+def test_meta_is_read_exactly_as_flow_load_reads_it(tmp_path, text, loads):
+    d = _hostile_folder(tmp_path, "ck")
+    with open(os.path.join(d, "tensor_0", "meta"), "w") as f:
+        f.write(text)
+    try:
+        got = flow.load(d)["bert.pooler.dense.bias"].numpy()
+        flow_reads = True
+    except Exception:  # noqa: BLE001 - protobuf's ParseError and OneFlow's errors alike
+        flow_reads = False
+    assert flow_reads is loads  # the control: OneFlow itself
+    if loads:
+        (entry,) = flow_save.read_dir(d)
+        assert entry.shape == got.shape == (2, 2) and entry.dtype == got.dtype
+    else:
+        with pytest.raises(CheckpointError, match="not a VariableMetaInfo"):
+            flow_save.read_dir(d)
 
 
 # --------------------------------------------------------------------------- configs
