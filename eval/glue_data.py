@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from bert_of.eval.errors import EvalDataError
-from bert_of.fs import MAX_TEXT, read_bounded
+from bert_of.files.reading import MAX_TEXT, read_bounded
 
 # --------------------------------------------------------------------------- examples
 
