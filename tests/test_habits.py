@@ -181,3 +181,28 @@ def test_a_model_with_64_positions_is_fine_tuned_at_64(env, tmp_path):
     r = run_cli("finetune", "classify", "--model", short, "--train", S_TRAIN, "-o", tmp_path / "x", "--steps", 1,
                 *fast, "--max-seq-length", 100, check=False)  # a length asked for is not silently cut
     assert r.returncode == 1 and "--max-seq-length 100 exceeds the model's max_position_embeddings 64" in r.stderr
+
+
+# --------------------------------------------------------------------------- a run folder is not a model
+
+
+def test_a_run_folder_resolves_to_its_final_checkpoint(env, tmp_path):
+    import shutil
+
+    run = tmp_path / "runs" / "x"
+    (run / "checkpoints" / "step-0000002").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    shutil.copytree(env.cased, run / "final")
+    r = run_cli("zoo", "add", run, "--name", "my-run")
+    assert f"a training run; adding its final checkpoint {run / 'final'}" in r.stderr, r.stderr
+    assert json.loads(run_cli("zoo", "info", "my-run", "--json").stdout)["path"] == str(run / "final")
+    ft = tmp_path / "ft"
+    r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST)
+    assert f"{run}: a training run; using its final checkpoint {run / 'final'}" in r.stderr, r.stderr
+    assert json.loads((ft / "train_args.json").read_text())["base_checkpoint"]["path"] == str(run / "final")
+    shutil.rmtree(run / "final")  # a run stopped before its end: the error names what there is
+    r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", tmp_path / "ft2", "--steps", 1,
+                *FAST, check=False)
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1 and len(lines) == 1 and "a training run with no final/ checkpoint" in lines[0] and \
+        str(run / "checkpoints" / "step-0000002") in lines[0], r.stderr
