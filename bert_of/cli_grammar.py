@@ -238,6 +238,16 @@ ANCHOR_SWITCHES = {"--do_train": "bert-of finetune trains", "--do_eval": "bert-o
                    "--do_predict": "bert-of predict predicts", "--do_export": "bert-of convert exports"}
 
 
+def anchors_markdown() -> str:
+    """ANCHOR_FLAGS as the table docs/command-line.md shows."""
+    rows = ["| google-research/bert, transformers | bert-of |", "|---|---|"]
+    for flag, ours in sorted(ANCHOR_FLAGS.items()):
+        rows.append(f"| `{flag}` | {' or '.join(f'`{o}`' for o in ours)} |")
+    for flag, what in sorted(ANCHOR_SWITCHES.items()):
+        rows.append(f"| `{flag}` | {what} |")
+    return "\n".join(rows)
+
+
 def suggest_flag(token: str, known) -> str | None:
     """The flag of ``known`` (a command's option strings) an unknown ``token`` most likely means:
     ours with "-" for "_", the anchors' table, then the closest spelling."""
@@ -335,5 +345,5 @@ def configure(args) -> None:
         args.no_progress = True  # commands drawing a bar of their own draw none either
 
 
-__all__ = ["ANCHOR_FLAGS", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "configure", "examples", "finish",
-           "grammar_markdown", "suggest_flag", "walk"]
+__all__ = ["ANCHOR_FLAGS", "ANCHOR_SWITCHES", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "configure", "examples", "finish",
+           "anchors_markdown", "grammar_markdown", "suggest_flag", "walk"]

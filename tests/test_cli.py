@@ -330,3 +330,9 @@ def test_googles_do_switches_are_explained(capsys):
         build_parser().parse_args(["finetune", "glue", "--do_train", "--task", "mrpc"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--do_train (bert-of finetune trains; no switch needed)" in err, err
+
+
+def test_the_anchors_page_lists_the_table_the_parser_uses():
+    from bert_of.cli_grammar import anchors_markdown
+
+    assert anchors_markdown() in open(os.path.join(ROOT, "docs", "command-line.md"), encoding="utf-8").read()
