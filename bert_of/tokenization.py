@@ -459,17 +459,20 @@ def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool
 
 
 def lower_case_for(folder: str, vocab_file: Optional[str] = None, given: Optional[bool] = None,
-                   error: type = BertOfError) -> tuple:
+                   error: type = BertOfError, sources=()) -> tuple:
     """(do_lower_case, where it comes from) for text fed to the checkpoint in ``folder``: the one rule
     every path follows (``BertTokenizer.from_pretrained``, finetune, predict, eval, convert):
     ``given`` (an explicit flag or argument) wins ("given"); else what the folder records
-    (:func:`recorded_lower_case`: "checkpoint"); else what ``vocab_file`` looks like ("vocabulary");
-    else True ("default")."""
+    (:func:`recorded_lower_case`: "checkpoint"), or, for a converted copy, the folder it was
+    converted from (``sources``: an HF folder's tokenizer_config.json); else what ``vocab_file``
+    looks like ("vocabulary"); else True ("default")."""
     if given is not None:
         return bool(given), "given"
-    recorded = recorded_lower_case(folder, error)
-    if recorded is not None:
-        return recorded, "checkpoint"
+    for where in (folder, *sources):
+        where = where if os.path.isdir(where) else os.path.dirname(where)  # a TF prefix: its folder
+        recorded = recorded_lower_case(where, error) if where else None
+        if recorded is not None:
+            return recorded, "checkpoint"
     if vocab_file and os.path.isfile(vocab_file):
         return not vocab_looks_cased(read_vocab_lines(vocab_file)), "vocabulary"
     return True, "default"

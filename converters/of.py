@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile,
                                 expected_shapes, is_checkpoint_dir, load_checkpoint, write_checkpoint_files)
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.converters.source import Options, ReportLine, Source, cast_spec, recorded_lower_case_of
+from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.reader import whole
 from bert_of.converters.descriptor import Format
 from bert_of.converters import reference_np
@@ -79,11 +78,7 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     # Model order (embeddings, layers, pooler, heads) whatever the source's order.
     order = {name: i for i, name in enumerate(expected_shapes(source.config))}
     tensors = sorted(source.tensors, key=lambda sp: (order.get(sp[0].name, len(order)), sp[0].name))
-    config = source.config
-    lower = recorded_lower_case_of(source)  # the source's tokenizer_config.json etc. are not copied: keep it
-    if lower is not None and config.extra.get("do_lower_case") is not lower:
-        config = dataclasses.replace(config, extra={**config.extra, "do_lower_case": lower})
-    write_checkpoint_files(d, tensors, config, source.vocab_file, optimizer=optimizer,
+    write_checkpoint_files(d, tensors, source.config, source.vocab_file, optimizer=optimizer,
                            metadata={"format": "bert_of", "converted_from": source.format})
     return []
 

@@ -91,7 +91,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, TASK, name)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels,
                               id2label=dict(enumerate(labels)) if labels else None,  # travels in config.json
                               problem_type=PROBLEM_TYPE[problem])
@@ -141,7 +141,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         table = _read(opts, opts.data, need_labels, problem)
         targets = encode_labels(table, problem, labels) if need_labels else None  # unknown labels: before the work
         num_labels = len(labels) or 1
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from bert_of._flow import flow
 from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
-from bert_of.tokenization import check_vocab_fits, lower_case_for, recorded_lower_case, vocab_looks_cased
+from bert_of.tokenization import check_vocab_fits, lower_case_for, vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
@@ -122,7 +122,8 @@ def read_train_args(path: str) -> dict:
     return read_json(p, "train_args.json", error=CheckpointError)
 
 
-def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None):
+def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None,
+                   source: str | None = None):
     """The tokenizer of the checkpoint folder ``path``: its vocab.txt, or ``vocab_file`` (--vocab),
     which must then define as many ids as the model's vocab_size."""
     if vocab_file:
@@ -134,9 +135,10 @@ def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None
         raise CheckpointError(f"{shown(path)}: no vocab.txt in the checkpoint (pass --vocab FILE)")
     # the rule BertTokenizer.from_pretrained follows: a flag, else what the checkpoint records
     # (tokenizer_config.json, train_args.json, config.json), else its vocabulary's case
-    lower, origin = lower_case_for(path, vocab_file, do_lower_case, CheckpointError)
-    recorded = recorded_lower_case(path, CheckpointError)
-    if origin == "given" and recorded is not None and recorded != lower:
+    sources = (source,) if source and source != path else ()  # a converted copy: the files it came from
+    lower, origin = lower_case_for(path, vocab_file, do_lower_case, CheckpointError, sources)
+    recorded, recorded_from = lower_case_for(path, None, None, CheckpointError, sources)
+    if origin == "given" and recorded_from == "checkpoint" and recorded != lower:
         note(rt, f"note: {'--do-lower-case' if lower else '--no-lower-case'} overrides the checkpoint's "
                  f"do_lower_case {str(recorded).lower()} ({shown(path)})")
     tok = FullTokenizer(vocab_file, do_lower_case=lower)

@@ -92,7 +92,7 @@ def finetune_glue(opts: GlueOptions) -> dict:
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, spec.name, name)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
@@ -143,7 +143,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
             note(rt, f"warning: {name} was fine-tuned for {trained_for}, predicting {spec.name}")
         examples = read_examples(task, opts.data, language=opts.language)
         labels, num_labels = _classifier_labels(task)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:

@@ -73,7 +73,7 @@ def finetune_squad(opts: SquadOptions) -> dict:
     epochs = opts.epochs if opts.epochs is not None else SQUAD_V2_EPOCHS if v2 else SQUAD_EPOCHS
     lengths = _squad_lengths(opts, {})
     with model_folder(opts) as (path, name, ident):
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForQuestionAnswering, path, seed=opts.seed)
         lengths["max_seq_length"] = check_seq_len(model.config, lengths["max_seq_length"], path, rt,
                                                   given=opts.max_seq_length is not None)
@@ -105,7 +105,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
     v2 = _squad_version(opts, sd)
     with model_folder(opts, trained) as (path, name, ident):
         train_args = read_train_args(path)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         lengths = _squad_lengths(opts, train_args)
         new_head = False
         if model is None:

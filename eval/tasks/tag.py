@@ -99,7 +99,7 @@ def finetune_tag(opts: TagOptions) -> dict:
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, len(labels), TASK, name)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels),
                               id2label=dict(enumerate(labels)))  # the tag names travel in config.json
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
@@ -129,7 +129,7 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
             raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune tag` (its train_args.json records no "
                               "tagging labels)")
         sentences = read_tagged(opts.data, need_tags=need_tags)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)  # train_args.json's, unless given
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:
