@@ -39,7 +39,7 @@ import unicodedata
 from typing import Iterable, List, Optional
 
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.files.reading import read_json
+from bert_of.files.reading import MAX_TEXT, read_bounded, read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -50,11 +50,7 @@ def read_vocab_lines(vocab_file: str) -> List[str]:
     What they would turn into junk is dropped: a UTF-8 BOM (it would glue onto the first token)
     and blank lines at the end (they would add an empty token past the real ones). A blank line
     inside keeps its id, as in both readers. Errors are one line naming the file."""
-    try:
-        with open(vocab_file, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise BertOfError(f"{vocab_file}: cannot read the vocabulary ({e.strerror or e})") from None
+    raw = read_bounded(vocab_file, MAX_TEXT, "vocabulary", BertOfError)  # a regular file, its size first
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

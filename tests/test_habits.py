@@ -206,3 +206,16 @@ def test_a_run_folder_resolves_to_its_final_checkpoint(env, tmp_path):
     lines = error_lines(r.stderr)
     assert r.returncode == 1 and len(lines) == 1 and "a training run with no final/ checkpoint" in lines[0] and \
         str(run / "checkpoints" / "step-0000002") in lines[0], r.stderr
+
+
+def test_a_vocabulary_or_config_that_is_no_regular_file_is_refused_not_read(tmp_path):
+    from bert_of.errors import BertOfError
+    from bert_of.files.reading import read_json
+    from bert_of.tokenization import read_vocab_lines
+
+    os.symlink("/dev/zero", tmp_path / "vocab.txt")  # read whole, it never ends
+    os.mkfifo(tmp_path / "config.json")  # opened for reading, it blocks until a writer comes
+    with pytest.raises(BertOfError, match="not a regular file"):
+        read_vocab_lines(str(tmp_path / "vocab.txt"))
+    with pytest.raises(BertOfError, match="not a regular file"):
+        read_json(str(tmp_path / "config.json"))
