@@ -345,5 +345,5 @@ def configure(args) -> None:
         args.no_progress = True  # commands drawing a bar of their own draw none either
 
 
-__all__ = ["ANCHOR_FLAGS", "ANCHOR_SWITCHES", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "configure", "examples", "finish",
-           "anchors_markdown", "grammar_markdown", "suggest_flag", "walk"]
+__all__ = ["ANCHOR_FLAGS", "ANCHOR_SWITCHES", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "anchors_markdown",
+           "configure", "examples", "finish", "grammar_markdown", "suggest_flag", "walk"]
