@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
-import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
 from bert_of.files.owned import check_destination
@@ -32,14 +31,16 @@ def module(fmt: str):
 
 
 def parse_direction(direction: str) -> tuple:
-    m = re.fullmatch(r"([a-z0-9]+)2([a-z0-9]+)", direction)
-    if not m or m.group(1) not in FORMATS or m.group(2) not in FORMATS:
+    # a format's name may hold a "2" (tf2): every "2" is tried as the separator
+    splits = [(direction[:i], direction[i + 1:]) for i, c in enumerate(direction) if c == "2"]
+    found = [(a, b) for a, b in splits if a in FORMATS and b in FORMATS]
+    if len(found) != 1:
         pairs = [f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b]
         close = difflib.get_close_matches(direction, pairs, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]}? " if close else ""
         raise BertOfError(f"unknown conversion {direction!r}: {hint}a direction is SRC2DST with SRC, DST among "
                           f"{', '.join(FORMATS)} (e.g. tf2of, of2hf)")
-    return m.group(1), m.group(2)
+    return found[0]
 
 
 def detect(path: str) -> str:
