@@ -34,6 +34,7 @@ MODULES = (
     "lazy",
     "hf",
     "h5",
+    "onnx",
 )
 
 
