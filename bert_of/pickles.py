@@ -23,6 +23,13 @@ import struct
 from typing import Callable, Optional
 
 MAX_DEPTH = 64
+# Work and memory bounded by the input, not only by its size: a checkpoint's pickle makes an object
+# (string, number, container, record, memo entry) per ~10-30 bytes, so at most one per
+# BYTES_PER_OBJECT bytes (+ a few) and never more than MAX_OBJECTS; the stack holds a SETITEMS batch
+# (1000 pairs) at most. A hostile pickle of empty dicts or memo entries is refused after bounded work.
+BYTES_PER_OBJECT = 4
+MAX_OBJECTS = 1 << 20
+MAX_STACK = 1 << 14
 
 
 class Refused(Exception):
@@ -58,6 +65,20 @@ class _Parser:
         self.newobj = newobj or _refuse("NEWOBJ")
         self.build = build or _refuse("BUILD")
         self.persistent = persistent or _refuse("a persistent id")
+        self.budget = min(MAX_OBJECTS, 64 + len(raw) // BYTES_PER_OBJECT)  # objects it may still make
+
+    def made(self, obj=None):
+        """One more object (or memo entry) made; refused past what a checkpoint's pickle of this size makes."""
+        self.budget -= 1
+        if self.budget < 0:
+            raise Refused(f"more objects than a state dict's pickle of {len(self.raw)} bytes makes "
+                          f"(at byte {self.pos})")
+        return obj
+
+    def push(self, obj):
+        if len(self.stack) >= MAX_STACK:
+            raise Refused(f"malformed stream (a stack over {MAX_STACK} deep at byte {self.pos})")
+        self.stack.append(obj)
 
     def read(self, n):
         if self.pos + n > len(self.raw):
@@ -107,6 +128,7 @@ class _Parser:
         return self.globals[(module, name)]
 
     def put(self, i, obj):
+        self.made()
         self.memo[i] = obj
         self.memo_of.setdefault(id(obj), []).append(i)
 
@@ -145,52 +167,52 @@ class _Parser:
                     raise Refused(f"{len(self.raw) - self.pos} bytes after STOP")
                 return st[0]
             elif op == b"}":  # EMPTY_DICT
-                st.append({})
+                self.push(self.made({}))
             elif op == b"]":  # EMPTY_LIST
-                st.append([])
+                self.push(self.made([]))
             elif op == b")":  # EMPTY_TUPLE
-                st.append(())
+                self.push(())
             elif op == b"(":  # MARK
                 self.marks.append(len(st))
-                st.append(_MARK)
+                self.push(_MARK)
                 if len(self.marks) > MAX_DEPTH:
                     raise Refused("malformed stream (too deeply nested)")
             elif op in (b"\x85", b"\x86", b"\x87"):  # TUPLE1-3
                 n = op[0] - 0x84
-                st.append(tuple([self.pop() for _ in range(n)][::-1]))
+                self.push(self.made(tuple([self.pop() for _ in range(n)][::-1])))
             elif op == b"t":  # TUPLE
-                st.append(tuple(self.pop_mark()))
+                self.push(self.made(tuple(self.pop_mark())))
             elif op == b"l":  # LIST
-                st.append(self.pop_mark())
+                self.push(self.made(self.pop_mark()))
             elif op == b"d":  # DICT
                 d = {}
                 self.setitems(d, self.pop_mark())
-                st.append(d)
+                self.push(self.made(d))
             elif op == b"\x8c":  # SHORT_BINUNICODE
-                st.append(self.text(self.read(self.read(1)[0])))
+                self.push(self.made(self.text(self.read(self.read(1)[0]))))
             elif op == b"X":  # BINUNICODE
-                st.append(self.text(self.read(self.unpack("<I"))))
+                self.push(self.made(self.text(self.read(self.unpack("<I")))))
             elif op == b"C":  # SHORT_BINBYTES
-                st.append(self.read(self.read(1)[0]))
+                self.push(self.made(self.read(self.read(1)[0])))
             elif op == b"B":  # BINBYTES
-                st.append(self.read(self.unpack("<I")))
+                self.push(self.made(self.read(self.unpack("<I"))))
             elif op == b"K":  # BININT1
-                st.append(self.read(1)[0])
+                self.push(self.read(1)[0])
             elif op == b"M":  # BININT2
-                st.append(self.unpack("<H"))
+                self.push(self.made(self.unpack("<H")))
             elif op == b"J":  # BININT
-                st.append(self.unpack("<i"))
+                self.push(self.made(self.unpack("<i")))
             elif op == b"\x8a":  # LONG1: at most 8 bytes here
                 n = self.read(1)[0]
                 if n > 8:
                     raise Refused(f"an integer of {n} bytes")
-                st.append(int.from_bytes(self.read(n), "little", signed=True))
+                self.push(self.made(int.from_bytes(self.read(n), "little", signed=True)))
             elif op == b"G":  # BINFLOAT
-                st.append(self.unpack(">d"))
+                self.push(self.made(self.unpack(">d")))
             elif op == b"N":  # NONE
-                st.append(None)
+                self.push(None)
             elif op in (b"\x88", b"\x89"):  # NEWTRUE / NEWFALSE
-                st.append(op == b"\x88")
+                self.push(op == b"\x88")
             elif op == b"\x94":  # MEMOIZE
                 self.put(len(self.memo), self.top())
             elif op in (b"q", b"r"):  # BINPUT / LONG_BINPUT
@@ -200,28 +222,28 @@ class _Parser:
                 i = self.read(1)[0] if op == b"h" else self.unpack("<I")
                 if i not in self.memo:
                     raise Refused(f"malformed stream (memo {i} unset)")
-                st.append(self.memo[i])
+                self.push(self.memo[i])
             elif op == b"\x93":  # STACK_GLOBAL
                 name = self.pop()
                 module = self.pop()
                 if type(module) is not str or type(name) is not str:
                     raise Refused("malformed stream (STACK_GLOBAL of non-strings)")
-                st.append(self.global_(module, name))
+                self.push(self.made(self.global_(module, name)))
             elif op == b"c":  # GLOBAL (protocol 2): "module\nname\n"
                 module = self.line()
-                st.append(self.global_(module, self.line()))
+                self.push(self.made(self.global_(module, self.line())))
             elif op == b"Q":  # BINPERSID
-                st.append(self.persistent(self.pop()))
+                self.push(self.made(self.persistent(self.pop())))
             elif op == b"R":  # REDUCE
                 args = self.pop()
                 fn = self.pop()
                 if type(args) is not tuple:
                     raise Refused(f"REDUCE with arguments {show(args)}")
-                st.append(self.reduce(fn, args))
+                self.push(self.made(self.reduce(fn, args)))
             elif op == b"\x81":  # NEWOBJ
                 args = self.pop()
                 cls = self.pop()
-                st.append(self.newobj(cls, args))
+                self.push(self.made(self.newobj(cls, args)))
             elif op == b"b":  # BUILD
                 state = self.pop()
                 obj = self.pop()
@@ -230,7 +252,7 @@ class _Parser:
                     for i in self.memo_of.pop(id(obj), ()):
                         if self.memo.get(i) is obj:
                             self.put(i, built)
-                st.append(built)
+                self.push(self.made(built))
             elif op == b"s":  # SETITEM
                 v = self.pop()
                 k = self.pop()

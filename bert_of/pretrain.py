@@ -13,6 +13,7 @@ forward computes Google's loss from the batch's labels.
 
 from __future__ import annotations
 
+import math
 import os
 
 from bert_of._flow import flow
@@ -21,7 +22,7 @@ from bert_of.config import BertConfig
 from bert_of.data.reader import PretrainingDataset, dataset_vocab
 from bert_of.errors import ConfigError
 from bert_of.files.atomic import atomic_write, write_json
-from bert_of.files.reading import read_json, sha256_file
+from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
 from bert_of.modeling import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
@@ -82,9 +83,7 @@ def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
                               "pass --vocab to choose one anyway")
         config, vocab, tensors = ck.config, opts.vocab or data_vocab or ck.vocab_file, ck.tensors
     elif opts.config:
-        raw = read_json(opts.config, "model config")
-        config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
-            BertConfig.from_google_dict(raw, opts.config)
+        config = BertConfig.from_model_json_file(opts.config)
         config.provenance = "bert_of"
         vocab, tensors = opts.vocab or data_vocab, None
     else:
@@ -145,7 +144,12 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
                save_every=opts.save_every, keep=opts.keep, vocab_file=vocab_file,
                progress=None if opts.quiet else "bar", what="pretrain",
                callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
+    losses = [v for v in done.losses if math.isfinite(v)]  # AMP may have skipped a step
+    summary = f"{trainer.global_step} steps" + (f", loss {losses[-1]:.4f}" if losses else "") + \
+        f", {done.seconds:.1f} s"  # the last word whether piped or after a terminal's bar
     if done.stopped:
+        if rt.is_main:
+            print(f"stopped at step {trainer.global_step} ({summary}); `--resume` continues it")
         return 0
     final = os.path.join(run_dir.path, "final")
     state = trainer.model.canonical_state()  # a collective for global tensors
@@ -154,7 +158,7 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
         return 0
     write_checkpoint(final, list(state.items()), config, vocab_file, overwrite=True,
                      metadata={"format": "bert_of", "pretrained_steps": str(trainer.global_step)})
-    print(f"wrote {final} ({trainer.global_step} steps)")
+    print(f"wrote {final} ({summary})")
     if opts.zoo_name:
         meta = {"training": {"steps": trainer.global_step, "data": os.path.abspath(opts.data),
                              "train_config": cfg.to_dict(), "world_size": rt.world,

@@ -37,6 +37,7 @@ import numpy as np
 from bert_of import pickles
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
+from bert_of.files.reading import read_bounded
 from bert_of.tensors import nbytes
 from bert_of.converters.lazy import DATA_FILE, META_FILE, format_meta, parse_meta
 
@@ -199,13 +200,11 @@ def _tensor_folder(root: str, name: str, where: str) -> str:
 
 def _meta(d: str):
     p = os.path.join(d, META_FILE)
-    if os.path.getsize(p) > _MAX_META:
-        raise CheckpointError(f"{p}: {os.path.getsize(p)} bytes is no VariableMetaInfo")
+    raw = read_bounded(p, _MAX_META, "VariableMetaInfo", CheckpointError)
     try:
-        with open(p, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{p}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{p}: cannot read ({e})") from None
     shape, dtype = parse_meta(text, p)
     need = nbytes(shape, dtype)
     size = os.path.getsize(os.path.join(d, DATA_FILE))
@@ -232,9 +231,7 @@ def read_dir(path: str, root: str | None = None) -> list:
             raise CheckpointError(f"{pk}: not a regular file")
         if pst.st_size > MAX_PICKLE:
             raise CheckpointError(f"{pk}: {pst.st_size} bytes, more than a state dict's pickle ({MAX_PICKLE})")
-        with open(pk, "rb") as f:
-            raw = f.read(MAX_PICKLE + 1)
-        records = parse_pickled_data(raw, pk)
+        records = parse_pickled_data(read_bounded(pk, MAX_PICKLE, PICKLE_FILE, CheckpointError), pk)
         for key, rec in records.items():
             d = _tensor_folder(path, rec.folder, pk)
             shape, dtype = _meta(d)
@@ -396,11 +393,8 @@ def keys_of(path: str):
     ``pickled_data`` is there but not admitted (reading then says why)."""
     pk = os.path.join(path, PICKLE_FILE)
     if os.path.lexists(pk):
-        try:
-            if os.path.getsize(pk) > MAX_PICKLE:
-                return None
-            with open(pk, "rb") as f:
-                return list(parse_pickled_data(f.read(), pk))
+        try:  # a FIFO, a device, a link to /dev/zero: refused, not read
+            return list(parse_pickled_data(read_bounded(pk, MAX_PICKLE, PICKLE_FILE, CheckpointError), pk))
         except (OSError, CheckpointError):
             return None
     try:

@@ -18,7 +18,9 @@ Layouts (one class each; a format's descriptor names its class, ``converters/reg
   ``"gelu_new"``/``"gelu_pytorch_tanh"``/``"gelu_fast"`` the tanh form; ``layer_norm_eps`` from
   config.json; mask adder ``(1 - mask) * finfo(float32).min``.
 - ``of``: bert_of's own directory: the hf names and layout; its config names the exact
-  activation (``gelu_erf``, ``gelu_tanh``, ...) and epsilon.
+  activation (``gelu_erf``, ``gelu_tanh``, ...) and epsilon (and the MLM head's own, if any).
+- ``onnx``: bert_of's ONNX graph: the of names, but dense weights [in, out] as ``<scope>.kernel``
+  (what MatMul multiplies by); numerics from the bert_of config in the model's metadata.
 - ``h5``: transformers' Keras BERT: Dense kernels [in, out] (``.../kernel:0``), embeddings
   ``.../weight:0`` and ``.../embeddings:0``, the MLM head under ``mlm___cls``, NSP under
   ``nsp___cls``; numerics from config.json as for hf; mask adder ``(1 - mask) * -10000``.
@@ -261,6 +263,10 @@ class BertOf(HuggingFace):
     def token_classifier(self):  # bert_of's config.json: classifier_kind
         return self.config.get("classifier_kind") == "token"
 
+    @property
+    def head_eps(self):  # the MLM head's own LayerNorm epsilon, when bert_of's config.json has one
+        return self.config.get("head_layer_norm_eps")
+
 
 class Keras(Layout):
     name = "h5"
@@ -397,6 +403,25 @@ class OfModels(HuggingFace):
         return _native(cls, source, {})
 
 
+class Onnx(BertOf):
+    """bert_of's ONNX graph (converters/onnx.py): the initializers MatMul multiplies by are dense
+    weights [in, out] named ``<scope>.kernel``; the rest keep bert_of's names. The graph's mask
+    adder is ``(1 - mask) * -10000``; its activation and epsilons (the MLM head's own, when the
+    config has one) are the bert_of config's, which the model's metadata holds."""
+    name = "onnx"
+    _L = "bert.encoder.layer.{i}."
+    NAMES = {**BertOf.NAMES, **_roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
+        "q": _L + "attention.self.query", "k": _L + "attention.self.key", "v": _L + "attention.self.value",
+        "ao": _L + "attention.output.dense", "in": _L + "intermediate.dense", "out": _L + "output.dense",
+        "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
+        "qa": "qa_outputs", "clf": "classifier"}.items()})}
+
+    @classmethod
+    def from_source(cls, source):  # the config is in the model's metadata, read into source.config
+        c = source.config
+        return cls(source.stored, c.to_dict(), (c.hidden_act, float(c.layer_norm_eps)))
+
+
 class LiBai(Layout):
     """LiBai's BertModel in LiBai's own placement (libai/models/bert_model.py): no LayerNorm on the
     embeddings; each layer normalises its input (``input_layernorm``) and, before the MLP, its
@@ -516,7 +541,8 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
         i += 1
     if layout.pre_ln:
         x = layer_norm(x, *layout.ln("final_ln"), eps)
-    return heads_of(layout, x, word, act, eps)
+    head_eps = getattr(layout, "head_eps", None)  # the MLM head's own epsilon, where the layout has one
+    return heads_of(layout, x, word, act, eps if head_eps is None else head_eps)
 
 
 def heads_of(layout: Layout, x, word, act, head_eps: float) -> dict:

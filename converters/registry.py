@@ -35,6 +35,7 @@ MODULES = (
     "nvidia",
     "hf",
     "h5",
+    "onnx",
 )
 
 
