@@ -410,7 +410,7 @@ class Onnx(BertOf):
     config has one) are the bert_of config's, which the model's metadata holds."""
     name = "onnx"
     _L = "bert.encoder.layer.{i}."
-    NAMES = {**BertOf.NAMES, **_roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
+    NAMES = {**BertOf.NAMES, **roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
         "q": _L + "attention.self.query", "k": _L + "attention.self.key", "v": _L + "attention.self.value",
         "ao": _L + "attention.output.dense", "in": _L + "intermediate.dense", "out": _L + "output.dense",
         "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
