@@ -36,7 +36,7 @@ from bert_of.converters.source import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
-from bert_of.errors import BertOfError
+from bert_of.errors import BertOfError, NeedsOneFlow
 from bert_of.fs import atomic_write
 from bert_of.options import arg, from_args
 from bert_of.version import __version__
@@ -329,6 +329,8 @@ def dispatch(args) -> int:
             return args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); the with-blocks have cleaned up
         return process.stopped(e, getattr(args, "interrupt_note", ""))
+    except NeedsOneFlow:  # the oneflow extra is not installed: say which command needs it
+        return _err(str(NeedsOneFlow(_command_name(args))))
     except BertOfError as e:
         return _err(" ".join(str(e).split("\n")))
     except BrokenPipeError:
@@ -348,6 +350,12 @@ def dispatch(args) -> int:
         if _debug(args):
             raise
         return _internal(e)
+
+
+def _command_name(args) -> str:
+    """``finetune squad`` for ``bert-of finetune squad ...`` (the parser's prog, set by add_command)."""
+    prog = getattr(args, "command_prog", None) or getattr(args, "command", None) or "this command"
+    return prog.split(" ", 1)[1] if prog.startswith("bert-of ") else prog
 
 
 def run_command(parser: argparse.ArgumentParser, argv=None, debug: bool = False) -> int:

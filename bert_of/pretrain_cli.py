@@ -14,7 +14,7 @@ from bert_of.errors import BertOfError, ConfigError
 from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import TrainConfig, arg, from_args, resume_from_record
-from bert_of.plots import FONT, draw, styles
+from bert_of.plots import FONT, draw, pyplot, styles
 from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
 
 def options(args) -> PretrainOptions:
@@ -102,10 +102,7 @@ def cmd_plot(args) -> int:
             name += "'"
         runs[name] = rows
     out = args.output or os.path.join(os.path.dirname(_metrics_path(args.runs[0])), PLOT_NAME)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     curves = {}
     for name, rows in runs.items():
