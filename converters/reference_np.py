@@ -123,6 +123,10 @@ class Layout:
     def ln(self, role: str, i: int = 0):
         return self.vector(role + ".g", i), self.vector(role + ".b", i)
 
+    def head_eps(self) -> float:
+        """The MLM head's LayerNorm epsilon: the encoder's, unless the file's config records its own."""
+        return self.eps
+
     def positions(self):
         pos = self.vector("pos")
         return pos.reshape(pos.shape[-2:]) if pos.ndim == 3 else pos  # lazy: [1, P, H]
@@ -234,6 +238,10 @@ class BertOf(HuggingFace):
 
     def token_classifier(self):  # bert_of's config.json: classifier_kind
         return self.config.get("classifier_kind") == "token"
+
+    def head_eps(self):  # bert_of's config.json: head_layer_norm_eps (LiBai's head keeps 1e-5)
+        eps = self.config.get("head_layer_norm_eps")
+        return self.eps if eps is None else float(eps)
 
 
 class Keras(Layout):
@@ -415,7 +423,8 @@ def layout_for(source) -> Layout:
             # bert_of's config holds LiBai's post-LN as the shifted post-LN BERT, its pre-LN as "pre"
             return LiBai(source.stored, {}, (act, eps), residual_post_ln=c.layernorm_placement != "pre",
                          head_eps=c.head_layer_norm_eps if c.head_layer_norm_eps is not None else 1e-5)
-        own = {"classifier_kind": c.classifier_kind} if source.format == "ofsd" else {}  # bert_of's config
+        own = {"classifier_kind": c.classifier_kind, "head_layer_norm_eps": c.head_layer_norm_eps} \
+            if source.format == "ofsd" else {}  # bert_of's config
         return NATIVE[source.format](source.stored, own, (act, eps))
     config = read_config(source.config_file) if source.config_file and os.path.isfile(source.config_file) else {}
     act, eps = numerics(source.format, config, source.native_numerics or source.config.provenance)
@@ -445,7 +454,7 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
         i += 1
     if layout.pre_ln:
         x = layer_norm(x, *layout.ln("final_ln"), eps)
-    return heads_of(layout, x, word, act, eps)
+    return heads_of(layout, x, word, act, layout.head_eps())
 
 
 def heads_of(layout: Layout, x, word, act, head_eps: float) -> dict:
