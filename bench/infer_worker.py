@@ -5,7 +5,7 @@
     .venv-anchor/bin/python bench/infer_worker.py --impl hf --model minilm --model-dir HF_DIR ...
 
 --impl hf: transformers' BertForQuestionAnswering (PyTorch, 2 threads, eager); --impl of: bert_of's,
-through what `bert-of predict squad` / `finetune squad` run (eval/tasks/finetuning.py: infer, and the
+through what `bert-of predict squad` / `finetune squad` run (bert_of/training/inference.py: infer, and the
 trainer with train()'s graph micro-batching). Both see the same windows: NumPy draws them from one
 seed here (SQuAD-like: [CLS] question [SEP] context [SEP], every window full, as run_squad's windows
 of a long context are). --task predict: windows/s over --rows windows, the whole run timed as a user
@@ -98,7 +98,8 @@ def run_of(a, data):
     os.environ.setdefault("BERT_OF_BLAS", "fast")  # as `bert-of predict` / `finetune` ask
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.eval.tasks.finetuning import graph_accum_steps, infer, load_model
+    from bert_of.eval.tasks.finetuning import load_model
+    from bert_of.training.inference import graph_accum_steps, infer
     from bert_of.modeling import BertForQuestionAnswering
     from bert_of.training.optim import TrainConfig
     from bert_of.training.runtime import Runtime

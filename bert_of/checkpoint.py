@@ -8,7 +8,7 @@ A checkpoint is a directory::
     optimizer.safetensors   optional: m/<name>, v/<name>, step + semantics in metadata
 
 Directories are written in a staging folder beside the target and swapped into
-place (bert_of.fs), so a crash never leaves a directory that loads. safetensors files
+place (bert_of.files.publish), so a crash never leaves a directory that loads. safetensors files
 are written tensor by tensor (peak memory ~ one tensor) and read through a
 positioned reads with every offset checked.
 """
@@ -28,7 +28,11 @@ from safetensors import SafetensorError, safe_open
 import bert_of.resolver as _resolver
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError
-from bert_of.fs import PinnedDir, publishing, publishing_into, read_json, writes_to
+from bert_of.files.atomic import writes_to
+from bert_of.files.pinned import PinnedDir
+from bert_of.files.publish import publishing, publishing_into
+from bert_of.files.reading import read_json
+from bert_of.files.owned import register_own_files
 from bert_of.tensors import (TensorSpec, backbone_names, check_optimizer, check_shape, check_tensors,
                              expected_shapes, nbytes)
 
@@ -40,6 +44,7 @@ CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"
 WEIGHTS_NAME = "model.safetensors"
 OPTIMIZER_NAME = "optimizer.safetensors"
+register_own_files((CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, OPTIMIZER_NAME))
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
 # safetensors dtype codes <-> NumPy. bfloat16 comes from ml_dtypes when present.
@@ -381,12 +386,12 @@ def _load_pinned(d: PinnedDir, with_optimizer: bool) -> Checkpoint:
 def write_checkpoint(path: str, tensors, config: BertConfig, vocab_file: Optional[str] = None,
                      optimizer: Optional[tuple] = None, overwrite: bool = False,
                      metadata: Optional[dict] = None, into: bool = False) -> None:
-    """Write a checkpoint directory atomically (see :func:`bert_of.fs.publishing`).
+    """Write a checkpoint directory atomically (see :func:`bert_of.files.publish.publishing`).
 
     tensors: list of (name, array) or of (TensorSpec, producer) pairs; the latter
     streams (one tensor in memory at a time). optimizer: the same, plus its
     metadata, as ``(items, meta)``. ``into``: ``path`` may be an existing folder, whose files of
-    these names are replaced and others kept (:func:`bert_of.fs.publishing_into`; an optimizer
+    these names are replaced and others kept (:func:`bert_of.files.publish.publishing_into`; an optimizer
     state left there goes when none is written: it belonged to other weights).
     """
     if vocab_file is not None and not os.path.isfile(vocab_file):

@@ -37,7 +37,7 @@ from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples,
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
 from bert_of.errors import BertOfError, NeedsOneFlow
-from bert_of.fs import atomic_write
+from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
 from bert_of.version import __version__
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from bert_of.errors import ConfigError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 
 # Activations bert_of computes. Each name means exactly one function.
 ACTIVATIONS = ("gelu_tanh", "gelu_erf", "relu", "tanh", "silu", "linear")

@@ -18,80 +18,30 @@ Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab
 
 from __future__ import annotations
 
-import difflib
+import contextlib
 import math
-from dataclasses import fields, replace
+import re
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError, ConfigError, InputError
+from bert_of.errors import ConfigError, InputError
+from bert_of.kernels import LayerNorm, gelu_tanh
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
-from bert_of.progress import log
-from bert_of.tensors import check_fit, check_role
+from bert_of.model_io import PreTrained, to_local_full
 
 nn = flow.nn
 
 # --------------------------------------------------------------------------- activations
 
 
-def _is_cuda(x) -> bool:
-    return (x.placement.type if x.is_global else x.device.type) == "cuda"
-
-
-def gelu_tanh(x):
-    """Google's GELU: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))). x: any shape.
-
-    On CUDA, OneFlow's fused kernel for this formula. On CPU, OneFlow's tanh (and
-    fast_gelu) are scalar loops, 2.5x slower than its sigmoid; 0.5(1 + tanh(u)) is
-    sigmoid(2u) exactly, and without tanh's cancellation near -1.
-    """
-    if _is_cuda(x):
-        return flow._C.fast_gelu(x)
-    return x * flow.sigmoid((2.0 * math.sqrt(2.0 / math.pi)) * (x + 0.044715 * (x * x * x)))
-
-
 def gelu_erf(x):
     """Exact GELU 0.5x(1 + erf(x/sqrt2)): HF's "gelu" and the lazy OneFlow kernel."""
     return flow.nn.functional.gelu(x)
-
-
-class LayerNorm(nn.Module):
-    """Google's layer_norm over the last axis: (x - mean) * rsqrt(var + eps) * weight + bias.
-
-    Same parameters (``weight``, ``bias`` [H]) and formula as ``nn.LayerNorm`` (biased variance,
-    eps inside the rsqrt). On CUDA it is OneFlow's fused kernel. On CPU, OneFlow 0.9's kernel
-    does the row broadcasts ``x[T,H] - mean[T,1]`` and ``* inv_std[T,1]`` in oneDNN's scalar
-    reference binary (~50 ms each at [2048, 256]; 43% of a pretraining step). Here the row
-    sums and broadcasts are products with a ones vector (``x @ ones[H,1]``, ``m @ ones[1,H]``;
-    the broadcast is exact), so only shapes oneDNN vectorises remain: forward + backward ~25x
-    faster (bench/results/pretrain_profile.md), the same numbers to fp32 rounding.
-    """
-
-    def __init__(self, hidden_size: int, eps: float = 1e-12):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(flow.ones(hidden_size))
-        self.bias = nn.Parameter(flow.zeros(hidden_size))
-        # not in state dicts; they move and go global with the parameters
-        self.register_buffer("ones_row", flow.ones(1, hidden_size), persistent=False)
-        self.register_buffer("ones_col", flow.ones(hidden_size, 1), persistent=False)
-
-    def forward(self, x):
-        """x: [..., H] -> [..., H]."""
-        if _is_cuda(x):
-            return flow.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        shape, inv_h = x.shape, 1.0 / x.shape[-1]
-        x2 = x.reshape(-1, shape[-1])  # [T, H]
-        mean = flow.matmul(x2, self.ones_col) * inv_h  # [T, 1]
-        xc = x2 - flow.matmul(mean, self.ones_row)
-        var = flow.matmul(xc * xc, self.ones_col) * inv_h
-        y = xc * flow.matmul(flow.rsqrt(var + self.eps), self.ones_row)
-        return (y * self.weight + self.bias).reshape(shape)
 
 
 ACT_FN = {
@@ -104,16 +54,6 @@ ACT_FN = {
 }
 
 
-def truncated_normal(rng, shape, std: float) -> np.ndarray:
-    """float32 N(0, std^2) redrawn beyond 2 std: TF's truncated_normal_initializer, Google's init."""
-    w = rng.standard_normal(shape)
-    bad = np.abs(w) > 2.0
-    while bad.any():
-        w[bad] = rng.standard_normal(int(bad.sum()))
-        bad = np.abs(w) > 2.0
-    return (w * std).astype(np.float32)
-
-
 # --------------------------------------------------------------------------- scopes
 
 
@@ -123,20 +63,17 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # Pre-LN (LiBai's embeddings) has no LayerNorm here: the first layer normalises its input.
+        self.LayerNorm = None if config.pre_ln else LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.pre_ln = config.pre_ln
 
     def forward(self, input_ids, token_type_ids):
-        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H].
-
-        Pre-LN: the sum without its LayerNorm (LiBai's embeddings; the encoder applies this
-        LayerNorm as layer 0's input norm)."""
+        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H]."""
         seq_len = input_ids.shape[1]
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         # Positions 0..S-1 are a slice of the (broadcast) table: no index tensor to place.
         x = x + self.position_embeddings.weight.narrow(0, 0, seq_len).unsqueeze(0)
-        if self.pre_ln:
+        if self.LayerNorm is None:
             return self.dropout(x)
         return self.dropout(self.LayerNorm(x))
 
@@ -227,51 +164,161 @@ class BertLayer(nn.Module):
         self.output = BertOutput(config)
 
     def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> [B, S, H]."""
         attn = self.attention(hidden, mask_adder, probs_out)
         return self.output(self.intermediate(attn), attn)
 
-    def forward_pre_ln(self, hidden, mask_adder, input_norm, probs_out: Optional[list] = None):
-        """Pre-LN layer (LiBai, apply_residual_post_layernorm=False): h + attn(norm(h)), then
-        h + mlp(attention.output.LayerNorm(h)). ``input_norm`` is the LayerNorm before this layer
-        (the embeddings' for layer 0, the previous layer's output LayerNorm after that), so the
-        canonical names stay those of original BERT, shifted as LiBai's own HF loader shifts them."""
-        out = self.attention.output
-        attn = out.dropout(out.dense(self.attention.self(input_norm(hidden), mask_adder, probs_out)))
-        hidden = hidden + attn
-        mlp = self.output.dropout(self.output.dense(self.intermediate(out.LayerNorm(hidden))))
-        return hidden + mlp
+
+def run_layers(layers, hidden, mask_adder):
+    """Each layer in turn: what an encoder does unless given another ``layer_runner``."""
+    for layer in layers:
+        hidden = layer(hidden, mask_adder)
+    return hidden
 
 
 class BertEncoder(nn.Module):
+    """The stack of layers (post-LN: each layer ends with its LayerNorm).
+
+    ``layer_runner(layers, hidden, mask_adder) -> hidden`` runs the layers when neither the
+    states nor the attention probabilities are asked for (default :func:`run_layers`); inference
+    may give another (bert_of.training.inference: one compiled layer graph for every layer)
+    through :meth:`layers_run_by`."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layer = nn.ModuleList([BertLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layer = nn.ModuleList([self.layer_class(config, i) for i in range(config.num_hidden_layers)])
+        self.layer_runner = run_layers
 
-    def forward(self, hidden, mask_adder, input_norm=None, states: Optional[list] = None,
-                probs_out: Optional[list] = None):
-        """hidden [B, S, H] -> [B, S, H]. Post-LN; with ``input_norm`` (the embeddings' LayerNorm)
-        pre-LN, closed by the last layer's output LayerNorm (LiBai's final_layernorm).
+    layer_class = BertLayer
 
-        ``states`` (a list) receives the input and each layer's output, L + 1 tensors [B, S, H],
-        the last being the result (pre-LN: the last layer's output normalised, as transformers'
-        Megatron-BERT); ``probs_out`` each layer's attention probabilities [B, N, S, S]."""
+    @contextlib.contextmanager
+    def layers_run_by(self, runner):
+        """``with encoder.layers_run_by(runner):`` the encoder's forward runs its layers through
+        ``runner(layers, hidden, mask_adder) -> hidden`` for the block."""
+        self.layer_runner = runner
+        try:
+            yield
+        finally:
+            self.layer_runner = run_layers
+
+    def _layers(self, hidden, mask_adder, states: Optional[list], probs_out: Optional[list]):
+        """hidden [B, S, H] through every layer; ``states`` receives the input and each layer's output."""
+        if states is None and probs_out is None:
+            return self.layer_runner(self.layer, hidden, mask_adder)
         if states is not None:
             states.append(hidden)
-        if input_norm is None:
-            for layer in self.layer:
-                hidden = layer(hidden, mask_adder, probs_out)
-                if states is not None:
-                    states.append(hidden)
-            return hidden
         for layer in self.layer:
-            hidden = layer.forward_pre_ln(hidden, mask_adder, input_norm, probs_out)
-            input_norm = layer.output.LayerNorm
+            hidden = layer(hidden, mask_adder, probs_out)
             if states is not None:
                 states.append(hidden)
-        hidden = input_norm(hidden)
+        return hidden
+
+    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None):
+        """hidden [B, S, H] -> [B, S, H].
+
+        ``states`` (a list) receives the input and each layer's output, L + 1 tensors [B, S, H],
+        the last being the result; ``probs_out`` each layer's attention probabilities [B, N, S, S]."""
+        return self._layers(hidden, mask_adder, states, probs_out)
+
+
+# --------------------------------------------------------------------------- pre-LN
+#
+# LiBai's default BERT (apply_residual_post_layernorm=False), nanoGPT's Block: every layer
+# normalises its sub-layers' inputs, x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), and a final
+# LayerNorm closes the stack. Its LayerNorms sit where LiBai has them; bert_of's checkpoints spell
+# them with original BERT's names, each shifted one place as LiBai's own HF loader shifts them
+# (:func:`pre_ln_canonical_name`), so every format's table stays the one original BERT's.
+
+
+class BertProjection(nn.Module):
+    """A pre-LN sub-layer's output: dense, dropout (no residual, no LayerNorm)."""
+
+    def __init__(self, in_size: int, out_size: int, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(in_size, out_size)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        """[..., in] -> [..., out]."""
+        return self.dropout(self.dense(x))
+
+
+class BertPreLNAttention(nn.Module):
+    def __init__(self, config: BertConfig, layer_index: int = 0):
+        super().__init__()
+        self.self = BertSelfAttention(config, layer_index)
+        self.output = BertProjection(config.hidden_size, config.hidden_size, config.hidden_dropout_prob)
+
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """normalised hidden [B, S, H] -> the attention's contribution to the residual [B, S, H]."""
+        return self.output(self.self(hidden, mask_adder, probs_out))
+
+
+class BertPreLNLayer(nn.Module):
+    """x + attn(input_layer_norm(x)), then x + mlp(post_attention_layer_norm(x))."""
+
+    def __init__(self, config: BertConfig, layer_index: int = 0):
+        super().__init__()
+        self.input_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention = BertPreLNAttention(config, layer_index)
+        self.post_attention_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertProjection(config.intermediate_size, config.hidden_size, config.hidden_dropout_prob)
+
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+        """hidden [B, S, H], mask_adder [B, 1, 1, S] -> [B, S, H] (not normalised)."""
+        hidden = hidden + self.attention(self.input_layer_norm(hidden), mask_adder, probs_out)
+        return hidden + self.output(self.intermediate(self.post_attention_layer_norm(hidden)))
+
+
+class BertPreLNEncoder(BertEncoder):
+    """Pre-LN layers, then the final LayerNorm (LiBai's final_layernorm)."""
+
+    layer_class = BertPreLNLayer
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.final_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None):
+        """hidden [B, S, H] -> [B, S, H]; ``states`` as :class:`BertEncoder`'s, the last one the
+        result normalised (as transformers' Megatron-BERT)."""
+        hidden = self.final_layer_norm(self._layers(hidden, mask_adder, states, probs_out))
         if states is not None:
             states[-1] = hidden
         return hidden
+
+
+_PRE_LN_IN = re.compile(r"(bert\.encoder\.layer\.)(\d+)\.input_layer_norm\.(\w+)")
+_PRE_LN_POST = re.compile(r"(bert\.encoder\.layer\.\d+)\.post_attention_layer_norm\.(\w+)")
+_PRE_LN_FINAL = re.compile(r"bert\.encoder\.final_layer_norm\.(\w+)")
+
+
+def pre_ln_canonical_name(name: str, num_layers: int) -> str:
+    """The canonical name of a pre-LN model's parameter ``name`` (``bert.`` first): layer i's
+    input LayerNorm is ``bert.embeddings.LayerNorm`` (i = 0) or layer i-1's ``output.LayerNorm``,
+    its post-attention one its ``attention.output.LayerNorm``, the final one layer L-1's
+    ``output.LayerNorm``. Other names are the same."""
+    m = _PRE_LN_IN.fullmatch(name)
+    if m:
+        i = int(m.group(2))
+        return (f"bert.embeddings.LayerNorm.{m.group(3)}" if i == 0
+                else f"{m.group(1)}{i - 1}.output.LayerNorm.{m.group(3)}")
+    m = _PRE_LN_POST.fullmatch(name)
+    if m:
+        return f"{m.group(1)}.attention.output.LayerNorm.{m.group(2)}"
+    m = _PRE_LN_FINAL.fullmatch(name)
+    if m:
+        return f"bert.encoder.layer.{num_layers - 1}.output.LayerNorm.{m.group(1)}"
+    return name
+
+
+def _state_name(self, key: str) -> str:
+    """``key`` canonically spelled (see :meth:`bert_of.model_io.PreTrained.state_name`)."""
+    if not self.config.pre_ln:
+        return key
+    full = pre_ln_canonical_name(self._ckpt_prefix + key, self.config.num_hidden_layers)
+    return full[len(self._ckpt_prefix):]
 
 
 class BertPooler(nn.Module):
@@ -283,152 +330,6 @@ class BertPooler(nn.Module):
         """[B, S, H] -> tanh(dense(first token)) [B, H]."""
         first = sequence_output.narrow(1, 0, 1).squeeze(1)
         return flow.tanh(self.dense(first))
-
-
-# --------------------------------------------------------------------------- loading
-
-
-# What from_pretrained's keyword overrides may set.
-_CONFIG_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
-
-
-class _PreTrained(nn.Module):
-    """from_pretrained / save_pretrained over a bert_of checkpoint directory."""
-
-    # Prefix this class's own names carry inside a full (canonical) checkpoint.
-    _ckpt_prefix = ""
-
-    def canonical_state(self) -> dict:
-        """{canonical name: numpy array}; tied decoder weight appears once."""
-        return {self._ckpt_prefix + k: v.numpy() for k, v in _local_state(self).items()}
-
-    def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
-        """Copy {canonical name: array} into the parameters.
-
-        Every tensor first passes the gate the converters use (bert_of.tensors): floating
-        point, a place in a BERT of this model's config (no layer beyond ``num_hidden_layers``,
-        no unknown name) with the shape it implies, the backbone complete. So a config that does
-        not fit its tensors is an error here exactly as in ``bert-of convert``. Tensors of task
-        heads this class does not have are accepted (and returned as "unexpected"); task heads
-        missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
-        checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
-        """
-        own = {self._ckpt_prefix + k: p for k, p in self.state_dict().items()}
-        arrays = {k: np.asarray(v) for k, v in state.items()}
-        for name, arr in arrays.items():
-            check_role(name, arr.dtype, "checkpoint")
-        missing = [k for k in own if k not in arrays]
-        unexpected = sorted(k for k in arrays if k not in own)
-        bad_missing = [k for k in missing if strict_heads or k.startswith("bert.")]
-        if bad_missing:
-            raise CheckpointError(f"checkpoint lacks {len(bad_missing)} tensor(s) the model needs, first: {bad_missing[0]}")
-        for name, param in own.items():
-            if name in arrays and tuple(arrays[name].shape) != tuple(param.shape):
-                raise CheckpointError(f"tensor {name}: checkpoint shape {list(arrays[name].shape)} != model shape "
-                                      f"{list(param.shape)}")
-        # The rest must fit this config too; a head this class lacks may come from a config with
-        # another label count, so its shape is not ours to check.
-        check_fit({k: a.shape for k, a in arrays.items()}, self.config, "checkpoint", require_backbone=False,
-                  loose=[k for k in unexpected if k.startswith("classifier.")])
-        with flow.no_grad():
-            for name, param in own.items():
-                if name not in arrays:
-                    continue
-                _copy_in(param, arrays[name])
-        return {"missing": missing, "unexpected": unexpected}
-
-    @classmethod
-    def from_pretrained(cls, name_or_path, config: Optional[BertConfig] = None, strict_heads: bool = False,
-                        **overrides):
-        """Load a model the way HF's ``from_pretrained`` does, from
-
-        - a zoo name or alias ("bert-base": downloaded, verified and converted on first use),
-        - a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt),
-        - a checkpoint in any format bert_of reads (a Google TF folder or prefix, an HF or Keras
-          directory, a lazy OneFlow snapshot: converted once into the cache and reused).
-
-        ``config`` replaces the checkpoint's config. ``overrides`` are BertConfig fields
-        (``num_labels=3``, ``hidden_dropout_prob=0.0``), validated again; any other keyword is a
-        TypeError naming it. Heads missing from the checkpoint are newly initialised (see
-        ``load_canonical``); ``loading_info`` says which.
-        """
-        unknown = sorted(set(overrides) - _CONFIG_FIELDS)
-        if unknown:
-            hints = [f"{k} (did you mean {close[0]}?)" if close else k
-                     for k in unknown for close in [difflib.get_close_matches(k, sorted(_CONFIG_FIELDS), n=1)]]
-            raise TypeError(f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {', '.join(hints)}; "
-                            f"keywords set BertConfig fields: {', '.join(sorted(_CONFIG_FIELDS))}")
-        path = resolve_checkpoint(name_or_path)
-        ckpt = load_checkpoint(path)
-        config = replace(config or ckpt.config, **overrides)  # a new, re-validated config
-        model = cls(config)
-        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
-        if info["missing"]:
-            log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}")
-        model.loading_info = info
-        model.vocab_file = ckpt.vocab_file
-        model.eval()
-        return model
-
-    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
-        """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
-        existing, as transformers does: its files of these names are replaced, others kept.
-        Every file is written whole before any lands (see :func:`bert_of.fs.publishing_into`)."""
-        state = self.canonical_state()
-        write_checkpoint(path, list(state.items()), self.config,
-                         vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
-
-    def init_weights(self, seed: int = 0, names=None) -> None:
-        """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
-
-        Drawn with NumPy in name order so every rank, mode and run starts from
-        the same numbers. ``names`` (canonical names, e.g. ``loading_info["missing"]``: heads a
-        checkpoint lacked): only those tensors, drawn in the same order; the rest are kept.
-        """
-        rng = np.random.default_rng(seed)
-        std = self.config.initializer_range
-        state = {}
-        for name, p in self.state_dict().items():
-            if names is not None and self._ckpt_prefix + name not in names:
-                continue
-            shape = tuple(p.shape)
-            if ".LayerNorm." in "." + name and name.endswith("weight"):
-                state[name] = np.ones(shape, np.float32)
-            elif name.endswith("bias") or ".LayerNorm." in "." + name:
-                state[name] = np.zeros(shape, np.float32)
-            else:
-                state[name] = truncated_normal(rng, shape, std)
-        if names is None:
-            self.load_canonical({self._ckpt_prefix + k: v for k, v in state.items()}, strict_heads=True)
-            return
-        own = self.state_dict()
-        with flow.no_grad():
-            for name, value in state.items():
-                _copy_in(own[name], value)
-
-
-def _copy_in(param, arr) -> None:
-    """Copy a numpy array into a (local or global) parameter of the same shape; under no_grad."""
-    arr = np.ascontiguousarray(arr)
-    if param.is_global:
-        src = flow.tensor(arr, dtype=param.dtype).to_global(placement=param.placement, sbp=param.sbp)
-    else:
-        src = flow.tensor(arr, dtype=param.dtype, device=param.device)
-    param.copy_(src)
-
-
-def to_local_full(t):
-    """A global tensor as this rank's full local copy (no communication when broadcast)."""
-    if not t.is_global:
-        return t
-    if any(s != flow.sbp.broadcast for s in t.sbp):
-        t = t.to_global(sbp=flow.sbp.broadcast)
-    return t.to_local()
-
-
-def _local_state(module) -> dict:
-    """state_dict with global tensors as full local tensors."""
-    return {k: to_local_full(v) for k, v in module.state_dict().items()}
 
 
 def _mask_adder(attention_mask, dtype):
@@ -485,7 +386,7 @@ def as_input(x, name: str, like, ids: bool = True):
     return flow.tensor(a, dtype=dtype, device=like.device)
 
 
-class BertModel(_PreTrained):
+class BertModel(PreTrained):
     """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors.
 
     ``dropout_generator``: the one ``flow.Generator`` every dropout of the model draws from (each
@@ -494,17 +395,23 @@ class BertModel(_PreTrained):
     """
 
     _ckpt_prefix = "bert."
+    state_name = _state_name
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
-        self.encoder = BertEncoder(config)
+        self.encoder = (BertPreLNEncoder if config.pre_ln else BertEncoder)(config)
         self.pooler = BertPooler(config)
         self.dropout_generator = flow.Generator()
         for m in self.modules():
             if isinstance(m, nn.Dropout):
                 m.generator = self.dropout_generator
+
+    @property
+    def base_model(self) -> "BertModel":
+        """The model itself (a head's ``base_model`` is its BertModel)."""
+        return self
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=None,
                 output_attentions=None, return_dict=None) -> BertModelOutput:
@@ -527,27 +434,28 @@ class BertModel(_PreTrained):
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
         hidden = self.embeddings(input_ids, token_type_ids)
-        norm = self.embeddings.LayerNorm if self.config.pre_ln else None
         states = [] if output_hidden_states else None
         probs = [] if output_attentions else None
-        mask_adder = _mask_adder(attention_mask, hidden.dtype)
-        if states is None and probs is None:  # the call bert-of predict's layer-by-layer graph replaces
-            seq = self.encoder(hidden, mask_adder, norm)
-        else:
-            seq = self.encoder(hidden, mask_adder, norm, states=states, probs_out=probs)
+        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype), states=states, probs_out=probs)
         out = BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq),
                               hidden_states=None if states is None else tuple(states),
                               attentions=None if probs is None else tuple(probs))
         return out if return_dict is None or return_dict else out.to_tuple()
 
 
-class _WithBert(_PreTrained):
+class _WithBert(PreTrained):
     _ckpt_prefix = ""
+    state_name = _state_name
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
+
+    @property
+    def base_model(self) -> BertModel:
+        """The BertModel under the head (transformers' name)."""
+        return self.bert
 
     @property
     def dropout_generator(self):
@@ -744,14 +652,17 @@ class BertForTokenClassification(_WithBert):
         return res if return_dict is None or return_dict else res.to_tuple()
 
 
-def model_class_for(names) -> type:
-    """The class whose parameters a checkpoint's canonical names describe."""
+def model_class_for(names, config: Optional[BertConfig] = None) -> type:
+    """The class whose parameters a checkpoint's canonical names describe; a ``classifier.*`` head
+    is a token classifier when ``config.classifier_kind`` says so (the same names)."""
     names = set(names)
     if any(n.startswith("cls.predictions.") for n in names) and any(n.startswith("cls.seq_relationship.") for n in names):
         return BertForPreTraining
     if any(n.startswith("qa_outputs.") for n in names):
         return BertForQuestionAnswering
     if any(n.startswith("classifier.") for n in names):
+        if config is not None and config.classifier_kind == "token":
+            return BertForTokenClassification
         return BertForSequenceClassification
     return BertModel
 

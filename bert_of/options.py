@@ -20,7 +20,7 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 
 
 def arg(default=MISSING, *, help: str, flag: str | None = None, short: str | None = None, metavar: str | None = None,

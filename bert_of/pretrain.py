@@ -20,7 +20,9 @@ from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.data.reader import PretrainingDataset, dataset_vocab
 from bert_of.errors import ConfigError
-from bert_of.fs import atomic_write, read_json, sha256_file, write_json
+from bert_of.files.atomic import atomic_write, write_json
+from bert_of.files.reading import read_json, sha256_file
+from bert_of.files.owned import register_own_files
 from bert_of.modeling import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
 from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
@@ -33,6 +35,7 @@ from bert_of.zoo import Zoo, resolve_for
 
 
 ZOO_METADATA = "zoo_metadata.json"
+register_own_files((ZOO_METADATA,))
 
 
 class PretrainingBatches:

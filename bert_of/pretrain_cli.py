@@ -8,10 +8,13 @@ import sys
 import types
 from dataclasses import dataclass
 
+from bert_of import process
 from bert_of.cli_grammar import add_command
 from bert_of.data.reader import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.fs import LOCK_NAME, atomic_open, check_unlocked, read_json, read_jsonl
+from bert_of.files.atomic import atomic_open, read_jsonl
+from bert_of.files.locks import check_unlocked, LOCK_NAME
+from bert_of.files.reading import read_json
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import TrainConfig, arg, from_args, resume_from_record
 from bert_of.plots import FONT, draw, pyplot, styles
@@ -29,7 +32,7 @@ def options(args) -> PretrainOptions:
 
 def _set_blas(opts) -> None:
     if "oneflow" not in sys.modules:  # read when OneFlow loads; inherited by relaunched ranks
-        os.environ["BERT_OF_BLAS"] = opts.blas
+        process.set_environ({"BERT_OF_BLAS": opts.blas})
 
 
 def preflight(opts: PretrainOptions, world: int) -> PretrainOptions:

@@ -44,7 +44,7 @@ ERROR_PREFIX = "bert-of: error: "
 # its checkpoint through the zoo's command); stopping: the signal that is ending this command.
 _STATE = {"pid": None, "depth": 0, "stopping": None}
 _DEFER = {"depth": 0, "pending": None}
-_AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.fs: unfinished writes)
+_AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.files.atomic: unfinished writes)
 
 
 # --------------------------------------------------------------------------- set-up
@@ -103,7 +103,9 @@ def signals_blocked():
 
 @contextlib.contextmanager
 def command():
-    """A command runs: a signal now raises KeyboardInterrupt / Terminated in the main thread."""
+    """A command runs: a signal now raises KeyboardInterrupt / Terminated in the main thread. The
+    outermost command returns with OneFlow drained (:func:`drain_oneflow`): what the caller does next
+    (a test harness, a library user's loop) meets no native work still running."""
     if _STATE["depth"] == 0:
         _STATE["stopping"] = None
     _STATE["depth"] += 1
@@ -111,6 +113,45 @@ def command():
         yield
     finally:
         _STATE["depth"] -= 1
+        if _STATE["depth"] == 0:
+            drain_oneflow()
+
+
+# --------------------------------------------------------------------------- the environment
+
+
+def drain_oneflow() -> None:
+    """Wait until OneFlow, if this process loaded it, has run every instruction it was given: its
+    worker threads are then idle. Eager OneFlow is asynchronous, so a call that returned may still
+    have kernels (and a dropped graph's teardown) running behind it."""
+    flow = sys.modules.get("oneflow")
+    internal = getattr(flow, "_oneflow_internal", None)
+    if internal is None or not hasattr(internal, "eager"):  # not loaded, or half-imported
+        return
+    try:
+        internal.eager.Sync()
+    except Exception:  # noqa: BLE001 - shutting down / a failed run: nothing left to drain
+        pass
+
+
+def set_environ(values: dict, keep_existing: bool = False) -> None:
+    """The one way bert_of changes ``os.environ`` (a value None removes the variable).
+
+    OneFlow's worker threads call getenv for every kernel they launch (DNNL_DEFAULT_FPMATH_MODE,
+    ONEFLOW_KERNEL_*), and setenv of a new name reallocates the C environment array under them: a
+    segfault within seconds when a thread writes the environment while kernels run, none in 20 s of
+    the same writes with OneFlow idle (tests/test_stress.py). So OneFlow is drained first.
+    ``keep_existing``: only names not set yet are written (``os.environ.setdefault``)."""
+    todo = {k: v for k, v in values.items()
+            if os.environ.get(k) != v and not (keep_existing and k in os.environ)}
+    if not todo:
+        return
+    drain_oneflow()
+    for k, v in todo.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def stopped(e: KeyboardInterrupt, note: str = "") -> int:
@@ -317,12 +358,10 @@ def oneflow_import():
     with signals_blocked() if main else contextlib.nullcontext():  # a signal waits until all is put back
         before = dict(os.environ)
         try:
-            os.environ.update(_import_environment())
+            set_environ(_import_environment())
             with _stderr_filtered() if is_set_up() else contextlib.nullcontext():
                 yield
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-            for k in set(os.environ) - set(before):
-                del os.environ[k]
-            os.environ.update({k: v for k, v in before.items() if os.environ.get(k) != v})
+            set_environ({**{k: None for k in set(os.environ) - set(before)}, **before})

@@ -39,7 +39,7 @@ import unicodedata
 from typing import Iterable, List, Optional
 
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

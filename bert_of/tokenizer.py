@@ -25,7 +25,7 @@ import numpy as np
 
 from bert_of.checkpoint import resolve_checkpoint
 from bert_of.errors import BertOfError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 from bert_of.tokenization import (FastTokenizer, FullTokenizer, _is_cjk, _is_control, _is_punctuation,
                                   _is_whitespace, read_vocab_lines, recorded_lower_case, vocab_looks_cased)
 

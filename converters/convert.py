@@ -1,51 +1,32 @@
 """Any format to any format, through canonical names.
 
 ``convert("tf2of", src, dst)`` = ``FORMATS["of"].write_files(FORMATS["tf"].read(src), staged dst)``.
-Adding a format means one module in ``FORMATS``; no pairwise code.
+Adding a format means one module and one line in ``converters/registry.py``; no pairwise code.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
-from bert_of.fs import check_destination, publishing
+from bert_of.files.owned import check_destination
+from bert_of.files.publish import publishing
 from bert_of.converters.source import Options, Source, summarize
+from bert_of.converters import registry
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.progress import Progress
 from bert_of.tokenization import check_vocab_fits
 
-# short name -> module (imported on use so `convert tf2of` never loads OneFlow or TF)
-FORMATS = {
-    "tf": "bert_of.converters.tf1",
-    "of": "bert_of.converters.of",
-    # flow.save folders: before lazy, whose detection takes any folder with snapshot_done
-    "libai": "bert_of.converters.libai",
-    "ofmodels": "bert_of.converters.ofmodels",
-    "ofsd": "bert_of.converters.ofsd",
-    "lazy": "bert_of.converters.lazy",
-    "hf": "bert_of.converters.hf",
-    "h5": "bert_of.converters.h5",
-}
-DESCRIPTIONS = {
-    "tf": "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)",
-    "of": "bert_of checkpoint directory (config.json + model.safetensors + vocab.txt)",
-    "libai": "LiBai BERT saved by flow.save (model_final/model/ + the run's config.yaml)",
-    "ofmodels": "Oneflow-Inc/models NLP/BERT state dict saved by flow.save (pickled_data + tensor_N/)",
-    "ofsd": "bert_of module state dict saved by flow.save (pickled_data + tensor_N/ + config.json)",
-    "lazy": "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])",
-    "hf": "HuggingFace directory (config.json + model.safetensors)",
-    "h5": "HuggingFace Keras weights (tf_model.h5 + config.json)",
-}
+# short name -> Format (converters/registry.py: every format module declares its own descriptor)
+FORMATS = registry.FORMATS
+DESCRIPTIONS = {name: f.description for name, f in FORMATS.items()}
 
 
 def module(fmt: str):
-    if fmt not in FORMATS:
-        raise BertOfError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
-    return importlib.import_module(FORMATS[fmt])
+    """The format's descriptor (``detect``, ``read``, ``write_files`` and its traits)."""
+    return registry.get(fmt)
 
 
 def parse_direction(direction: str) -> tuple:
@@ -60,14 +41,8 @@ def detect(path: str) -> str:
     """The format of ``path``; a clear error when none fits."""
     if not os.path.exists(path) and not any(os.path.exists(path + s) for s in (".index",)):
         raise CheckpointError(f"{path}: no such file or directory")
-    for fmt in FORMATS:
-        try:
-            mod = module(fmt)
-        except ModuleNotFoundError as e:  # a format not installed in this checkout
-            if e.name == FORMATS[fmt]:
-                continue
-            raise
-        if mod.detect(path):
+    for fmt, f in FORMATS.items():
+        if f.detect(path):
             return fmt
     raise CheckpointError(f"{path}: not a checkpoint in any known format ({', '.join(FORMATS)})")
 
@@ -122,16 +97,11 @@ def _counted(source: Source, desc: str):
                 setattr(source, key, group)
 
 
-# Formats whose files record that a classifier.* head is a token classifier (config.classifier_kind):
-# bert_of's config.json (of, ofsd), HF's architectures (hf, h5), bert_config.json's bert_of key (tf, lazy).
-TOKEN_CLASSIFIER_FORMATS = ("of", "ofsd", "hf", "h5", "tf", "lazy")
-
-
 def convert(direction: str, src: str, dst: str, opts: Options | None = None, check=None) -> tuple:
     """Run one conversion; returns (Source, notes). Nothing is left at dst on error.
 
     ``dst`` is never the source, inside it or around it (nor ``opts.config`` / ``opts.vocab``);
-    ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.fs.check_destination`).
+    ``opts.overwrite`` replaces only a folder of files bert_of writes (:func:`bert_of.files.owned.check_destination`).
 
     ``check(source, staged_dir)``, when given, runs on the finished files before they are published
     (``convert --verify``, with the ``Source`` already read): if it raises, ``dst`` is never created (or, with ``overwrite``, the
@@ -139,6 +109,8 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     """
     opts = opts or Options()
     a, b = parse_direction(direction)
+    if module(b).write_files is None:
+        raise BertOfError(f"cannot convert to {b}: bert_of reads {b} and does not write it")
     sources = (src, opts.config, opts.vocab)  # never written over, into or around
     check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
     for attempt in range(ATTEMPTS):
@@ -153,16 +125,16 @@ def _convert(a, b, direction, src, dst, opts, check, sources) -> tuple:
     source = _read(a, src, opts)
     target = module(b)
     why = source.config.original_bert_mismatch()
-    if why and not getattr(target, "PRE_LN", b == "of"):
+    if why and not target.pre_ln:
         raise CheckpointError(f"{src}: cannot convert to {b}: {why}")
     stage = None
     try:
         with publishing(dst, overwrite=opts.overwrite, sources=sources) as stage:
             with _counted(source, direction):
                 notes = target.write_files(source, stage, opts) or []
-                if not hasattr(target, "PRE_LN") and b != "of":  # an original-BERT format: what it drops
+                if not target.records_numerics:  # an original-BERT format: what it drops
                     notes += source.config.numerics_notes()
-                if source.config.classifier_kind == "token" and b not in TOKEN_CLASSIFIER_FORMATS and \
+                if source.config.classifier_kind == "token" and not target.token_classifier and \
                         any(s.name == "classifier.weight" for s, _ in source.tensors):
                     notes.append(f"note: {b} does not record a token classifier: classifier.* written as they "
                                  f"are, read back as a sequence classifier (on the pooled output)")

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bert_of.errors import CheckpointError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.tensors import nbytes
 from bert_of.converters.lazy import DATA_FILE, META_FILE, format_meta, parse_meta
 
@@ -374,7 +374,7 @@ def _meta(d: str):
 
 def read_dir(path: str, root: str | None = None) -> list:
     """The tensors of a flow.save folder: [Entry] in the state dict's order (nothing read yet).
-    ``root``: the path that reads the folder (bert_of.fs.PinnedDir.real); the entries' folders are
+    ``root``: the path that reads the folder (bert_of.files.pinned.PinnedDir.real); the entries' folders are
     under it."""
     st = _regular(path, "folder")
     if not stat.S_ISDIR(st.st_mode):

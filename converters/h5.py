@@ -42,12 +42,14 @@ import numpy as np
 from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError, OutputError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.tensors import nbytes
 from bert_of.converters import hdf5, hf
 from bert_of.converters.source import Options, ReportLine, Source
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort, whole
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "h5"
 WEIGHTS_FILE = "tf_model.h5"
@@ -177,7 +179,7 @@ def detect(path: str) -> bool:
 
 def _hf_config(path: str, held: str, numerics: str | None = None) -> BertConfig:
     """HF's config.json (shared with the safetensors format: "gelu" means erf); ``held``: the
-    path that reads it (bert_of.fs.PinnedDir.hold)."""
+    path that reads it (bert_of.files.pinned.PinnedDir.hold)."""
     return hf.config_from_hf(hf._read_json(held, "HuggingFace config"), path, numerics)
 
 
@@ -272,7 +274,7 @@ def read(path: str, opts: Options) -> Source:
 
 
 def _read_pinned(pin, path: str, opts: Options) -> Source:
-    """The .h5 file, its config and vocab from ``pin``'s tree (bert_of.fs.PinnedDir): one checkpoint."""
+    """The .h5 file, its config and vocab from ``pin``'s tree (bert_of.files.pinned.PinnedDir): one checkpoint."""
     h5 = _weights_path(path, pin)
     held = pin.hold(h5)
     side = {}  # display path -> held path: the config and vocab opened with the weights (the probe takes a while)
@@ -497,3 +499,9 @@ def _write_weights(f, layout, rows, by_name, source) -> None:
             del arr
         _set_list_attr(g, "weight_names", names)
     _set_list_attr(f.create_group("top_level_model_weights"), "weight_names", [])
+
+
+FORMAT = Format(NAME, "HuggingFace Keras weights (tf_model.h5 + config.json)", detect, read, write_files,
+                reference_np.Keras, owns=(WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE),
+                token_classifier=True,  # config.json's architectures
+                table=TABLE, ecosystem="tf-weights", dtypes=("float32", "float16"))  # h5py has no bfloat16

@@ -54,13 +54,16 @@ import numpy as np
 from bert_of.checkpoint import SafetensorsFile, TensorSpec, copy_file, write_safetensors
 from bert_of.config import HF_ACT, BertConfig, pop_task_fields
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import read_json, write_json, writes_to
+from bert_of.files.atomic import write_json, writes_to
+from bert_of.files.reading import read_json
 from bert_of.converters.source import Options, ReportLine, Source, lower_case_of
 from bert_of.converters.mapping import Table, spell
 from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros,
                                        sort, whole)
 from bert_of.converters.torch_zip import TorchZipFile
 from bert_of.tokenization import read_vocab_lines
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "hf"
 CONFIG_FILE = "config.json"
@@ -241,7 +244,7 @@ def _read_json(path: str, what: str) -> dict:
 
 class _Weights:
     """name -> (file object) over one file or an index of shards (every file opened now, in
-    ``pin``'s tree: bert_of.fs.PinnedDir)."""
+    ``pin``'s tree: bert_of.files.pinned.PinnedDir)."""
 
     def __init__(self, path: str, pin):
         self.files, self.where, self.pin = {}, {}, pin
@@ -325,7 +328,7 @@ def read(path: str, opts: Options) -> Source:
 
 
 def _read(pin, path: str, opts: Options) -> Source:
-    """Every file through ``pin`` (bert_of.fs.PinnedDir): one checkpoint, whatever replaces ``path``."""
+    """Every file through ``pin`` (bert_of.files.pinned.PinnedDir): one checkpoint, whatever replaces ``path``."""
     cfg_path = _side_path(path, opts.config, CONFIG_FILE, "config", pin)
     held_cfg = pin.hold(cfg_path)
     raw_cfg = _read_json(held_cfg, "HuggingFace config")
@@ -541,3 +544,9 @@ def _write_tokenizer_files(source: Source, d: str) -> None:
     for name, obj in ((TOKENIZER_CONFIG_FILE, cfg), (SPECIAL_TOKENS_FILE, specials)):
         with writes_to(os.path.join(d, name)):
             write_json(os.path.join(d, name), obj)
+
+
+FORMAT = Format(NAME, "HuggingFace directory (config.json + model.safetensors)", detect, read, write_files,
+                reference_np.HuggingFace, owns=(CONFIG_FILE, SAFETENSORS, VOCAB_FILE),
+                token_classifier=True,  # config.json's architectures
+                table=TABLE, ecosystem="transformers")

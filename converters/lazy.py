@@ -77,11 +77,13 @@ import numpy as np
 from bert_of.checkpoint import expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.tensors import check_shape, nbytes
 from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, Hit, check, finish, sort, whole
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "lazy"
 CONFIG_FILE = "bert_config.json"
@@ -384,7 +386,7 @@ def read(path: str, opts: Options) -> Source:
 
 
 def _read(pin, snap: str, opts: Options) -> Source:
-    """Every variable folder through ``pin`` (bert_of.fs.PinnedDir: one snapshot, whatever replaces
+    """Every variable folder through ``pin`` (bert_of.files.pinned.PinnedDir: one snapshot, whatever replaces
     ``snap``); the variables' paths read that tree (messages name them as ``snap`` does)."""
     done = os.path.isfile(pin.real(os.path.join(snap, SNAPSHOT_DONE)))
 
@@ -692,3 +694,9 @@ def _one(prod, dtype):
         return a.reshape((1,)).astype(dtype if dtype is not None else a.dtype, copy=False)
 
     return f
+
+
+FORMAT = Format(NAME, "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])", detect, read, write_files,
+                reference_np.Lazy, owns=(DATA_FILE, META_FILE, SNAPSHOT_DONE, CONFIG_FILE, VOCAB_FILE),
+                token_classifier=True,  # bert_config.json's bert_of key
+                table=TABLE, dtypes=("float32", "float16"))  # the meta record has no bfloat16 code here

@@ -53,10 +53,11 @@ from bert_of.converters import native
 from bert_of.converters.source import Source
 from bert_of.converters.mapping import Table
 from bert_of.converters.native import PARAM, Hit, Layout
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 from bert_of.converters.native_config import libai_cfg_of
 
 NAME = "libai"
-PRE_LN = True
 
 _E, _C = "bert.encoders.{i}", "bert.encoder.layer.{i}"
 
@@ -209,3 +210,8 @@ def _write_notes(source: Source) -> list:
 LAYOUT = Layout(NAME, ("embeddings", "encoders", "final_layernorm", "pooler"), _classify, _items, libai_cfg_of,
                 "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)", _no_pooler, _write_notes)
 detect, read, write_files = native.format_functions(LAYOUT)
+
+
+FORMAT = Format(NAME, "LiBai BERT saved by flow.save (model_final/model/ + the run's config.yaml)",
+                detect, read, write_files, reference_np.LiBai, owns=native.OWNS, pre_ln=True, records_numerics=True,
+                table=TABLE, dtypes=native.DTYPES)

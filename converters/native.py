@@ -26,7 +26,7 @@ import numpy as np
 
 from bert_of.checkpoint import copy_file
 from bert_of.errors import CheckpointError
-from bert_of.fs import writes_to
+from bert_of.files.atomic import writes_to
 from bert_of.tensors import TensorSpec
 from bert_of.converters import flow_save
 from bert_of.converters.source import Options, ReportLine, Source, cast_spec
@@ -38,6 +38,9 @@ VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "config.json"
 PARAM, BUFFER = "oneflow.nn.Parameter", "oneflow.Tensor"
 POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
+# what these formats' writer creates: flow.save's pickled_data and tensor_N/{out,meta}, our config and vocabulary
+OWNS = (flow_save.PICKLE_FILE, flow_save.DATA_FILE, flow_save.META_FILE, CONFIG_FILE, VOCAB_FILE)
+DTYPES = ("float32", "float16")  # flow.save's meta (the lazy record) has no bfloat16 code here
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def read(path: str, opts: Options, layout: Layout) -> Source:
 
 
 def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
-    """The folder's files through ``pin`` (bert_of.fs.PinnedDir): one checkpoint, whatever replaces
+    """The folder's files through ``pin`` (bert_of.files.pinned.PinnedDir): one checkpoint, whatever replaces
     ``path`` meanwhile; the entries' folders read that tree."""
     entries = flow_save.read_dir(path, pin.real(path))
     if not entries:

@@ -26,7 +26,7 @@ import re
 
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 from bert_of.converters.hf import config_from_hf
 
 CONFIG_NAMES = ("config.json", "bert_config.json")
@@ -245,7 +245,7 @@ def read_config_file(path: str) -> dict:
 def find_config(path: str, override=None, real=lambda p: p):
     """The config file of the flow.save folder ``path``: ``override``, a LiBai run's config.yaml, a
     config.json / bert_config.json in or beside it; None when there is none. ``real(p)``: the path
-    that reads ``p`` (bert_of.fs.PinnedDir.real)."""
+    that reads ``p`` (bert_of.files.pinned.PinnedDir.real)."""
     if override:
         if not os.path.isfile(real(override)):
             raise ConfigError(f"{override}: config file not found")
@@ -373,7 +373,7 @@ def ofmodels_args_of(config: BertConfig) -> dict:
 def load_config(path: str, override, fmt: str, real=lambda p: p):
     """(BertConfig, config file) for the flow.save folder ``path`` read as format ``fmt``
     ("ofsd" | "ofmodels" | "libai"); ConfigError naming what is missing. ``real(p)``: the path that
-    reads ``p`` (bert_of.fs.PinnedDir.real)."""
+    reads ``p`` (bert_of.files.pinned.PinnedDir.real)."""
     where = find_config(path, override, real)
     if where is None:
         raise ConfigError(f"{path}: no config in or beside this flow.save folder (config.json, bert_config.json, "

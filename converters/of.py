@@ -10,6 +10,8 @@ from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.reader import whole
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "of"
 
@@ -79,3 +81,9 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     write_checkpoint_files(d, tensors, source.config, source.vocab_file, optimizer=optimizer,
                            metadata={"format": "bert_of", "converted_from": source.format})
     return []
+
+
+FORMAT = Format(
+    NAME, "bert_of checkpoint directory (config.json + model.safetensors + vocab.txt)", detect, read, write_files,
+    reference_np.BertOf, owns=(CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, VOCAB_NAME),
+    pre_ln=True, records_numerics=True, token_classifier=True)  # the canonical format: its config is bert_of's

@@ -32,10 +32,11 @@ from bert_of.tensors import expected_shapes
 from bert_of.converters import native
 from bert_of.converters.source import Source
 from bert_of.converters.native import BUFFER, PARAM, Hit, Layout
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 from bert_of.converters.native_config import ofmodels_args_of
 
 NAME = "ofmodels"
-PRE_LN = False
 
 WORD = "bert.embeddings.word_embeddings.weight"
 MLM_BIAS = "cls.predictions.bias"
@@ -99,3 +100,9 @@ def _write_notes(source: Source) -> list:
 LAYOUT = Layout(NAME, ("embeddings", "encoder", "pooler"), _classify, _items, ofmodels_args_of,
                 "Oneflow-Inc/models BERT (BertForPreTraining / BertModel / SQuAD)", write_notes=_write_notes)
 detect, read, write_files = native.format_functions(LAYOUT)
+
+
+FORMAT = Format(NAME, "Oneflow-Inc/models NLP/BERT state dict saved by flow.save (pickled_data + tensor_N/)",
+                detect, read, write_files, reference_np.OfModels, owns=native.OWNS,
+                records_numerics=True,  # the models repo's arguments, written beside
+                dtypes=native.DTYPES)

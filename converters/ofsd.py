@@ -14,9 +14,10 @@ from __future__ import annotations
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
 from bert_of.converters.native import PARAM, Hit, Layout
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "ofsd"
-PRE_LN = True  # its config is bert_of's: it records every numerics bert_of computes
 
 
 def _classify(name, config):
@@ -37,3 +38,9 @@ LAYOUT = Layout(NAME, ("embeddings", "encoder", "pooler"), _classify, _items, la
 
 
 detect, read, write_files = native.format_functions(LAYOUT)
+
+
+FORMAT = Format(NAME, "bert_of module state dict saved by flow.save (pickled_data + tensor_N/ + config.json)",
+                detect, read, write_files, reference_np.OfStateDict, owns=native.OWNS,
+                pre_ln=True, records_numerics=True,  # its config is bert_of's: every numerics bert_of computes
+                token_classifier=True, dtypes=native.DTYPES)

@@ -32,7 +32,7 @@ The API:
   gets a layout in ``converters/reference_np.py`` (its names, orientation and numerics, written
   from the format's own code, not from its TABLE).
 
-Whole checkpoints: :func:`whole` runs a format's read on one :class:`bert_of.fs.PinnedDir` (the
+Whole checkpoints: :func:`whole` runs a format's read on one :class:`bert_of.files.pinned.PinnedDir` (the
 folder, or the folder holding a file or TF prefix), so every file comes from one tree even while
 ``--overwrite`` swaps the path between checkpoints; a read that the swap broke is read again,
 and the producers keep the pin (they read that tree, or fail with ``SourceChanged``).
@@ -51,7 +51,7 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import BertOfError, CheckpointError, SourceChanged
-from bert_of.fs import PinnedDir
+from bert_of.files.pinned import PinnedDir
 from bert_of.tensors import SCALAR_SLOTS, SCALAR_STATE, TensorSpec, check_fit, checked_producer
 from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse

@@ -6,7 +6,7 @@ checkpoint's tensors **as the file stores them**, in the file's own names and la
 numerics the file's own code computes. A wrong name table, a missing transpose, the wrong GELU
 or LayerNorm epsilon in a reader is then a difference, not a bug carried into both sides.
 
-Layouts (one class each; :data:`LAYOUTS`):
+Layouts (one class each; a format's descriptor names its class, ``converters/registry.py``):
 
 - ``tf``: google-research/bert. ``bert/encoder/layer_{i}/attention/self/query/kernel`` [in, out];
   the heads' ``output_weights`` [out, in] (multiplied with transpose_b). ``"gelu"`` is the tanh
@@ -90,6 +90,21 @@ class Layout:
     def __init__(self, tensors: dict, config: dict, numerics: tuple):
         self.tensors, self.config = tensors, config
         self.act, self.eps = numerics
+
+    @classmethod
+    def numerics(cls, config: dict, provenance: str | None = None) -> tuple:
+        """(activation, LayerNorm epsilon) the codebase computes, from its own config dict
+        (transformers' reading by default)."""
+        return HF_ACTS.get(config.get("hidden_act", "gelu")), _eps(config)
+
+    @classmethod
+    def from_source(cls, source) -> "Layout":
+        """This layout on a ``Source``'s stored tensors, with the numerics its own config file says."""
+        config = read_config(source.config_file) if source.config_file and os.path.isfile(source.config_file) else {}
+        act, eps = cls.numerics(config, source.native_numerics or source.config.provenance)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"activation {config.get('hidden_act')!r} has no reference")
+        return cls(source.stored, config, (act, eps))
 
     def stored(self, role: str, i: int = 0):
         """The stored name of a role, or None when the file has no such tensor."""
@@ -177,6 +192,10 @@ def _roles(dense, vec, ln, emb, heads):
 class Google(Layout):
     name = "tf"
 
+    @classmethod
+    def numerics(cls, config, provenance=None):
+        return _google_act(config), _eps(config)
+
     def token_classifier(self):  # the key bert_of writes beside Google's (Google's code has no token head)
         return self.config.get("bert_of_classifier_kind") == "token"
     _L = "bert/encoder/layer_{i}/"
@@ -236,6 +255,10 @@ class BertOf(HuggingFace):
     name = "of"
     mask_value = -10000.0
 
+    @classmethod
+    def numerics(cls, config, provenance=None):  # bert_of's config names the exact function
+        return config.get("hidden_act", "gelu_erf"), _eps(config)
+
     def token_classifier(self):  # bert_of's config.json: classifier_kind
         return self.config.get("classifier_kind") == "token"
 
@@ -278,6 +301,13 @@ def _dashed(names: dict) -> dict:
 
 class Lazy(Layout):
     name = "lazy"
+
+    @classmethod
+    def numerics(cls, config, provenance=None):
+        """The lazy kernels' GELU whatever the label says; epsilon by the snapshot's provenance."""
+        gelu, eps = LAZY_PROVENANCE[provenance or "lazy"]
+        act = _google_act(config)
+        return (gelu if act and act.startswith("gelu") else act), eps
     token_classifier = Google.token_classifier
     NAMES = {**_dashed(Google.NAMES), **_roles({}, None, {}, {}, {
         "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: a dense [H, 2]
@@ -287,9 +317,21 @@ class Lazy(Layout):
                 ("output_weights", "output_bias", "out_in")]})}  # off-by-one split, and Google's
 
 
+def _native(cls, source, own: dict):
+    """A flow.save folder holds no config: its numerics are what the reader found for it, from the
+    config beside it (LiBai's config.yaml, the models repo's arguments, bert_of's config.json)."""
+    c = source.config
+    return cls(source.stored, own, (c.hidden_act, float(c.layer_norm_eps)))
+
+
 class OfStateDict(BertOf):
     """bert_of's own module state dict saved with flow.save: the canonical names (bare for a BertModel)."""
     name = "ofsd"
+
+    @classmethod
+    def from_source(cls, source):
+        return _native(cls, source, {"classifier_kind": source.config.classifier_kind,  # bert_of's config
+                                     "head_layer_norm_eps": source.config.head_layer_norm_eps})
 
 
 class OfModels(HuggingFace):
@@ -304,6 +346,10 @@ class OfModels(HuggingFace):
              "pos": HuggingFace.NAMES["pos"] + [("bert.embeddings.position_embeddings", None)],
              "mlm_bias": [("cls.predictions.output_bias", None), ("output_bias", None)],
              **_roles({}, None, {}, {}, {"qa": [("cls_squad.weight", "cls_squad.bias", "out_in")]})}
+
+    @classmethod
+    def from_source(cls, source):
+        return _native(cls, source, {})
 
 
 class LiBai(Layout):
@@ -333,6 +379,13 @@ class LiBai(Layout):
         super().__init__(tensors, config, numerics)
         self.residual_post_ln, self.head_eps = residual_post_ln, head_eps
         self.bare = not any(n.startswith(("bert.", "cls_head.")) for n in tensors)  # a BertModel's own names
+
+    @classmethod
+    def from_source(cls, source):
+        c = source.config  # bert_of's config holds LiBai's post-LN as the shifted post-LN BERT, its pre-LN as "pre"
+        return cls(source.stored, {}, (c.hidden_act, float(c.layer_norm_eps)),
+                   residual_post_ln=c.layernorm_placement != "pre",
+                   head_eps=c.head_layer_norm_eps if c.head_layer_norm_eps is not None else 1e-5)
 
     def spell(self, name):
         return name[len("bert."):] if self.bare and name.startswith("bert.") else name
@@ -374,8 +427,6 @@ class LiBai(Layout):
         return heads_of(self, layer_norm(x, *self.ln("final_ln"), eps), word, act, self.head_eps)
 
 
-NATIVE = {c.name: c for c in (OfStateDict, OfModels, LiBai)}
-LAYOUTS = {c.name: c for c in (Google, HuggingFace, BertOf, Keras, Lazy)}
 # What the lazy BERT computes, by the snapshot's provenance: (GELU for "gelu", LayerNorm epsilon)
 LAZY_PROVENANCE = {"lazy": ("gelu_erf", 1e-5), "tf1": ("gelu_tanh", 1e-12), "hf": ("gelu_erf", 1e-12)}
 
@@ -394,43 +445,9 @@ def _eps(config: dict) -> float:
     return 1e-12 if eps is None else float(eps)
 
 
-def numerics(fmt: str, config: dict, provenance: str | None = None) -> tuple:
-    """(activation, LayerNorm epsilon) a file's own code computes, from its own config dict."""
-    if fmt == "tf":
-        return _google_act(config), _eps(config)
-    if fmt == "lazy":  # the lazy kernels' GELU whatever the label says; epsilon by provenance
-        gelu, eps = LAZY_PROVENANCE[provenance or "lazy"]
-        act = _google_act(config)
-        return (gelu if act and act.startswith("gelu") else act), eps
-    if fmt == "of":
-        return config.get("hidden_act", "gelu_erf"), _eps(config)
-    return HF_ACTS.get(config.get("hidden_act", "gelu")), _eps(config)
-
-
 def read_config(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def layout_for(source) -> Layout:
-    """The reference layout of a ``Source``: its stored tensors and its own config file. (A flow.save
-    folder holds no config: its numerics are what the reader found for it, from the config beside
-    it: LiBai's config.yaml, the models repo's arguments, bert_of's config.json.)"""
-    if source.format in NATIVE:
-        c = source.config
-        act, eps = c.hidden_act, float(c.layer_norm_eps)
-        if source.format == "libai":
-            # bert_of's config holds LiBai's post-LN as the shifted post-LN BERT, its pre-LN as "pre"
-            return LiBai(source.stored, {}, (act, eps), residual_post_ln=c.layernorm_placement != "pre",
-                         head_eps=c.head_layer_norm_eps if c.head_layer_norm_eps is not None else 1e-5)
-        own = {"classifier_kind": c.classifier_kind, "head_layer_norm_eps": c.head_layer_norm_eps} \
-            if source.format == "ofsd" else {}  # bert_of's config
-        return NATIVE[source.format](source.stored, own, (act, eps))
-    config = read_config(source.config_file) if source.config_file and os.path.isfile(source.config_file) else {}
-    act, eps = numerics(source.format, config, source.native_numerics or source.config.provenance)
-    if act not in ACTIVATIONS:
-        raise ValueError(f"activation {config.get('hidden_act')!r} has no reference")
-    return LAYOUTS[source.format](source.stored, config, (act, eps))
 
 
 def forward(layout: Layout, batch: dict, num_heads: int) -> dict:

@@ -7,7 +7,7 @@ A format module exposes::
     read(path, opts) -> Source         # canonical tensors, lazily (the steps: converters/reader.py)
     write_files(source, dir, opts)     # a Source's files into an existing (staging) directory
 
-``convert`` publishes the staging directory (bert_of.fs.publishing), so no format writes ``dst``
+``convert`` publishes the staging directory (bert_of.files.publish.publishing), so no format writes ``dst``
 itself.
 
 ``Source.tensors`` holds ``(TensorSpec, producer)`` pairs so conversions
@@ -30,7 +30,8 @@ from typing import Callable, Optional
 from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.fs import read_json, writes_to
+from bert_of.files.atomic import writes_to
+from bert_of.files.reading import read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
 from bert_of.tokenization import read_vocab_lines, recorded_lower_case, vocab_looks_cased
 
@@ -70,7 +71,7 @@ class Source:
     stored: dict = field(default_factory=dict)
     config_file: Optional[str] = None
     native_numerics: Optional[str] = None  # what the file's own code computes, whatever --numerics says
-    # The tree the tensors stream from (bert_of.fs.PinnedDir), held open while the Source lives
+    # The tree the tensors stream from (bert_of.files.pinned.PinnedDir), held open while the Source lives
     # (converters/reader.py whole): every producer reads the checkpoint that was read, or fails.
     pinned: object = field(default=None, repr=False, compare=False)
 

@@ -22,6 +22,8 @@ from bert_of.converters import tf1_bundle
 from bert_of.converters.source import Options, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import Entry, Hit, finish, hit, sort, whole
+from bert_of.converters.descriptor import Format
+from bert_of.converters import reference_np
 
 NAME = "tf"
 CONFIG_FILE = "bert_config.json"
@@ -163,3 +165,14 @@ def _inverse_producer(prod, transform):
     inv = inverse(transform)
     return lambda: apply(inv, prod())
 
+
+def _read_reference_side(path: str, opts: Options) -> Source:
+    """verify's TF side: no vocabulary needed; variables that are not BERT's TF ignores too."""
+    return read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
+
+
+FORMAT = Format(
+    NAME, "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)", detect, read, write_files,
+    reference_np.Google, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"), owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"),
+    token_classifier=True,  # bert_config.json's bert_of key
+    table=TABLE, ecosystem="tf-checkpoint", read_reference_side=_read_reference_side)

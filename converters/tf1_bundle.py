@@ -37,8 +37,8 @@ import crc32c as _crc32c
 import numpy as np
 
 from bert_of.errors import CheckpointError
-from bert_of.fs import atomic_write, fsync_dir, writes_to
-from bert_of.varint import decode as decode_varint, encode as encode_varint
+from bert_of.files.atomic import atomic_write, fsync_dir, writes_to
+from bert_of import protobuf as pb
 
 __all__ = [
     "TensorEntry",
@@ -143,78 +143,24 @@ def _itemsize(dt: np.dtype | str) -> int | None:
 
 
 # --------------------------------------------------------------------------
-# protobuf wire format
+# protobuf wire format: bert_of.protobuf walks it; the messages below are TF's tensor_bundle.proto
 
 
 class _Corrupt(ValueError):
     """Internal: malformed bytes; turned into a CheckpointError naming the file."""
 
 
-_U64 = 1 << 64
 _M32 = 0xFFFFFFFF
-
-
-def _varint(buf, pos: int) -> tuple[int, int]:
-    return decode_varint(buf, pos, error=_Corrupt)
-
-
-def _signed64(v: int) -> int:
-    return v - _U64 if v >= 1 << 63 else v
-
-
-def _fields(buf) -> Iterator[tuple[int, int, object]]:
-    """Yield (field_number, wire_type, value) for one message; value is int or bytes."""
-    pos, n = 0, len(buf)
-    while pos < n:
-        tag, pos = _varint(buf, pos)
-        num, wt = tag >> 3, tag & 7
-        if wt == 0:
-            v, pos = _varint(buf, pos)
-        elif wt == 1:
-            if pos + 8 > n:
-                raise _Corrupt("truncated fixed64")
-            v = int.from_bytes(buf[pos : pos + 8], "little")
-            pos += 8
-        elif wt == 2:
-            ln, pos = _varint(buf, pos)
-            if pos + ln > n:
-                raise _Corrupt("truncated length-delimited field")
-            v = bytes(buf[pos : pos + ln])
-            pos += ln
-        elif wt == 5:
-            if pos + 4 > n:
-                raise _Corrupt("truncated fixed32")
-            v = int.from_bytes(buf[pos : pos + 4], "little")
-            pos += 4
-        else:
-            raise _Corrupt(f"unsupported wire type {wt}")
-        yield num, wt, v
-
-
-_enc_varint = encode_varint
-
-
-def _f_varint(num: int, v: int) -> bytes:
-    """proto3 scalar: omitted when zero, like TF's serializer."""
-    return _enc_varint(num << 3) + _enc_varint(v) if v else b""
-
-
-def _f_bytes(num: int, b: bytes) -> bytes:
-    return _enc_varint(num << 3 | 2) + _enc_varint(len(b)) + b
-
-
-def _f_fixed32(num: int, v: int) -> bytes:
-    return _enc_varint(num << 3 | 5) + struct.pack("<I", v) if v else b""
 
 
 def _parse_shape(buf) -> tuple[int, ...]:
     dims = []
-    for num, wt, v in _fields(buf):
+    for num, wt, v in pb.values(buf):
         if num == 2 and wt == 2:
             size = 0
-            for dn, dwt, dv in _fields(v):
+            for dn, dwt, dv in pb.values(v):
                 if dn == 1 and dwt == 0:
-                    size = _signed64(dv)
+                    size = pb.signed64(dv)
             dims.append(size)
         elif num == 3 and wt == 0 and v:
             raise _Corrupt("tensor shape has unknown rank")
@@ -223,40 +169,40 @@ def _parse_shape(buf) -> tuple[int, ...]:
 
 def _parse_header(buf) -> dict:
     h = {"num_shards": 0, "endianness": 0, "producer": 0, "min_consumer": 0, "bad_consumers": []}
-    for num, wt, v in _fields(buf):
+    for num, wt, v in pb.values(buf):
         if num == 1 and wt == 0:
-            h["num_shards"] = _signed64(v)
+            h["num_shards"] = pb.signed64(v)
         elif num == 2 and wt == 0:
             h["endianness"] = v
         elif num == 3 and wt == 2:
-            for vn, vwt, vv in _fields(v):
+            for vn, vwt, vv in pb.values(v):
                 if vn == 1 and vwt == 0:
-                    h["producer"] = _signed64(vv)
+                    h["producer"] = pb.signed64(vv)
                 elif vn == 2 and vwt == 0:
-                    h["min_consumer"] = _signed64(vv)
+                    h["min_consumer"] = pb.signed64(vv)
                 elif vn == 3 and vwt == 0:
-                    h["bad_consumers"].append(_signed64(vv))
+                    h["bad_consumers"].append(pb.signed64(vv))
                 elif vn == 3 and vwt == 2:  # packed repeated int32
                     p = 0
                     while p < len(vv):
-                        x, p = _varint(vv, p)
-                        h["bad_consumers"].append(_signed64(x))
+                        x, p = pb.read_varint(vv, p)
+                        h["bad_consumers"].append(pb.signed64(x))
     return h
 
 
 def _parse_entry(name: str, buf) -> TensorEntry:
     dt_enum, shape, shard, offset, size, crc, slices = 0, (), 0, 0, 0, None, 0
-    for num, wt, v in _fields(buf):
+    for num, wt, v in pb.values(buf):
         if num == 1 and wt == 0:
             dt_enum = v
         elif num == 2 and wt == 2:
             shape = _parse_shape(v)
         elif num == 3 and wt == 0:
-            shard = _signed64(v)
+            shard = pb.signed64(v)
         elif num == 4 and wt == 0:
-            offset = _signed64(v)
+            offset = pb.signed64(v)
         elif num == 5 and wt == 0:
-            size = _signed64(v)
+            size = pb.signed64(v)
         elif num == 6 and wt == 5:
             crc = v
         elif num == 7 and wt == 2:
@@ -267,18 +213,18 @@ def _parse_entry(name: str, buf) -> TensorEntry:
 
 
 def _enc_entry(dt_enum: int, shape: tuple[int, ...], offset: int, size: int, crc: int) -> bytes:
-    shape_pb = b"".join(_f_bytes(2, _f_varint(1, d)) for d in shape)
+    shape_pb = b"".join(pb.field_bytes(2, pb.field_varint(1, d)) for d in shape)
     return (
-        _f_varint(1, dt_enum)
-        + _f_bytes(2, shape_pb)  # always present, even for scalars (TF sets it)
-        + _f_varint(4, offset)
-        + _f_varint(5, size)
-        + _f_fixed32(6, crc)
+        pb.field_varint(1, dt_enum)
+        + pb.field_bytes(2, shape_pb)  # always present, even for scalars (TF sets it)
+        + pb.field_varint(4, offset)
+        + pb.field_varint(5, size)
+        + pb.field_fixed32(6, crc)
     )
 
 
 # Header exactly as TF writes it: num_shards=1, endianness LITTLE (omitted), version{producer: 1}.
-_HEADER_ONE_SHARD = _f_varint(1, 1) + _f_bytes(3, _f_varint(1, 1))
+_HEADER_ONE_SHARD = pb.field_varint(1, 1) + pb.field_bytes(3, pb.field_varint(1, 1))
 
 
 # --------------------------------------------------------------------------
@@ -302,8 +248,8 @@ def _crc(data) -> int:
 
 
 def _read_handle(buf, pos: int) -> tuple[int, int, int]:
-    off, pos = _varint(buf, pos)
-    size, pos = _varint(buf, pos)
+    off, pos = pb.read_varint(buf, pos)
+    size, pos = pb.read_varint(buf, pos)
     return off, size, pos
 
 
@@ -336,9 +282,9 @@ def _block_entries(block: memoryview) -> Iterator[tuple[bytes, memoryview]]:
     key = b""
     pos = 0
     while pos < limit:
-        shared, pos = _varint(block, pos)
-        unshared, pos = _varint(block, pos)
-        vlen, pos = _varint(block, pos)
+        shared, pos = pb.read_varint(block, pos)
+        unshared, pos = pb.read_varint(block, pos)
+        vlen, pos = pb.read_varint(block, pos)
         if shared > len(key) or pos + unshared + vlen > limit:
             raise _Corrupt("block entry overruns its block")
         key = key[:shared] + bytes(block[pos : pos + unshared])
@@ -406,7 +352,7 @@ class _BlockBuilder:
         else:
             self.restarts.append(len(self.buf))
             self.counter = 0
-        self.buf += _enc_varint(shared) + _enc_varint(len(key) - shared) + _enc_varint(len(value))
+        self.buf += pb.varint(shared) + pb.varint(len(key) - shared) + pb.varint(len(value))
         self.buf += key[shared:] + value
         self.last = key
         self.counter += 1
@@ -424,7 +370,7 @@ def _build_table(items: Iterable[tuple[bytes, bytes]]) -> bytes:
     out = bytearray()
 
     def emit(contents: bytes) -> bytes:
-        handle = _enc_varint(len(out)) + _enc_varint(len(contents))
+        handle = pb.varint(len(out)) + pb.varint(len(contents))
         out.extend(contents)
         out.extend(b"\x00" + struct.pack("<I", _mask(_crc(contents + b"\x00"))))
         return handle
@@ -549,7 +495,7 @@ def _read_index_uncached(prefix: str) -> tuple[dict[str, TensorEntry], int]:
             else:
                 name = key.decode("utf-8", "surrogateescape")
                 entries[name] = _parse_entry(name, value)
-    except _Corrupt as e:
+    except (_Corrupt, pb.ProtobufError) as e:
         raise CheckpointError(f"{path}: corrupt checkpoint index: {e}") from None
 
     if header is None:

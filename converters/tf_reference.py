@@ -38,6 +38,8 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from bert_of.initializers import truncated_normal
+
 tf1 = tf.compat.v1
 
 __all__ = [
@@ -239,16 +241,6 @@ _REAL = {
 }
 
 
-def _truncated_normal(rng, shape, std):
-    """tf.truncated_normal_initializer semantics: N(0, std) re-drawn beyond 2 std."""
-    out = rng.standard_normal(shape)
-    bad = np.abs(out) > 2.0
-    while bad.any():
-        out[bad] = rng.standard_normal(int(bad.sum()))
-        bad = np.abs(out) > 2.0
-    return (out * std).astype(np.float32)
-
-
 def _var_rng(seed, name):
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode("utf-8"))])
 
@@ -263,7 +255,7 @@ def _init_value(name, shape, kind, cfg, seed, realistic):
             std = cfg.initializer_range
             if kind == "head_weights" and not name.startswith("cls/seq_relationship"):
                 std = 0.02
-            return _truncated_normal(rng, shape, std)
+            return truncated_normal(rng, shape, std)
         if kind == "gamma":
             return np.ones(shape, np.float32)
         return np.zeros(shape, np.float32)

@@ -26,9 +26,10 @@ import os
 
 import numpy as np
 
+from bert_of import process
 from bert_of.errors import BertOfError, CheckpointError, NeedsOneFlow
 from bert_of.tokenization import FullTokenizer
-from bert_of.converters import hf_torch, reference_np, tf1
+from bert_of.converters import hf_torch, reference_np, registry
 from bert_of.converters.source import Options, lower_case_of
 from bert_of.converters.convert import detect, read
 from bert_of.progress import Progress, log
@@ -108,13 +109,10 @@ def _stack(batches: list) -> dict:
 def _bert_of_runs(source, batches: dict, modes, device: str = "cpu") -> dict:
     """{mode: {batch: {output: np.ndarray}}} for bert_of on a Source's tensors, on ``device``."""
     from bert_of._flow import flow
-    from bert_of.modeling import BertForSequenceClassification, BertForTokenClassification, BertGraph, model_class_for
+    from bert_of.modeling import BertGraph, model_class_for
 
     tensors = source.load()
-    cls = model_class_for(tensors)
-    if cls is BertForSequenceClassification and source.config.classifier_kind == "token":  # same tensor names
-        cls = BertForTokenClassification
-    model = cls(source.config)
+    model = model_class_for(tensors, source.config)(source.config)
     model.load_canonical({k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" or
                           np.asarray(v).dtype.name == "bfloat16" else v for k, v in tensors.items()},
                          strict_heads=True)
@@ -152,7 +150,7 @@ def run_bert_of(source, batch: dict, modes=("eager", "graph"), device: str = "cp
 
 def _numpy_runs(source, batches: dict) -> dict:
     """{batch: outputs} of the float64 NumPy reference on the file's stored tensors."""
-    layout = reference_np.layout_for(source)
+    layout = registry.reference_layout(source)
     heads = int(layout.config.get("num_attention_heads", source.config.num_attention_heads))
     with np.errstate(all="ignore"):  # weights holding inf/NaN compute inf/NaN: compared, not warned about
         return {name: reference_np.forward(layout, batch, heads) for name, batch in batches.items()}
@@ -170,7 +168,7 @@ def tf_reference_module(name: str = "tf_reference", why: str = "verifying a TF1 
     optional ``tf`` extra. Without it, one line saying so."""
     import importlib
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up banner is noise here
+    process.set_environ({"TF_CPP_MIN_LOG_LEVEL": "2"}, keep_existing=True)  # TF's start-up banner is noise here
     try:
         return importlib.import_module(f"bert_of.converters.{name}")
     except ModuleNotFoundError as e:
@@ -189,10 +187,10 @@ def _tf_runs(source, batches: dict, dtype: str):
     except NeedsTensorFlow:
         return f"not run: TensorFlow is not installed (the tf extra: {TF_EXTRA})"
     cfg = source.config.to_google_dict()
-    if source.format == "tf":
+    if registry.get(source.format).ecosystem == "tf-checkpoint":  # TF restores the file itself
         return {name: tf_reference.run_reference(source.path, cfg, batch, dtype=dtype)
                 for name, batch in batches.items()}
-    layout = reference_np.layout_for(source)
+    layout = registry.reference_layout(source)
     weights = layout.as_google()
     H = source.config.hidden_size  # Google's model always builds a pooler; a file without one (QA, token
     weights.setdefault("bert/pooler/dense/kernel", np.zeros((H, H), np.float32))  # heads) never reads it
@@ -254,8 +252,9 @@ def _diffs(ref: dict, run: dict, batches: dict) -> dict:
 
 
 def _read_side(path: str, fmt: str, opts: Options):
-    if fmt == "tf":  # TF's side needs no vocabulary; variables that are not BERT's TF ignores too
-        return tf1.read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
+    read_side = registry.get(fmt).read_reference_side  # e.g. TF's side needs no vocabulary
+    if read_side is not None:
+        return read_side(path, opts)
     return read(path, fmt, Options(vocab=opts.vocab, config=opts.config))
 
 
@@ -306,10 +305,11 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
             raise CheckpointError(f"{source.path}: the reference cannot compute this checkpoint ({e})") from None
         bar.update(1)
         ecosystem = {}
-        if fa in ("tf", "h5"):
+        own_a, own_b = registry.get(fa).ecosystem, registry.get(fb).ecosystem
+        if own_a in ("tf-checkpoint", "tf-weights"):
             bar.describe(f"verify: TensorFlow on A ({reference_dtype})")
             ecosystem[f"A:tf-{reference_dtype}"] = _tf_runs(source, batches, reference_dtype)
-        elif fa == "hf":
+        elif own_a == "transformers":
             bar.describe(f"verify: transformers on A ({reference_dtype})")
             ecosystem[f"A:transformers-{reference_dtype}"] = _torch_runs(source, batches, reference_dtype,
                                                                          torch_python)
@@ -318,16 +318,17 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
         model = _bert_of_or_why(src_b, batches, modes, device)
         runs = {f"B:{m}": r for m, r in model.items()} if isinstance(model, dict) else {}
         bar.update(1)
-        if fb != "of" or not runs:  # without bert_of's model, B's own layout is what B is checked by
+        # bert_of's own layout ran above as bert_of's model; without OneFlow, B's layout checks B
+        if registry.get(fb).reference is not reference_np.BertOf or not runs:
             bar.describe(f"verify: B in its own layout ({fb})")
             runs[f"B:numpy-float64 ({fb} layout)"] = _numpy_runs(src_b, batches)
-            if fb == "tf":
+            if own_b == "tf-checkpoint":
                 tf_b = _tf_runs(src_b, batches, reference_dtype)
                 if isinstance(tf_b, dict):
                     runs[f"B:tf-{reference_dtype}"] = tf_b
                 else:
                     ecosystem[f"B:tf-{reference_dtype}"] = tf_b
-            elif fb == "hf":  # what transformers computes from the written files decides too
+            elif own_b == "transformers":  # what transformers computes from the written files decides too
                 hf_b = _torch_runs(src_b, batches, reference_dtype, torch_python)
                 if isinstance(hf_b, dict):
                     runs[f"B:transformers-{reference_dtype}"] = hf_b

@@ -31,7 +31,7 @@ from bert_of.eval.glue_metrics import compute_metrics, read_predictions
 from bert_of.eval.results import (append_result, checkpoint_identity, file_identity, format_table, load_published,
                                   load_results, make_record, select)
 from bert_of.eval.squad_metrics import squad_score
-from bert_of.fs import atomic_write
+from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
 from bert_of.progress import log
 

@@ -21,10 +21,11 @@ import argparse
 import os
 import types
 
+from bert_of import process
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError
 from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
-from bert_of.fs import LOCK_NAME, check_unlocked
+from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
 
@@ -79,7 +80,7 @@ def cmd_task(args) -> int:
                               "from the run's record)")
     # Fine-tuning and prediction need speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets
     # its AVX2/FMA kernels (bert_of.process, at OneFlow's import) unless BERT_OF_BLAS=exact says otherwise.
-    os.environ.setdefault("BERT_OF_BLAS", "fast")
+    process.set_environ({"BERT_OF_BLAS": "fast"}, keep_existing=True)
     _positive(opts, *POSITIVE[command])
     code = _ranks(args, opts)
     if code is not None:

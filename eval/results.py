@@ -25,7 +25,9 @@ import shutil
 import subprocess
 
 from bert_of.eval.errors import ResultsError
-from bert_of.fs import append_jsonl, bert_of_home, read_json, read_jsonl, sha256_file, utc_now
+from bert_of.files.atomic import append_jsonl, read_jsonl
+from bert_of.files.home import bert_of_home, utc_now
+from bert_of.files.reading import read_json, sha256_file
 from bert_of.progress import log
 
 
@@ -130,7 +132,7 @@ def append_result(record: dict, path: str | None = None) -> str:
     """Append one record as a JSON line (creating the file and its directory). Returns the path.
 
     Whole-line append with fsync; a torn last line left by a crash or a full disk is cut first,
-    with a warning (bert_of.fs.append_jsonl)."""
+    with a warning (bert_of.files.atomic.append_jsonl)."""
     path = path or default_results_path()
     append_jsonl(path, record)
     return path

@@ -31,7 +31,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from bert_of.eval.errors import EvalDataError
-from bert_of.fs import atomic_write, read_json
+from bert_of.files.atomic import atomic_write
+from bert_of.files.reading import read_json
 from bert_of.progress import log, progress_iter
 from bert_of.tokenization import BasicTokenizer
 

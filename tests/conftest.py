@@ -10,6 +10,7 @@ import traceback
 
 import pytest
 
+from bert_of.process import drain_oneflow, set_environ
 from bert_of.progress import allow_bars, setup_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,6 +20,21 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_he
             intermediate_size=37, hidden_act="gelu", hidden_dropout_prob=0.1,
             attention_probs_dropout_prob=0.1, max_position_embeddings=40, type_vocab_size=3,
             initializer_range=0.02)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    """Each test starts with OneFlow idle: a test's own environment writes (monkeypatch.setenv, a
+    fixture's os.environ) then meet no kernel reading the environment (bert_of.process.set_environ)."""
+    drain_oneflow()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Drained again before the fixtures undo their environment changes."""
+    drain_oneflow()
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -89,9 +105,7 @@ def _run_in_process(args, extra_env):
 
     env, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for k in RANK_VARS:
-        os.environ.pop(k, None)
-    os.environ.update(extra_env)
+    set_environ({**dict.fromkeys(RANK_VARS), **extra_env})  # with OneFlow drained (tests/test_stress.py)
     os.chdir(ROOT)
     sys.argv = [os.path.join(ROOT, "bert_of", "cli.py"), *args]
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
@@ -122,13 +136,9 @@ def _run_in_process(args, extra_env):
                 os.close(fd)
             os.chdir(cwd)
             sys.argv = argv
-            # only the keys that changed: clearing the whole environment while a native thread
-            # (OneFlow's, TF's) reads it with getenv crashed the test process once (setenv is not thread-safe)
-            for k in [k for k in os.environ if k not in env]:
-                del os.environ[k]
-            for k, v in env.items():
-                if os.environ.get(k) != v:
-                    os.environ[k] = v
+            # through bert_of's one writer: OneFlow's threads call getenv for every kernel, and a
+            # setenv under them crashed the test process (bert_of.process.set_environ)
+            set_environ({**dict.fromkeys(set(os.environ) - set(env)), **env})
             for s, h in handlers.items():
                 signal.signal(s, h)
             setup_logging(0)

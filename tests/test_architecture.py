@@ -2,8 +2,8 @@
 
 Layers, bottom to top (docs/architecture.md); a module may import its own layer or any below:
 
-    0 base      errors, version, process, fs, config, checkpoint, tokenization, varint
-    1 model     _flow, modeling
+    0 base      errors, version, process, files/, config, initializers, checkpoint, tokenization, protobuf
+    1 model     _flow, kernels, model_io, modeling
     2 formats   converters/ (bert_of.converters): readers, writers, verification
     3 training  bert_of/data/, the trainer, the rank launcher
     4 services  zoo/ (bert_of.zoo), eval/ (bert_of.eval)
@@ -23,8 +23,8 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|fs|resolver|progress|config|options|tensors|checkpoint|tokenization|varint)", 0),
-    (r"bert_of\.(_flow|outputs|modeling|tokenizer)", 1),
+    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|protobuf)", 0),
+    (r"bert_of\.(_flow|kernels|outputs|model_io|modeling|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
     (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),
@@ -175,3 +175,33 @@ def test_imports_sit_at_module_top():
 def test_base_layer_imports_no_oneflow_or_tensorflow(mod):
     src = open(MODULES[mod], encoding="utf-8").read()
     assert not re.search(r"^\s*(import|from)\s+(oneflow|tensorflow)\b", src, re.M), mod
+
+
+def _environ_writes(path: str) -> list:
+    """Lines of ``path`` that change os.environ: item assignment or deletion, its mutating methods,
+    os.putenv / os.unsetenv."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+
+    def is_environ(node):
+        return isinstance(node, ast.Attribute) and node.attr == "environ" or \
+            isinstance(node, ast.Name) and node.id == "environ"
+
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Subscript) and is_environ(t.value) for t in targets):
+            out.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if is_environ(f.value) and f.attr in ("pop", "popitem", "update", "setdefault", "clear", "__setitem__",
+                                                  "__delitem__") or f.attr in ("putenv", "unsetenv"):
+                out.append(node.lineno)
+    return out
+
+
+def test_only_the_process_module_writes_the_environment():
+    """OneFlow's worker threads call getenv for every kernel; a setenv of a new name under them is a
+    segfault. bert_of.process.set_environ drains OneFlow before it writes: no other module writes."""
+    writes = {m: lines for m, p in MODULES.items() if m != "bert_of.process" and (lines := _environ_writes(p))}
+    assert writes == {}, writes

@@ -249,10 +249,16 @@ def test_ctrl_c_leaves_nothing_partial(tmp_path):
     out.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", minilm_dir(), "-o", out / "of",
                           "--verify"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    def staged_a_file():
+        try:
+            return any(os.listdir(os.path.join(out, d)) for d in os.listdir(out))
+        except OSError:  # the staging folder was just renamed: finished
+            return False
+
     deadline = time.monotonic() + 120
-    while not os.listdir(out) and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the staging folder appears: conversion under way
-    time.sleep(1.0)  # converting or verifying
+    # the staging folder holds a written file: converting or verifying (the verify takes seconds)
+    while p.poll() is None and time.monotonic() < deadline and not staged_a_file():
+        time.sleep(0.01)  # polling for the staged file
     assert p.poll() is None, "finished before it could be interrupted"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)

@@ -434,7 +434,7 @@ def test_two_ranks_train_like_one(env, tmp_path):
 
 
 def _metrics(run_dir):
-    from bert_of.fs import read_jsonl
+    from bert_of.files.atomic import read_jsonl
 
     return [{k: r[k] for k in ("step", "loss", "lr", "grad_norm")} for r in read_jsonl(str(run_dir / "metrics.jsonl"))]
 
@@ -474,7 +474,7 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
 def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path):
     """The fine-tuning --run-dir is a run directory like pretrain's: one writer, a resume with
     another setup refused, a non-finite loss stops the run and publishes no --output."""
-    from bert_of.fs import LOCK_NAME, locked
+    from bert_of.files.locks import LOCK_NAME, locked
 
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
             "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]

@@ -7,17 +7,19 @@ import json
 import numpy as np
 import pytest
 
+from bert_of.converters import registry
 from bert_of.converters import tf_reference as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import verify
 from tests.conftest import TINY, write_vocab
 
-FORMATS = ("of", "tf", "lazy", "hf", "h5", "ofsd", "ofmodels", "libai")
-# formats that can hold each dtype (h5py has no bfloat16; the lazy meta has no bf16 code here, nor
-# the flow.save folders' meta, which is the same record)
-# (float16: one flow.save format stands for the three: they share the container and its meta.)
-DTYPE_FORMATS = {"float32": FORMATS, "float16": FORMATS[:6], "bfloat16": ("of", "tf", "hf")}
+# every registered format that bert_of writes; bert_of's own first (the matrix's sources are made from it)
+FORMATS = ("of",) + tuple(n for n in registry.names(writable=True) if n != "of")
+# formats that can hold each dtype (declared by each format: h5py has no bfloat16; the lazy meta has
+# no bf16 code here, nor the flow.save folders' meta, which is the same record)
+DTYPE_FORMATS = {dt: tuple(f for f in FORMATS if dt in registry.get(f).dtypes)
+                 for dt in ("float32", "float16", "bfloat16")}
 # formats whose reader records its codebase's numerics whatever the weights came from (erf GELU,
 # eps 1e-5; LiBai's MLM head at eps 1e-5): compared with what is converted FROM them
 PROVENANCE_NUMERICS = ("lazy", "ofmodels", "libai")

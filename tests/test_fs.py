@@ -1,4 +1,4 @@
-"""bert_of.fs: directories that appear whole, one writer per destination, stores that survive
+"""bert_of.files: directories that appear whole, one writer per destination, stores that survive
 crashes. Real processes, real signals, real files."""
 
 import os
@@ -11,16 +11,16 @@ import time
 import numpy as np
 import pytest
 
-from bert_of import fs
 from bert_of.checkpoint import expected_shapes, load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.errors import OutputError
+from bert_of.files import atomic, publish
 from tests.conftest import ROOT
 
 HOLD = """
 import sys, time
-from bert_of import fs
-with fs.publishing(sys.argv[1]) as stage:
+from bert_of.files import publish
+with publish.publishing(sys.argv[1]) as stage:
     open(stage + "/part", "w").write("x" * 1000)
     print(stage, flush=True)
     time.sleep(60)
@@ -34,24 +34,24 @@ def _child(code, *args):
 
 def test_publish_new_refuse_existing_replace_with_overwrite(tmp_path):
     dst = tmp_path / "out"
-    with fs.publishing(dst) as stage:
+    with publish.publishing(dst) as stage:
         (open(os.path.join(stage, "config.json"), "w")).write("1")
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["config.json"]
     assert stat.S_IMODE(os.stat(dst).st_mode) == 0o777 & ~_umask()  # not mkdtemp's 0700
     with pytest.raises(OutputError, match="already exists"):
-        with fs.publishing(dst):
+        with publish.publishing(dst):
             pass
-    with fs.publishing(dst, overwrite=True) as stage:
+    with publish.publishing(dst, overwrite=True) as stage:
         open(os.path.join(stage, "vocab.txt"), "w").write("2")
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["vocab.txt"]
 
 
 def test_failure_leaves_nothing_and_keeps_the_old_tree(tmp_path):
     dst = tmp_path / "out"
-    with fs.publishing(dst) as stage:
+    with publish.publishing(dst) as stage:
         open(os.path.join(stage, "config.json"), "w").write("1")
     with pytest.raises(KeyboardInterrupt):
-        with fs.publishing(dst, overwrite=True) as stage:
+        with publish.publishing(dst, overwrite=True) as stage:
             open(os.path.join(stage, "vocab.txt"), "w").write("2")
             raise KeyboardInterrupt
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(dst) == ["config.json"]
@@ -59,10 +59,10 @@ def test_failure_leaves_nothing_and_keeps_the_old_tree(tmp_path):
 
 def test_symlinked_destination_is_replaced_at_its_target(tmp_path):
     real = tmp_path / "real"
-    with fs.publishing(real) as stage:
+    with publish.publishing(real) as stage:
         open(os.path.join(stage, "config.json"), "w").write("1")
     os.symlink(real, tmp_path / "link")
-    with fs.publishing(tmp_path / "link", overwrite=True) as stage:
+    with publish.publishing(tmp_path / "link", overwrite=True) as stage:
         open(os.path.join(stage, "vocab.txt"), "w").write("2")
     assert os.path.islink(tmp_path / "link") and os.listdir(real) == ["vocab.txt"]
     assert sorted(os.listdir(tmp_path)) == ["link", "real"]
@@ -76,7 +76,7 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path):
         assert os.path.isdir(stage)
         t0 = time.monotonic()
         with pytest.raises(OutputError, match=rf"another bert_of process is writing it \(pid {p.pid}: "):
-            with fs.publishing(dst):
+            with publish.publishing(dst):
                 pass
         assert time.monotonic() - t0 < 2
     finally:
@@ -90,7 +90,7 @@ def test_staging_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert os.path.isdir(stage)  # kill -9 leaves it ...
-    with fs.publishing(tmp_path / "b"):  # ... until the next write into the same folder
+    with publish.publishing(tmp_path / "b"):  # ... until the next write into the same folder
         pass
     assert sorted(os.listdir(tmp_path)) == ["b"]
 
@@ -113,7 +113,7 @@ def _unfinished(parent, pid, created_ns, what="model.safetensors"):
 
 
 def test_a_staging_folder_says_whose_it_is_from_the_start(tmp_path):
-    with fs.publishing(tmp_path / "dst") as stage:
+    with publish.publishing(tmp_path / "dst") as stage:
         name = os.path.basename(stage)
         assert name.startswith(f".dst.tmp-{os.getpid()}-") and os.listdir(stage) == []  # no marker file
     assert os.listdir(tmp_path / "dst") == []
@@ -124,7 +124,7 @@ def test_unlocked_folders_of_dead_writers_are_removed_once_with_one_note(tmp_pat
     _unfinished(tmp_path, _gone_pid(), now, what=None)  # killed between mkdir and flock
     _unfinished(tmp_path, _gone_pid(), now + 1)  # killed while deleting the old tree of an overwrite
     (tmp_path / "dst").mkdir()
-    with fs.publishing(tmp_path / "other") as stage:
+    with publish.publishing(tmp_path / "other") as stage:
         open(os.path.join(stage, "config.json"), "w").write("1")
     assert sorted(os.listdir(tmp_path)) == ["dst", "other"]
     notes = [r.getMessage() for r in caplog.records if "left by bert_of processes that died" in r.getMessage()]
@@ -135,12 +135,12 @@ def test_an_unlocked_folder_of_a_live_writer_is_kept_until_it_is_gone(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         live = _unfinished(tmp_path, p.pid, time.time_ns())  # e.g. its old tree, being deleted now
-        with fs.publishing(tmp_path / "b"):
+        with publish.publishing(tmp_path / "b"):
             pass
         assert live.is_dir()  # its writer still runs: not ours to remove
     finally:
         p.communicate(b"")
-    fs.remove_stale_staging(tmp_path)
+    publish.remove_stale_staging(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["b"]
 
 
@@ -148,7 +148,7 @@ def test_a_pid_taken_over_by_a_later_process_does_not_keep_a_folder(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         old = _unfinished(tmp_path, p.pid, time.time_ns() - 3600 * 10**9)  # made an hour before p started
-        fs.remove_stale_staging(tmp_path)
+        publish.remove_stale_staging(tmp_path)
         assert not old.exists()
     finally:
         p.communicate(b"")
@@ -156,23 +156,23 @@ def test_a_pid_taken_over_by_a_later_process_does_not_keep_a_folder(tmp_path):
 
 def test_append_jsonl_cuts_a_torn_tail_and_read_jsonl_skips_bad_lines(tmp_path, caplog):
     path = tmp_path / "r.jsonl"
-    fs.append_jsonl(path, {"a": 1})
+    atomic.append_jsonl(path, {"a": 1})
     with open(path, "a") as f:
         f.write('{"b": 2, "cut sho')  # a crash mid-append
-    fs.append_jsonl(path, {"c": 3})
+    atomic.append_jsonl(path, {"c": 3})
     assert open(path).read() == '{"a": 1}\n{"c": 3}\n'
     assert "cut short" in caplog.text
     with open(path, "a") as f:
         f.write("garbage\n")
-    fs.append_jsonl(path, {"d": 4})
-    assert fs.read_jsonl(path) == [{"a": 1}, {"c": 3}, {"d": 4}]
+    atomic.append_jsonl(path, {"d": 4})
+    assert atomic.read_jsonl(path) == [{"a": 1}, {"c": 3}, {"d": 4}]
 
 
 def test_nan_is_not_json(tmp_path):
     with pytest.raises(ValueError):
-        fs.append_jsonl(tmp_path / "r.jsonl", {"loss": float("nan")})
+        atomic.append_jsonl(tmp_path / "r.jsonl", {"loss": float("nan")})
     with pytest.raises(ValueError):
-        fs.write_json(tmp_path / "n.json", {"loss": float("inf")})
+        atomic.write_json(tmp_path / "n.json", {"loss": float("inf")})
     assert os.listdir(tmp_path) == []
 
 

@@ -412,7 +412,6 @@ def test_kill_9_leaves_a_staging_folder_the_next_write_removes(src, tmp_path):
             staged = [n for n in os.listdir(out) if n.startswith(".dst.tmp-")]
             time.sleep(0.02)
         assert staged, "no staging folder appeared"
-        time.sleep(0.2)
         os.kill(p.pid, signal.SIGKILL)
     finally:
         p.wait()

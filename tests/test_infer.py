@@ -1,4 +1,4 @@
-"""Prediction batches (eval/tasks/finetuning.py:infer): the same outputs whatever the batch size, length
+"""Prediction batches (bert_of/training/inference.py:infer): the same outputs whatever the batch size, length
 bucketing or mode; one graph per call of infer, its rows per call bounded on CPU."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
-from bert_of.eval.tasks.finetuning import LENGTH_STEP, graph_rows, infer
+from bert_of.training.inference import LENGTH_STEP, graph_rows, infer
 from bert_of.modeling import BertForQuestionAnswering, BertForSequenceClassification
 from bert_of.training.runtime import Runtime
 
@@ -84,7 +84,7 @@ def test_cpu_graph_rows_follow_the_activation_budget():
 
 
 def test_cpu_train_graph_splits_a_step_into_micro_batches_that_fit():
-    from bert_of.eval.tasks.finetuning import graph_accum_steps
+    from bert_of.training.inference import graph_accum_steps
 
     minilm = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
     assert graph_accum_steps(minilm, 384, 32, "cpu") == 32  # one row per micro-batch at 384 tokens

@@ -12,8 +12,9 @@ import pytest
 from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
                      BertGraph, BertModel, CheckpointError)
 from bert_of._flow import flow
-from bert_of.modeling import gelu_erf, gelu_tanh
 from bert_of.converters.verify import make_batch
+from bert_of.kernels import gelu_tanh
+from bert_of.modeling import gelu_erf
 from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 
 CFG = BertConfig.from_google_dict(TINY)
@@ -163,7 +164,7 @@ def test_cpu_layer_norm_and_gelu_equal_the_textbook_forms():
     import math
 
     from bert_of._flow import flow
-    from bert_of.modeling import LayerNorm, gelu_tanh
+    from bert_of.kernels import LayerNorm
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 5, 24)).astype(np.float32) * 3 + 1

@@ -499,11 +499,13 @@ def test_truncated_or_corrupt_file_names_file_and_record(dataset, tmp_path):
     data = bytearray(open(p, "rb").read())
     n0 = int.from_bytes(data[:8], "little")
     start = 8 + n0 + 8  # record 1's payload
+    n1 = int.from_bytes(data[8 + n0:start], "little")
     data[start:start + 6] = b"\x0a\xff\xff\xff\xff\x0f"  # a map entry claiming ~4 GB
     open(p, "wb").write(bytes(data))
     r = run_data("inspect", "--check", tmp_path / "bad", check=False)
     assert r.returncode == 1 and user_lines(r.stderr) == [
-        f"bert-of: error: {p}: record 1 is not a valid OFRecord (field runs past the end)"]
+        f"bert-of: error: {p}: record 1 is not a valid OFRecord (field 1: length 4294967295 runs past the end "
+        f"of its message ({n1 - 6} bytes left))"]
     ds = PretrainingDataset(str(tmp_path / "bad"), 1000, 128, 20, shuffle=False)
     with pytest.raises(Exception, match=r"part-00002: record 1 is not a valid OFRecord"):
         ds.next_batch()

@@ -20,7 +20,7 @@ from bert_of.checkpoint import load_checkpoint, resolve_checkpoint
 from bert_of.converters import tf_reference as ref
 from bert_of.converters.convert import convert
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.fs import locked
+from bert_of.files.locks import locked
 from bert_of.resolver import register_resolver
 from bert_of.zoo import NotCachedError, OfflineError, UnknownEntryError, Zoo
 from bert_of.zoo.cache import MANIFEST

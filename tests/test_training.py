@@ -233,3 +233,36 @@ def test_a_batch_without_labels_is_refused():
     batch = {k: v for k, v in global_batch(0).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
     with pytest.raises(ConfigError, match="the model computed no loss"):
         trainer.step(batch)
+
+
+def test_pre_ln_layers_own_their_layer_norms_and_store_them_under_the_canonical_names():
+    """A pre-LN layer normalises its own input (x + attn(ln_1(x))); checkpoints and optimizer state
+    keep original BERT's names for it (LiBai's shift: layer i's input norm is layer i-1's output
+    LayerNorm), eager and graph alike, and weight decay spares its LayerNorms."""
+    config = BertConfig(**CONFIG, layernorm_placement="pre")
+    names = set(BertForPreTraining(BertConfig(**CONFIG)).canonical_state())
+    slots, after = {}, {}
+    for mode, decay in (("eager", 0.5), ("graph", 0.5), ("eager", 0.0)):
+        model = BertForPreTraining(config)
+        model.init_weights(seed=0)
+        assert model.bert.embeddings.LayerNorm is None and model.bert.encoder.final_layer_norm is not None
+        state = model.canonical_state()
+        assert set(state) == names
+        np.testing.assert_array_equal(state["bert.encoder.layer.0.output.LayerNorm.bias"],
+                                      model.bert.encoder.layer[1].input_layer_norm.bias.numpy())
+        trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode=mode, weight_decay=decay, warmup_steps=0)))
+        trainer.step(global_batch(0))
+        slots[mode, decay], _ = trainer.optimizer_state()
+        assert {k.partition("/")[2] for k in slots[mode, decay] if k != "step"} == names
+        after[mode, decay] = model.canonical_state()
+        again = Trainer(model, TrainConfig(**dict(TRAIN, mode=mode)))
+        again.load_optimizer_state(slots[mode, decay])  # canonical names in, found again
+    for k in slots["eager", 0.5]:
+        np.testing.assert_allclose(slots["eager", 0.5][k], slots["graph", 0.5][k], rtol=1e-4, atol=1e-7, err_msg=k)
+    for mode in ("eager", "graph"):  # decay moved the dense weights, not one LayerNorm
+        decayed, plain = after[mode, 0.5], after["eager", 0.0]
+        assert not np.allclose(decayed["bert.encoder.layer.0.attention.self.query.weight"],
+                               plain["bert.encoder.layer.0.attention.self.query.weight"], rtol=0, atol=1e-7)
+        for k in names:
+            if ".LayerNorm." in k:
+                np.testing.assert_allclose(decayed[k], plain[k], rtol=0, atol=1e-6, err_msg=(mode, k))

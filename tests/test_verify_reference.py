@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bert_of.checkpoint import SafetensorsFile, load_safetensors, save_safetensors
-from bert_of.converters import hf_torch, reference_np
+from bert_of.converters import hf_torch, reference_np, registry
 from bert_of.converters import tf_reference as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
@@ -133,7 +133,7 @@ def test_the_reference_reads_each_layout_itself(made):
     for fmt in ("tf", "hf", "h5", "lazy"):
         source = read(made[fmt][0], fmt, Options(vocab=made["tf"][0] + "/vocab.txt"))
         batch, _ = token_batch(source)
-        layout = reference_np.layout_for(source)
+        layout = registry.reference_layout(source)
         assert layout.name == fmt and (layout.act, layout.eps) == (
             ("gelu_erf", 1e-5) if fmt == "lazy" else ("gelu_tanh", 1e-12))
         outs[fmt] = reference_np.forward(layout, batch, CONFIG["num_attention_heads"])

@@ -1,7 +1,7 @@
 """Whole checkpoints for every reader of every format.
 
 Another process replaces a checkpoint folder between two checkpoints A and B in a loop, the way
-``bert-of convert ... --overwrite`` does (bert_of.fs.publishing: RENAME_EXCHANGE, then the old tree
+``bert-of convert ... --overwrite`` does (bert_of.files.publish.publishing: RENAME_EXCHANGE, then the old tree
 deleted), while this one reads it again and again. A and B have the same shapes; they differ in
 their tensors' values, their config (initializer_range) and their vocabulary (one token), so a
 read mixing them is silent unless checked: every read must be A's config with A's tensors and
@@ -24,7 +24,7 @@ from bert_of.config import BertConfig
 from bert_of.converters import convert as conv
 from bert_of.converters import hf, lazy, reader
 from bert_of.converters.source import Options
-from bert_of.fs import _RENAME_EXCHANGE, _rename2, publishing
+from bert_of.files.publish import publishing, _rename2, _RENAME_EXCHANGE
 from bert_of.tokenization import read_vocab_lines
 from bert_of.zoo import Zoo
 from tests.conftest import ROOT, write_vocab

@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 
@@ -462,17 +463,33 @@ def test_two_concurrent_downloads_of_one_entry(home, tmp_path, serve, server, re
     url = serve()
     path_on_server = url[len(server.url) - 1:]
     size = os.path.getsize(release["zips"] / "tiny.zip")
-    server.faults[path_on_server] = {"rate": size / 2.5}  # ~2.5 s: the other process starts meanwhile
+    hold = threading.Event()  # the first download stays half done until the second waits for its lock
+    server.faults[path_on_server] = {"hold": hold}
+    watchdog = threading.Timer(120, hold.set)  # a broken lock must fail the test, not hang it
+    watchdog.start()
     reg = write_registry(tmp_path / "reg.json", [registry_entry("tiny", url, release["hashes"])])
     env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home), BERT_OF_REGISTRY=reg,
                no_proxy="127.0.0.1,localhost")
     cmd = [sys.executable, "-m", "bert_of.zoo", "download", "tiny", "--format", "tf"]
-    procs = []
-    for _ in range(2):
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=ROOT))
-        time.sleep(0.3)
-    outs = [p.communicate(timeout=60) for p in procs]
+    try:
+        first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        deadline = time.monotonic() + 120
+        while not server.gets(path_on_server) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling for the first process's request
+        second = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        said = []
+        for line in second.stderr:  # it says it waits, then blocks on the lock the first one holds
+            said.append(line)
+            if "waiting for its lock" in line:
+                break
+        hold.set()
+        outs = [first.communicate(timeout=60)]
+        out2, err2 = second.communicate(timeout=60)
+        outs.append((out2, "".join(said) + err2))
+        procs = [first, second]
+    finally:
+        hold.set()
+        watchdog.cancel()
     assert [p.returncode for p in procs] == [0, 0], outs
     path = str(home / "models" / "tiny" / "tf")
     assert [o[0].strip() for o in outs] == [path, path]
@@ -675,7 +692,7 @@ def test_zoo_add_refuses_non_finite_tensors(home, local_ckpt, tmp_path):
 
 def test_concurrent_zoo_adds_all_land(home, local_ckpt):
     """Four `zoo add`s at once: the registry is rewritten whole under one lock, so every one lands."""
-    from bert_of.fs import locked
+    from bert_of.files.locks import locked
 
     env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home))
     names = [f"run-{i}" for i in range(4)]

@@ -17,7 +17,9 @@ import urllib.parse
 
 from bert_of.converters.verify import verify as forward_verify
 from bert_of.errors import BertOfError
-from bert_of.fs import publishing, sha256_file, utc_now
+from bert_of.files.home import utc_now
+from bert_of.files.publish import publishing
+from bert_of.files.reading import sha256_file
 from bert_of.version import __version__
 import bert_of.zoo.archive as _archive
 import bert_of.zoo.registry as _reg

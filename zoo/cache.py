@@ -11,7 +11,7 @@ Layout (``BERT_OF_HOME``, default ``$XDG_CACHE_HOME/bert_of`` or ``~/.cache/bert
     results.jsonl                  the results store (bert_of.eval.results)
 
 An entry is built in a staging folder beside its destination and swapped in by one rename
-(``bert_of.fs.publishing``), so a reader sees either nothing or a complete, verified entry; the
+(``bert_of.files.publish.publishing``), so a reader sees either nothing or a complete, verified entry; the
 staging folder of a process that died is removed by the next build.
 """
 
@@ -22,13 +22,16 @@ import os
 import time
 
 from bert_of.converters.source import Options, summarize
+from bert_of.converters import registry
 from bert_of.converters.convert import convert
 from bert_of.errors import OutputError
-from bert_of.fs import locked, read_json, sha256_file, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.locks import locked
+from bert_of.files.reading import read_json, sha256_file
 from bert_of.zoo.errors import ZooError
 
 MANIFEST = "zoo_manifest.json"
-FORMATS = ("of", "tf", "lazy", "hf")  # what `zoo download --format` can produce
+FORMATS = registry.names(writable=True)  # what `zoo download --format` can produce: every format bert_of writes
 
 
 def hash_tree(root: str, skip=(MANIFEST,)) -> dict:

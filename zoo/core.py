@@ -16,7 +16,7 @@ import os
 import shutil
 import urllib.parse
 
-from bert_of.fs import bert_of_home
+from bert_of.files.home import bert_of_home
 from bert_of.progress import log
 import bert_of.zoo.build as _build
 import bert_of.zoo.listing as _listing

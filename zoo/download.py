@@ -54,7 +54,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from bert_of.errors import BertOfError
-from bert_of.fs import atomic_write, read_json
+from bert_of.files.atomic import atomic_write
+from bert_of.files.reading import read_json
 from bert_of.progress import Progress, log
 from bert_of.zoo.errors import ChecksumError, DiskSpaceError, DownloadError
 

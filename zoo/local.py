@@ -13,7 +13,8 @@ import shutil
 import numpy as np
 
 from bert_of.converters.convert import detect, read
-from bert_of.fs import read_json, utc_now
+from bert_of.files.home import utc_now
+from bert_of.files.reading import read_json
 import bert_of.zoo.registry as _reg
 from bert_of.zoo.cache import entry_lock, hash_tree
 from bert_of.zoo.errors import ZooError

@@ -21,7 +21,9 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-from bert_of.fs import read_json, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.reading import read_json
+from bert_of.converters import registry as formats
 from bert_of.progress import log
 from bert_of.zoo.errors import RegistryError, UnknownEntryError
 
@@ -29,7 +31,7 @@ from bert_of.zoo.errors import RegistryError, UnknownEntryError
 SCHEMA_VERSION = 1
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registry.json")
 LOCAL_NAME = "registry.local.json"
-SOURCE_FORMATS = ("tf", "of", "lazy", "hf", "h5")
+SOURCE_FORMATS = formats.names()  # what an entry's archive may hold: every registered format
 ARCHIVES = ("zip", "tar", "tar.gz", "none")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SHA_RE = re.compile(r"^[0-9a-fA-F]{64}$")

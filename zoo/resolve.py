@@ -12,7 +12,7 @@ A converted copy is keyed by the source's content: its format, the SHA-256 of ev
 converted again; a copied or touched one is not. Reading every file on every call would be slow,
 so ``converted/.refs/<stat key>`` remembers the content key of a source as it was last seen (its
 real path, the name, size and mtime of each file): an unchanged source is found without reading a
-file. Conversions are published atomically (bert_of.fs.publishing) under one lock per stat key, so
+file. Conversions are published atomically (bert_of.files.publish.publishing) under one lock per stat key, so
 concurrent callers wait for one conversion and share it. ``bert-of zoo cache`` lists, sizes, removes
 and prunes the copies.
 """
@@ -30,7 +30,10 @@ from bert_of.converters.source import Options
 from bert_of.converters.convert import detect
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.errors import BertOfError, CheckpointError, SourceChanged
-from bert_of.fs import atomic_write, publishing, sha256_file, utc_now
+from bert_of.files.atomic import atomic_write
+from bert_of.files.home import utc_now
+from bert_of.files.publish import publishing
+from bert_of.files.reading import sha256_file
 from bert_of.version import __version__
 from bert_of.zoo.cache import MANIFEST, convert_record, dir_size, entry_lock, lift, read_manifest, write_manifest
 from bert_of.zoo.errors import UnknownEntryError

@@ -12,7 +12,7 @@ from bert_of.align.report import format_summary, plot_report, plot_skipped
 from bert_of.cli import run_command
 from bert_of.cli_grammar import add_options, examples
 from bert_of.errors import BertOfError
-from bert_of.fs import read_json
+from bert_of.files.reading import read_json
 from bert_of.launch import topology
 from bert_of.options import Nodes, arg, from_args
 

@@ -17,7 +17,8 @@ from bert_of.data.create_pretraining import PretrainingOptions, create_pretraini
 from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
 from bert_of.data.reader import PretrainingDataset
 from bert_of.errors import BertOfError
-from bert_of.fs import atomic_write, read_json, write_json
+from bert_of.files.atomic import atomic_write, write_json
+from bert_of.files.reading import read_json
 from bert_of.progress import log
 
 # The default corpus ships with the package (a wheel has no tests/data): bert_of/align/default-corpus/

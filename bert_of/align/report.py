@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 
 from bert_of.align.plans import BY_NAME, CLIP_NORM, CONTROL_STEPS, FIRST_STEPS, TF_STEPS, TOL_ALL, TOL_FIRST, _tolerance
-from bert_of.fs import atomic_open
+from bert_of.files.atomic import atomic_open
 from bert_of.plots import FONT, draw, pyplot, styles
 
 # --------------------------------------------------------------------------- comparisons

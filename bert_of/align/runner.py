@@ -24,12 +24,13 @@ from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, 
 from bert_of.checkpoint import load_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters.verify import tf_reference_module
-from bert_of.fs import atomic_write, read_json
+from bert_of.files.atomic import atomic_write
+from bert_of.files.reading import read_json
 from bert_of.launch import Topology, run_ranks, spawn
 from bert_of.modeling import BertForPreTraining
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
-from bert_of.training.trainer import Trainer
+from bert_of.training.trainer import Trainer, state_names
 
 
 # --------------------------------------------------------------------------- one run
@@ -41,7 +42,7 @@ def _load_optimizer_state(trainer, ckpt_dir):
     ck = load_checkpoint(ckpt_dir, with_optimizer=True)
     if not ck.optimizer:
         raise AlignError(f"{ckpt_dir}: no optimizer.safetensors (convert with --with-optimizer)")
-    names = [n for n, _ in trainer.model.named_parameters()]
+    names = list(state_names(trainer.model).values())
     missing = [n for n in names if f"m/{n}" not in ck.optimizer or f"v/{n}" not in ck.optimizer]
     if missing:
         raise AlignError(f"{ckpt_dir}: optimizer state lacks {missing[0]}")

@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass, fields
 
 from bert_of.cli_grammar import add_command, add_options, examples, finish
-from bert_of.fs import publishing, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.publish import publishing
 from bert_of.options import arg, from_args
 
 from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, PretrainingOptions, _check_output,

@@ -54,7 +54,10 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError, OutputError
-from bert_of.fs import publishing, sha256_file, write_json
+from bert_of.files.atomic import write_json
+from bert_of.files.publish import publishing
+from bert_of.files.reading import sha256_file
+from bert_of.files.owned import register_own_files
 from bert_of.process import as_worker
 from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
 
@@ -67,6 +70,7 @@ from .text import MAX_LINE_CHARS, DataError, read_corpus
 DATASET_META = "bert_of_data.json"
 DATASET_VOCAB = "vocab.txt"  # the copy of the vocabulary kept beside the parts
 PART_FORMAT = "part-{:05d}"
+register_own_files((DATASET_META,), (r"part-\d+",))
 FEATURE_KINDS = {"input_ids": "int32", "input_mask": "int32", "segment_ids": "int32",
                  "masked_lm_positions": "int32", "masked_lm_ids": "int32", "masked_lm_weights": "float",
                  "next_sentence_labels": "int32"}
@@ -316,7 +320,7 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
     """Write ``output_dir/part-00000 ...`` (OFRecord), ``vocab.txt`` (a copy of ``vocab_file``) and
     ``bert_of_data.json``; returns the summary.
 
-    Everything is written to a staging folder and swapped in at the end (:mod:`bert_of.fs`): on
+    Everything is written to a staging folder and swapped in at the end (:mod:`bert_of.files.publish`): on
     any error the previous ``output_dir`` (if any) is untouched and no partial output remains.
     An ``output_dir`` that is, contains or lies inside an input (text, folder, vocab, config) is
     refused. A line over ``max_line_chars`` characters (0: no limit) is an error.

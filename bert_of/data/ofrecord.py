@@ -26,12 +26,12 @@ import operator
 import os
 import shutil
 import struct
-from typing import Dict, Iterator, List, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
 from bert_of.errors import BertOfError
-from bert_of.varint import decode as decode_varint, encode as encode_varint
+from bert_of import protobuf as pb
 
 __all__ = [
     "OFRecordError", "encode_record", "encode_records", "decode_record", "parse_record", "decode_varints",
@@ -51,46 +51,12 @@ class OFRecordError(BertOfError):
     """An OFRecord file or record that cannot be read (names file and record)."""
 
 
-# --------------------------------------------------------------------------- varints
+# --------------------------------------------------------------------------- varints (bert_of.protobuf)
 
 
-_varint = encode_varint
-_read_varint = decode_varint
-
-
-def decode_varints(data) -> np.ndarray:
-    """All varints packed in ``data`` as uint64 (vectorised). Raises ValueError if the last is cut."""
-    a = np.frombuffer(data, dtype=np.uint8)
-    if a.size == 0:
-        return np.zeros(0, dtype=np.uint64)
-    if a[-1] & 0x80:
-        raise ValueError("packed varints end in the middle of a value")
-    ends = np.flatnonzero(a < 0x80)
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    if int((ends - starts).max()) >= 10:
-        raise ValueError("varint longer than 10 bytes")
-    pos = np.arange(a.size) - np.repeat(starts, ends - starts + 1)
-    parts = (a & 0x7F).astype(np.uint64) << (7 * pos).astype(np.uint64)
-    return np.add.reduceat(parts, starts)
-
-
-def decode_varint_runs(runs: Sequence) -> Tuple[np.ndarray, np.ndarray]:
-    """Decode many packed-varint runs at once: (all values as uint64, values per run)."""
-    if not runs:
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    lens = np.fromiter((len(r) for r in runs), dtype=np.int64, count=len(runs))
-    data = b"".join(runs)
-    a = np.frombuffer(data, dtype=np.uint8)
-    bounds = np.cumsum(lens)
-    nonempty = lens > 0
-    if nonempty.any() and (a[bounds[nonempty] - 1] & 0x80).any():
-        raise ValueError("packed varints end in the middle of a value")
-    values = decode_varints(data)
-    ends = np.flatnonzero(a < 0x80)
-    counts = np.diff(np.searchsorted(ends, bounds, side="left"), prepend=0)
-    return values, counts
+_varint = pb.varint
+decode_varints = pb.packed_varints
+decode_varint_runs = pb.packed_varint_runs
 
 
 # --------------------------------------------------------------------------- encode
@@ -308,57 +274,6 @@ def encode_records(features: Dict[str, Tuple[str, np.ndarray]], framed: bool = F
 # --------------------------------------------------------------------------- decode
 
 
-def _skip(buf, pos: int, end: int, wire: int) -> int:
-    if wire == 0:
-        return _read_varint(buf, pos, end)[1]
-    if wire == 1:
-        pos += 8
-    elif wire == 2:
-        n, pos = _read_varint(buf, pos, end)
-        pos += n
-    elif wire == 5:
-        pos += 4
-    else:
-        raise ValueError(f"unsupported wire type {wire}")
-    if pos > end:
-        raise ValueError("field runs past the end")
-    return pos
-
-
-def _fields(buf, pos: int, end: int):
-    """(field number, wire type, start, stop) of each field in ``buf[pos:end]``.
-
-    For length-delimited fields start/stop bound the payload; for others, the value bytes.
-    """
-    out = []
-    while pos < end:
-        tag = buf[pos]
-        if tag < 0x80:
-            pos += 1
-        else:
-            tag, pos = _read_varint(buf, pos, end)
-        field, wire = tag >> 3, tag & 7
-        if field == 0:
-            raise ValueError("field number 0")
-        if wire == 2:
-            if pos >= end:
-                raise ValueError("length runs past the end")
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1
-            else:
-                n, pos = _read_varint(buf, pos, end)
-            if pos + n > end:
-                raise ValueError("field runs past the end")
-            out.append((field, 2, pos, pos + n))
-            pos += n
-        else:
-            start = pos
-            pos = _skip(buf, pos, end, wire)
-            out.append((field, wire, start, pos))
-    return out
-
-
 def parse_record(buf) -> Dict[str, Tuple[str, List[Tuple[int, int, int]]]]:
     """Structure of one serialized OFRecord: ``{name: (kind, [(wire, start, stop), ...])}``.
 
@@ -367,13 +282,20 @@ def parse_record(buf) -> Dict[str, Tuple[str, List[Tuple[int, int, int]]]]:
     Raises ValueError on anything that is not a valid OFRecord.
     """
     mv = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf)
-    end = len(mv)
-    out = {}
-    for field, wire, s, e in _fields(mv, 0, end):
+    return parse_feature_map(mv, 0, len(mv), FIELD_KIND)
+
+
+def parse_feature_map(mv, start: int, end: int, field_kind: Dict[int, str], out: Optional[dict] = None
+                      ) -> Dict[str, Tuple[str, List[Tuple[int, int, int]]]]:
+    """The ``map<string, Feature> feature = 1`` message in ``mv[start:end]``, as :func:`parse_record`
+    returns it. ``field_kind``: Feature's oneof field number -> kind (OFRecord's :data:`FIELD_KIND`;
+    tf.train.Example's Features has the same shape with bytes 1, float 2, int64 3)."""
+    out = {} if out is None else out
+    for field, wire, s, e in pb.fields(mv, start, end):
         if field != 1 or wire != 2:
             continue  # unknown field: protobuf keeps and ignores it
         name, kind, spans = "", None, []
-        for f2, w2, s2, e2 in _fields(mv, s, e):
+        for f2, w2, s2, e2 in pb.fields(mv, s, e):
             if f2 == 1 and w2 == 2:
                 try:
                     name = mv[s2:e2].decode("utf-8")
@@ -381,12 +303,12 @@ def parse_record(buf) -> Dict[str, Tuple[str, List[Tuple[int, int, int]]]]:
                     raise ValueError("feature name is not UTF-8") from None
             elif f2 == 2 and w2 == 2:
                 kind, spans = None, []  # last Feature wins, as in protobuf's map parsing
-                for f3, w3, s3, e3 in _fields(mv, s2, e2):
-                    if f3 not in FIELD_KIND or w3 != 2:
+                for f3, w3, s3, e3 in pb.fields(mv, s2, e2):
+                    if f3 not in field_kind or w3 != 2:
                         continue
-                    if FIELD_KIND[f3] != kind:  # oneof: the last kind present wins;
-                        kind, spans = FIELD_KIND[f3], []  # the same list twice merges (concatenates)
-                    spans.extend((w4, s4, e4) for f4, w4, s4, e4 in _fields(mv, s3, e3) if f4 == 1)
+                    if field_kind[f3] != kind:  # oneof: the last kind present wins;
+                        kind, spans = field_kind[f3], []  # the same list twice merges (concatenates)
+                    spans.extend((w4, s4, e4) for f4, w4, s4, e4 in pb.fields(mv, s3, e3) if f4 == 1)
         out[name] = (kind, spans)
     return out
 

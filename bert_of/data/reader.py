@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from bert_of.errors import BertOfError
-from bert_of.fs import read_json, sha256_file
+from bert_of.files.reading import read_json, sha256_file
+from bert_of.files.owned import register_own_files
 
 from .ofrecord import OFRecordError, RecordFile, decode_values, decode_varint_runs, parse_record
 
@@ -36,6 +37,7 @@ __all__ = ["PretrainingDataset", "OneFlowPretrainingReader", "list_part_files", 
 
 _PART_RE = re.compile(r"^part-(\d+)$")
 META_FILE = "bert_of_data.json"
+register_own_files((META_FILE,), (r"part-\d+",))
 DEFAULT_TYPE_VOCAB_SIZE = 2  # BERT's: segment A = 0, B = 1
 
 # name -> (output dtype, length: "seq" | "pred" | 1)

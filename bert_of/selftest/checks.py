@@ -31,15 +31,18 @@ import traceback
 
 import numpy as np
 
+from bert_of import process
 from bert_of._flow import flow
 from bert_of.align.runner import run_experiments
 from bert_of.checkpoint import write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters.convert import convert
 from bert_of.converters.verify import verify
-from bert_of.fs import atomic_write, read_json
+from bert_of.files.atomic import atomic_write
+from bert_of.files.reading import read_json
 from bert_of.launch import Topology, child_env, run_ranks
-from bert_of.modeling import BertForPreTraining, LayerNorm, gelu_tanh
+from bert_of.kernels import LayerNorm, gelu_tanh
+from bert_of.modeling import BertForPreTraining
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer
@@ -186,9 +189,8 @@ def _throughput_run(work: str, name: str, mode: str, amp: bool, dist: str, batch
 def check_throughput(n_gpus: int, steps: int, work: str, tf32: str | None) -> dict:
     """Timing runs in fresh processes, with OneFlow's default TF32 setting (or the user's)."""
     runs = {}
-    ours = os.environ.pop(TF32_ENV, None)
-    if tf32 is not None:
-        os.environ[TF32_ENV] = tf32
+    ours = os.environ.get(TF32_ENV)
+    process.set_environ({TF32_ENV: tf32})  # the children's (None: OneFlow's default)
     for mode in ("eager", "graph"):
         for amp in (False, True):
             name = f"{mode}_{'amp' if amp else 'fp32'}"
@@ -196,8 +198,7 @@ def check_throughput(n_gpus: int, steps: int, work: str, tf32: str | None) -> di
     if n_gpus >= 2:
         runs["2gpu_global_graph_fp32"] = _throughput_run(work, "2g", "graph", False, "global", 64, steps, 2)
         runs["2gpu_ddp_eager_fp32"] = _throughput_run(work, "2d", "eager", False, "ddp", 64, steps, 2)
-    if ours is not None:
-        os.environ[TF32_ENV] = ours
+    process.set_environ({TF32_ENV: ours})
     ok = all(r["status"] == "pass" for r in runs.values())
     return {"status": "pass" if ok else "fail", "model": "BERT-base (L12 H768 A12 I3072), seq 128, 20 masked",
             "samples_per_s": {k: r.get("samples_per_s") for k, r in runs.items()}, "runs": runs}
@@ -221,7 +222,7 @@ def _run(name: str, fn, *args) -> dict:
 def selftest(steps: int = 50, quick: bool = False) -> dict:
     """Run the checks; the summary (``ok`` False when a check failed)."""
     tf32 = os.environ.get(TF32_ENV)  # the user's, for the throughput runs
-    os.environ[TF32_ENV] = "0"  # verify, kernels, amp: fp32 means fp32 (no CUDA stream exists yet)
+    process.set_environ({TF32_ENV: "0"})  # verify, kernels, amp: fp32 means fp32 (no CUDA stream exists yet)
     t0 = time.perf_counter()
     cuda = bool(flow.cuda.is_available())
     n_gpus = flow.cuda.device_count() if cuda else 0

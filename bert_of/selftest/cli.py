@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from bert_of.cli_grammar import add_command
-from bert_of.fs import atomic_write
+from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
 
 

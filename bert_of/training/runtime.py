@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
-from bert_of.modeling import to_local_full
+from bert_of.model_io import to_local_full
 
 DISTS = ("auto", "global", "ddp", "none")
 

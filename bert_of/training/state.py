@@ -37,14 +37,18 @@ from bert_of._flow import flow
 from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, WEIGHTS_NAME, TensorSpec, load_checkpoint,
                                 write_checkpoint_files)
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
-from bert_of.fs import (LOCK_NAME, check_sources, filter_jsonl, foreign_entry, locked, publishing, read_json,
-                        remove_stale_staging, sha256_file, write_json)
+from bert_of.files.atomic import filter_jsonl, write_json
+from bert_of.files.locks import LOCK_NAME, locked
+from bert_of.files.owned import check_sources, foreign_entry, register_own_files
+from bert_of.files.publish import publishing, remove_stale_staging
+from bert_of.files.reading import read_json, sha256_file
 from bert_of.progress import log
 
 CKPT_DIR = "checkpoints"
 STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
 METRICS_NAME = "metrics.jsonl"
+register_own_files((STATE_NAME, MANIFEST_NAME, METRICS_NAME))
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, STATE_NAME)  # what an exact resume reads
 _STEP = re.compile(r"step-\d{7,}")
 

@@ -46,6 +46,13 @@ def _scalars(out) -> tuple:
     return names, tuple(getattr(out, k) for k in names)
 
 
+def state_names(model) -> dict:
+    """{parameter key: the name its optimizer state is stored under}: the canonical spelling
+    (a bert_of model's ``state_name``; the same key but for pre-LN's LayerNorms), else the key."""
+    spell = getattr(model, "state_name", None)
+    return {k: spell(k) if spell else k for k, _ in model.named_parameters()}
+
+
 def _state_tensor(rt: Runtime, arr):
     """An optimizer-state array as a tensor where the parameters live (broadcast when global)."""
     t = flow.tensor(np.ascontiguousarray(arr))
@@ -104,6 +111,7 @@ class GraphStep:
 
     def __init__(self, model, cfg: TrainConfig, rt: Runtime):
         self.rt = rt
+        self.names = state_names(model)
         self.opt = build_optimizer(model, cfg, for_graph=True)
         self.sched = build_scheduler(self.opt, cfg)
         self.graph = TrainGraph(model, self.opt, self.sched, cfg)
@@ -122,14 +130,16 @@ class GraphStep:
         for key, t in self.graph.state_dict().items():
             for suffix, slot in (("-m", "m"), ("-v", "v"), ("-momentum", "momentum")):
                 if key.startswith("model.") and key.endswith(suffix):
-                    out[f"{slot}/{key[len('model.'):-len(suffix)]}"] = to_numpy(t)
+                    param = key[len('model.'):-len(suffix)]
+                    out[f"{slot}/{self.names.get(param, param)}"] = to_numpy(t)
         return out
 
     def load_slots(self, slots: dict, step) -> None:
         """Before the graph's first call (it reads them when it compiles)."""
         suffix = {"m": "-m", "v": "-v", "momentum": "-momentum"}
-        graph_state = {f"model.{k.partition('/')[2]}{suffix[k.partition('/')[0]]}": _state_tensor(self.rt, a)
-                       for k, a in slots.items()}
+        key_of = {name: key for key, name in self.names.items()}
+        graph_state = {f"model.{key_of.get(k.partition('/')[2], k.partition('/')[2])}{suffix[k.partition('/')[0]]}":
+                       _state_tensor(self.rt, a) for k, a in slots.items()}
         if step is not None:  # the graph's schedule reads its train step
             graph_state["System-Train-TrainStep"] = _state_tensor(self.rt, np.array([int(step)], np.int64))
         self.graph.load_state_dict(graph_state, strict=False)
@@ -144,18 +154,18 @@ class EagerStep:
         extra = {}
         if rt.ddp and "ddp_world" in inspect.signature(model.forward).parameters:
             extra["ddp_world"] = rt.world if ddp_world is None else ddp_world  # its loss normalises over the ranks
-        self.forward = _Forward(model, extra)  # model -> its scalars
+        self.scalars_of = _Forward(model, extra)  # model -> its scalars
         if rt.ddp:
             # OneFlow 0.9's DDP returns the module itself with gradient all-reduce hooks
             # (and broadcasts rank 0's parameters); its hooks understand tuples of tensors.
-            self.forward = flow.nn.parallel.DistributedDataParallel(self.forward)
+            self.scalars_of = flow.nn.parallel.DistributedDataParallel(self.scalars_of)
         self.opt = build_optimizer(model, cfg, for_graph=False)
         self.sched = build_scheduler(self.opt, cfg)
         # AMP keeps its own dynamic loss scale (the graph uses OneFlow's GradScaler conf).
         self.scaler = DynamicLossScaler() if cfg.amp else None
 
     def start(self, keys: tuple) -> None:
-        self.keys = self.forward.keys = keys
+        self.keys = self.scalars_of.keys = keys
 
     def run(self, batch: dict, read) -> dict:
         k = self.cfg.grad_accum_steps
@@ -167,10 +177,10 @@ class EagerStep:
         for i in range(k):
             micro = [self.rt.tensor(batch[key][i * n // k:(i + 1) * n // k]) for key in self.keys]
             with self._autocast():
-                values = self.forward(*micro)
+                values = self.scalars_of(*micro)
             (values[0] * (scale / k)).backward()
             micro_values.append(values)
-        out = read(self.forward.names, micro_values)
+        out = read(self.scalars_of.names, micro_values)
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.scaler is None or self.scaler.unscale_and_check(params):
             if self.cfg.clip_grad_norm:
@@ -196,7 +206,8 @@ class EagerStep:
     def slots(self) -> dict:
         out = {}
         order = self._order()
-        by_param = {id(p): n for n, p in self.model.named_parameters()}
+        names = state_names(self.model)
+        by_param = {id(p): names[n] for n, p in self.model.named_parameters()}
         for idx, slots in self.opt.state_dict()["state"].items():
             if idx == "step":
                 continue
@@ -208,7 +219,8 @@ class EagerStep:
 
     def load_slots(self, slots: dict, step) -> None:
         sd = self.opt.state_dict()
-        params = dict(self.model.named_parameters())
+        names = state_names(self.model)
+        params = {names[n]: p for n, p in self.model.named_parameters()}
         position = {id(p): i for i, p in enumerate(self._order())}  # identity: tensor == compares values
         new_state = {"step": int(step if step is not None else sd["state"].get("step", 0))}
         keys = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buf"}
@@ -329,7 +341,7 @@ class Trainer:
     def load_optimizer_state(self, state: dict) -> None:
         """Canonical optimizer state ({m/<name>, v/<name>, momentum/<name>}, and ``step`` when the
         schedule continues from it) into the optimizer, or the graph before its first call."""
-        params = dict(self.model.named_parameters())
+        params = set(state_names(self.model).values())
         slots = {}
         for key, arr in state.items():
             if key == "step":

@@ -21,12 +21,13 @@ from bert_of.eval.glue_data import (convert_example_to_features, get_labels, rea
                                     task_spec)
 from bert_of.eval.glue_metrics import compute_metrics
 from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, checkpoint_head_labels,
-                                           default_eval_dir, finish_finetuning, infer, load_model, make_tokenizer,
+                                           default_eval_dir, finish_finetuning, load_model, make_tokenizer,
                                            model_display_name, model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
-from bert_of.fs import atomic_open
+from bert_of.files.atomic import atomic_open
 from bert_of.progress import progress_iter
 from bert_of.modeling import BertForSequenceClassification
+from bert_of.training.inference import infer
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime
 

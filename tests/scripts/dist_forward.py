@@ -22,7 +22,7 @@ placement = flow.placement("cpu", ranks=list(range(world)))
 B, S = flow.sbp.broadcast, flow.sbp.split(0)
 
 ckpt = load_checkpoint(ckpt_dir)
-model = model_class_for(ckpt.tensors)(ckpt.config)
+model = model_class_for(ckpt.tensors, ckpt.config)(ckpt.config)
 model.load_canonical(ckpt.tensors, strict_heads=True)
 model.eval()
 model.to_global(placement=placement, sbp=B)

@@ -151,6 +151,17 @@ class _Handler(BaseHTTPRequestHandler):
                 except OSError:
                     pass
                 return
+            if fault.get("hold") is not None:  # half the body, then wait for the test's Event
+                f.seek(start)
+                half = length // 2
+                self.wfile.write(f.read(half))
+                self.wfile.flush()
+                fault["hold"].wait(120)
+                try:
+                    self.wfile.write(f.read(length - half))
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+                return
             if fault.get("stall_after") is not None:
                 f.seek(start)
                 self.wfile.write(f.read(min(fault["stall_after"], length)))

@@ -1,0 +1,174 @@
+"""Loading and saving a model: from_pretrained / save_pretrained over a bert_of checkpoint
+directory, the canonical state in and out, Google's init."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields, replace
+from typing import Optional
+
+import numpy as np
+
+from bert_of._flow import flow
+from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
+from bert_of.config import BertConfig
+from bert_of.errors import CheckpointError
+from bert_of.initializers import truncated_normal
+from bert_of.progress import log
+from bert_of.tensors import check_fit, check_role
+
+nn = flow.nn
+
+
+# What from_pretrained's keyword overrides may set.
+_CONFIG_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
+
+
+class PreTrained(nn.Module):
+    """from_pretrained / save_pretrained over a bert_of checkpoint directory."""
+
+    # Prefix this class's own names carry inside a full (canonical) checkpoint.
+    _ckpt_prefix = ""
+
+    def state_name(self, key: str) -> str:
+        """The state-dict key ``key`` as the canonical names spell it, without this class's prefix
+        (optimizer state is stored under it): the key itself, unless the model class places a
+        module otherwise than the canonical names say (pre-LN's LayerNorms, bert_of.modeling)."""
+        return key
+
+    def canonical_name(self, key: str) -> str:
+        """The canonical name of the state-dict key ``key``."""
+        return self._ckpt_prefix + self.state_name(key)
+
+    def canonical_state(self) -> dict:
+        """{canonical name: numpy array}; tied decoder weight appears once."""
+        return {self.canonical_name(k): v.numpy() for k, v in local_state(self).items()}
+
+    def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
+        """Copy {canonical name: array} into the parameters.
+
+        Every tensor first passes the gate the converters use (bert_of.tensors): floating
+        point, a place in a BERT of this model's config (no layer beyond ``num_hidden_layers``,
+        no unknown name) with the shape it implies, the backbone complete. So a config that does
+        not fit its tensors is an error here exactly as in ``bert-of convert``. Tensors of task
+        heads this class does not have are accepted (and returned as "unexpected"); task heads
+        missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
+        checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
+        """
+        own = {self.canonical_name(k): p for k, p in self.state_dict().items()}
+        arrays = {k: np.asarray(v) for k, v in state.items()}
+        for name, arr in arrays.items():
+            check_role(name, arr.dtype, "checkpoint")
+        missing = [k for k in own if k not in arrays]
+        unexpected = sorted(k for k in arrays if k not in own)
+        bad_missing = [k for k in missing if strict_heads or k.startswith("bert.")]
+        if bad_missing:
+            raise CheckpointError(f"checkpoint lacks {len(bad_missing)} tensor(s) the model needs, first: {bad_missing[0]}")
+        for name, param in own.items():
+            if name in arrays and tuple(arrays[name].shape) != tuple(param.shape):
+                raise CheckpointError(f"tensor {name}: checkpoint shape {list(arrays[name].shape)} != model shape "
+                                      f"{list(param.shape)}")
+        # The rest must fit this config too; a head this class lacks may come from a config with
+        # another label count, so its shape is not ours to check.
+        check_fit({k: a.shape for k, a in arrays.items()}, self.config, "checkpoint", require_backbone=False,
+                  loose=[k for k in unexpected if k.startswith("classifier.")])
+        with flow.no_grad():
+            for name, param in own.items():
+                if name not in arrays:
+                    continue
+                copy_in(param, arrays[name])
+        return {"missing": missing, "unexpected": unexpected}
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, config: Optional[BertConfig] = None, strict_heads: bool = False,
+                        **overrides):
+        """Load a model the way HF's ``from_pretrained`` does, from
+
+        - a zoo name or alias ("bert-base": downloaded, verified and converted on first use),
+        - a bert_of checkpoint directory (config.json, model.safetensors, vocab.txt),
+        - a checkpoint in any format bert_of reads (a Google TF folder or prefix, an HF or Keras
+          directory, a lazy OneFlow snapshot: converted once into the cache and reused).
+
+        ``config`` replaces the checkpoint's config. ``overrides`` are BertConfig fields
+        (``num_labels=3``, ``hidden_dropout_prob=0.0``), validated again; any other keyword is a
+        TypeError naming it. Heads missing from the checkpoint are newly initialised (see
+        ``load_canonical``); ``loading_info`` says which.
+        """
+        unknown = sorted(set(overrides) - _CONFIG_FIELDS)
+        if unknown:
+            hints = [f"{k} (did you mean {close[0]}?)" if close else k
+                     for k in unknown for close in [difflib.get_close_matches(k, sorted(_CONFIG_FIELDS), n=1)]]
+            raise TypeError(f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {', '.join(hints)}; "
+                            f"keywords set BertConfig fields: {', '.join(sorted(_CONFIG_FIELDS))}")
+        path = resolve_checkpoint(name_or_path)
+        ckpt = load_checkpoint(path)
+        config = replace(config or ckpt.config, **overrides)  # a new, re-validated config
+        model = cls(config)
+        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
+        if info["missing"]:
+            log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}")
+        model.loading_info = info
+        model.vocab_file = ckpt.vocab_file
+        model.eval()
+        return model
+
+    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
+        """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
+        existing, as transformers does: its files of these names are replaced, others kept.
+        Every file is written whole before any lands (see :func:`bert_of.files.publish.publishing_into`)."""
+        state = self.canonical_state()
+        write_checkpoint(path, list(state.items()), self.config,
+                         vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
+
+    def init_weights(self, seed: int = 0, names=None) -> None:
+        """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.
+
+        Drawn with NumPy in name order so every rank, mode and run starts from
+        the same numbers. ``names`` (canonical names, e.g. ``loading_info["missing"]``: heads a
+        checkpoint lacked): only those tensors, drawn in the same order; the rest are kept.
+        """
+        rng = np.random.default_rng(seed)
+        std = self.config.initializer_range
+        state = {}  # state-dict key -> value
+        for key, p in self.state_dict().items():
+            name = self.canonical_name(key)
+            if names is not None and name not in names:
+                continue
+            shape = tuple(p.shape)
+            if ".LayerNorm." in "." + name and name.endswith("weight"):
+                state[key] = np.ones(shape, np.float32)
+            elif name.endswith("bias") or ".LayerNorm." in "." + name:
+                state[key] = np.zeros(shape, np.float32)
+            else:
+                state[key] = truncated_normal(rng, shape, std)
+        if names is None:
+            self.load_canonical({self.canonical_name(k): v for k, v in state.items()}, strict_heads=True)
+            return
+        own = self.state_dict()
+        with flow.no_grad():
+            for key, value in state.items():
+                copy_in(own[key], value)
+
+
+def copy_in(param, arr) -> None:
+    """Copy a numpy array into a (local or global) parameter of the same shape; under no_grad."""
+    arr = np.ascontiguousarray(arr)
+    if param.is_global:
+        src = flow.tensor(arr, dtype=param.dtype).to_global(placement=param.placement, sbp=param.sbp)
+    else:
+        src = flow.tensor(arr, dtype=param.dtype, device=param.device)
+    param.copy_(src)
+
+
+def to_local_full(t):
+    """A global tensor as this rank's full local copy (no communication when broadcast)."""
+    if not t.is_global:
+        return t
+    if any(s != flow.sbp.broadcast for s in t.sbp):
+        t = t.to_global(sbp=flow.sbp.broadcast)
+    return t.to_local()
+
+
+def local_state(module) -> dict:
+    """state_dict with global tensors as full local tensors."""
+    return {k: to_local_full(v) for k, v in module.state_dict().items()}
