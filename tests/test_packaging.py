@@ -26,6 +26,7 @@ def _user_project(path):
     return path
 
 
+@pytest.mark.oneflow
 def test_api_and_cli_from_a_folder_with_its_own_zoo_eval_converters(tmp_path):
     proj = _user_project(tmp_path / "proj")
     env = dict(os.environ, BERT_OF_HOME=str(tmp_path / "home"), BERT_OF_OFFLINE="1")
@@ -85,6 +86,7 @@ def test_the_shipped_align_corpus_is_the_test_corpus():
             assert a.read() == b.read(), name
 
 
+@pytest.mark.oneflow
 def test_wheel_installed_outside_the_repo_imports_every_subpackage(wheel, tmp_path):
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
