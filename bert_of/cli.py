@@ -290,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
                             "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
                             "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
-                            "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
+                            "for a Google checkpoint or a Keras h5. Without OneFlow the same reference runs on "
+                            "B's tensors in B's layout instead of bert_of. Exit 1 above --tol.",
                 example_lines=("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
                                "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
 
