@@ -76,6 +76,14 @@ def test_wheel_holds_only_the_bert_of_namespace(wheel):
               *(f"bert_of/align/default-corpus/{n}" for n in ("sample_text.txt", "classics.txt", "vocab.txt"))):
         assert f in names, f
     assert not [n for n in names if n.endswith("serve.py") or "/tests/" in n]  # test servers stay in tests/
+    # every module of the checkout ships (a new subpackage missing from pyproject's list would not)
+    shipped = {"bert_of": "bert_of", "converters": "bert_of/converters", "zoo": "bert_of/zoo", "eval": "bert_of/eval"}
+    for top, where in shipped.items():
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(d, f), os.path.join(ROOT, top))
+                    assert f"{where}/{rel}" in names, rel
 
 
 def test_the_shipped_align_corpus_is_the_test_corpus():
