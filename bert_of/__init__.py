@@ -8,8 +8,8 @@ environment variable changes; a command line sets its process up explicitly (ber
 """
 
 from bert_of.config import BertConfig
-from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError, NeedsOneFlow
-from bert_of.resolver import register_resolver
+from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError, InputTypeError, NeedsOneFlow
+from bert_of.resolver import register_resolver, register_writer
 from bert_of.version import __version__
 
 _LAZY = {
@@ -23,7 +23,8 @@ _LAZY = {
     "BertTokenizer": "bert_of.tokenizer",
 }
 
-__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "InputError", "__version__", *_LAZY]
+__all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "InputError", "InputTypeError", "__version__",
+           *_LAZY]
 
 
 def _resolve_with_zoo(name_or_path: str) -> str:
@@ -34,6 +35,17 @@ def _resolve_with_zoo(name_or_path: str) -> str:
 
 
 register_resolver(_resolve_with_zoo)
+
+
+def _write_with_converters(fmt: str, config, tensors: dict, vocab_file, folder: str) -> list:
+    """A model's tensors as format ``fmt``'s files in ``folder``, by that format's writer (for
+    ``save_pretrained(path, format=...)``; bert_of.resolver.writer)."""
+    from bert_of.converters.convert import write_model  # the converters load on the first such save
+
+    return write_model(fmt, config, tensors, vocab_file, folder)
+
+
+register_writer(_write_with_converters)
 
 
 def __getattr__(name):

@@ -9,11 +9,14 @@ what its source computed.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
-from dataclasses import dataclass, field, fields
+import os
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
+import bert_of.resolver as _resolver
 from bert_of.errors import ConfigError
 from bert_of.files.reading import read_json
 
@@ -63,6 +66,8 @@ LAYERNORM_PLACEMENTS = ("post", "pre")
 _OPTIONAL_NUMERICS = ("layernorm_placement", "query_key_layer_scaling", "head_layer_norm_eps")
 # The classifier head's task, written only when set.
 _OPTIONAL_TASK = ("classifier_kind", "id2label", "problem_type")
+# What a forward returns by default (transformers' config flags of the same names), written when set.
+_OPTIONAL_OUTPUTS = ("output_hidden_states", "output_attentions")
 
 # What a ``classifier.*`` head reads (the tensors are named alike in both): "sequence" the pooled
 # [CLS] output (BertForSequenceClassification), "token" every position (BertForTokenClassification).
@@ -107,6 +112,9 @@ class BertConfig:
     classifier_kind: str = "sequence"
     id2label: Optional[dict] = None
     problem_type: Optional[str] = None
+    # Outputs a forward returns when its call does not say (transformers' config flags).
+    output_hidden_states: bool = False
+    output_attentions: bool = False
     # Keys of the source config that bert_of does not use, kept for the round trip.
     extra: dict = field(default_factory=dict)
 
@@ -174,6 +182,9 @@ class BertConfig:
                 raise ConfigError("config: id2label's class names must be distinct non-empty strings")
             if len(names) != self.num_labels:
                 raise ConfigError(f"config: id2label names {len(names)} classes but num_labels is {self.num_labels}")
+        for name in _OPTIONAL_OUTPUTS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"config: {name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"config: extra must be an object, got {type(self.extra).__name__}")
 
@@ -226,7 +237,8 @@ class BertConfig:
     # ------------------------------------------------------------- bert_of json
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"
-             and not (f.name in _OPTIONAL_NUMERICS + _OPTIONAL_TASK and getattr(self, f.name) == f.default)}
+             and not (f.name in _OPTIONAL_NUMERICS + _OPTIONAL_TASK + _OPTIONAL_OUTPUTS
+                      and getattr(self, f.name) == f.default)}
         if self.id2label is not None:
             d["id2label"] = {str(k): v for k, v in sorted(self.id2label.items())}
         if self.extra:
@@ -245,6 +257,40 @@ class BertConfig:
             raise ConfigError(f"{where}: {e}") from None
         except ConfigError as e:
             raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
+
+    def updated(self, who: str = "BertConfig", **overrides) -> "BertConfig":
+        """A new, validated config with ``overrides`` (BertConfig fields; transformers' ``label2id``
+        too, as the inverse of ``id2label``). Any other keyword is a TypeError naming it, with the
+        field it may mean (transformers' configs take unknown keywords silently as attributes)."""
+        overrides = dict(overrides)
+        if "label2id" in overrides:
+            names = overrides.pop("label2id")
+            try:
+                inverse = {int(i): n for n, i in names.items()}
+            except (AttributeError, TypeError, ValueError):
+                inverse = None
+            if inverse is None or overrides.get("id2label", inverse) != inverse:
+                raise ConfigError(f"{who}: label2id must be the inverse of id2label")
+            overrides["id2label"] = inverse
+        if "id2label" in overrides and "num_labels" not in overrides and isinstance(overrides["id2label"], dict):
+            overrides["num_labels"] = len(overrides["id2label"])  # as transformers' num_labels follows id2label
+        check_override_names(who, overrides)
+        return replace(self, **overrides)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, **overrides) -> "BertConfig":
+        """The config of a checkpoint, as transformers' ``BertConfig.from_pretrained``: a bert_of
+        checkpoint folder read in place; a zoo name or a checkpoint in another format through the
+        resolver ``import bert_of`` registers (as a model's ``from_pretrained``: converted once and
+        cached). ``overrides``: fields to set (see :meth:`updated`)."""
+        path = os.fspath(name_or_path)
+        own = os.path.join(path, "config.json")
+        if not (os.path.isfile(own) and "provenance" in _read_json(own)):
+            if _resolver.resolver is None:
+                raise ConfigError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
+                                  "resolve once bert_of registers its resolver: import bert_of)")
+            own = os.path.join(_resolver.resolver(path), "config.json")
+        return cls.from_json_file(own).updated("BertConfig.from_pretrained()", **overrides)
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -322,6 +368,18 @@ class BertConfig:
         if not math.isclose(self.layer_norm_eps, 1e-12, rel_tol=1e-9):
             reasons.append(f"layer_norm_eps {self.layer_norm_eps:g} (Google's code uses 1e-12)")
         return "; ".join(reasons) or None
+
+
+def check_override_names(who: str, overrides) -> None:
+    """A TypeError naming any keyword that is not a BertConfig field (nor ``label2id``), with the
+    field it may mean."""
+    known = sorted(f.name for f in fields(BertConfig) if f.name != "extra") + ["label2id"]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        hints = [f"{k} (did you mean {close[0]}?)" if close else k
+                 for k in unknown for close in [difflib.get_close_matches(k, known, n=1)]]
+        raise TypeError(f"{who} got unexpected keyword argument(s) {', '.join(hints)}; "
+                        f"keywords set BertConfig fields: {', '.join(known)}")
 
 
 def pop_task_fields(d: dict) -> dict:

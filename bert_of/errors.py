@@ -22,9 +22,15 @@ class ConfigError(BertOfError):
     """A config that is missing, malformed, or does not fit the tensors."""
 
 
-class InputError(BertOfError):
+class InputError(BertOfError, ValueError):
     """Model inputs that do not fit the model: a token id outside the vocabulary, a token type
-    outside ``type_vocab_size``, a sequence longer than ``max_position_embeddings``."""
+    outside ``type_vocab_size``, a sequence longer than ``max_position_embeddings``, an empty
+    batch, a mask or labels of the wrong shape or range (:mod:`bert_of.inputs`). A ValueError,
+    as Python's own checks of a value."""
+
+
+class InputTypeError(InputError, TypeError):
+    """Model inputs of the wrong kind: token ids that are not integers, a mask that is not numbers."""
 
 
 class OutputError(BertOfError):

@@ -3,25 +3,21 @@ directory, the canonical state in and out, Google's init."""
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import fields, replace
 from typing import Optional
 
 import numpy as np
 
+import bert_of.resolver as _resolver
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
-from bert_of.config import BertConfig
+from bert_of.config import BertConfig, check_override_names
 from bert_of.errors import CheckpointError
+from bert_of.files.publish import publishing_into
 from bert_of.initializers import truncated_normal
 from bert_of.progress import log
 from bert_of.tensors import check_fit, check_role
 
 nn = flow.nn
-
-
-# What from_pretrained's keyword overrides may set.
-_CONFIG_FIELDS = frozenset(f.name for f in fields(BertConfig)) - {"extra"}
 
 
 class PreTrained(nn.Module):
@@ -90,19 +86,16 @@ class PreTrained(nn.Module):
           directory, a lazy OneFlow snapshot: converted once into the cache and reused).
 
         ``config`` replaces the checkpoint's config. ``overrides`` are BertConfig fields
-        (``num_labels=3``, ``hidden_dropout_prob=0.0``), validated again; any other keyword is a
-        TypeError naming it. Heads missing from the checkpoint are newly initialised (see
-        ``load_canonical``); ``loading_info`` says which.
+        (``num_labels=3``, ``hidden_dropout_prob=0.0``, ``output_hidden_states=True``; transformers'
+        ``label2id`` too), validated again; any other keyword is a TypeError naming it. Heads
+        missing from the checkpoint are newly initialised (see ``load_canonical``);
+        ``loading_info`` says which.
         """
-        unknown = sorted(set(overrides) - _CONFIG_FIELDS)
-        if unknown:
-            hints = [f"{k} (did you mean {close[0]}?)" if close else k
-                     for k in unknown for close in [difflib.get_close_matches(k, sorted(_CONFIG_FIELDS), n=1)]]
-            raise TypeError(f"{cls.__name__}.from_pretrained() got unexpected keyword argument(s) {', '.join(hints)}; "
-                            f"keywords set BertConfig fields: {', '.join(sorted(_CONFIG_FIELDS))}")
+        who = f"{cls.__name__}.from_pretrained()"
+        check_override_names(who, overrides)  # before any loading
         path = resolve_checkpoint(name_or_path)
         ckpt = load_checkpoint(path)
-        config = replace(config or ckpt.config, **overrides)  # a new, re-validated config
+        config = (config or ckpt.config).updated(who, **overrides)  # a new, re-validated config
         model = cls(config)
         info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
         if info["missing"]:
@@ -112,13 +105,41 @@ class PreTrained(nn.Module):
         model.eval()
         return model
 
-    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None) -> None:
+    def save_pretrained(self, path: str, vocab_file: Optional[str] = None, metadata: Optional[dict] = None,
+                        format: str = "of") -> None:
         """Write config.json, model.safetensors (+ vocab.txt) into the folder ``path``, new or
         existing, as transformers does: its files of these names are replaced, others kept.
-        Every file is written whole before any lands (see :func:`bert_of.files.publish.publishing_into`)."""
+        Every file is written whole before any lands (see :func:`bert_of.files.publish.publishing_into`).
+
+        ``format``: "of", bert_of's layout (read back by ``from_pretrained``); "hf", transformers'
+        (its config.json, model.safetensors, vocab.txt and tokenizer files: what ``bert-of convert
+        of2hf`` writes, by the same writer), or any other format ``bert-of convert`` writes."""
+        vocab_file = vocab_file or getattr(self, "vocab_file", None)
         state = self.canonical_state()
-        write_checkpoint(path, list(state.items()), self.config,
-                         vocab_file=vocab_file or getattr(self, "vocab_file", None), metadata=metadata, into=True)
+        if format in ("of", "bert_of"):
+            write_checkpoint(path, list(state.items()), self.config, vocab_file=vocab_file, metadata=metadata,
+                             into=True)
+            return
+        if _resolver.writer is None:
+            raise CheckpointError(f"save_pretrained(format={format!r}): the format writers register with import bert_of")
+        with publishing_into(path) as stage:
+            for note in _resolver.writer(format, self.config, state, vocab_file, stage):
+                log.info(note)
+
+    @property
+    def device(self):
+        """Where the parameters are (transformers' ``model.device``): a ``flow.device``, or the
+        placement of a global model."""
+        p = next(self.parameters())
+        return p.placement if p.is_global else p.device
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """The parameter count as transformers counts it: each (tied) parameter once;
+        ``only_trainable``: those that require grad; ``exclude_embeddings``: without the
+        embedding tables (word, position, token type)."""
+        tables = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, nn.Embedding)}
+        return sum(p.numel() for name, p in self.named_parameters()
+                   if (p.requires_grad or not only_trainable) and not (exclude_embeddings and name in tables))
 
     def init_weights(self, seed: int = 0, names=None) -> None:
         """Google's init: truncated normal (2 std) weights, zero biases, LayerNorm 1/0.

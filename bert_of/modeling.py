@@ -28,11 +28,13 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
-from bert_of.errors import ConfigError, InputError
+from bert_of.errors import ConfigError
+from bert_of.inputs import (IGNORE_INDEX, as_input, check_classifier_targets, check_inputs,  # noqa: F401 (the gate)
+                            check_pretraining_targets, check_span_targets)
 from bert_of.kernels import LayerNorm, gelu_tanh
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
-from bert_of.model_io import PreTrained, to_local_full
+from bert_of.model_io import PreTrained
 
 nn = flow.nn
 
@@ -333,57 +335,11 @@ class BertPooler(nn.Module):
 
 
 def _mask_adder(attention_mask, dtype):
-    """[B, S] 1/0 mask -> [B, 1, 1, S] additive mask: 0 keep, -10000 drop."""
-    return (1.0 - attention_mask.to(dtype).unsqueeze(1).unsqueeze(2)) * -10000.0
-
-
-def _span(a) -> tuple:
-    """(min, max) of an integer array or eager tensor: NumPy on the host, else one reduction."""
-    if isinstance(a, np.ndarray):
-        return (int(a.min()), int(a.max())) if a.size else (0, 0)
-    if a.numel() == 0:
-        return 0, 0
-    lo_hi = to_local_full(flow.stack([a.min(), a.max()])).numpy()
-    return int(lo_hi[0]), int(lo_hi[1])
-
-
-def check_inputs(config: BertConfig, input_ids, token_type_ids=None) -> None:
-    """Refuse what the embedding tables cannot look up, as one :class:`InputError`: a sequence
-    longer than ``max_position_embeddings``, a token id outside [0, vocab_size), a token type
-    outside [0, type_vocab_size). ids: int NumPy arrays or eager tensors [B, S] (tensors being
-    traced into a graph are not looked at: their values do not exist yet)."""
-    seq = int(input_ids.shape[-1])
-    if seq > config.max_position_embeddings:
-        raise InputError(f"input of {seq} tokens is longer than the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
-    for name, ids, limit, field in (("input_ids", input_ids, config.vocab_size, "vocab_size"),
-                                    ("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size")):
-        if ids is None or getattr(ids, "is_lazy", False):
-            continue
-        lo, hi = _span(ids)
-        if lo < 0 or hi >= limit:
-            raise InputError(f"{name} holds {lo if lo < 0 else hi}, outside [0, {limit}): the model's {field} "
-                             f"is {limit}")
-
-
-def as_input(x, name: str, like, ids: bool = True):
-    """A model input as the forward takes it: a flow tensor as it is; a NumPy array or (nested)
-    Python list as a tensor on ``like``'s device (global: its placement, broadcast), int64 when
-    integer (``ids``: it must be, shaped [B, S]), else float32 (regression labels). None stays None."""
-    if x is None or isinstance(x, flow.Tensor):
-        return x
-    a = np.asarray(x)
-    if a.dtype == np.bool_:
-        a = a.astype(np.int64)
-    integer = np.issubdtype(a.dtype, np.integer)
-    if ids and (a.ndim != 2 or not integer):
-        raise InputError(f"{name}: expected integers shaped [batch, sequence], got {a.dtype} {list(a.shape)}")
-    if not integer and not np.issubdtype(a.dtype, np.floating):
-        raise InputError(f"{name}: expected numbers, got {a.dtype}")
-    dtype = flow.int64 if integer else flow.float32
-    if like.is_global:
-        return flow.tensor(a, dtype=dtype).to_global(placement=like.placement, sbp=flow.sbp.broadcast)
-    return flow.tensor(a, dtype=dtype, device=like.device)
+    """1/0 mask [B, S] (or [B, S, S], [B, 1, S, S]: per query) -> additive [B, 1, 1 or S, S]:
+    0 keep, -10000 drop."""
+    m = attention_mask.to(dtype)
+    m = m.unsqueeze(1).unsqueeze(2) if m.ndim == 2 else m.unsqueeze(1) if m.ndim == 3 else m
+    return (1.0 - m) * -10000.0
 
 
 class BertModel(PreTrained):
@@ -424,11 +380,15 @@ class BertModel(PreTrained):
         pooled_output[, hidden_states][, attentions]). Ids the embeddings cannot look up are an
         :class:`InputError` (see :func:`check_inputs`).
         """
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
         like = self.embeddings.word_embeddings.weight
         input_ids = as_input(input_ids, "input_ids", like)
         token_type_ids = as_input(token_type_ids, "token_type_ids", like)
         attention_mask = as_input(attention_mask, "attention_mask", like, ids=False)  # 1/0, or 1.0/0.0
-        check_inputs(self.config, input_ids, token_type_ids)
+        check_inputs(self.config, input_ids, token_type_ids, attention_mask)
         if token_type_ids is None:
             token_type_ids = flow.zeros_like(input_ids)
         if attention_mask is None:
@@ -530,6 +490,9 @@ class BertForPreTraining(_WithBert):
         if masked_lm_weights is not None and not isinstance(masked_lm_weights, flow.Tensor):
             masked_lm_weights = as_input(np.asarray(masked_lm_weights, np.float32), "masked_lm_weights", like,
                                          ids=False)  # float even when written as 1s and 0s
+        check_pretraining_targets(self.config, *out.sequence_output.shape[:2], masked_lm_positions, masked_lm_ids,
+                                  masked_lm_weights, labels, next_sentence_labels if next_sentence_label is None
+                                  else next_sentence_label)
         hidden = out.sequence_output
         if masked_lm_positions is not None:
             hidden = flow.batch_gather(hidden, masked_lm_positions)  # [B, P, H], keeps split(0)
@@ -576,6 +539,7 @@ class BertForQuestionAnswering(_WithBert):
         like = self.qa_outputs.weight
         start_positions = as_input(start_positions, "start_positions", like, ids=False)
         end_positions = as_input(end_positions, "end_positions", like, ids=False)
+        check_span_targets(*out.sequence_output.shape[:2], start_positions, end_positions)
         logits = self.qa_outputs(out.sequence_output)  # [B, S, 2]
         res = QuestionAnsweringOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
                                       start_logits=logits.narrow(2, 0, 1).squeeze(2),
@@ -606,6 +570,7 @@ class BertForSequenceClassification(_WithBert):
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         labels = as_input(labels, "labels", self.classifier.weight, ids=False)
+        check_classifier_targets(self.config, "sequence", *out.sequence_output.shape[:2], labels)
         res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
                                        logits=self.classifier(self.dropout(out.pooled_output)),
                                        hidden_states=out.hidden_states, attentions=out.attentions)
@@ -620,9 +585,6 @@ class BertForSequenceClassification(_WithBert):
             else:
                 res.loss = flow.nn.functional.cross_entropy(res.logits, labels)
         return res if return_dict is None or return_dict else res.to_tuple()
-
-
-IGNORE_INDEX = -100  # label of positions without a loss (later sub-tokens, [CLS], [SEP], padding): HF's
 
 
 class BertForTokenClassification(_WithBert):
@@ -642,6 +604,7 @@ class BertForTokenClassification(_WithBert):
         """
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
         labels = as_input(labels, "labels", self.classifier.weight, ids=False)
+        check_classifier_targets(self.config, "token", *out.sequence_output.shape[:2], labels)
         res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
                                        logits=self.classifier(self.dropout(out.sequence_output)),
                                        hidden_states=out.hidden_states, attentions=out.attentions)
@@ -696,5 +659,6 @@ class BertGraph(nn.Graph):
             token_type_ids = flow.zeros_like(input_ids)
         if attention_mask is None:
             attention_mask = flow.ones_like(input_ids)
+        check_inputs(self.model.config, input_ids, token_type_ids, attention_mask)  # traced, the forward cannot
         values = super().__call__(input_ids, token_type_ids, attention_mask)
         return self._cls(**dict(zip(self._names, values)))

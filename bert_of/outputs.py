@@ -25,7 +25,8 @@ class BertModelOutput:
     Attribute names are bert_of's (Google's) and, where they differ, also transformers'
     (``last_hidden_state``, ``pooler_output``). ``out[i]`` / ``out.to_tuple()`` follow
     transformers' order for the model's output class (loss first when there is one), skipping
-    None as transformers does; ``out["name"]`` reads a field.
+    None as transformers does; ``out["name"]`` reads a field by either name, ``keys()`` /
+    ``items()`` / ``in`` use transformers' names (iterating stays the tuple's values).
     """
 
     sequence_output: Optional[object] = None  # [B, S, H]
@@ -64,10 +65,24 @@ class BertModelOutput:
 
     def __getitem__(self, key):
         if isinstance(key, str):
-            if key not in OUTPUT_NAMES or getattr(self, key) is None:
+            name = HF_NAMES.get(key, key)
+            if name not in OUTPUT_NAMES or getattr(self, name) is None:
                 raise KeyError(key)
-            return getattr(self, key)
+            return getattr(self, name)
         return self.to_tuple()[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys() or key in self.to_dict()
+
+    def keys(self) -> list:
+        """transformers' names of the outputs present, in its order (``last_hidden_state``, ...)."""
+        return [_HF_NAME.get(k, k) for k in self._order if getattr(self, k) is not None]
+
+    def values(self) -> list:
+        return list(self.to_tuple())
+
+    def items(self) -> list:
+        return list(zip(self.keys(), self.values()))
 
 
 class PreTrainingOutput(BertModelOutput):
@@ -83,6 +98,9 @@ class SequenceClassifierOutput(BertModelOutput):
 
 
 OUTPUT_NAMES = tuple(f.name for f in fields(BertModelOutput))
+# transformers' names of the fields it names otherwise
+HF_NAMES = {"last_hidden_state": "sequence_output", "pooler_output": "pooled_output"}
+_HF_NAME = {v: k for k, v in HF_NAMES.items()}
 # The scalars a training step reports, loss first.
 SCALAR_OUTPUTS = ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")
 

@@ -17,6 +17,7 @@ from bert_of.converters.source import Options, Source, summarize
 from bert_of.converters import registry
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.progress import Progress
+from bert_of.tensors import TensorSpec
 from bert_of.tokenization import check_vocab_fits
 
 # short name -> Format (converters/registry.py: every format module declares its own descriptor)
@@ -147,4 +148,22 @@ def _convert(a, b, direction, src, dst, opts, check, sources) -> tuple:
     return source, notes
 
 
-__all__ = ["FORMATS", "Options", "convert", "detect", "read", "summarize", "parse_direction"]
+def write_model(fmt: str, config, tensors: dict, vocab_file, folder: str) -> list:
+    """A model held in memory ({canonical name: array}) as format ``fmt``'s files in the (staging)
+    folder ``folder``: ``save_pretrained(path, format=fmt)``. Returns the writer's notes. The
+    tensors pass the same gate as a read checkpoint's (``Source``); the vocabulary's folder is the
+    model's, where its recorded lower-casing is found."""
+    target = module(fmt)
+    why = config.original_bert_mismatch()
+    if why and not target.pre_ln:
+        raise CheckpointError(f"cannot save as {fmt}: {why}")
+    specs = [(TensorSpec(name, a.dtype, tuple(a.shape)), lambda a=a: a) for name, a in sorted(tensors.items())]
+    where = os.path.dirname(os.path.abspath(vocab_file)) if vocab_file else "<model in memory>"
+    source = Source(where, "of", config, vocab_file, specs)
+    if vocab_file:
+        check_vocab_fits(vocab_file, config.vocab_size)
+    notes = target.write_files(source, folder, Options()) or []
+    return notes + ([] if target.records_numerics else config.numerics_notes())
+
+
+__all__ = ["FORMATS", "Options", "convert", "detect", "read", "summarize", "parse_direction", "write_model"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -61,17 +62,13 @@ from bert_of.converters.mapping import Table, spell
 from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros,
                                        sort, whole)
 from bert_of.converters.torch_zip import TorchZipFile
-from bert_of.tokenization import read_vocab_lines
+from bert_of.tokenizer import hf_tokenizer_files
 from bert_of.converters.descriptor import Format
 from bert_of.converters import reference_np
 
 NAME = "hf"
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
-SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                  "mask_token": "[MASK]"}
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PT_BIN = "pytorch_model.bin"
@@ -208,8 +205,19 @@ def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
         raise ConfigError(f"{where}: {str(e).removeprefix('config: ')}") from None
 
 
+# config.json keys that describe a classifier's labels
+_LABEL_KEYS = ("num_labels", "id2label", "label2id", "problem_type")
+
+
 def config_to_hf(config: BertConfig, architectures: list, float_dtype=None) -> dict:
-    """BertConfig -> HF config.json dict (sorted on write, as transformers writes it)."""
+    """BertConfig -> HF config.json dict (sorted on write, as transformers writes it).
+
+    For a question-answering class the label fields describe its span head, whatever the config
+    carried: transformers builds ``qa_outputs`` with ``num_labels`` outputs, and the head has 2
+    (start, end)."""
+    if architectures and str(architectures[0]).endswith("ForQuestionAnswering"):
+        config = replace(config, num_labels=2, id2label=None, problem_type=None,
+                         extra={k: v for k, v in config.extra.items() if k not in _LABEL_KEYS})
     d = {k: v for k, v in config.extra.items() if k != ACT_SPELLING_KEY}
     for k in _FIELDS:
         d[k] = getattr(config, k)
@@ -512,6 +520,9 @@ def write_files(source: Source, d: str, opts: Options) -> list:
                          f"(its outputs do not use it)")
     if opts.with_optimizer and source.optimizer:
         notes.append("note: optimizer state not written: a HuggingFace model directory does not hold it")
+    if kind == "qa" and source.config.num_labels != 2:
+        notes.append(f"note: num_labels {source.config.num_labels} written as 2: transformers' "
+                     f"BertForQuestionAnswering reads num_labels as its span head's outputs (start, end)")
     items.sort(key=lambda it: it[0].name)
     floats = sorted({np.dtype(s.dtype).name for s, _ in items if np.dtype(s.dtype).kind == "f"
                      or np.dtype(s.dtype).name == "bfloat16"})
@@ -532,16 +543,10 @@ def write_files(source: Source, d: str, opts: Options) -> list:
 
 
 def _write_tokenizer_files(source: Source, d: str) -> None:
-    """tokenizer_config.json and special_tokens_map.json as transformers' BertTokenizer saves them,
-    so AutoTokenizer lower-cases exactly when the checkpoint's own tokenizer does (its default
-    would lower-case a cased model's text)."""
-    vocab = set(read_vocab_lines(source.vocab_file))
-    specials = {k: t for k, t in SPECIAL_TOKENS.items() if t in vocab}
-    cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower_case_of(source), "do_basic_tokenize": True,
-           "never_split": None, "tokenize_chinese_chars": True, "strip_accents": None,
-           "model_max_length": source.config.max_position_embeddings, "clean_up_tokenization_spaces": True,
-           **specials}
-    for name, obj in ((TOKENIZER_CONFIG_FILE, cfg), (SPECIAL_TOKENS_FILE, specials)):
+    """tokenizer_config.json and special_tokens_map.json as transformers' BertTokenizer saves them
+    (:func:`bert_of.tokenizer.hf_tokenizer_files`), lower-casing as the checkpoint's own tokenizer does."""
+    files = hf_tokenizer_files(source.vocab_file, lower_case_of(source), source.config.max_position_embeddings)
+    for name, obj in files.items():
         with writes_to(os.path.join(d, name)):
             write_json(os.path.join(d, name), obj)
 

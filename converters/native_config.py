@@ -61,8 +61,36 @@ OFMODELS_LN_EPS = 1e-5  # nn.LayerNorm's default: the models repo never sets it
 # --------------------------------------------------------------------------- YAML subset
 
 
-_INT = re.compile(r"[-+]?(0|[1-9][0-9_]*)$")
+# YAML 1.1's int as PyYAML resolves it (yaml/resolver.py): binary, leading-0 octal, decimal, hex,
+# base 60 (1:30 is 90); underscores anywhere after the prefix. "0o10" and "08" are strings there.
+_INT = re.compile(r"[-+]?(0b[01_]+|0[0-7_]+|0|[1-9][0-9_]*|0x[0-9a-fA-F_]+|[1-9][0-9_]*(:[0-5]?[0-9])+)$")
 _FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9][0-9_]*)(\.[0-9_]*)?([eE][-+]?[0-9]+)?$")
+_SEXAGESIMAL_FLOAT = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\.[0-9_]*$")
+
+
+def _yaml_int(t: str, where: str) -> int:
+    """PyYAML's construct_yaml_int of a string _INT matched."""
+    v = t.replace("_", "")
+    sign = -1 if v[0] == "-" else 1
+    v = v.lstrip("+-")
+    try:
+        if v.startswith("0b"):
+            return sign * int(v[2:], 2)
+        if v.startswith("0x"):
+            return sign * int(v[2:], 16)
+        if v != "0" and v[0] == "0":
+            return sign * int(v, 8)
+    except ValueError:  # "0x_": PyYAML's constructor fails too
+        raise ConfigError(f"{where}: {t!r} is not an integer (YAML 1.1)") from None
+    return sign * _base60(v)
+
+
+def _base60(v: str):
+    """'190:20:30' -> 685230 (YAML 1.1's sexagesimal); a plain number as it is."""
+    out = 0
+    for part in v.split(":"):
+        out = out * 60 + (float(part) if "." in part else int(part))
+    return out
 
 
 def _scalar(text: str, where: str):
@@ -93,8 +121,11 @@ def _scalar(text: str, where: str):
     if low == ".nan":
         return math.nan
     if _INT.match(t):
-        return int(t.replace("_", ""))
-    if _FLOAT.match(t) and any(c.isdigit() for c in t):
+        return _yaml_int(t, where)
+    if _SEXAGESIMAL_FLOAT.match(t):
+        v = t.replace("_", "")
+        return (-1.0 if v[0] == "-" else 1.0) * _base60(v.lstrip("+-"))
+    if _FLOAT.match(t) and any(c.isdigit() for c in t) and ("." in t or "e" in low):  # "08" is a string
         return float(t.replace("_", ""))
     return t
 

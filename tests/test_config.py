@@ -90,3 +90,30 @@ def test_classifier_task_fields_travel_and_are_checked():
     # a Google config whose id2label bert_of cannot hold keeps it as it was
     odd = BertConfig.from_google_dict({**g, "id2label": {"a": "x"}})
     assert odd.id2label is None and odd.extra["id2label"] == {"a": "x"}
+
+
+# --------------------------------------------------------------------------- YAML 1.1 integers
+
+
+# PyYAML 6's yaml.safe_load of "a: <text>" (YAML 1.1, what LiBai's LazyConfig reads), checked by hand
+YAML11 = {"010": 8, "-010": -8, "0o10": "0o10", "0x1F": 31, "+0x10": 16, "0b101": 5, "0b1_0": 2, "1_000": 1000,
+          "0_7": 7, "08": "08", "09.5": 9.5, "00": 0, "-0": 0, "1:30": 90, "-1:30": -90, "190:20:30": 685230,
+          "1:60": "1:60", "1:30.5": 90.5, "0b": "0b", "0x": "0x", "_1": "_1", "1__2": 12, "1.0e+5": 1e5}
+
+
+def test_yaml_integers_are_read_as_pyyaml_reads_them(tmp_path):
+    from bert_of.converters.native_config import libai_config, model_cfg, parse_yaml, read_config_file
+
+    for text, want in YAML11.items():
+        got = parse_yaml(f"a: {text}\n", "c")["a"]
+        assert got == want and type(got) is type(want), (text, got, want)
+    for text in ("0b_", "0x_"):  # PyYAML's constructor fails on these too
+        with pytest.raises(ConfigError, match="not an integer"):
+            parse_yaml(f"a: {text}\n", "c")
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  _target_: libai.models.BertForPreTraining\n  cfg: {hidden_layers: 2, hidden_size: 32, "
+                    "intermediate_size: 0x40, num_attention_heads: 010, vocab_size: 1_000, "
+                    "max_position_embeddings: 0b1000000}\n")
+    config = libai_config(model_cfg(read_config_file(str(path)), str(path)), str(path))
+    assert (config.num_attention_heads, config.intermediate_size, config.vocab_size,
+            config.max_position_embeddings) == (8, 64, 1000, 64)
