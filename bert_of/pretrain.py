@@ -21,7 +21,7 @@ from bert_of.config import BertConfig
 from bert_of.data.reader import PretrainingDataset, dataset_vocab
 from bert_of.errors import ConfigError
 from bert_of.files.atomic import atomic_write, write_json
-from bert_of.files.reading import read_json, sha256_file
+from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
 from bert_of.modeling import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
@@ -82,9 +82,7 @@ def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
                               "pass --vocab to choose one anyway")
         config, vocab, tensors = ck.config, opts.vocab or data_vocab or ck.vocab_file, ck.tensors
     elif opts.config:
-        raw = read_json(opts.config, "model config")
-        config = BertConfig.from_dict(raw, opts.config) if "provenance" in raw else \
-            BertConfig.from_google_dict(raw, opts.config)
+        config = BertConfig.from_model_json_file(opts.config)
         config.provenance = "bert_of"
         vocab, tensors = opts.vocab or data_vocab, None
     else:

@@ -3,6 +3,7 @@ OneFlow); ``pretrain`` imports :mod:`bert_of.pretrain` when it runs."""
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import types
@@ -41,8 +42,8 @@ def preflight(opts: PretrainOptions, world: int) -> PretrainOptions:
     if opts.batch_size < 1 or opts.batch_size % world:
         raise ConfigError(f"global batch {opts.batch_size} is not divisible by {world} ranks")
     TrainConfig.of(opts).check()
-    if not os.path.isdir(opts.data):
-        raise ConfigError(f"--data {opts.data}: no such directory")
+    if not os.path.isdir(opts.data) and not glob.glob(opts.data):
+        raise ConfigError(f"--data {opts.data}: no such directory, and no files match it as a pattern")
     check_unlocked(os.path.join(opts.output, LOCK_NAME), os.path.abspath(opts.output))  # a run's one writer
     opts = with_data_lengths(opts)
     if opts.resume:  # the run directory says what it holds (RunDir.open, in the run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bert_of.data.reader import read_meta
+from bert_of.data.reader import data_lengths
 from bert_of.errors import ConfigError
 from bert_of.options import Ranks, TrainConfig, arg
 from bert_of.tokenization import vocab_size
@@ -15,8 +15,8 @@ class PretrainOptions(TrainConfig):
     """Everything ``bert-of pretrain`` takes: its parser is generated from these fields, and the
     trainer's part (:class:`TrainConfig`) is the same fields."""
 
-    data: str = arg(help="OFRecord pretraining data (made by bert-of data create-pretraining)", metavar="DIR",
-                    path=True)
+    data: str = arg(help="pretraining data: OFRecord parts (bert-of data create-pretraining), Google's TFRecords "
+                         "or NVIDIA's HDF5 shards; a directory or a glob", metavar="DIR_OR_GLOB", path=True)
     output: str = arg(help="run directory: run.json, vocab.txt, config.json, metrics.jsonl, checkpoints/, final/",
                       short="-o", metavar="DIR", path=True, on_resume="not kept")  # the record is in it
     config: str | None = arg(None, help="bert_config.json / config.json of a new model", metavar="FILE", path=True)
@@ -24,7 +24,7 @@ class PretrainOptions(TrainConfig):
                                                  "...) or a zoo name", metavar="NAME_OR_DIR")
     vocab: str | None = arg(None, help="vocab.txt (unset: the one the data was made with, else the checkpoint's)",
                             metavar="FILE", path=True)
-    max_seq_length: int | None = arg(None, help="tokens per sequence (unset: the data's, from its bert_of_data.json)",
+    max_seq_length: int | None = arg(None, help="tokens per sequence (unset: the data's: its bert_of_data.json, else its first record)",
                                      metavar="N")
     max_predictions_per_seq: int | None = arg(None, help="masked positions per sequence (unset: the data's)",
                                               metavar="N")
@@ -61,11 +61,10 @@ def check_vocab(vocab: str, limit, what: str = "the config's") -> None:
 
 def with_data_lengths(opts: PretrainOptions) -> PretrainOptions:
     """``opts`` with the sequence lengths the data was made with filled in (where not given)."""
-    made = (read_meta(opts.data) or {}).get("options", {})
-    seq = opts.max_seq_length or made.get("max_seq_length")
-    pred = opts.max_predictions_per_seq or made.get("max_predictions_per_seq")
-    if not seq or not pred:
-        raise ConfigError(f"{opts.data}: no bert_of_data.json: pass --max-seq-length and --max-predictions-per-seq")
+    seq, pred = opts.max_seq_length, opts.max_predictions_per_seq
+    if not seq or not pred:  # bert_of_data.json, else the first record (Google's or NVIDIA's files)
+        made_seq, made_pred = data_lengths(opts.data)
+        seq, pred = seq or made_seq, pred or made_pred
     return replace(opts, max_seq_length=int(seq), max_predictions_per_seq=int(pred))
 
 

@@ -24,7 +24,8 @@ API (small on purpose):
     signed64(v)                     unsigned varint value -> int64
     packed_varints(data)            every varint of a packed run, vectorised (uint64 array)
     packed_varint_runs(runs)        many packed runs at once: (values, count per run)
-    writer: varint(n), key(num, wire), field_varint(num, v), field_bytes(num, b), field_fixed32(num, v)
+    writer: varint(n), key(num, wire), field_varint(num, v), field_bytes(num, b), field_fixed32(num, v),
+            field_fixed64(num, v)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from bert_of.errors import BertOfError
 
 __all__ = ["ProtobufError", "VARINT", "FIXED64", "LEN", "FIXED32", "read_varint", "fields", "values", "signed64",
            "packed_varints", "packed_varint_runs", "varint", "key", "field_varint", "field_bytes",
-           "field_fixed32"]
+           "field_fixed32", "field_fixed64"]
 
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 _U64 = 1 << 64
@@ -187,9 +188,10 @@ def key(num: int, wire: int) -> bytes:
     return varint(num << 3 | wire)
 
 
-def field_varint(num: int, v: int) -> bytes:
-    """A proto3 scalar varint field: omitted when zero, as protobuf's serializer does."""
-    return varint(num << 3) + varint(v) if v else b""
+def field_varint(num: int, v: int, always: bool = False) -> bytes:
+    """A proto3 scalar varint field: omitted when zero, as protobuf's serializer does (``always``:
+    written anyway, as proto2's set optional fields and ONNX's are)."""
+    return varint(num << 3) + varint(v) if v or always else b""
 
 
 def field_bytes(num: int, b: bytes) -> bytes:
@@ -197,6 +199,12 @@ def field_bytes(num: int, b: bytes) -> bytes:
     return varint(num << 3 | LEN) + varint(len(b)) + bytes(b)
 
 
-def field_fixed32(num: int, v: int) -> bytes:
-    """A proto3 fixed32 scalar: omitted when zero."""
-    return varint(num << 3 | FIXED32) + struct.pack("<I", v) if v else b""
+def field_fixed32(num: int, v: int, always: bool = False) -> bytes:
+    """A proto3 fixed32 scalar (a float's bits: ``struct.unpack("<I", struct.pack("<f", x))``):
+    omitted when zero unless ``always``."""
+    return varint(num << 3 | FIXED32) + struct.pack("<I", v) if v or always else b""
+
+
+def field_fixed64(num: int, v: int, always: bool = False) -> bytes:
+    """A proto3 fixed64 scalar (a double's bits): omitted when zero unless ``always``."""
+    return varint(num << 3 | FIXED64) + struct.pack("<Q", v) if v or always else b""

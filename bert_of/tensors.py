@@ -19,6 +19,7 @@ with the shape as stored there (``source_shape(name, shape)``).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional
 
@@ -172,6 +173,50 @@ def expected_shapes(config: BertConfig) -> dict:
 
 def backbone_names(config: BertConfig) -> list:
     return [k for k in expected_shapes(config) if k.startswith("bert.")]
+
+
+# A pre-LN BERT (LiBai's default) keeps original BERT's canonical names, its LayerNorms each
+# shifted one place as LiBai's own HF loader shifts them; bert_of's pre-LN modules (and so their
+# state dicts) name them where they sit: layer i's ``input_layer_norm`` and
+# ``post_attention_layer_norm``, the encoder's ``final_layer_norm``.
+_PRE_LN_IN = re.compile(r"(bert\.encoder\.layer\.)(\d+)\.input_layer_norm\.(weight|bias)")
+_PRE_LN_POST = re.compile(r"(bert\.encoder\.layer\.\d+)\.post_attention_layer_norm\.(weight|bias)")
+_PRE_LN_FINAL = re.compile(r"bert\.encoder\.final_layer_norm\.(weight|bias)")
+_PRE_LN_EMB = re.compile(r"bert\.embeddings\.LayerNorm\.(weight|bias)")
+_PRE_LN_OUT = re.compile(r"(bert\.encoder\.layer\.)(\d+)\.(attention\.output|output)\.LayerNorm\.(weight|bias)")
+
+
+def pre_ln_canonical_name(name: str, num_layers: int) -> str:
+    """The canonical name of a pre-LN module's parameter ``name`` (``bert.`` first): layer i's
+    input LayerNorm is ``bert.embeddings.LayerNorm`` (i = 0) or layer i-1's ``output.LayerNorm``,
+    its post-attention one its ``attention.output.LayerNorm``, the final one layer L-1's
+    ``output.LayerNorm``. Other names are the same."""
+    m = _PRE_LN_IN.fullmatch(name)
+    if m:
+        i = int(m.group(2))
+        return (f"bert.embeddings.LayerNorm.{m.group(3)}" if i == 0
+                else f"{m.group(1)}{i - 1}.output.LayerNorm.{m.group(3)}")
+    m = _PRE_LN_POST.fullmatch(name)
+    if m:
+        return f"{m.group(1)}.attention.output.LayerNorm.{m.group(2)}"
+    m = _PRE_LN_FINAL.fullmatch(name)
+    if m:
+        return f"bert.encoder.layer.{num_layers - 1}.output.LayerNorm.{m.group(1)}"
+    return name
+
+
+def pre_ln_module_name(name: str, num_layers: int) -> str:
+    """The inverse of :func:`pre_ln_canonical_name`: a canonical name as a pre-LN module names it."""
+    m = _PRE_LN_EMB.fullmatch(name)
+    if m:
+        return f"bert.encoder.layer.0.input_layer_norm.{m.group(1)}"
+    m = _PRE_LN_OUT.fullmatch(name)
+    if m:
+        i, p = int(m.group(2)), m.group(4)
+        if m.group(3) == "attention.output":
+            return f"{m.group(1)}{i}.post_attention_layer_norm.{p}"
+        return f"{m.group(1)}{i + 1}.input_layer_norm.{p}" if i + 1 < num_layers else f"bert.encoder.final_layer_norm.{p}"
+    return name
 
 
 def _no_place(name: str, shown: str, config: BertConfig, where: str) -> CheckpointError:

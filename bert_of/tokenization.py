@@ -126,11 +126,36 @@ def _is_cjk(cp: int) -> bool:
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
+def _is_mark(ch: str) -> bool:
+    """An accent lower-casing strips: a nonspacing mark (Mn), judged after NFD."""
+    return unicodedata.category(ch) == "Mn"
+
+
+def _clean_char(ch: str) -> Optional[str]:
+    """Steps 1-2 for one character: None (dropped), " " (whitespace), " ch " (a CJK ideograph: a
+    token of its own), else ``ch``."""
+    cp = ord(ch)
+    if cp == 0 or cp == 0xFFFD or _is_control(ch):
+        return None
+    if _is_whitespace(ch):
+        return " "
+    return f" {ch} " if _is_cjk(cp) else ch
+
+
 # --------------------------------------------------------------------------- basic tokenizer
+#
+# The one place of Google's BasicTokenizer rules: the per-character rules above, applied in the
+# order below. :class:`FastTokenizer` applies the same rules through translate tables made from
+# them; :meth:`BasicTokenizer.words_with_offsets` (transformers' offset mapping) keeps each
+# character's offset through the same steps.
 
 
 def _whitespace_split(text: str) -> List[str]:
     return text.split()
+
+
+def _strip_accents(text: str) -> str:
+    return "".join(ch for ch in unicodedata.normalize("NFD", text) if not _is_mark(ch))
 
 
 class BasicTokenizer:
@@ -140,32 +165,44 @@ class BasicTokenizer:
         self.do_lower_case = do_lower_case
 
     def tokenize(self, text: str) -> List[str]:
-        text = self._clean(text)
-        text = self._space_cjk(text)
         out = []
-        for token in _whitespace_split(text):
+        for token in _whitespace_split(self._clean(text)):
             if self.do_lower_case:
-                token = self._strip_accents(token.lower())
+                token = _strip_accents(token.lower())
             out.extend(self._split_punctuation(token))
         return _whitespace_split(" ".join(out))
 
     @staticmethod
     def _clean(text: str) -> str:
-        chars = []
-        for ch in text:
-            cp = ord(ch)
-            if cp == 0 or cp == 0xFFFD or _is_control(ch):
-                continue
-            chars.append(" " if _is_whitespace(ch) else ch)
-        return "".join(chars)
+        """Steps 1-2: cleaned, CJK ideographs spaced apart."""
+        return "".join(r for r in map(_clean_char, text) if r is not None)
 
-    @staticmethod
-    def _space_cjk(text: str) -> str:
-        return "".join(f" {ch} " if _is_cjk(ord(ch)) else ch for ch in text)
-
-    @staticmethod
-    def _strip_accents(text: str) -> str:
-        return "".join(ch for ch in unicodedata.normalize("NFD", text) if unicodedata.category(ch) != "Mn")
+    def words_with_offsets(self, text: str) -> list:
+        """:meth:`tokenize`'s words of ``text``, each as (word, [offset in ``text`` of each of its
+        characters]): the same steps, tracking positions."""
+        chars = [(c, i) for i, r in enumerate(map(_clean_char, text)) if r is not None for c in r]
+        words, cur = [], []
+        for ch, o in chars + [(" ", len(text))]:  # whitespace split (str.split()'s whitespace)
+            if not ch.isspace():
+                cur.append((ch, o))
+            elif cur:
+                words.append(cur)
+                cur = []
+        out = []
+        for word in words:
+            if self.do_lower_case:
+                word = _lower_strip(word)
+            piece = []
+            for ch, o in word + [(None, None)]:  # punctuation apart
+                if ch is None or _is_punctuation(ch):
+                    if piece:
+                        out.append(("".join(c for c, _ in piece), [o for _, o in piece]))
+                    if ch is not None:
+                        out.append((ch, [o]))
+                    piece = []
+                else:
+                    piece.append((ch, o))
+        return out
 
     @staticmethod
     def _split_punctuation(text: str) -> List[str]:
@@ -181,6 +218,21 @@ class BasicTokenizer:
         if current:
             pieces.append("".join(current))
         return pieces
+
+
+def _lower_strip(word: list) -> list:
+    """``str.lower()`` of the word [(character, offset)] (final sigma included), then NFD with
+    accents dropped, per character so each output character keeps its origin."""
+    whole = "".join(c for c, _ in word).lower()
+    lowered = [c.lower() for c, _ in word]
+    if sum(map(len, lowered)) == len(whole):  # always, bar exotic casings: take the word's own letters
+        k, per = 0, []
+        for c in lowered:
+            per.append(whole[k:k + len(c)])
+            k += len(c)
+        lowered = per
+    return [(ch, o) for piece, (_, o) in zip(lowered, word) for ch in unicodedata.normalize("NFD", piece)
+            if not _is_mark(ch)]
 
 
 class WordpieceTokenizer:
@@ -341,23 +393,13 @@ class _CharTable(dict):
         return value
 
 
-def _clean_cjk(ch: str):
-    """BasicTokenizer._clean and ._space_cjk for one character."""
-    cp = ord(ch)
-    if cp == 0 or cp == 0xFFFD or _is_control(ch):
-        return None
-    if _is_whitespace(ch):
-        return " "
-    return f" {ch} " if _is_cjk(cp) else ch
-
-
-def _clean_cjk_punct(ch: str):
-    out = _clean_cjk(ch)
+def _clean_char_punct(ch: str):
+    out = _clean_char(ch)
     return f" {ch} " if out == ch and _is_punctuation(ch) else out
 
 
-def _drop_mn_punct(ch: str):
-    if unicodedata.category(ch) == "Mn":
+def _drop_mark_punct(ch: str):
+    if _is_mark(ch):
         return None
     return f" {ch} " if _is_punctuation(ch) else ch
 
@@ -386,9 +428,9 @@ class FastTokenizer:
         self.vocab = reference.vocab
         self.lower = reference.do_lower_case
         self.cache_size = cache_size
-        self._line_table = _CharTable(_clean_cjk_punct)  # cased lines, and ASCII lines in either mode
-        self._clean_table = _CharTable(_clean_cjk)
-        self._mark_table = _CharTable(_drop_mn_punct)
+        self._line_table = _CharTable(_clean_char_punct)  # cased lines, and ASCII lines in either mode
+        self._clean_table = _CharTable(_clean_char)
+        self._mark_table = _CharTable(_drop_mark_punct)
         self._ids = {}
         self._pieces = {}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import unicodedata
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -29,8 +28,7 @@ from bert_of.errors import BertOfError, InputError
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing_into
 from bert_of.files.reading import read_json
-from bert_of.tokenization import (FastTokenizer, FullTokenizer, _is_cjk, _is_control, _is_punctuation,
-                                  _is_whitespace, read_vocab_lines, recorded_lower_case, vocab_looks_cased)
+from bert_of.tokenization import FastTokenizer, FullTokenizer, read_vocab_lines, recorded_lower_case, vocab_looks_cased
 
 TextInput = Union[str, Sequence[str]]
 
@@ -359,7 +357,7 @@ class BertTokenizer:
                     out += [(i, (0, 0), word) for i in self._fast.ids(w)]
                     word += 1
                 continue
-            for chars, origins in _basic_words(part, self.do_lower_case):
+            for chars, origins in self._ref.basic.words_with_offsets(part):
                 pieces = self._ref.wordpiece.tokenize(chars)
                 if pieces == [self._ref.unk_token]:
                     spans = [(origins[0], origins[-1] + 1)]
@@ -412,60 +410,6 @@ def _split_special(ref: FullTokenizer, text: str):
         out.append((piece, special, pos))
         pos += len(piece)
     return out
-
-
-def _basic_words(text: str, lower: bool) -> list:
-    """BasicTokenizer's words of ``text``, each as (normalized string, [offset in ``text`` of each
-    of its characters]): the same steps as bert_of.tokenization.BasicTokenizer (clean, CJK apart,
-    whitespace split, lower-case + accents stripped, punctuation apart), tracking positions."""
-    chars = []  # (character, its offset in text)
-    for i, ch in enumerate(text):  # clean + CJK spacing
-        cp = ord(ch)
-        if cp == 0 or cp == 0xFFFD or _is_control(ch):
-            continue
-        if _is_whitespace(ch):
-            chars.append((" ", i))
-        elif _is_cjk(cp):
-            chars += [(" ", i), (ch, i), (" ", i)]
-        else:
-            chars.append((ch, i))
-    words, cur = [], []
-    for ch, o in chars + [(" ", len(text))]:  # whitespace split
-        if ch != " ":
-            cur.append((ch, o))
-        elif cur:
-            words.append(cur)
-            cur = []
-    out = []
-    for word in words:
-        if lower:
-            word = _lower_strip(word)
-        piece = []
-        for ch, o in word + [(None, None)]:  # punctuation apart
-            if ch is None or _is_punctuation(ch):
-                if piece:
-                    out.append(("".join(c for c, _ in piece), [o for _, o in piece]))
-                if ch is not None:
-                    out.append((ch, [o]))
-                piece = []
-            else:
-                piece.append((ch, o))
-    return out
-
-
-def _lower_strip(word: list) -> list:
-    """``str.lower()`` of the word (final sigma included), then NFD with Mn marks dropped, per
-    character so each output character keeps its origin."""
-    whole = "".join(c for c, _ in word).lower()
-    lowered = [c.lower() for c, _ in word]
-    if sum(map(len, lowered)) == len(whole):  # always, bar exotic casings: take the word's own letters
-        k, per = 0, []
-        for c in lowered:
-            per.append(whole[k:k + len(c)])
-            k += len(c)
-        lowered = per
-    return [(ch, o) for piece, (_, o) in zip(lowered, word) for ch in unicodedata.normalize("NFD", piece)
-            if unicodedata.category(ch) != "Mn"]
 
 
 def _truncate(a: list, b: Optional[list], room: int, mode: str, left: bool = False) -> tuple:

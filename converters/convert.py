@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
 from bert_of.files.owned import check_destination
@@ -31,11 +30,13 @@ def module(fmt: str):
 
 
 def parse_direction(direction: str) -> tuple:
-    m = re.fullmatch(r"([a-z0-9]+)2([a-z0-9]+)", direction)
-    if not m or m.group(1) not in FORMATS or m.group(2) not in FORMATS:
+    # a format's name may hold a "2" (tf2): every "2" is tried as the separator
+    splits = [(direction[:i], direction[i + 1:]) for i, c in enumerate(direction) if c == "2"]
+    found = [(a, b) for a, b in splits if a in FORMATS and b in FORMATS]
+    if len(found) != 1:
         known = ", ".join(f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b)
         raise BertOfError(f"unknown conversion {direction!r} (known: {known})")
-    return m.group(1), m.group(2)
+    return found[0]
 
 
 def detect(path: str) -> str:

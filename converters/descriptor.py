@@ -20,7 +20,8 @@ class Format:
     one. ``reference``: its ``reference_np.Layout`` class (the file's own names, orientation and
     numerics, with ``from_source``). ``ecosystem``: the source codebase verify runs beside the
     reference: "tf-checkpoint" (TensorFlow restores the files; also run on a written B),
-    "tf-weights" (TensorFlow fed the weights, as A only), "transformers" (PyTorch, A and B).
+    "tf-weights" (TensorFlow fed the weights, as A only), "transformers" (PyTorch, A and B),
+    "onnxruntime" (the written graph; A and B).
     ``read_reference_side``: how ``verify`` reads the file as its A side, when not ``read``.
     ``dtypes``: the float dtypes its files hold.
     """

@@ -60,7 +60,9 @@ WORD_EMB = "bert.embeddings.word_embeddings.weight"
 POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
 CLASSIFIER = "classifier.weight"
 # what a layout transform says in the report (summarize() shows no more than that)
-LAYOUT_NOTES = {"T": "transposed", "squeeze0": "[1,P,H] squeezed"}
+LAYOUT_NOTES = {"T": "transposed", "squeeze0": "[1,P,H] squeezed",
+                "heads_in": "einsum heads merged, transposed", "heads_out": "einsum heads merged, transposed",
+                "heads_bias": "einsum heads merged"}  # Model Garden's attention (tf2)
 
 
 @dataclass

@@ -18,10 +18,15 @@ Layouts (one class each; a format's descriptor names its class, ``converters/reg
   ``"gelu_new"``/``"gelu_pytorch_tanh"``/``"gelu_fast"`` the tanh form; ``layer_norm_eps`` from
   config.json; mask adder ``(1 - mask) * finfo(float32).min``.
 - ``of``: bert_of's own directory: the hf names and layout; its config names the exact
-  activation (``gelu_erf``, ``gelu_tanh``, ...) and epsilon.
+  activation (``gelu_erf``, ``gelu_tanh``, ...) and epsilon (and the MLM head's own, if any).
+- ``onnx``: bert_of's ONNX graph: the of names, but dense weights [in, out] as ``<scope>.kernel``
+  (what MatMul multiplies by); numerics from the bert_of config in the model's metadata.
 - ``h5``: transformers' Keras BERT: Dense kernels [in, out] (``.../kernel:0``), embeddings
   ``.../weight:0`` and ``.../embeddings:0``, the MLM head under ``mlm___cls``, NSP under
   ``nsp___cls``; numerics from config.json as for hf; mask adder ``(1 - mask) * -10000``.
+- ``tf2``: TensorFlow 2's Model Garden, by the names its object graph gives each variable;
+  einsum attention kernels [H, heads, head_size] / [heads, head_size, H]; tanh GELU, epsilon
+  1e-12, mask adder -1e9 (see :class:`ModelGarden`).
 - ``lazy``: OneFlow-Benchmark's lazy BERT: dash-joined scopes, dense ``-weight`` [in, out],
   positions [1, P, H] ([P, H] in convert_tf_ckpt_to_of.py's output, with TF's head names).
   Numerics are those of the snapshot's provenance: a genuine lazy snapshot computes erf GELU
@@ -137,10 +142,6 @@ class Layout:
 
     def ln(self, role: str, i: int = 0):
         return self.vector(role + ".g", i), self.vector(role + ".b", i)
-
-    def head_eps(self) -> float:
-        """The MLM head's LayerNorm epsilon: the encoder's, unless the file's config records its own."""
-        return self.eps
 
     def positions(self):
         pos = self.vector("pos")
@@ -262,9 +263,9 @@ class BertOf(HuggingFace):
     def token_classifier(self):  # bert_of's config.json: classifier_kind
         return self.config.get("classifier_kind") == "token"
 
-    def head_eps(self):  # bert_of's config.json: head_layer_norm_eps (LiBai's head keeps 1e-5)
-        eps = self.config.get("head_layer_norm_eps")
-        return self.eps if eps is None else float(eps)
+    @property
+    def head_eps(self):  # the MLM head's own LayerNorm epsilon, when bert_of's config.json has one
+        return self.config.get("head_layer_norm_eps")
 
 
 class Keras(Layout):
@@ -297,6 +298,57 @@ def _dashed(names: dict) -> dict:
     dense kernels called "weight"."""
     return {role: [(n.replace("/", "-").replace("-kernel", "-weight"), o) for n, o in entries]
             for role, entries in names.items()}
+
+
+class ModelGarden(Layout):
+    """TensorFlow 2's Model Garden (official.nlp BertEncoder, BertPretrainerV2's MaskedLM, the legacy
+    NSP and span-labeler heads), by the names its object graph gives each variable: the attribute
+    paths of a tf.train.Checkpoint (``_transformer_layers/0/_attention_layer/_query_dense/kernel``)
+    or a SavedModel's variable names (``transformer/layer_0/self_attention/query/kernel``). The
+    attention is einsum: q/k/v kernels [H, heads, head_size] (biases [heads, head_size]), the
+    output kernel [heads, head_size, H]; every other kernel [in, out]. Its "gelu" is the tanh form,
+    LayerNorm epsilon 1e-12, masked scores get -1e9 (its MaskedSoftmax)."""
+    name = "tf2"
+    mask_value = -1e9
+    numerics = Google.numerics  # Model Garden reads Google's bert_config.json: "gelu" is tanh
+    token_classifier = Google.token_classifier
+    _L, _S = "_transformer_layers/{i}/", "transformer/layer_{i}/"
+    NAMES = _roles(
+        {}, None,
+        {"emb_ln": (["_embedding_norm_layer/gamma", "embeddings/layer_norm/gamma"],
+                    ["_embedding_norm_layer/beta", "embeddings/layer_norm/beta"]),
+         "ao_ln": ([_L + "_attention_layer_norm/gamma", _S + "self_attention_layer_norm/gamma"],
+                   [_L + "_attention_layer_norm/beta", _S + "self_attention_layer_norm/beta"]),
+         "out_ln": ([_L + "_output_layer_norm/gamma", _S + "output_layer_norm/gamma"],
+                    [_L + "_output_layer_norm/beta", _S + "output_layer_norm/beta"]),
+         "mlm_ln": (["masked_lm/layer_norm/gamma", "cls/predictions/transform/LayerNorm/gamma"],
+                    ["masked_lm/layer_norm/beta", "cls/predictions/transform/LayerNorm/beta"])},
+        {"word": ["_embedding_layer/embeddings", "masked_lm/embedding_table", "word_embeddings/embeddings"],
+         "type": ["_type_embedding_layer/embeddings", "type_embeddings/embeddings"],
+         "pos": ["_position_embedding_layer/embeddings", "position_embedding/embeddings"],
+         "mlm_bias": ["masked_lm/bias", "masked_lm/output_bias/bias", "cls/predictions/output_bias/bias"]},
+        {role: [(a + "/kernel", a + "/bias", "in_out"), (b + "/kernel", b + "/bias", "in_out")] for role, (a, b) in {
+            "q": (_L + "_attention_layer/_query_dense", _S + "self_attention/query"),
+            "k": (_L + "_attention_layer/_key_dense", _S + "self_attention/key"),
+            "v": (_L + "_attention_layer/_value_dense", _S + "self_attention/value"),
+            "ao": (_L + "_attention_layer/_output_dense", _S + "self_attention/attention_output"),
+            "in": (_L + "_intermediate_dense", _S + "intermediate"), "out": (_L + "_output_dense", _S + "output"),
+            "pool": ("_pooler_layer", "pooler_transform"),
+            "mlm": ("masked_lm/dense", "cls/predictions/transform/dense"),
+            "nsp": ("classification/layer_with_weights-0", "classification/layer_with_weights-0"),
+            "qa": ("span_labeling/layer_with_weights-0", "span_labeling/layer_with_weights-0")}.items()})
+
+    def dense(self, role, i=0):
+        """The einsum tensors flattened to a dense [in, out] as the einsums compute: "BTE,ENH->BTNH"
+        for q/k/v (kernel [E, N, H] -> [E, N*H]), "BTNH,NHD->BTD" for the output ([N, H, D] -> [N*H, D])."""
+        w, b = super().dense(role, i)
+        if w.ndim == 3:
+            w = w.reshape(-1, w.shape[-1]) if role == "ao" else w.reshape(w.shape[0], -1)
+        return w, b
+
+    def vector(self, role, i=0):
+        v = super().vector(role, i)
+        return v.reshape(-1) if role in ("q.b", "k.b", "v.b") else v  # [heads, head_size]
 
 
 class Lazy(Layout):
@@ -350,6 +402,25 @@ class OfModels(HuggingFace):
     @classmethod
     def from_source(cls, source):
         return _native(cls, source, {})
+
+
+class Onnx(BertOf):
+    """bert_of's ONNX graph (converters/onnx.py): the initializers MatMul multiplies by are dense
+    weights [in, out] named ``<scope>.kernel``; the rest keep bert_of's names. The graph's mask
+    adder is ``(1 - mask) * -10000``; its activation and epsilons (the MLM head's own, when the
+    config has one) are the bert_of config's, which the model's metadata holds."""
+    name = "onnx"
+    _L = "bert.encoder.layer.{i}."
+    NAMES = {**BertOf.NAMES, **_roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
+        "q": _L + "attention.self.query", "k": _L + "attention.self.key", "v": _L + "attention.self.value",
+        "ao": _L + "attention.output.dense", "in": _L + "intermediate.dense", "out": _L + "output.dense",
+        "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
+        "qa": "qa_outputs", "clf": "classifier"}.items()})}
+
+    @classmethod
+    def from_source(cls, source):  # the config is in the model's metadata, read into source.config
+        c = source.config
+        return cls(source.stored, c.to_dict(), (c.hidden_act, float(c.layer_norm_eps)))
 
 
 class LiBai(Layout):
@@ -471,7 +542,8 @@ def forward(layout: Layout, batch: dict, num_heads: int) -> dict:
         i += 1
     if layout.pre_ln:
         x = layer_norm(x, *layout.ln("final_ln"), eps)
-    return heads_of(layout, x, word, act, layout.head_eps())
+    head_eps = getattr(layout, "head_eps", None)  # the MLM head's own epsilon, where the layout has one
+    return heads_of(layout, x, word, act, eps if head_eps is None else head_eps)
 
 
 def heads_of(layout: Layout, x, word, act, head_eps: float) -> dict:

@@ -25,6 +25,7 @@ from bert_of.converters.descriptor import Format
 # Detection order: the first format whose ``detect`` takes a path is its format. The flow.save
 # folders come before lazy, whose detection takes any folder with snapshot_done.
 MODULES = (
+    "tf2",  # before tf1: a TF2 checkpoint is a TF1 bundle too (with an object graph)
     "tf1",
     "of",
     "libai",
@@ -33,6 +34,7 @@ MODULES = (
     "lazy",
     "hf",
     "h5",
+    "onnx",
 )
 
 

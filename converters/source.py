@@ -112,7 +112,7 @@ def summarize(report: list, verbose: bool = False) -> str:
             lines.append(f"  {r.action:9s} {r.source}{arrow}{note}")
         return "\n".join(lines)
     notes = {}
-    layout = {"transposed", "squeezed", "[1,P,H] squeezed"}
+    layout = {"transposed", "squeezed", "[1,P,H] squeezed", "einsum heads merged, transposed", "einsum heads merged"}
     for r in report:  # notes on kept tensors that say more than a layout change
         note = "; ".join(p for p in r.note.split("; ") if p and p not in layout)
         if r.action != "dropped" and note:

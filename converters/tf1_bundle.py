@@ -47,6 +47,7 @@ __all__ = [
     "iter_tensors",
     "write_bundle",
     "resolve_prefix",
+    "read_bytes",
 ]
 
 
@@ -634,6 +635,54 @@ def read_tensor(prefix, entry: TensorEntry, verify_crc: bool = True, data: str |
         return _read_entry(f, path, entry, dtype, verify_crc)
 
 
+def read_bytes(prefix, entry: TensorEntry, data: str | None = None, limit: int = 1 << 28) -> bytes:
+    """One DT_STRING scalar (a TF2 checkpoint's ``_CHECKPOINTABLE_OBJECT_GRAPH``): TF stores
+    ``[varint length][masked CRC32C of the length as uint32 LE][bytes]``; the entry's CRC runs over
+    that uint32, the 4 checksum bytes and the string.
+    ``limit``: the largest string read (a hostile length is refused before any allocation)."""
+    if data is None:
+        prefix = _prefix(prefix)
+    path = data or _data_path(prefix, entry.shard, _num_shards(prefix, entry))
+    if entry.dtype != "string" or entry.shape != () or entry.slices:
+        raise CheckpointError(f"{prefix}.index: tensor {entry.name!r} is not a string scalar")
+    if entry.size > limit:
+        raise CheckpointError(f"{path}: tensor {entry.name!r} is {entry.size} bytes, more than the {limit} read")
+    with _open(path) as f:
+        try:
+            f.seek(entry.offset)
+            raw = f.read(entry.size)
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read tensor {entry.name!r} ({e.strerror or e})") from None
+    if len(raw) != entry.size:
+        raise CheckpointError(f"{path}: data shard truncated: tensor {entry.name!r} needs {entry.size} bytes")
+    try:
+        n, pos = pb.read_varint(raw, 0)
+    except pb.ProtobufError as e:
+        raise CheckpointError(f"{path}: tensor {entry.name!r}: {e}") from None
+    if pos + 4 + n != len(raw):
+        raise CheckpointError(f"{path}: tensor {entry.name!r}: string length {n} does not fit its {len(raw)} bytes")
+    if n >= 1 << 32 or raw[pos:pos + 4] != _length_checksum(n) or \
+            (entry.crc32c is not None and _string_crc(raw[pos:pos + 4], raw[pos + 4:]) != entry.crc32c):
+        raise CheckpointError(f"{path}: CRC32C mismatch for tensor {entry.name!r}: data file is corrupt "
+                              f"or does not belong to this index")
+    return raw[pos + 4:]
+
+
+def _length_checksum(n: int) -> bytes:
+    return struct.pack("<I", _mask(_crc(struct.pack("<I", n))))
+
+
+def _string_entry(value: bytes) -> tuple:
+    """(bytes, entry CRC) of a DT_STRING scalar as TF's bundle writer lays it out (:func:`read_bytes`)."""
+    checksum = _length_checksum(len(value))
+    return pb.varint(len(value)) + checksum + value, _string_crc(checksum, value)
+
+
+def _string_crc(checksum: bytes, value: bytes) -> int:
+    """The entry's masked CRC32C of a string scalar (see :func:`read_bytes`)."""
+    return _mask(_crc32c.crc32c(value, _crc32c.crc32c(checksum, _crc(struct.pack("<I", len(value))))))
+
+
 def iter_tensors(
     prefix, entries=None, verify_crc: bool = True
 ) -> Iterator[tuple[str, np.ndarray]]:
@@ -691,7 +740,7 @@ def _write_state_file(d: str, name: str) -> None:
 def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
     """Write ``PREFIX.index`` + ``PREFIX.data-00000-of-00001`` that TensorFlow loads.
 
-    ``tensors`` is a dict or an iterable of (name, array); each array is written
+    ``tensors`` is a dict or an iterable of (name, array or bytes: a string scalar); each array is written
     and dropped before the next is requested, so a generator keeps peak memory at
     about one tensor.  Both files are built under temporary names and renamed
     (index last) only when complete; on failure nothing loadable is left behind.
@@ -723,6 +772,12 @@ def write_bundle(prefix, tensors, write_state_file: bool = True) -> None:
                 key = name.encode("utf-8", "surrogateescape")
                 if key in records:
                     raise CheckpointError(f"{final_index}: duplicate tensor name {name!r}")
+                if isinstance(arr, bytes):  # a string scalar (a TF2 object graph)
+                    raw, crc = _string_entry(arr)
+                    f.write(raw)
+                    records[key] = _enc_entry(_DT_STRING, (), offset, len(raw), crc)
+                    offset += len(raw)
+                    continue
                 arr = np.asarray(arr)
                 dt_enum = _enum_of_dtype(arr.dtype)
                 if dt_enum is None:

@@ -30,6 +30,7 @@ from bert_of import process
 from bert_of.errors import BertOfError, CheckpointError, NeedsOneFlow
 from bert_of.tokenization import FullTokenizer
 from bert_of.converters import hf_torch, reference_np, registry
+from bert_of.converters import onnx as onnx_format
 from bert_of.converters.source import Options, lower_case_of
 from bert_of.converters.convert import detect, read
 from bert_of.progress import Progress, log
@@ -200,6 +201,17 @@ def _tf_runs(source, batches: dict, dtype: str):
             for name, batch in batches.items()}
 
 
+def _onnxruntime_runs(path: str, batches: dict):
+    """{batch: outputs} of onnxruntime on bert_of's ONNX model at ``path``, or a string saying why
+    it cannot run (not installed: the NumPy reference of the model's weights decides)."""
+    try:
+        return {name: onnx_format.run_onnxruntime(path, batch) for name, batch in batches.items()}
+    except onnx_format.NeedsOnnxRuntime as e:
+        return f"not run: {e}; the NumPy reference of the model's weights decides"
+    except Exception as e:  # noqa: BLE001 -- onnxruntime's own error, reported (on B it fails the check)
+        return f"failed: onnxruntime ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
 TORCH_EXTRA = "pip install torch transformers"
 
 
@@ -280,7 +292,8 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
     eager/graph on ``device``; its own layout's reference when ``fb`` is not bert_of's; TF when
     it is a Google checkpoint, transformers when it is an HF checkpoint and torch is at hand) is
     compared with it, and ``ok`` says every output of every run is within ``tol``. The source's
-    ecosystem run (TensorFlow for tf/h5, transformers for hf) is reported beside.
+    ecosystem run (TensorFlow for tf/h5, transformers for hf, onnxruntime for onnx) is reported beside;
+    on B, onnxruntime running the written ONNX graph decides too, where it is installed.
     ``torch_python``: an interpreter with torch and transformers, when this one has none. ``shown_b``: the path the
     report names for ``b`` (convert: the destination, not the staging folder)."""
     fa = source.format
@@ -313,6 +326,9 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
             bar.describe(f"verify: transformers on A ({reference_dtype})")
             ecosystem[f"A:transformers-{reference_dtype}"] = _torch_runs(source, batches, reference_dtype,
                                                                          torch_python)
+        elif own_a == "onnxruntime":
+            bar.describe("verify: onnxruntime on A (float32)")
+            ecosystem["A:onnxruntime-float32"] = _onnxruntime_runs(source.path, batches)
         bar.update(1)
         bar.describe(f"verify: bert_of on B ({' + '.join(modes)})")
         model = _bert_of_or_why(src_b, batches, modes, device)
@@ -334,6 +350,12 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
                     runs[f"B:transformers-{reference_dtype}"] = hf_b
                 else:
                     ecosystem[f"B:transformers-{reference_dtype}"] = hf_b
+            elif own_b == "onnxruntime":  # what onnxruntime computes from the written graph decides too
+                ort_b = _onnxruntime_runs(b, batches)
+                if isinstance(ort_b, dict):
+                    runs["B:onnxruntime-float32"] = ort_b
+                else:
+                    ecosystem["B:onnxruntime-float32"] = ort_b
         bar.update(1)
     results = {k: _diffs(ref, v, batches) for k, v in runs.items()}
     worst = max((v for r in results.values() for v in r.values()), default=float("inf"))

@@ -163,6 +163,27 @@ def test_derived_datasets(tmp_path):
     np.testing.assert_array_equal(rows("base", 0, reader="all-parts"), rows("base", 1, reader="all-parts"))
 
 
+def test_existing_records_in_any_format_are_the_suites_data(tmp_path):
+    """--data: Google-style TFRecords (no bert_of_data.json) of the same records give the same parts."""
+    S, P = plans.SIZES["tiny"]["seq_length"], plans.SIZES["tiny"]["max_predictions"]
+    tf_dir = tmp_path / "tf"
+    run_cli("data", "create-pretraining", "--input", *align_data.DEFAULT_CORPUS, "--vocab", align_data.DEFAULT_VOCAB,
+            "-o", tf_dir, "--num-parts", align_data.NUM_PARTS, "--max-seq-length", S,
+            "--max-predictions-per-seq", P, "--format", "tfrecord")
+    os.remove(tf_dir / "bert_of_data.json")
+    made = align_data.prepare_data(str(tmp_path / "a"), plans.SIZES["tiny"], align_data.DEFAULT_CORPUS,
+                                   align_data.DEFAULT_VOCAB, quiet=True)
+    read = align_data.prepare_data(str(tmp_path / "b"), plans.SIZES["tiny"], (), align_data.DEFAULT_VOCAB,
+                                   quiet=True, data=str(tf_dir / "part-*"))
+    for i in range(align_data.NUM_PARTS):
+        name = f"part-{i:05d}"
+        for k in ("base", "shuffle", "repeat"):
+            assert (open(os.path.join(made[k], name), "rb").read() == open(os.path.join(read[k], name), "rb").read())
+    with pytest.raises(align_data.AlignError, match=r"records of seq_length/max_predictions \(16, 2\), this --size"):
+        align_data.prepare_data(str(tmp_path / "c"), plans.SIZES["small"], (), align_data.DEFAULT_VOCAB, quiet=True,
+                                data=str(tf_dir))
+
+
 def test_list_and_unknown_experiment(capsys):
     assert cli.main(["list"]) == 0
     listed = capsys.readouterr().out

@@ -6,6 +6,7 @@ written back and loaded by flow.load + load_state_dict(strict=True); hostile pic
 import json
 import os
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from bert_of.converters import flow_save
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
 from bert_of.converters.verify import make_batch, max_abs_diff, run_bert_of, verify
-from bert_of.modeling import BertForPreTraining, BertForQuestionAnswering
+from bert_of.modeling import BertForPreTraining, BertForQuestionAnswering, BertModel
 from tests import native_models as nm
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
@@ -122,6 +123,29 @@ def test_bert_of_module_state_dict(tmp_path, batch, monkeypatch):
     fresh = BertForPreTraining(config)
     fresh.load_state_dict(flow.load(str(tmp_path / "back")), strict=True)
     assert all(np.array_equal(ref[k], nm.run(fresh, batch)[k]) for k in OUTPUTS)
+
+
+@pytest.mark.parametrize("cls", [BertForPreTraining, BertModel], ids=["pretraining", "bare"])
+def test_pre_ln_module_state_dict_names_its_layer_norms_where_they_sit(tmp_path, batch, cls):
+    """A pre-LN model's own state dict (input_layer_norm, post_attention_layer_norm,
+    final_layer_norm) reads as ofsd, and of2ofsd writes what load_state_dict(strict=True) takes."""
+    config = replace(BertConfig.from_google_dict(dict(TINY)), layernorm_placement="pre")
+    model = cls(config)
+    model.init_weights(5)
+    nm.randomize(model, 2)
+    ckpt = tmp_path / "ckpt"
+    flow.save(model.state_dict(), str(ckpt))
+    (ckpt / "config.json").write_text(config.to_json_string())
+    write_vocab(ckpt / "vocab.txt", TINY["vocab_size"])
+    assert any("input_layer_norm" in k for k in model.state_dict())
+    convert("ofsd2of", str(ckpt), str(tmp_path / "of"))
+    ref = model.canonical_state()
+    got = read(str(tmp_path / "of")).load()
+    assert set(got) == set(ref) and all(np.array_equal(got[k], ref[k]) for k in ref)
+    convert("of2ofsd", str(tmp_path / "of"), str(tmp_path / "back"))
+    fresh = cls(config)
+    fresh.load_state_dict(flow.load(str(tmp_path / "back")), strict=True)
+    assert all(np.array_equal(v, ref[k]) for k, v in fresh.canonical_state().items())
 
 
 def test_writer_bytes_are_flow_saves(tmp_path):

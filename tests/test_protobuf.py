@@ -24,6 +24,18 @@ def test_fields_and_values_read_what_google_protobuf_writes():
     assert ours == buf
 
 
+def test_the_writer_keeps_zeros_when_asked_and_writes_fixed_widths_protobuf_reads():
+    from google.protobuf import descriptor_pb2
+
+    assert pb.field_varint(3, 0) == b"" and pb.field_varint(3, 0, always=True) == b"\x18\x00"
+    buf = (pb.field_fixed32(1, 0, always=True) + pb.field_fixed64(2, 2**64 - 1) + pb.field_fixed32(3, 7)
+           + pb.field_fixed64(4, 0))
+    assert [(n, w, v) for n, w, v in pb.values(buf)] == [(1, 5, 0), (2, 1, 2**64 - 1), (3, 5, 7)]
+    opts = descriptor_pb2.FieldOptions()
+    opts.ParseFromString(pb.field_varint(1, 0, always=True))  # ctype = STRING (0), explicitly present
+    assert opts.HasField("ctype") and opts.ctype == 0
+
+
 def test_packed_varints_match_the_scalar_reader():
     vals = [0, 1, 127, 128, 300, 2**31 - 1, 2**63, 2**64 - 1, 5]
     data = b"".join(pb.varint(v) for v in vals)

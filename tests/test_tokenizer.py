@@ -50,7 +50,8 @@ def _corpus_lines():
 @pytest.mark.parametrize("lower", [True, False])
 def test_offset_tracking_gives_the_fast_paths_tokens_on_corpora_and_hostile_text(lower):
     t = BertTokenizer(os.path.join(minilm_dir(), "vocab.txt"), do_lower_case=lower)
-    lines = _corpus_lines()
+    # + line and paragraph separators: whitespace to str.split() (so to Google's rules), not to Unicode's Zs
+    lines = _corpus_lines() + ["first\u2028second\u2029Third word", "a\u2028\u2029b"]
     fast = t(lines, add_special_tokens=False)
     tracked = t(lines, add_special_tokens=False, return_offsets_mapping=True)
     assert tracked["input_ids"] == fast["input_ids"]

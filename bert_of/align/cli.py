@@ -47,6 +47,9 @@ class AlignOptions:
                        help="text files for the pretraining data (unset: the small corpus the "
                             "package ships beside bert_of/align)")
     vocab: str | None = arg(None, metavar="FILE", help="vocab.txt for --corpus (unset: the one of the package's corpus)")
+    data: str | None = arg(None, metavar="DIR_OR_GLOB", help="existing pretraining records instead of --corpus: "
+                                                              "OFRecord, TFRecord or HDF5 (docs/data.md), of the "
+                                                              "--size's lengths; --vocab is theirs")
     seed: int = arg(0, metavar="S", help="initialisation seed")
     perturb_lr: float = arg(0.0, metavar="REL", help="self-test: train the compared side of every equal comparison "
                                                      "with lr x (1 + REL); the experiments should then fail")
@@ -79,7 +82,7 @@ def cmd_align(args) -> int:
     summary = run_experiments(args.experiments, steps=args.steps, out=args.output, size=args.size, jobs=args.jobs,
                               data_dir=args.data_dir, corpus=args.corpus or None, vocab=args.vocab, seed=args.seed,
                               perturb_lr=args.perturb_lr, quiet=args.quiet, fresh=args.fresh,
-                              nodes=nodes if nodes.nnodes > 1 else None)
+                              nodes=nodes if nodes.nnodes > 1 else None, data=args.data)
     print(format_summary(summary))
     print(f"reports: {os.path.join(args.output, 'summary.json')}")
     return 0 if summary["passed"] else 1

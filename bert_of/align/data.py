@@ -15,7 +15,8 @@ from bert_of.converters.convert import convert
 from bert_of.converters.verify import tf_reference_module
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
-from bert_of.data.reader import PretrainingDataset
+from bert_of.data.cli import reshard
+from bert_of.data.reader import PretrainingDataset, data_lengths, list_data_files
 from bert_of.errors import BertOfError
 from bert_of.files.atomic import atomic_write, write_json
 from bert_of.files.reading import read_json
@@ -73,7 +74,7 @@ def _data_key(size: dict, corpus, vocab) -> str:
     return h.hexdigest()[:12]
 
 
-def prepare_data(data_dir: str, size: dict, corpus, vocab, quiet=False) -> dict:
+def prepare_data(data_dir: str, size: dict, corpus, vocab, quiet=False, data=None) -> dict:
     """The datasets (cached in ``data_dir``): real pretraining records from ``corpus``.
 
     base      4 parts made by create_pretraining_data (Google's semantics, seed 12345)
@@ -83,20 +84,39 @@ def prepare_data(data_dir: str, size: dict, corpus, vocab, quiet=False) -> dict:
     uniform   base records whose every MLM slot is real (weight sum == max_predictions),
               per part: every micro-batch then has the same MLM weight sum (experiment 3)
     """
+    S, P = size["seq_length"], size["max_predictions"]
+    if data is not None:  # existing records (OFRecord, TFRecord or HDF5) instead of --corpus
+        paths = list_data_files(data)[0]
+        if data_lengths(data) != (S, P):
+            raise AlignError(f"{data}: records of seq_length/max_predictions {data_lengths(data)}, this --size "
+                             f"needs {(S, P)}")
+        corpus = paths
     for p in list(corpus) + [vocab]:
         if not os.path.isfile(p):
             raise AlignError(f"{p}: not found (pass --corpus FILE... --vocab FILE)")
-    S, P = size["seq_length"], size["max_predictions"]
-    root = os.path.join(data_dir, f"seq{S}-pred{P}-{_data_key(size, corpus, vocab)}")
+    root = os.path.join(data_dir, f"seq{S}-pred{P}-{'data-' if data is not None else ''}"
+                                  f"{_data_key(size, corpus, vocab)}")
     dirs = {k: os.path.join(root, k) for k in ("base", "shuffle", "repeat", "uniform")}
     if all(os.path.isfile(os.path.join(d, "bert_of_data.json")) for d in dirs.values()):
         return _alias_uniform(dirs)
     os.makedirs(root, exist_ok=True)
     opts = PretrainingOptions(max_seq_length=S, max_predictions_per_seq=P)
     if not os.path.isfile(os.path.join(dirs["base"], "bert_of_data.json")):
-        _log(f"creating pretraining data in {root}", quiet)
-        create_pretraining_data(list(corpus), vocab, dirs["base"], options=opts, num_parts=NUM_PARTS,
-                                overwrite=True, progress=False, workers=1)
+        if data is not None:  # its records as OFRecord parts (file i -> part i when it has NUM_PARTS files)
+            _log(f"reading {data} into {root}", quiet)
+            done = reshard(data, dirs["base"], None if len(paths) == NUM_PARTS else NUM_PARTS, overwrite=True,
+                           fmt="ofrecord")
+            meta_path = os.path.join(dirs["base"], "bert_of_data.json")
+            if not os.path.isfile(meta_path):  # Google's / NVIDIA's files carry none
+                counts = [len(list(iter_raw_records(os.path.join(dirs["base"], f"part-{i:05d}"))))
+                          for i in range(NUM_PARTS)]
+                write_json(meta_path, {"num_records": done["num_records"], "records_per_part": counts,
+                                       "source": os.path.abspath(data),
+                                       "options": {"max_seq_length": S, "max_predictions_per_seq": P}})
+        else:
+            _log(f"creating pretraining data in {root}", quiet)
+            create_pretraining_data(list(corpus), vocab, dirs["base"], options=opts, num_parts=NUM_PARTS,
+                                    overwrite=True, progress=False, workers=1)
     with open(os.path.join(dirs["base"], "bert_of_data.json")) as f:
         meta = json.load(f)
     parts = [os.path.join(dirs["base"], f"part-{i:05d}") for i in range(NUM_PARTS)]

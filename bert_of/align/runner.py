@@ -307,7 +307,7 @@ def execute_all(specs: dict, work: str, results_dir: str, jobs: int = 1, quiet: 
 
 
 def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, data_dir=None, corpus=None,
-                    vocab=None, seed=0, perturb_lr=0.0, quiet=False, fresh=False, nodes=None) -> dict:
+                    vocab=None, seed=0, perturb_lr=0.0, quiet=False, fresh=False, nodes=None, data=None) -> dict:
     """Plan, run and report ``names``; returns the summary (also written to OUT/summary.json).
     ``nodes``: a :class:`~bert_of.launch.Topology` of several nodes, this one node 0: multi-rank
     runs span them (the others run :func:`follow`)."""
@@ -321,7 +321,7 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
     data_root = data_dir or os.path.join(out, "data")
     corpus = list(corpus or DEFAULT_CORPUS)
     vocab = vocab or DEFAULT_VOCAB
-    dirs = prepare_data(data_root, SIZES[size], corpus, vocab, quiet)
+    dirs = prepare_data(data_root, SIZES[size], corpus, vocab, quiet, data=data)
     work = os.path.join(out, f".work-{os.getpid()}")
     os.makedirs(work, exist_ok=True)
     ctx = Ctx(steps, size, dirs, vocab, seed=seed, perturb_lr=perturb_lr, work=work, data_root=data_root,
@@ -350,7 +350,8 @@ def run_experiments(names, steps=1000, out="align-out", size="small", jobs=1, da
         os.makedirs(results_dir, exist_ok=True)
         results = execute_all(specs, work, results_dir, jobs=jobs, quiet=quiet, nodes=nodes, out=out)
         summary = {"steps": steps, "size": size, "model": ctx.model, "batch_size": BATCH,
-                   "data": {"corpus": [os.path.basename(p) for p in corpus], "vocab": os.path.basename(vocab),
+                   "data": {"corpus": [os.path.basename(p) for p in corpus] if data is None else None,
+                            "records": data, "vocab": os.path.basename(vocab),
                             "seq_length": SIZES[size]["seq_length"],
                             "max_predictions": SIZES[size]["max_predictions"]},
                    "perturb_lr": perturb_lr or None, "experiments": {}}

@@ -11,7 +11,10 @@
   its own parts, shuffled from ``(seed, epoch, rank)``, resumable with ``state_dict``, every
   batch range-checked; :class:`OneFlowPretrainingReader` reads the same files through
   ``flow.nn.OFRecordReader``; :func:`dataset_vocab` is the vocab.txt the data was made with.
-* :mod:`bert_of.data.cli` — ``bert-of data create-pretraining | inspect | reshard``.
+* :mod:`bert_of.data.formats` — Google's TFRecord (``tf.train.Example``, plain/gzip, no TensorFlow)
+  and NVIDIA's HDF5 shards beside OFRecord: detection by content, per-file readers and writers;
+  :func:`iter_dataset` iterates any of the three as dicts of NumPy arrays (docs/data.md).
+* :mod:`bert_of.data.cli` — ``bert-of data create-pretraining | inspect | reshard | convert``.
 
 Nothing here imports OneFlow except :class:`OneFlowPretrainingReader`.
 """
@@ -29,6 +32,11 @@ _LAZY = {
     "decode_record": "bert_of.data.ofrecord",
     "OFRecordWriter": "bert_of.data.ofrecord",
     "OFRecordError": "bert_of.data.ofrecord",
+    "iter_dataset": "bert_of.data.reader",
+    "TFRecordFile": "bert_of.data.formats",
+    "TFRecordWriter": "bert_of.data.formats",
+    "HDF5File": "bert_of.data.formats",
+    "HDF5Writer": "bert_of.data.formats",
 }
 
 __all__ = list(_LAZY)

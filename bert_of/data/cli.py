@@ -1,8 +1,12 @@
 """``bert-of data``: pretraining data commands.
 
     bert-of data create-pretraining --input FILES... --vocab vocab.txt --output DIR [options]
-    bert-of data inspect DIR [--check] [--json]
+    bert-of data inspect DIR_OR_GLOB [--check] [--json]
     bert-of data reshard SRC DST --num-parts N
+    bert-of data convert SRC -o DST --format ofrecord|tfrecord|hdf5 [--num-parts N] [--gzip]
+
+Datasets are OFRecord part files, TFRecords of tf.train.Example (Google's) or NVIDIA HDF5 shards,
+detected by content (bert_of.data.formats).
 
 ``add_parser(subparsers)`` registers ``data`` on the ``bert-of`` command line;
 ``main(argv)`` runs the same commands standalone (``python -m bert_of.data ...``).
@@ -15,7 +19,11 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, fields
+from typing import Optional
+
+import numpy as np
 
 from bert_of.cli_grammar import add_command, add_options, examples, finish
 from bert_of.files.atomic import write_json
@@ -24,8 +32,9 @@ from bert_of.options import arg, from_args
 
 from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, PretrainingOptions, _check_output,
                                  check_output_spares_inputs, create_pretraining_data)
-from .ofrecord import OFRecordError, OFRecordWriter, RecordFile, iter_raw_records
-from .reader import FEATURES, META_FILE, PretrainingDataset, list_part_files, read_meta
+from .formats import FILE_SUFFIX, FORMATS, iter_file_batches, open_record_file, record_writer
+from .ofrecord import OFRecordError
+from .reader import FEATURES, META_FILE, PretrainingDataset, list_data_files, read_meta
 from .text import MAX_LINE_CHARS
 
 # --------------------------------------------------------------------------- create-pretraining
@@ -53,14 +62,17 @@ class CreatePretrainingOptions(PretrainingOptions):
                                                                 "(0: no limit)")
     overwrite: bool = arg(False, help="replace OUTPUT if it exists")
     json: bool = arg(False, help="print the summary as JSON")
+    format: str = arg("ofrecord", choices=FORMATS, help="record files to write: OneFlow's OFRecord, "
+                                                         "Google's TFRecord (tf.train.Example) or NVIDIA's HDF5")
+    gzip: bool = arg(False, help="gzip the TFRecord files (TensorFlow's compression_type GZIP)")
 
 
 @dataclass(kw_only=True)
 class InspectOptions:
     """``bert-of data inspect``."""
 
-    path: str = arg(positional=True, metavar="DIR", help="an OFRecord dataset directory (part files, "
-                                                         "bert_of_data.json)")
+    path: str = arg(positional=True, metavar="DIR", help="a dataset: a directory (OFRecord part files, TFRecords or "
+                                                         "HDF5 shards) or a glob of its files")
     check: bool = arg(False, help="parse and range-check every record (unset: framing + first record)")
     json: bool = arg(False, help="print the report as JSON")
 
@@ -76,17 +88,45 @@ class ReshardOptions:
     overwrite: bool = arg(False, help="replace DST if it exists")
 
 
+@dataclass(kw_only=True)
+class ConvertOptions:
+    """``bert-of data convert``."""
+
+    src: str = arg(positional=True, metavar="SRC", help="the dataset to convert (a directory or a glob; left unchanged)")
+    output: str = arg(short="-o", metavar="DST", help="the new dataset directory")
+    format: str = arg(choices=FORMATS, help="record files to write")
+    num_parts: int | None = arg(None, metavar="N", help="part files to deal the records into round-robin (unset: "
+                                                          "part i of SRC becomes part i, records in order)")
+    gzip: bool = arg(False, help="gzip the TFRecord files")
+    overwrite: bool = arg(False, help="replace DST if it exists")
+
+
 def cmd_create_pretraining(args) -> int:
     o = from_args(CreatePretrainingOptions, args)
     opts = PretrainingOptions(**{f.name: getattr(o, f.name) for f in fields(PretrainingOptions)})
-    s = create_pretraining_data(o.input, o.vocab, o.output, options=opts, num_parts=o.num_parts, workers=o.workers,
-                                combine_files=o.combine_files, config=o.config, overwrite=o.overwrite,
-                                progress=not getattr(args, "no_progress", False), max_line_chars=o.max_line_chars)
+    if o.gzip and o.format != "tfrecord":
+        raise DataError("--gzip applies to --format tfrecord only")
+    kw = dict(options=opts, num_parts=o.num_parts, workers=o.workers, combine_files=o.combine_files,
+              config=o.config, progress=not getattr(args, "no_progress", False), max_line_chars=o.max_line_chars)
+    if o.format == "ofrecord":
+        s = create_pretraining_data(o.input, o.vocab, o.output, overwrite=o.overwrite, **kw)
+    else:  # OFRecord first (the parallel writer), then the same records in the asked format
+        _check_output(o.output, o.overwrite)
+        check_output_spares_inputs(o.output, list(o.input) + [o.vocab], "input")
+        parent = os.path.dirname(os.path.abspath(o.output))
+        tmp = tempfile.mkdtemp(prefix=".bert_of-ofrecord-", dir=parent)
+        try:
+            s = create_pretraining_data(o.input, o.vocab, os.path.join(tmp, "d"), overwrite=False, **kw)
+            reshard(os.path.join(tmp, "d"), o.output, None, overwrite=o.overwrite, fmt=o.format, compress=o.gzip)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        s["output"] = os.path.abspath(o.output)
     if o.json:
         print(json.dumps(s, indent=2))
     else:
         rate = s["tokens"] / s["seconds"] if s["seconds"] > 0 else float("inf")
-        print(f"wrote {s['output']}: {s['instances']} instances in {s['num_parts']} part file(s) from "
+        print(f"wrote {s['output']}: {s['instances']} instances in {s['num_parts']} part file(s)"
+              f"{'' if o.format == 'ofrecord' else ' (' + o.format + ')'} from "
               f"{s['files']} input file(s) ({s['documents']} documents, {s['sentences']} sentences, "
               f"{s['tokens']} tokens) in {s['seconds']:.2f} s with {s['workers']} worker(s), "
               f"{rate:,.0f} input tokens/s")
@@ -97,18 +137,19 @@ def cmd_create_pretraining(args) -> int:
 
 
 def inspect_dataset(data_dir: str, check: bool = False) -> dict:
-    """Parts, record counts and features of a dataset. ``check``: parse every record, and range-check
-    the values of pretraining records as a reader would (naming the part file and record)."""
-    paths, suffix = list_part_files(data_dir)
-    info = {"path": data_dir, "parts": [], "num_records": 0, "part_name_suffix_length": suffix,
+    """Files, record counts and features of a dataset (any of the three formats). ``check``: parse
+    every record, and range-check the values of pretraining records as a reader would (naming the
+    file and record)."""
+    paths, suffix, fmt = list_data_files(data_dir)
+    info = {"path": data_dir, "format": fmt, "parts": [], "num_records": 0, "part_name_suffix_length": suffix,
             "meta": read_meta(data_dir), "features": None}
     for p in paths:
-        with RecordFile(p) as f:  # checks the framing of every record
+        with open_record_file(p, fmt) as f:  # checks the framing of every record (and TFRecord CRCs)
             n = len(f)
             info["parts"].append({"file": os.path.basename(p), "records": n, "bytes": os.path.getsize(p)})
             info["num_records"] += n
             first = None
-            for i in range(n if check else min(n, 1)):
+            for i in range(n if check and fmt != "hdf5" else min(n, 1)):  # HDF5: one shape per shard
                 rec = f.record(i)  # parses it
                 shape = {k: [len(v)] for k, v in rec.items()}
                 if first is None:
@@ -136,7 +177,7 @@ def cmd_inspect(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"{info['path']}: {len(info['parts'])} part file(s), {info['num_records']} records"
+    print(f"{info['path']}: {info['format']}, {len(info['parts'])} part file(s), {info['num_records']} records"
           + (" (all records parsed" + (", values in range)" if info.get("values_checked") else ")")
              if args.check else ""))
     for part in info["parts"]:
@@ -159,30 +200,59 @@ def cmd_inspect(args) -> int:
 # --------------------------------------------------------------------------- reshard
 
 
-def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict:
-    """Deal the records of SRC (part order, then record order) round-robin into NUM_PARTS parts;
-    the metadata and the vocabulary copy come along."""
+def reshard(src: str, dst: str, num_parts: Optional[int] = None, overwrite: bool = False, fmt: Optional[str] = None,
+            compress: bool = False) -> dict:
+    """Deal the records of SRC (file order, then record order) round-robin into NUM_PARTS part files
+    of format ``fmt`` (default: SRC's; ``compress``: gzip TFRecords); the metadata and the vocabulary
+    copy come along. Records keep their values; within one format their bytes are copied as they are.
+    ``num_parts=None``: part i of SRC becomes part i of DST, records in the same order."""
+    paths, _, src_fmt = list_data_files(src)
+    if fmt is None and src_fmt == "tfrecord":  # reshard keeps the format, gzip included
+        with open(paths[0], "rb") as f:
+            compress = compress or f.read(2) == b"\x1f\x8b"
+    fmt = fmt or src_fmt
+    same_parts = num_parts is None
+    num_parts = len(paths) if same_parts else num_parts
     if num_parts < 1:
         raise DataError(f"num_parts must be at least 1, got {num_parts}")
-    paths, _ = list_part_files(src)
-    check_output_spares_inputs(dst, [src], "source dataset")
-    meta = read_meta(src)
+    if fmt not in FORMATS:
+        raise DataError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if compress and fmt != "tfrecord":
+        raise DataError("gzip applies to TFRecord output only")
+    check_output_spares_inputs(dst, [src] if os.path.isdir(src) else paths, "source dataset")
+    meta = read_meta(src) if os.path.isdir(src) else None
     total = 0
     for p in paths:  # checks every record's framing before anything is written
-        with RecordFile(p) as f:
+        with open_record_file(p, src_fmt) as f:
             total += len(f)
     if total < num_parts:
         raise DataError(f"{src}: {total} record(s) cannot fill {num_parts} part files (an empty part is an error "
                         f"for readers): use --num-parts {total} or fewer")
+    suffix = FILE_SUFFIX[fmt] + (".gz" if compress else "")
     writers = []
     try:
         with publishing(dst, overwrite=_check_output(dst, overwrite)) as tmp:
-            writers = [OFRecordWriter(os.path.join(tmp, PART_FORMAT.format(i))) for i in range(num_parts)]
+            writers = [record_writer(os.path.join(tmp, PART_FORMAT.format(i) + suffix), fmt, compress)
+                       for i in range(num_parts)]
             k = 0
-            for p in paths:
-                for rec in iter_raw_records(p):
-                    writers[k % num_parts].write(rec)
-                    k += 1
+            for pi, p in enumerate(paths):
+                with open_record_file(p, src_fmt) as f:
+                    if fmt == src_fmt and fmt != "hdf5":  # the same bytes, re-framed
+                        for i in range(len(f)):
+                            writers[pi if same_parts else k % num_parts].write_raw(f.raw(i))
+                            k += 1
+                        continue
+                    for chunk in iter_file_batches(f, list(FEATURES)):
+                        r = len(chunk["input_ids"])
+                        deal = np.full(r, pi) if same_parts else (k + np.arange(r)) % num_parts
+                        for j in range(num_parts):
+                            rows = np.flatnonzero(deal == j)
+                            if rows.size:
+                                try:
+                                    writers[j].write_batch({n: v[rows] for n, v in chunk.items()}, where=p)
+                                except OverflowError as e:
+                                    raise DataError(f"{p}: a record does not fit {fmt}: {e}") from None
+                        k += r
             for w in writers:
                 w.close()
             if meta:
@@ -190,7 +260,8 @@ def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict
                 if vocab.get("file") == DATASET_VOCAB and os.path.isfile(os.path.join(src, DATASET_VOCAB)):
                     shutil.copyfile(os.path.join(src, DATASET_VOCAB), os.path.join(tmp, DATASET_VOCAB))
                 meta.update(num_parts=num_parts, num_records=k, records_per_part=[w.count for w in writers],
-                            part_name_suffix_length=5, resharded_from=os.path.basename(os.path.abspath(src)))
+                            part_name_suffix_length=5, resharded_from=os.path.basename(os.path.abspath(src)),
+                            format=fmt)
                 write_json(os.path.join(tmp, META_FILE), meta)
     finally:
         for w in writers:
@@ -198,13 +269,20 @@ def reshard(src: str, dst: str, num_parts: int, overwrite: bool = False) -> dict
                 w.close()
             except OSError:
                 pass
-    return {"output": os.path.abspath(dst), "num_records": k, "num_parts": num_parts}
+    return {"output": os.path.abspath(dst), "num_records": k, "num_parts": num_parts, "format": fmt}
 
 
 def cmd_reshard(args) -> int:
     args = from_args(ReshardOptions, args)
     s = reshard(args.src, args.dst, args.num_parts, overwrite=args.overwrite)
     print(f"wrote {s['output']}: {s['num_records']} records in {s['num_parts']} part file(s)")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    args = from_args(ConvertOptions, args)
+    s = reshard(args.src, args.output, args.num_parts, overwrite=args.overwrite, fmt=args.format, compress=args.gzip)
+    print(f"wrote {s['output']}: {s['num_records']} records in {s['num_parts']} {s['format']} part file(s)")
     return 0
 
 
@@ -228,24 +306,30 @@ def _add_commands(sub) -> None:
     c.set_defaults(fn=cmd_create_pretraining)
 
     add_command(sub, "inspect", cmd_inspect, InspectOptions,
-                help="part files, record counts and features of an OFRecord dataset",
+                help="part files, record counts and features of a dataset (OFRecord, TFRecord, HDF5)",
                 example_lines=("bert-of data inspect data/", "bert-of data inspect data/ --check --json"))
 
     add_command(sub, "reshard", cmd_reshard, ReshardOptions,
-                help="re-deal an OFRecord dataset into N part files (e.g. one per rank)",
+                help="re-deal a dataset into N part files of its format (e.g. one per rank)",
                 example_lines=("bert-of data reshard data/ data-8/ --num-parts 8",))
+
+    add_command(sub, "convert", cmd_convert, ConvertOptions,
+                help="the same records in another format: OFRecord, TFRecord (Google's), HDF5 (NVIDIA's)",
+                example_lines=("bert-of data convert 'wiki/tf_examples.tfrecord*' -o wiki-of/ --format ofrecord",
+                               "bert-of data convert data/ -o data-h5/ --format hdf5"))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``bert-of data ...`` on the main command line."""
-    d = subparsers.add_parser("data", help="pretraining data: create-pretraining, inspect, reshard",
-                              description="Pretraining data in OFRecord form.", epilog=EPILOG)
+    d = subparsers.add_parser("data", help="pretraining data: create-pretraining, inspect, reshard, convert",
+                              description="Pretraining data: OFRecord, TFRecord (tf.train.Example) or NVIDIA HDF5.", epilog=EPILOG)
     _add_commands(d.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
     return d
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of data", description="Pretraining data in OFRecord form.", epilog=EPILOG)
+    p = argparse.ArgumentParser(prog="bert-of data", description="Pretraining data: OFRecord, TFRecord (tf.train.Example) or NVIDIA HDF5.",
+                                epilog=EPILOG)
     _add_commands(p.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
     return p
 

@@ -53,7 +53,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from bert_of.config import BertConfig
-from bert_of.errors import ConfigError, OutputError
+from bert_of.errors import OutputError
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing
 from bert_of.files.reading import sha256_file
@@ -138,10 +138,7 @@ def load_model_config(path: str):
                 break
         else:
             raise DataError(f"{path}: no config.json or bert_config.json in this directory")
-    try:
-        return BertConfig.from_json_file(path), path
-    except ConfigError:
-        return BertConfig.from_google_json_file(path), path
+    return BertConfig.from_model_json_file(path), path
 
 
 def check_vocab_against_config(vocab_file: str, config_path: str, max_seq_length: int) -> None:

@@ -212,16 +212,18 @@ class _Segments:
         return out, total
 
 
-def encode_records(features: Dict[str, Tuple[str, np.ndarray]], framed: bool = False
-                   ) -> Tuple[np.ndarray, np.ndarray]:
+def encode_records(features: Dict[str, Tuple[str, np.ndarray]], framed: bool = False,
+                   kind_field: Optional[Dict[str, int]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Serialize R records at once, without a Python loop over values or records.
 
     ``features``: ``{name: (kind, values [R, L])}`` with kind int32/int64/float/double; every
     record has the same features and list lengths (as pretraining records do). Returns
     (bytes of all records back to back as uint8, length of each record); record ``r`` equals
     ``encode_record({name: (kind, values[r])})`` byte for byte. ``framed=True`` puts each
-    record's int64 length before it, as :class:`OFRecordWriter` writes it.
+    record's int64 length before it, as :class:`OFRecordWriter` writes it. ``kind_field``: the
+    Feature oneof numbers (default OFRecord's; tf.train.Example's Features map has the same shape).
     """
+    kind_field = KIND_FIELD if kind_field is None else kind_field
     rows = {v.shape[0] for _, v in features.values()}
     if len(rows) > 1:
         raise ValueError(f"features have different numbers of records: {sorted(rows)}")
@@ -251,7 +253,7 @@ def encode_records(features: Dict[str, Tuple[str, np.ndarray]], framed: bool = F
             raise ValueError(f"encode_records cannot encode kind {kind!r} ({name!r})")
         key = name.encode("utf-8")
         key_part = b"\x0a" + _varint(len(key)) + key + b"\x12"
-        tag = bytes([(KIND_FIELD[kind] << 3) | 2])
+        tag = bytes([(kind_field[kind] << 3) | 2])
         if L:  # list = 0x0a varint(payload) payload; protobuf writes an empty list as nothing
             lst_len = 1 + _varint_len(_unsigned(payload_len)) + payload_len
         else:
@@ -431,6 +433,8 @@ def _index(path: str, data) -> Tuple[np.ndarray, np.ndarray]:
 class RecordFile:
     """Random access to the records of one OFRecord file (memory-mapped)."""
 
+    fmt = "ofrecord"
+
     def __init__(self, path: str):
         self.path = path
         self._f = open(path, "rb")
@@ -449,6 +453,14 @@ class RecordFile:
     def raw(self, i: int) -> bytes:
         o = int(self.offsets[i])
         return self._mm[o:o + int(self.lengths[i])]
+
+    def parse(self, i: int):
+        """(raw bytes, :func:`parse_record` of them); a malformed record names file and record."""
+        raw = self.raw(i)
+        try:
+            return raw, parse_record(raw)
+        except ValueError as e:
+            raise OFRecordError(f"{self.path}: record {i} is not a valid OFRecord ({e})") from None
 
     def record(self, i: int) -> Dict[str, Union[np.ndarray, List[bytes]]]:
         try:

@@ -1,8 +1,10 @@
-"""Per-rank, deterministic, resumable reading of BERT pretraining OFRecord datasets.
+"""Per-rank, deterministic, resumable reading of BERT pretraining datasets.
 
-A dataset is a directory of part files ``part-0, part-1, ...`` or ``part-00000, ...``
-(OneFlow's naming: prefix + index, optionally zero-padded), each a stream of OFRecords
-with the features of Google's pretraining data:
+A dataset is a directory of OFRecord part files ``part-0, part-1, ...`` or ``part-00000, ...``
+(OneFlow's naming: prefix + index, optionally zero-padded), or a directory or glob of TFRecord
+files (google-research/bert's, plain or gzip) or NVIDIA HDF5 shards (:mod:`bert_of.data.formats`),
+detected by content; every file is one "part". Records carry the features of Google's
+pretraining data:
 
     input_ids, input_mask, segment_ids        int32 [seq_length]
     masked_lm_positions, masked_lm_ids        int32 [max_predictions]
@@ -20,6 +22,7 @@ gap, so every batch is full and records are never dropped.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -30,10 +33,11 @@ from bert_of.errors import BertOfError
 from bert_of.files.reading import read_json, sha256_file
 from bert_of.files.owned import register_own_files
 
-from .ofrecord import OFRecordError, RecordFile, decode_values, decode_varint_runs, parse_record
+from .formats import HDF5File, detect, open_record_file
+from .ofrecord import OFRecordError, decode_values, decode_varint_runs
 
-__all__ = ["PretrainingDataset", "OneFlowPretrainingReader", "list_part_files", "shard_parts", "FEATURES",
-           "check_batch", "dataset_vocab", "read_meta"]
+__all__ = ["PretrainingDataset", "OneFlowPretrainingReader", "list_part_files", "list_data_files", "shard_parts",
+           "FEATURES", "check_batch", "dataset_vocab", "read_meta", "data_lengths", "iter_dataset"]
 
 _PART_RE = re.compile(r"^part-(\d+)$")
 META_FILE = "bert_of_data.json"
@@ -89,6 +93,34 @@ def list_part_files(data_dir: str) -> Tuple[List[str], int]:
     else:
         raise DatasetError(f"{data_dir}: part file names mix zero-padded and unpadded numbers")
     return [os.path.join(data_dir, found[i]) for i in range(n)], suffix
+
+
+def list_data_files(spec: str) -> Tuple[List[str], int, str]:
+    """(record files in order, OneFlow part_name_suffix_length or -1, format) of a dataset given as a
+    directory or a glob. A directory of ``part-N`` files is OneFlow's layout; any other directory
+    holds its record files (``*.json``, ``*.txt`` and hidden files aside), in natural name order."""
+    if os.path.isdir(spec):
+        names = [n for n in os.listdir(spec) if os.path.isfile(os.path.join(spec, n))]
+        if any(_PART_RE.match(n) for n in names):
+            paths, suffix = list_part_files(spec)
+        else:
+            paths = [os.path.join(spec, n) for n in names if not n.startswith(".") and not n.endswith((".json", ".txt"))]
+            suffix = -1
+            if not paths:
+                raise DatasetError(f"{spec}: no record files (OFRecord part-N files, TFRecords or HDF5 shards)")
+    else:
+        paths = [p for p in glob.glob(spec) if os.path.isfile(p)]
+        suffix = -1
+        if not paths:
+            raise DatasetError(f"{spec}: no such dataset directory, and no files match it as a pattern")
+    if suffix == -1:
+        paths.sort(key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p)])
+    fmts = {p: detect(p) for p in paths}
+    kinds = sorted(set(fmts.values()))
+    if len(kinds) > 1:
+        first = {k: next(p for p in paths if fmts[p] == k) for k in kinds}
+        raise DatasetError(f"{spec}: files of different formats: " + ", ".join(f"{first[k]} is {k}" for k in kinds))
+    return paths, suffix, kinds[0]
 
 
 def shard_parts(num_parts: int, rank: int, world_size: int, shard: str = "contiguous") -> List[int]:
@@ -202,14 +234,15 @@ class PretrainingDataset:
         self.shuffle, self.seed, self.shard = bool(shuffle), int(seed), shard
         self.vocab_size = vocab_size
         self.type_vocab_size = int(type_vocab_size) if type_vocab_size is not None else DEFAULT_TYPE_VOCAB_SIZE
-        paths, self.part_name_suffix_length = list_part_files(data_dir)
+        paths, self.part_name_suffix_length, self.format = list_data_files(data_dir)
         self._check_meta()
         self.part_indices = shard_parts(len(paths), self.rank, self.world_size, shard)
         self.part_files = [paths[i] for i in self.part_indices]
-        self._files: List[RecordFile] = []
+        self._files: list = []
         try:
             for p in self.part_files:
-                self._files.append(RecordFile(p))  # checks every record's framing now, not mid-run
+                # checks every record's framing (and a TFRecord's CRCs, an HDF5 shard's datasets) now, not mid-run
+                self._files.append(open_record_file(p, self.format))
         except BaseException:
             self.close()
             raise
@@ -266,11 +299,7 @@ class PretrainingDataset:
     def _parse(self, k: int):
         f = self._files[int(self._file_of[k])]
         i = int(self._index_in_file[k])
-        raw = f.raw(i)  # a bytes copy
-        try:
-            fields = parse_record(raw)
-        except ValueError as e:
-            raise OFRecordError(f"{f.path}: record {i} is not a valid OFRecord ({e})") from None
+        raw, fields = f.parse(i)  # a bytes copy, its structure (an unparsable record names file and record)
         for name in FEATURES:
             if name not in fields:
                 raise OFRecordError(f"{f.path}: record {i} has no feature {name!r} "
@@ -279,7 +308,38 @@ class PretrainingDataset:
                 raise OFRecordError(f"{f.path}: record {i}: feature {name!r} is a bytes_list, expected numbers")
         return raw, fields
 
+    def _gather_hdf5(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
+        """Rows ``idx`` of HDF5 shards (read per file, in one sorted read each)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        files = self._file_of[idx]
+        batch = {}
+        for fi in np.unique(files):
+            f, sel = self._files[int(fi)], np.flatnonzero(files == fi)
+            for name, (dtype, length) in FEATURES.items():
+                n = self._length(length)
+                if f.width(name) != n:
+                    what = {"seq": "seq_length", "pred": "max_predictions"}.get(length, "1")
+                    raise OFRecordError(f"{f.path}: record 0: feature {name!r} has {f.width(name)} values, "
+                                        f"expected {n} ({what})")
+            rows = f.rows(self._index_in_file[idx[sel]])
+            for name, (dtype, length) in FEATURES.items():
+                if name not in batch:
+                    batch[name] = np.empty((len(idx), self._length(length)), dtype=dtype)
+                batch[name][sel] = rows[name].reshape(len(sel), -1)
+        return batch
+
     def _decode_batch(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
+        batch = self._gather_hdf5(idx) if self.format == "hdf5" else self._gather_records(idx)
+        # the one validation point of every format's records
+        bad = check_batch(batch, self.seq_length, self.vocab_size, self.type_vocab_size)
+        if bad is not None:
+            path, i = self.record_location(int(idx[bad[0]]))
+            raise OFRecordError(f"{path}: record {i}: {bad[1]}")
+        batch["next_sentence_labels"] = batch["next_sentence_labels"].reshape(-1)
+        return batch
+
+    def _gather_records(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
+        """Records ``idx`` of protobuf formats (OFRecord, tf.train.Example), decoded many at once."""
         parsed = [self._parse(int(k)) for k in idx]
         batch = {}
         for name, (dtype, length) in FEATURES.items():
@@ -329,11 +389,6 @@ class PretrainingDataset:
             if np.issubdtype(arr.dtype, np.integer) and "int32" in kinds:
                 arr = arr.astype(np.int32)  # protobuf's int32: low 32 bits
             batch[name] = arr.astype(dtype, copy=False)
-        bad = check_batch(batch, self.seq_length, self.vocab_size, self.type_vocab_size)
-        if bad is not None:
-            path, i = self.record_location(int(idx[bad[0]]))
-            raise OFRecordError(f"{path}: record {i}: {bad[1]}")
-        batch["next_sentence_labels"] = batch["next_sentence_labels"].reshape(-1)
         return batch
 
     def record(self, k: int) -> Dict[str, np.ndarray]:
@@ -406,6 +461,44 @@ class PretrainingDataset:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def data_lengths(spec: str) -> Tuple[int, int]:
+    """(seq_length, max_predictions) of a dataset's records: its bert_of_data.json, else its first record."""
+    made = (read_meta(spec) or {}).get("options", {})
+    if made.get("max_seq_length") and made.get("max_predictions_per_seq"):
+        return int(made["max_seq_length"]), int(made["max_predictions_per_seq"])
+    paths, _, fmt = list_data_files(spec)
+    with open_record_file(paths[0], fmt) as f:
+        if not len(f):
+            raise DatasetError(f"{paths[0]}: no records")
+        rec = f.record(0)
+    for name in ("input_ids", "masked_lm_positions"):
+        if name not in rec:
+            raise DatasetError(f"{paths[0]}: record 0 has no feature {name!r}: not BERT pretraining data")
+    return int(np.asarray(rec["input_ids"]).size), int(np.asarray(rec["masked_lm_positions"]).size)
+
+
+def iter_dataset(spec: str, features: Optional[Sequence[str]] = None):
+    """Every record of a dataset (OFRecord, TFRecord or HDF5; a directory or glob), file by file in
+    order, as ``{feature: NumPy array}``; ``features`` (default: Google's seven) picks them.
+
+    >>> for rec in iter_dataset("tf_examples.tfrecord*"):
+    ...     rec["input_ids"]            # int64 [seq_length]; masked_lm_weights float32 [max_predictions]
+
+    Each record is decoded by its file's own reader (framing, CRCs, protobuf) but not range-checked;
+    :class:`PretrainingDataset` checks values against a model.
+    """
+    from .formats import iter_file_batches
+
+    paths, _, fmt = list_data_files(spec)
+    names = list(features or FEATURES)
+    for p in paths:
+        with open_record_file(p, fmt) as f:
+            for chunk in iter_file_batches(f, names, 256):
+                for r in range(len(chunk[names[0]])):
+                    yield {k: chunk[k][r].astype(FEATURES[k][0], copy=False) if k in FEATURES else chunk[k][r]
+                           for k in names}
 
 
 class OneFlowPretrainingReader:

@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.modeling import BertGraph, check_inputs
+from bert_of.inputs import check_inputs
+from bert_of.modeling import BertGraph
 from bert_of.progress import Progress, log
 from bert_of.training.runtime import Runtime, to_numpy
 

@@ -30,39 +30,55 @@ def build_optimizer(model, cfg: TrainConfig, for_graph: bool):
     else:
         groups = [{"params": [p for n, p in named if _decays(n, cfg)], "weight_decay": cfg.weight_decay},
                   {"params": [p for n, p in named if not _decays(n, cfg)], "weight_decay": 0.0}]
-    if cfg.optimizer == "adamw":
-        opt = flow.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
-                               do_bias_correction=cfg.bias_correction)
-    elif cfg.optimizer == "lamb":
-        opt = flow.optim.LAMB(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, adam_w_mode=True,
-                              do_bias_correction=cfg.bias_correction)
-    elif cfg.optimizer == "sgd":
-        opt = flow.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    else:
+    kinds = _GRAPH_OPTIMIZERS if for_graph and cfg.weight_decay else _OPTIMIZERS
+    if cfg.optimizer not in kinds:
         raise ConfigError(f"optimizer {cfg.optimizer!r} is not one of adamw, lamb, sgd")
-    if for_graph and cfg.weight_decay:
-        _graph_weight_decay_excludes(opt, cfg, [p for n, p in named if not _decays(n, cfg)])
+    if cfg.optimizer == "adamw":
+        opt = kinds["adamw"](groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps,
+                             do_bias_correction=cfg.bias_correction)
+    elif cfg.optimizer == "lamb":
+        opt = kinds["lamb"](groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, adam_w_mode=True,
+                            do_bias_correction=cfg.bias_correction)
+    else:
+        opt = kinds["sgd"](groups, lr=cfg.lr, momentum=cfg.momentum)
+    if kinds is _GRAPH_OPTIMIZERS:
+        opt.no_decay, opt.no_decay_params = tuple(cfg.no_decay), [p for n, p in named if not _decays(n, cfg)]
     return opt
 
 
-def _graph_weight_decay_excludes(opt, cfg, no_decay_params):
-    """Make the graph's optimizer conf skip weight decay for the no-decay parameters.
+class _GraphDecayExcludes:
+    """A graph optimizer whose conf skips weight decay for the no-decay parameters (``no_decay``
+    name patterns, ``no_decay_params``): Adam/LAMB decay is a conf with name patterns to exclude,
+    SGD's a per-variable L2."""
 
-    Adam/LAMB decay is a conf with name patterns to exclude; SGD's is a per-variable L2.
-    """
-    generate = opt._generate_conf_for_graph
+    no_decay: tuple = ()
+    no_decay_params: list = []
 
-    def with_excludes(train_conf, vars_conf):
-        confs = generate(train_conf, vars_conf)
-        if cfg.optimizer == "sgd":
-            for p in no_decay_params:
+    def _generate_conf_for_graph(self, train_conf, vars_conf):
+        confs = super()._generate_conf_for_graph(train_conf, vars_conf)
+        if isinstance(self, flow.optim.SGD):
+            for p in self.no_decay_params:
                 vars_conf[p].l2 = 0.0
         else:
             for conf in confs:
-                conf.weight_decay_conf.excludes.pattern.extend(cfg.no_decay)
+                conf.weight_decay_conf.excludes.pattern.extend(self.no_decay)
         return confs
 
-    opt._generate_conf_for_graph = with_excludes
+
+class _GraphAdamW(_GraphDecayExcludes, flow.optim.AdamW):
+    pass
+
+
+class _GraphLAMB(_GraphDecayExcludes, flow.optim.LAMB):
+    pass
+
+
+class _GraphSGD(_GraphDecayExcludes, flow.optim.SGD):
+    pass
+
+
+_OPTIMIZERS = {"adamw": flow.optim.AdamW, "lamb": flow.optim.LAMB, "sgd": flow.optim.SGD}
+_GRAPH_OPTIMIZERS = {"adamw": _GraphAdamW, "lamb": _GraphLAMB, "sgd": _GraphSGD}
 
 
 def build_scheduler(opt, cfg: TrainConfig):

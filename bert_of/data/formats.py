@@ -1,0 +1,457 @@
+"""Pretraining record files in three formats behind one interface: OFRecord (OneFlow), TFRecord of
+``tf.train.Example`` (google-research/bert's ``create_pretraining_data.py``, plain or gzip) and
+NVIDIA DeepLearningExamples' HDF5 shards. No TensorFlow: Examples are parsed by bert_of.protobuf.
+
+TFRecord framing, per record (little-endian)::
+
+    uint64 length | uint32 masked_crc32c(length) | data[length] | uint32 masked_crc32c(data)
+    masked_crc(c) = ((c >> 15) | (c << 17)) + 0xa282ead8   (mod 2^32)
+
+``tf.train.Example`` has the OFRecord map one level down, with its own Feature numbers::
+
+    message Example  { Features features = 1; }
+    message Features { map<string, Feature> feature = 1; }
+    message Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                                    Int64List int64_list = 3; } }
+
+NVIDIA's shard: one HDF5 file of datasets ``input_ids`` (int32), ``input_mask``, ``segment_ids``,
+``next_sentence_labels`` (int8), ``masked_lm_positions``, ``masked_lm_ids`` (int32), gzip, shaped
+[N, seq] / [N, max_predictions] / [N]. It has no weights: NVIDIA's loader predicts the slots before
+the first position 0 (position 0, [CLS], is never masked), so ``masked_lm_weights`` is 1.0 there
+and 0.0 after; a record whose weights say otherwise cannot be written to HDF5 unchanged (refused).
+
+Every file type offers ``len(f)``, ``f.record(i)`` (``{feature: array}``) and ``f.close()``;
+protobuf formats also ``f.raw(i)`` and ``f.parse(i)`` (spans, for batch decoding), HDF5 ``f.rows``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+import os
+import struct
+import tempfile
+import zlib
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import crc32c as _crc32c
+import numpy as np
+
+from bert_of import protobuf as pb
+from bert_of.files.owned import register_own_files
+
+from .ofrecord import (OFRecordError, OFRecordWriter, RecordFile, decode_values, encode_records,
+                       parse_feature_map)
+
+__all__ = ["FORMATS", "detect", "TFRecordFile", "HDF5File", "TFRecordWriter", "HDF5Writer", "parse_example",
+           "decode_example", "encode_examples", "masked_crc", "open_record_file", "record_writer",
+           "HDF5_NAMES", "FILE_SUFFIX"]
+
+FORMATS = ("ofrecord", "tfrecord", "hdf5")
+FILE_SUFFIX = {"ofrecord": "", "tfrecord": ".tfrecord", "hdf5": ".hdf5"}
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+GZIP_MAGIC = b"\x1f\x8b"
+EXAMPLE_FIELD_KIND = {1: "bytes", 2: "float", 3: "int64"}
+EXAMPLE_KIND_FIELD = {v: k for k, v in EXAMPLE_FIELD_KIND.items()}
+# NVIDIA's datasets and the dtypes its create_pretraining_data.py writes them in
+HDF5_NAMES = {"input_ids": "i4", "input_mask": "i1", "segment_ids": "i1", "masked_lm_positions": "i4",
+              "masked_lm_ids": "i4", "next_sentence_labels": "i1"}
+_M32 = 0xFFFFFFFF
+_HEAD = struct.Struct("<QI")
+register_own_files((), (r"part-\d+\.tfrecord(\.gz)?", r"part-\d+\.hdf5"))  # the part files bert_of writes
+
+
+def masked_crc(data) -> int:
+    c = _crc32c.crc32c(data)
+    return ((((c >> 15) | (c << 17)) & _M32) + 0xA282EAD8) & _M32
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def detect(path: str) -> str:
+    """The format of a record file by its first bytes: "tfrecord" (also gzip), "hdf5" or "ofrecord"."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise OFRecordError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not head:
+        raise OFRecordError(f"{path}: empty file (0 bytes): a reader would skip it silently; remove it")
+    if head[:8] == HDF5_MAGIC:
+        return "hdf5"
+    if head[:2] == GZIP_MAGIC:
+        return "tfrecord"  # a gzip TFRecord (the only compressed format read); checked when opened
+    if len(head) == 12:
+        n, crc = _HEAD.unpack(head)
+        if crc == masked_crc(head[:8]):
+            return "tfrecord"
+        if n <= size - 8:
+            return "ofrecord"
+    elif len(head) >= 8 and struct.unpack("<q", head[:8])[0] == size - 8:
+        return "ofrecord"  # one short record
+    raise OFRecordError(f"{path}: not a pretraining record file: neither a TFRecord (length CRC does not match), "
+                        f"gzip, HDF5 nor an OFRecord (first length does not fit the file)")
+
+
+def open_record_file(path: str, fmt: Optional[str] = None):
+    """The file's reader (:class:`RecordFile`, :class:`TFRecordFile` or :class:`HDF5File`)."""
+    fmt = fmt or detect(path)
+    return {"ofrecord": RecordFile, "tfrecord": TFRecordFile, "hdf5": HDF5File}[fmt](path)
+
+
+# --------------------------------------------------------------------------- tf.train.Example
+
+
+def parse_example(buf) -> Dict[str, Tuple[str, list]]:
+    """Structure of one serialized ``tf.train.Example`` as :func:`~bert_of.data.ofrecord.parse_record`
+    returns an OFRecord's: ``{name: (kind, [(wire, start, stop), ...])}``, kinds bytes/float/int64."""
+    mv = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf)
+    out: dict = {}
+    for field, wire, s, e in pb.fields(mv):
+        if field == 1 and wire == 2:  # Features; a repeated message field merges (map entries add up)
+            parse_feature_map(mv, s, e, EXAMPLE_FIELD_KIND, out)
+    return out
+
+
+def decode_example(buf) -> Dict[str, object]:
+    """``{name: values}`` of one serialized ``tf.train.Example``."""
+    return {name: decode_values(buf, kind, spans) for name, (kind, spans) in parse_example(buf).items()}
+
+
+def encode_examples(features: Dict[str, Tuple[str, np.ndarray]]) -> List[bytes]:
+    """R serialized ``tf.train.Example`` from ``{name: (kind, values [R, L])}`` (kinds int64/float)."""
+    data, lengths = encode_records(features, kind_field=EXAMPLE_KIND_FIELD)
+    out, pos, buf = [], 0, data.tobytes()
+    for n in lengths.tolist():
+        body = buf[pos:pos + n]
+        out.append(b"\x0a" + pb.varint(n) + body)
+        pos += n
+    return out
+
+
+# --------------------------------------------------------------------------- TFRecord
+
+
+class TFRecordFile(RecordFile):
+    """Random access to the records of one TFRecord file (plain: memory-mapped; gzip: inflated into
+    an unnamed temporary file, so memory stays bounded). Every frame's length and both CRCs are
+    checked when the file is opened: a corrupt or truncated file fails before training starts."""
+
+    fmt = "tfrecord"  # raw(i), len(f), close() and the context manager are RecordFile's
+
+    def __init__(self, path: str):  # not RecordFile.__init__: that one indexes OFRecord framing
+        self.path = path
+        self._f = open(path, "rb")
+        self._mm = b""
+        self._view = None
+        try:
+            if self._f.read(2) == GZIP_MAGIC:
+                self._inflate()
+            self._f.seek(0)
+            size = os.fstat(self._f.fileno()).st_size
+            self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            self._view = memoryview(self._mm)
+            self.offsets, self.lengths = self._index(self._view)
+        except BaseException:
+            self.close()
+            raise
+
+    def _inflate(self) -> None:
+        self._f.seek(0)
+        tmp = tempfile.TemporaryFile()
+        try:
+            with gzip.GzipFile(fileobj=self._f, mode="rb") as g:
+                while True:
+                    chunk = g.read(1 << 22)
+                    if not chunk:
+                        break
+                    tmp.write(chunk)
+        except (OSError, EOFError, zlib.error) as e:
+            tmp.close()
+            raise OFRecordError(f"{self.path}: gzip stream is corrupt or truncated ({e}): not a readable "
+                                f"gzip TFRecord") from None
+        tmp.flush()
+        self._f.close()
+        self._f = tmp
+
+    def _index(self, data) -> Tuple[np.ndarray, np.ndarray]:
+        size, pos, i = len(data), 0, 0
+        offsets, lengths = [], []
+        unpack, crc = _HEAD.unpack_from, masked_crc
+        while pos < size:
+            if pos + 12 > size:
+                raise OFRecordError(f"{self.path}: record {i} (byte {pos}) is truncated: {size - pos} byte(s) where "
+                                    f"a 12-byte TFRecord header was expected")
+            n, lcrc = unpack(data, pos)
+            if lcrc != crc(data[pos:pos + 8]):
+                raise OFRecordError(f"{self.path}: record {i} (byte {pos}) is corrupt: the length's CRC does not "
+                                    f"match (not a TFRecord frame)")
+            if n > size - pos - 16:
+                raise OFRecordError(f"{self.path}: record {i} (byte {pos}) is truncated: length says {n} bytes, "
+                                    f"{max(size - pos - 16, 0)} remain before its CRC")
+            stored = int.from_bytes(data[pos + 12 + n:pos + 16 + n], "little")
+            if stored != crc(data[pos + 12:pos + 12 + n]):
+                raise OFRecordError(f"{self.path}: record {i} (byte {pos}) is corrupt: data CRC mismatch")
+            offsets.append(pos + 12)
+            lengths.append(n)
+            pos += 16 + n
+            i += 1
+        return np.asarray(offsets, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+
+    def parse(self, i: int):
+        """(raw bytes, :func:`parse_example` of them); a malformed Example names file and record."""
+        raw = self.raw(i)
+        try:
+            return raw, parse_example(raw)
+        except ValueError as e:
+            raise OFRecordError(f"{self.path}: record {i} is not a valid tf.train.Example ({e})") from None
+
+    def record(self, i: int) -> Dict[str, object]:
+        raw, fields = self.parse(i)
+        try:
+            return {name: decode_values(raw, kind, spans) for name, (kind, spans) in fields.items()}
+        except ValueError as e:
+            raise OFRecordError(f"{self.path}: record {i} is not a valid tf.train.Example ({e})") from None
+
+
+class TFRecordWriter:
+    """Append serialized records to one TFRecord file (``compress``: gzip, as TF's "GZIP" option)."""
+
+    def __init__(self, path: str, compress: bool = False):
+        self.path, self.count = path, 0
+        self._raw = open(path, "wb")
+        self._f = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compress else self._raw
+
+    def write(self, record: bytes) -> None:
+        head = struct.pack("<Q", len(record))
+        self._f.write(head + struct.pack("<I", masked_crc(head)) + record + struct.pack("<I", masked_crc(record)))
+        self.count += 1
+
+    def close(self) -> None:
+        if not self._raw.closed:
+            if self._f is not self._raw:
+                self._f.close()
+            self._raw.flush()
+            os.fsync(self._raw.fileno())
+            self._raw.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --------------------------------------------------------------------------- HDF5
+
+
+def weights_of_positions(positions: np.ndarray) -> np.ndarray:
+    """NVIDIA's reading of a shard without weights: the slots before the first position 0 count."""
+    return np.cumprod(positions != 0, axis=-1).astype(np.float32)
+
+
+class HDF5File:
+    """The records of one NVIDIA HDF5 shard (h5py). Dataset names, dtypes (integers) and shapes are
+    checked when the file is opened; ``masked_lm_weights`` is derived (:func:`weights_of_positions`)."""
+
+    fmt = "hdf5"
+
+    def __init__(self, path: str):
+        import h5py
+
+        self.path = path
+        try:
+            self._h = h5py.File(path, "r")
+        except Exception as e:  # h5py raises OSError, ValueError, KeyError... for a damaged file
+            raise OFRecordError(f"{path}: not a readable HDF5 file ({e})") from None
+        try:
+            self._ds, n = {}, None
+            for name in HDF5_NAMES:
+                ds = self._h.get(name)
+                if not isinstance(ds, h5py.Dataset):
+                    raise OFRecordError(f"{path}: HDF5 shard has no dataset {name!r} (it has: "
+                                        f"{', '.join(sorted(self._h.keys())) or 'none'})")
+                if ds.dtype.kind not in "iu":
+                    raise OFRecordError(f"{path}: dataset {name!r} is {ds.dtype}, expected integers")
+                want = (1, 2) if name == "next_sentence_labels" else (2,)
+                if ds.ndim not in want or (ds.ndim == 2 and name == "next_sentence_labels" and ds.shape[1] != 1):
+                    raise OFRecordError(f"{path}: dataset {name!r} has shape {ds.shape}, expected "
+                                        f"{'[N]' if name == 'next_sentence_labels' else '[N, length]'}")
+                if n is not None and ds.shape[0] != n:
+                    raise OFRecordError(f"{path}: dataset {name!r} has {ds.shape[0]} records, input_ids has {n}")
+                n = ds.shape[0] if n is None else n
+                self._ds[name] = ds
+            self.n = int(n)
+        except BaseException:
+            self._h.close()
+            raise
+
+    def width(self, name: str) -> int:
+        if name == "next_sentence_labels":
+            return 1
+        return int(self._ds["masked_lm_positions" if name == "masked_lm_weights" else name].shape[1])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rows(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
+        """Records ``idx`` (any order, repeats allowed) as ``{feature: int64/float32 [len(idx), L]}``."""
+        idx = np.asarray(idx, dtype=np.int64)
+        uniq, inv = np.unique(idx, return_inverse=True)
+        out = {}
+        try:
+            for name, ds in self._ds.items():
+                a = ds[uniq] if len(uniq) < self.n else ds[()]  # h5py wants increasing indices
+                out[name] = np.asarray(a).astype(np.int64).reshape(len(uniq), -1)[inv]
+        except (OSError, ValueError) as e:
+            raise OFRecordError(f"{self.path}: records {int(uniq[0])}..{int(uniq[-1])} cannot be read ({e})") from None
+        out["masked_lm_weights"] = weights_of_positions(out["masked_lm_positions"])
+        return out
+
+    def record(self, i: int) -> Dict[str, np.ndarray]:
+        return {k: v[0] for k, v in self.rows([i]).items()}
+
+    def close(self) -> None:
+        try:
+            self._h.close()
+        except Exception:  # already closed
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class HDF5Writer:
+    """One NVIDIA HDF5 shard: rows are collected and written (gzip, NVIDIA's dtypes) on close."""
+
+    def __init__(self, path: str):
+        self.path, self.count = path, 0
+        self._rows: Dict[str, list] = {k: [] for k in HDF5_NAMES}
+        self._closed = False
+
+    def write_batch(self, batch: Dict[str, np.ndarray], where: str = "") -> None:
+        """Append records ``{feature: [R, L]}``; refuses a record HDF5 cannot hold unchanged."""
+        pos = np.asarray(batch["masked_lm_positions"]).reshape(len(batch["masked_lm_positions"]), -1)
+        w = np.asarray(batch["masked_lm_weights"], dtype=np.float32).reshape(pos.shape)
+        bad = np.flatnonzero((w != weights_of_positions(pos)).any(axis=1))
+        if bad.size:
+            raise OFRecordError(f"{where or self.path}: record {self.count + int(bad[0])}: masked_lm_weights "
+                                f"{w[bad[0]].tolist()} are not 1 before the first position 0 and 0 after: NVIDIA's "
+                                f"HDF5 layout has no weights and would change them")
+        for name, dt in HDF5_NAMES.items():
+            v = np.asarray(batch[name]).reshape(len(pos), -1)
+            info = np.iinfo(dt)
+            if v.size and (v.min() < info.min or v.max() > info.max):
+                r = int(np.flatnonzero(((v < info.min) | (v > info.max)).any(axis=1))[0])
+                raise OFRecordError(f"{where or self.path}: record {self.count + r}: {name} does not fit "
+                                    f"NVIDIA's {np.dtype(dt).name}")
+            self._rows[name].append(v.astype(dt))
+        self.count += len(pos)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        import h5py
+
+        self._closed = True
+        with h5py.File(self.path, "w") as f:
+            for name, dt in HDF5_NAMES.items():
+                parts = self._rows[name]
+                a = np.concatenate(parts) if parts else np.zeros((0, 1), dtype=dt)
+                if name == "next_sentence_labels":
+                    a = a.reshape(-1)
+                f.create_dataset(name, data=a, dtype=dt, compression="gzip")
+        with open(self.path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        self._rows = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --------------------------------------------------------------------------- writing records
+
+
+OFRECORD_KINDS = {"input_ids": "int32", "input_mask": "int32", "segment_ids": "int32",
+                  "masked_lm_positions": "int32", "masked_lm_ids": "int32", "masked_lm_weights": "float",
+                  "next_sentence_labels": "int32"}  # what create-pretraining writes
+EXAMPLE_KINDS = {k: ("float" if v == "float" else "int64") for k, v in OFRECORD_KINDS.items()}  # Google's
+
+
+class record_writer:
+    """Write pretraining records ``{feature: [R, L]}`` to one file of ``fmt`` (``compress``: gzip
+    TFRecord). OFRecord keeps create-pretraining's kinds (int32), TFRecord Google's (int64)."""
+
+    def __init__(self, path: str, fmt: str, compress: bool = False):
+        self.fmt = fmt
+        if fmt == "ofrecord":
+            self._w = OFRecordWriter(path)
+        elif fmt == "tfrecord":
+            self._w = TFRecordWriter(path, compress)
+        elif fmt == "hdf5":
+            self._w = HDF5Writer(path)
+        else:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+    @property
+    def count(self) -> int:
+        return self._w.count
+
+    def write_batch(self, batch: Dict[str, np.ndarray], where: str = "") -> None:
+        if self.fmt == "hdf5":
+            return self._w.write_batch(batch, where)
+        R = len(batch["input_ids"])
+        if self.fmt == "ofrecord":
+            feats = {k: (OFRECORD_KINDS[k], np.asarray(batch[k]).reshape(R, -1)) for k in OFRECORD_KINDS}
+            data, lengths = encode_records(feats)
+            buf, pos = data.tobytes(), 0
+            for n in lengths.tolist():
+                self._w.write(buf[pos:pos + n])
+                pos += n
+        else:
+            feats = {k: (EXAMPLE_KINDS[k], np.asarray(batch[k]).reshape(R, -1)) for k in EXAMPLE_KINDS}
+            for rec in encode_examples(feats):
+                self._w.write(rec)
+
+    def write_raw(self, record: bytes) -> None:
+        self._w.write(record)
+
+    def close(self) -> None:
+        self._w.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def iter_file_batches(f, features: Sequence[str], batch: int = 1024) -> Iterator[Dict[str, np.ndarray]]:
+    """The records of an open record file as ``{feature: array [r, L]}`` chunks (file order),
+    each record decoded by the file's own reader (errors name the file and record)."""
+    for lo in range(0, len(f), batch):
+        hi = min(lo + batch, len(f))
+        if isinstance(f, HDF5File):
+            rows = f.rows(range(lo, hi))
+        else:
+            recs = [f.record(i) for i in range(lo, hi)]
+            rows = {}
+            for name in features:
+                vals = []
+                for i, r in zip(range(lo, hi), recs):
+                    if name not in r:
+                        raise OFRecordError(f"{f.path}: record {i} has no feature {name!r}")
+                    vals.append(np.asarray(r[name]))
+                if len({v.size for v in vals}) > 1:
+                    raise OFRecordError(f"{f.path}: records {lo}..{hi - 1}: feature {name!r} changes length")
+                rows[name] = np.stack(vals)
+        yield {k: rows[k] for k in features}
+
