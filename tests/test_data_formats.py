@@ -125,6 +125,7 @@ def test_hdf5_is_nvidias_layout(sets):
         assert f["next_sentence_labels"].shape == (n,)
 
 
+@pytest.mark.tf
 def test_tensorflow_parses_our_tfrecords_and_we_parse_tensorflows(sets, tmp_path):
     tf = pytest.importorskip("tensorflow")
     spec = {k: tf.io.FixedLenFeature([n], getattr(tf, dt)) for k, (dt, n) in GOOGLE_SPEC.items()}
