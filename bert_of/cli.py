@@ -30,13 +30,11 @@ from bert_of import process
 if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports below load native libraries
     process.setup()
 
-from bert_of.config import BertConfig  # noqa: E402
-from bert_of.converters import tf1, tf1_bundle
-from bert_of.converters.source import Options, summarize
-from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
+from bert_of.converters.source import Options, parse_size, summarize  # noqa: E402
+from bert_of.cli_grammar import HelpFormatter, Parser, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
-from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
-from bert_of.errors import BertOfError
+from bert_of.converters.verify import DEFAULT_TOL, format_report, verdict, verify, verify_source
+from bert_of.errors import BertOfError, NeedsOneFlow
 from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
 from bert_of.version import __version__
@@ -87,13 +85,17 @@ class ConvertOptions(CheckOptions):
     numerics: str | None = arg(None, choices=("tf1", "lazy", "hf"),
                                help="override the activation/LayerNorm-eps provenance recorded for the source")
     no_meta: bool = arg(False, help="of2lazy: oldest snapshot layout (no meta files)")
+    max_shard_size: str | None = arg(None, metavar="SIZE",
+                                     help="X2hf: weights in shards of at most SIZE (5GB, 200MB, 1GiB) with "
+                                          "model.safetensors.index.json, as transformers' save_pretrained")
     overwrite: bool = arg(False, help="replace DST if it exists")
     verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
 
     def reader_options(self) -> Options:
         return Options(config=self.config, vocab=self.vocab, with_optimizer=self.with_optimizer,
                        skip_unknown=self.skip_unknown, overwrite=self.overwrite, dtype=self.dtype,
-                       numerics=self.numerics, no_meta=self.no_meta)
+                       numerics=self.numerics, no_meta=self.no_meta,
+                       max_shard_size=parse_size(self.max_shard_size) if self.max_shard_size else None)
 
 
 def cmd_convert(args) -> int:
@@ -153,6 +155,7 @@ class VerifyOptions(CheckOptions):
     config: str | None = arg(None, metavar="FILE", help="config for A if not beside it")
     vocab: str | None = arg(None, metavar="FILE", help="vocab for A if not beside it")
     output: str | None = arg(None, short="-o", metavar="FILE", help="also write the JSON report to this file")
+    json: bool = arg(False, help="print the whole report as JSON on stdout instead of the one-line verdict")
 
 
 def cmd_verify(args) -> int:
@@ -162,7 +165,7 @@ def cmd_verify(args) -> int:
                     opts=Options(config=o.config, vocab=o.vocab), reference_dtype=o.reference_dtype,
                     torch_python=o.torch_python)
     text = format_report(report)
-    print(text)
+    print(text if o.json else verdict(report))
     if o.output:
         atomic_write(o.output, text + "\n")
     if not report["ok"]:
@@ -180,18 +183,8 @@ def inspect_path(path: str, config: str | None = None) -> dict:
     file when it is not beside it)."""
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
-    if fmt == "tf":
-        prefix = tf1_bundle.resolve_prefix(path)
-        entries = tf1_bundle.read_index(prefix)
-        for name, e in entries.items():
-            found = tf1._classify(name)
-            kind = "unknown" if found is None else found.target if found.target == "step" else \
-                "optimizer" if found.optimizer else "model"
-            info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
-        cfg = config or os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
-        if os.path.isfile(cfg):
-            info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
-        info["path"] = prefix
+    if FORMATS[fmt].inspect is not None:  # a format listing its file as stored (tf: its index, no config needed)
+        info.update(FORMATS[fmt].inspect(path, config))
     else:  # any other format: what it reads as, through its converter
         source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True))
         info["config"] = source.config.to_dict()
@@ -266,7 +259,7 @@ TOP_EXAMPLES = examples(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
+    p = Parser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
                                 description="BERT checkpoints across TF1, OneFlow, HuggingFace and Keras, moved "
                                             "without changing a number; pretraining, fine-tuning and SQuAD/GLUE "
                                             "scores on OneFlow.")
@@ -290,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
                             "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
                             "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
-                            "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
+                            "for a Google checkpoint or a Keras h5. Without OneFlow the same reference runs on "
+                            "B's tensors in B's layout instead of bert_of. Exit 1 above --tol.",
                 example_lines=("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
                                "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
 
@@ -329,6 +323,8 @@ def dispatch(args) -> int:
             return args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); the with-blocks have cleaned up
         return process.stopped(e, getattr(args, "interrupt_note", ""))
+    except NeedsOneFlow:  # the oneflow extra is not installed: say which command needs it
+        return _err(str(NeedsOneFlow(_command_name(args))))
     except BertOfError as e:
         return _err(" ".join(str(e).split("\n")))
     except BrokenPipeError:
@@ -348,6 +344,12 @@ def dispatch(args) -> int:
         if _debug(args):
             raise
         return _internal(e)
+
+
+def _command_name(args) -> str:
+    """``finetune squad`` for ``bert-of finetune squad ...`` (the parser's prog, set by add_command)."""
+    prog = getattr(args, "command_prog", None) or getattr(args, "command", None) or "this command"
+    return prog.split(" ", 1)[1] if prog.startswith("bert-of ") else prog
 
 
 def run_command(parser: argparse.ArgumentParser, argv=None, debug: bool = False) -> int:

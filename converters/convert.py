@@ -7,6 +7,7 @@ Adding a format means one module and one line in ``converters/registry.py``; no 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
@@ -34,8 +35,11 @@ def parse_direction(direction: str) -> tuple:
     splits = [(direction[:i], direction[i + 1:]) for i, c in enumerate(direction) if c == "2"]
     found = [(a, b) for a, b in splits if a in FORMATS and b in FORMATS]
     if len(found) != 1:
-        known = ", ".join(f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b)
-        raise BertOfError(f"unknown conversion {direction!r} (known: {known})")
+        pairs = [f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b]
+        close = difflib.get_close_matches(direction, pairs, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise BertOfError(f"unknown conversion {direction!r}: {hint}a direction is SRC2DST with SRC, DST among "
+                          f"{', '.join(FORMATS)} (e.g. tf2of, of2hf)")
     return found[0]
 
 
@@ -113,6 +117,9 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     a, b = parse_direction(direction)
     if module(b).write_files is None:
         raise BertOfError(f"cannot convert to {b}: bert_of reads {b} and does not write it")
+    if opts.max_shard_size and not module(b).shards:
+        raise BertOfError(f"--max-shard-size: {b} is not written in shards "
+                          f"({', '.join(n for n, f in FORMATS.items() if f.shards)} is)")
     sources = (src, opts.config, opts.vocab)  # never written over, into or around
     check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
     for attempt in range(ATTEMPTS):

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, ConfigError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
-from bert_of.tokenization import read_vocab_lines, recorded_lower_case, vocab_looks_cased
+from bert_of.tokenization import lower_case_for, recorded_lower_case
 
 
 @dataclass
@@ -46,6 +47,20 @@ class Options:
     dtype: Optional[str] = None  # cast floating tensors ("float32", "float16", "bfloat16")
     numerics: Optional[str] = None  # override provenance numerics: "tf1" | "lazy" | "hf"
     no_meta: bool = False  # lazy writer: oldest layout (out files only, no meta)
+    max_shard_size: Optional[int] = None  # bytes per weights file, for a format that shards (hf)
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+               "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``--max-shard-size``: "5GB", "200MB", "1.5GiB", "1000" -> bytes (GB = 10^9, GiB = 2^30, as
+    transformers reads it)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not m or m.group(2) not in _SIZE_UNITS or float(m.group(1)) * _SIZE_UNITS[m.group(2)] < 1:
+        raise ConfigError(f"--max-shard-size {text!r}: not a size (like 5GB, 200MB, 1GiB)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
 
 
 @dataclass
@@ -134,16 +149,21 @@ def lower_case_of(source: Source) -> bool:
     """Whether text is lower-cased for this checkpoint: what its folder records (HF's
     tokenizer_config.json, a fine-tuned bert_of folder's train_args.json, a ``do_lower_case``
     config key), else what its vocabulary says (:func:`vocab_looks_cased`); True without one."""
+    recorded = recorded_lower_case_of(source)
+    if recorded is not None:
+        return recorded
+    folder = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
+    return lower_case_for(folder, source.vocab_file, error=CheckpointError)[0]
+
+
+def recorded_lower_case_of(source: Source) -> Optional[bool]:
+    """``do_lower_case`` as the checkpoint records it (its config's key, tokenizer_config.json,
+    train_args.json), or None: what a converted copy must keep (bert_of's config.json holds it)."""
     recorded = source.config.extra.get("do_lower_case")
     if isinstance(recorded, bool):
         return recorded
     folder = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
-    recorded = recorded_lower_case(folder, CheckpointError)
-    if recorded is not None:
-        return recorded
-    if source.vocab_file:
-        return not vocab_looks_cased(read_vocab_lines(source.vocab_file))
-    return True
+    return recorded_lower_case(folder, CheckpointError)
 
 
 def cast_spec(spec: TensorSpec, producer: Callable, dtype: Optional[str]):

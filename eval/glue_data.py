@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from bert_of.eval.errors import EvalDataError
+from bert_of.files.reading import MAX_TEXT, read_bounded
 
 # --------------------------------------------------------------------------- examples
 
@@ -126,11 +127,9 @@ def get_labels(task: str):
 
 def _read_text(path: str, error=EvalDataError) -> str:
     """A UTF-8 text file (BOM allowed); every failure one line naming the file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise error(f"{path}: {e.strerror or e}") from None
+    if not os.path.exists(path):
+        raise error(f"{path}: No such file or directory")
+    raw = read_bounded(path, MAX_TEXT, "text file", error)  # a regular file, its size known before reading
     if not raw.strip():
         raise error(f"{path}: empty file")
     try:
@@ -145,9 +144,18 @@ def _lines(text: str):
     return io.StringIO(text, newline="")
 
 
+def refuse_nul(path: str, text: str, kind: str) -> None:
+    """A NUL byte is not text: refused on every Python (csv raises on it before 3.11, reads it after)."""
+    at = text.find("\0")
+    if at >= 0:
+        line = text.count("\n", 0, at) + 1
+        raise EvalDataError(f"{path}: line {line}: not readable as {kind} (line contains NUL)")
+
+
 def read_tsv(path: str) -> list:
     """(line number, fields) of every non-empty line; one-line errors for unreadable files."""
     text = _read_text(path)
+    refuse_nul(path, text, "TSV")
     rows = []
     reader = csv.reader(_lines(text), delimiter="\t", quoting=csv.QUOTE_NONE)
     try:

@@ -23,7 +23,7 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|protobuf)", 0),
+    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|protobuf|pickles)", 0),
     (r"bert_of\.(_flow|kernels|inputs|outputs|model_io|modeling|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),

@@ -283,12 +283,13 @@ def test_mapping_checked_independently_with_numpy(snaps, tmp_path):
     assert "cls.predictions.bias" in w and len(w) == sum(1 for k in _vars(src) if not _is_optimizer(k))
 
 
+@pytest.mark.oneflow
 def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     src = snaps["adam"]
     run_cli("convert", "lazy2of", src, "-o", tmp_path / "of")
     cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_erf" and cfg["layer_norm_eps"] == 1e-5 and cfg["provenance"] == "lazy"
-    r = run_cli("verify", src, tmp_path / "of")
+    r = run_cli("verify", src, tmp_path / "of", "--json")
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["ok"] and report["a"]["format"] == "lazy" and report["b"]["format"] == "of"
     assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"} and report["reference"] == "numpy-float64 (lazy layout)"
@@ -297,7 +298,7 @@ def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of_tf1", "--numerics", "tf1")
     cfg = json.loads((tmp_path / "of_tf1" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_tanh" and cfg["layer_norm_eps"] == 1e-12 and cfg["provenance"] == "tf1"
-    r = run_cli("verify", src, tmp_path / "of_tf1", "--modes", "eager", check=False)
+    r = run_cli("verify", src, tmp_path / "of_tf1", "--modes", "eager", "--json", check=False)
     assert r.returncode == 1
     assert json.loads(r.stdout[r.stdout.index("{"):])["worst"] > 1e-4
     assert error_lines(r.stderr)[-1].startswith("bert-of: error: forward outputs differ")
@@ -344,6 +345,7 @@ def _numpy_lazy_bert(snap, cfg, ids, types, mask, act, eps):
     return x
 
 
+@pytest.mark.oneflow
 def test_lazy_read_computes_erf_gelu_and_eps_1e5(snaps, tmp_path):
     """bert_of on the lazy2of output == an independent NumPy lazy BERT (erf, 1e-5) on the raw out files."""
     from bert_of import BertModel
@@ -498,6 +500,7 @@ def test_lazy_tf_lazy_through_the_hub(snaps, tmp_path):
     _assert_same_snapshot(src, tmp_path / "back")
 
 
+@pytest.mark.oneflow
 def test_flow_load_reads_our_snapshots(snaps, tmp_path):
     """OneFlow 0.9's legacy loader accepts what of2lazy writes: same names, shapes, dtypes, values."""
     from bert_of._flow import flow

@@ -58,7 +58,7 @@ def test_without_tensorflow_conversions_work_and_verify_says_in_one_line_that_tf
     # The proof is the NumPy reference: it needs no TensorFlow; TensorFlow's run beside it is
     # skipped, said in one line (and in the report).
     note = "verify: A:tf-float64 not run: TensorFlow is not installed (the tf extra: pip install 'bert_of[tf]')"
-    r = _bert_of(env, "verify", tf, back)
+    r = _bert_of(env, "verify", tf, back, "--json")
     assert r.returncode == 0 and sum(note in line for line in r.stderr.splitlines()) == 1, r.stderr
     report = json.loads(r.stdout)
     assert report["ok"] and report["reference"] == "numpy-float64 (tf layout)"
@@ -67,6 +67,7 @@ def test_without_tensorflow_conversions_work_and_verify_says_in_one_line_that_tf
     assert r.returncode == 0 and note in r.stderr and (tmp_path / "checked" / "model.safetensors").exists(), r.stderr
 
 
+@pytest.mark.oneflow
 def test_without_tensorflow_data_and_pretraining_run(env, tmp_path):
     """Training needs no TensorFlow either: pretraining data from text, then a short pretraining run."""
     text = os.path.join(ROOT, "tests", "data", "text")
