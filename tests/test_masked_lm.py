@@ -175,3 +175,21 @@ def test_onnx_names_the_mlm_only_output_logits(tmp_path):
     a = {s.name: p() for s, p in read(of, "of").tensors}
     b = {s.name: p() for s, p in read(str(tmp_path / "back"), "of").tensors}
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_h5_writes_and_reads_tf_bert_for_masked_lm(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    of = _mlm_checkpoint(tmp_path / "of", seed=4, pooler="zeros")
+    convert("of2h5", of, str(tmp_path / "h5"), Options())
+    with h5py.File(tmp_path / "h5" / "tf_model.h5", "r") as f:  # transformers' TFBertForMaskedLM layers
+        assert [x.decode() if isinstance(x, bytes) else x for x in f.attrs["layer_names"]] == ["bert", "mlm___cls"]
+        names = [x.decode() if isinstance(x, bytes) else x for x in f["bert"].attrs["weight_names"]]
+        assert names and all(n.startswith("tf_bert_for_masked_lm/") for n in names)
+        assert not any("pooler" in n for n in names)
+    assert json.load(open(tmp_path / "h5" / "config.json"))["architectures"] == ["BertForMaskedLM"]
+    convert("h52of", str(tmp_path / "h5"), str(tmp_path / "back"), Options())
+    a = {s.name: p() for s, p in read(of, "of").tensors}
+    b = {s.name: p() for s, p in read(str(tmp_path / "back"), "of").tensors}
+    assert sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    report = verify(str(tmp_path / "h5"), str(tmp_path / "back"), modes=("eager",))
+    assert report["ok"] and "prediction_logits" in report["max_abs_diff"]["B:eager"]
