@@ -25,7 +25,8 @@ The graph (opset 14, IR version 7; every op in the default domain; docs/formats-
   ``pooler_output`` [batch, H] (when the checkpoint has a pooler: not the zeros a reader filled
   in for transformers' QA, token-classifier and MLM classes, which have none), ``prediction_logits``
   [batch, sequence, V] and ``seq_relationship_logits`` [batch, 2] (MLM / NSP heads; the decoder is
-  the word embeddings, transposed in the graph, one initializer), ``start_logits`` /
+  the word embeddings, transposed in the graph, one initializer; an MLM head alone, transformers'
+  BertForMaskedLM, names its output ``logits``), ``start_logits`` /
   ``end_logits`` [batch, sequence] (QA), ``logits`` [batch, L] (sequence classifier, on the
   pooled output) or [batch, sequence, L] (token classifier).
 
