@@ -88,7 +88,7 @@ def main():
     }
     result["targets_met"] = result["wall_ratio"] <= 0.25 and result["rss_ratio"] <= 1 / 3
     if not a.no_verify:
-        r = subprocess.run([os.path.join(ROOT, ".venv", "bin", "bert-of"), "verify", src, ours_dst],
+        r = subprocess.run([os.path.join(ROOT, ".venv", "bin", "bert-of"), "verify", src, ours_dst, "--json"],
                            capture_output=True, text=True, env=env)
         rep = json.loads(r.stdout[r.stdout.index("{"):])
         result["parity_bert_base"] = {k: rep[k] for k in ("reference", "max_abs_diff", "worst", "ok",

@@ -319,6 +319,29 @@ def is_checkpoint_dir(path: str) -> bool:
         os.path.isfile(os.path.join(path, WEIGHTS_NAME))
 
 
+RUN_FINAL = "final"  # a training run's folder (bert_of.training.state.RunDir): its last checkpoint
+RUN_CHECKPOINTS = "checkpoints"  # ... and its periodic ones, checkpoints/step-NNNNNNN
+RUN_METRICS = "metrics.jsonl"
+
+
+def run_final(path: str) -> str:
+    """``path``, or, when ``path`` is a training run's folder (pretrain/finetune ``-o``; a run is not
+    a model), the checkpoint it published: ``path/final``. A run that published none (stopped
+    before its end) is a CheckpointError naming its newest periodic checkpoint."""
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        return path
+    final = os.path.join(path, RUN_FINAL)
+    if os.path.isdir(final) and os.path.isfile(os.path.join(final, CONFIG_NAME)):
+        return final
+    ckpts = os.path.join(path, RUN_CHECKPOINTS)
+    if os.path.isfile(os.path.join(path, RUN_METRICS)) or os.path.isdir(ckpts):
+        steps = sorted(n for n in os.listdir(ckpts) if n.startswith("step-")) if os.path.isdir(ckpts) else []
+        newest = f"; its newest checkpoint is {os.path.join(ckpts, steps[-1])}" if steps else ""
+        raise CheckpointError(f"{path}: a training run with no {RUN_FINAL}/ checkpoint (stopped before its "
+                              f"end?){newest}")
+    return path
+
+
 def resolve_checkpoint(name_or_path) -> str:
     """A bert_of checkpoint directory for ``name_or_path``: such a directory as it is; anything else
     (a zoo name, a checkpoint in another format) through the resolver an upper layer registered

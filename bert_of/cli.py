@@ -33,9 +33,9 @@ if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports b
 from bert_of.config import BertConfig  # noqa: E402
 from bert_of.converters import tf1, tf1_bundle
 from bert_of.converters.source import Options, summarize
-from bert_of.cli_grammar import HelpFormatter, add_command, configure, examples, finish
+from bert_of.cli_grammar import HelpFormatter, Parser, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
-from bert_of.converters.verify import DEFAULT_TOL, format_report, verify, verify_source
+from bert_of.converters.verify import DEFAULT_TOL, format_report, verdict, verify, verify_source
 from bert_of.errors import BertOfError
 from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
@@ -153,6 +153,7 @@ class VerifyOptions(CheckOptions):
     config: str | None = arg(None, metavar="FILE", help="config for A if not beside it")
     vocab: str | None = arg(None, metavar="FILE", help="vocab for A if not beside it")
     output: str | None = arg(None, short="-o", metavar="FILE", help="also write the JSON report to this file")
+    json: bool = arg(False, help="print the whole report as JSON on stdout instead of the one-line verdict")
 
 
 def cmd_verify(args) -> int:
@@ -162,7 +163,7 @@ def cmd_verify(args) -> int:
                     opts=Options(config=o.config, vocab=o.vocab), reference_dtype=o.reference_dtype,
                     torch_python=o.torch_python)
     text = format_report(report)
-    print(text)
+    print(text if o.json else verdict(report))
     if o.output:
         atomic_write(o.output, text + "\n")
     if not report["ok"]:
@@ -266,7 +267,7 @@ TOP_EXAMPLES = examples(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
+    p = Parser(prog="bert-of", formatter_class=HelpFormatter, epilog=TOP_EXAMPLES,
                                 description="BERT checkpoints across TF1, OneFlow, HuggingFace and Keras, moved "
                                             "without changing a number; pretraining, fine-tuning and SQuAD/GLUE "
                                             "scores on OneFlow.")

@@ -11,6 +11,9 @@ README shows and ``tests/test_cli.py`` enforces.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import sys
 import textwrap
 import typing
 from dataclasses import MISSING, fields
@@ -207,11 +210,126 @@ def _add_common(p, top: bool) -> None:
         g.add_argument("--debug", action="store_true", help=DEBUG_HELP, **unset)
 
 
+# The anchors' spellings (google-research/bert's run_*.py flags, transformers' TrainingArguments and
+# examples) -> ours, in order of preference; the first the command has is suggested. A spelling that
+# is ours with "_" for "-" (--max_seq_length, --do_lower_case) needs no entry.
+ANCHOR_FLAGS = {
+    "--learning_rate": ("--lr",), "--num_train_epochs": ("--epochs",), "--output_dir": ("--output",),
+    "--output_file": ("--output",), "--model_name_or_path": ("--model",), "--model_name": ("--model",),
+    "--init_checkpoint": ("--init-checkpoint", "--model"), "--input_file": ("--input", "--data", "--train"),
+    "--train_file": ("--train",), "--predict_file": ("--data", "--eval-data"),
+    "--validation_file": ("--eval-data", "--data"), "--eval_file": ("--eval-data", "--data"),
+    "--train_batch_size": ("--batch-size",), "--per_device_train_batch_size": ("--batch-size",),
+    "--per_gpu_train_batch_size": ("--batch-size",), "--predict_batch_size": ("--predict-batch-size",),
+    "--eval_batch_size": ("--predict-batch-size",), "--per_device_eval_batch_size": ("--predict-batch-size",),
+    "--vocab_file": ("--vocab",), "--bert_config_file": ("--config",), "--config_name": ("--config",),
+    "--config_file": ("--config",), "--num_train_steps": ("--steps",), "--max_steps": ("--steps",),
+    "--num_warmup_steps": ("--warmup-steps", "--warmup-proportion"), "--warmup_ratio": ("--warmup-proportion",),
+    "--warmup_steps": ("--warmup-steps", "--warmup-proportion"),
+    "--save_checkpoints_steps": ("--save-every",), "--save_steps": ("--save-every",),
+    "--logging_steps": ("--log-every",), "--iterations_per_loop": ("--log-every",),
+    "--gradient_accumulation_steps": ("--grad-accum-steps",), "--overwrite_output_dir": ("--overwrite",),
+    "--task_name": ("--task",), "--fp16": ("--amp",), "--use_fp16": ("--amp",), "--bf16": ("--amp",),
+    "--version_2_with_negative": ("--squad-version",), "--random_seed": ("--random-seed", "--seed"),
+    "--weight_decay_rate": ("--weight-decay",), "--adam_epsilon": ("--adam-eps",),
+    "--max_grad_norm": ("--clip-grad-norm",), "--tokenizer_name": ("--vocab",),
+}
+# Google's and transformers' "what to do" switches: here the command says it.
+ANCHOR_SWITCHES = {"--do_train": "bert-of finetune trains", "--do_eval": "bert-of eval evaluates",
+                   "--do_predict": "bert-of predict predicts", "--do_export": "bert-of convert exports"}
+
+
+def anchors_markdown() -> str:
+    """ANCHOR_FLAGS as the table docs/command-line.md shows."""
+    rows = ["| google-research/bert, transformers | bert-of |", "|---|---|"]
+    for flag, ours in sorted(ANCHOR_FLAGS.items()):
+        rows.append(f"| `{flag}` | {' or '.join(f'`{o}`' for o in ours)} |")
+    for flag, what in sorted(ANCHOR_SWITCHES.items()):
+        rows.append(f"| `{flag}` | {what} |")
+    return "\n".join(rows)
+
+
+def suggest_flag(token: str, known) -> str | None:
+    """The flag of ``known`` (a command's option strings) an unknown ``token`` most likely means:
+    ours with "-" for "_", the anchors' table, then the closest spelling."""
+    name = token.split("=", 1)[0]
+    low = name.lower()
+    for cand in (low.replace("_", "-"), *ANCHOR_FLAGS.get(low, ()), *ANCHOR_FLAGS.get(low.replace("-", "_"), ())):
+        if cand in known and cand != name:
+            return cand
+    close = difflib.get_close_matches(low.replace("_", "-"), [k for k in known if k.startswith("--")], n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def _choices_of(p) -> dict:
+    sub = subparsers(p)
+    return sub.choices if sub is not None else {}
+
+
+def unknown_flags(parser, argv) -> tuple:
+    """(the parser of the command ``argv`` runs, [(unknown flag, suggestion or None)]): a flag none
+    of the parsers on the command's path has. Values after ``--`` are not looked at."""
+    p, known = parser, set(parser._option_string_actions)
+    for tok in argv:
+        if tok == "--":
+            break
+        nxt = _choices_of(p).get(tok)
+        if nxt is not None:
+            p = nxt
+            known |= set(p._option_string_actions)
+    found = []
+    for tok in argv:
+        if tok == "--":
+            break
+        if tok.startswith("--") and len(tok) > 2 and tok.split("=", 1)[0] not in known:
+            found.append((tok.split("=", 1)[0], suggest_flag(tok, known)))
+    return p, found
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with errors that point somewhere: an unknown flag names the flag the command
+    has for it (Google's and transformers' spellings, typos), an unknown command the nearest one,
+    ``convert`` without its direction says so."""
+
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        leaf, unknown = unknown_flags(self, argv)
+        if unknown:
+            said = []
+            for tok, hint in unknown:
+                low = tok.lower()
+                if low in ANCHOR_SWITCHES:
+                    said.append(f"{tok} ({ANCHOR_SWITCHES[low]}; no switch needed)")
+                elif hint:
+                    said.append(f"{tok} (did you mean {hint}?)")
+                else:
+                    said.append(tok)
+            leaf.exit(2, f"{leaf.prog}: error: unrecognized arguments: {', '.join(said)}; "
+                         f"`{leaf.prog} --help` lists the options\n")  # one line: no usage screen
+        return super().parse_args(argv, namespace)
+
+    def error(self, message):
+        m = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            close = difflib.get_close_matches(m.group(2), choices, n=1, cutoff=0.6)
+            if close:
+                message = f"argument {m.group(1)}: invalid choice: {m.group(2)!r} (did you mean {close[0]!r}?)"
+        elif self.prog.endswith(" convert") and re.search(r"required: .*\bSRC\b", message):
+            message = ("the direction is missing: bert-of convert DIRECTION SRC -o DST, DIRECTION a format pair "
+                       "such as tf2of, of2hf, hf2of (`bert-of convert --help` lists the formats)")
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The common options and the help formatter on ``parser`` and every command below it."""
+    """The common options and the help formatter on ``parser`` and every command below it; every
+    parser a :class:`Parser` (errors that suggest)."""
     if getattr(parser, "_bert_of_finished", False):
         return parser
     for path, p in walk(parser):
+        if type(p) is argparse.ArgumentParser:
+            p.__class__ = Parser  # a subclass adding only methods: the parser's state is unchanged
         p.formatter_class = HelpFormatter
         p.allow_abbrev = False  # one spelling per option: no prefix of it stands for it
         _add_common(p, top=not path)
@@ -228,4 +346,5 @@ def configure(args) -> None:
         args.no_progress = True  # commands drawing a bar of their own draw none either
 
 
-__all__ = ["GRAMMAR", "HelpFormatter", "add_options", "configure", "examples", "finish", "grammar_markdown", "walk"]
+__all__ = ["ANCHOR_FLAGS", "ANCHOR_SWITCHES", "GRAMMAR", "HelpFormatter", "Parser", "add_options", "anchors_markdown",
+           "configure", "examples", "finish", "grammar_markdown", "suggest_flag", "walk"]

@@ -13,6 +13,7 @@ forward computes Google's loss from the batch's labels.
 
 from __future__ import annotations
 
+import math
 import os
 
 from bert_of._flow import flow
@@ -143,7 +144,12 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
                save_every=opts.save_every, keep=opts.keep, vocab_file=vocab_file,
                progress=None if opts.quiet else "bar", what="pretrain",
                callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
+    losses = [v for v in done.losses if math.isfinite(v)]  # AMP may have skipped a step
+    summary = f"{trainer.global_step} steps" + (f", loss {losses[-1]:.4f}" if losses else "") + \
+        f", {done.seconds:.1f} s"  # the last word whether piped or after a terminal's bar
     if done.stopped:
+        if rt.is_main:
+            print(f"stopped at step {trainer.global_step} ({summary}); `--resume` continues it")
         return 0
     final = os.path.join(run_dir.path, "final")
     state = trainer.model.canonical_state()  # a collective for global tensors
@@ -152,7 +158,7 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
         return 0
     write_checkpoint(final, list(state.items()), config, vocab_file, overwrite=True,
                      metadata={"format": "bert_of", "pretrained_steps": str(trainer.global_step)})
-    print(f"wrote {final} ({trainer.global_step} steps)")
+    print(f"wrote {final} ({summary})")
     if opts.zoo_name:
         meta = {"training": {"steps": trainer.global_step, "data": os.path.abspath(opts.data),
                              "train_config": cfg.to_dict(), "world_size": rt.world,

@@ -12,7 +12,7 @@ bert_of.cli``, the sub-CLIs) and every rank the launcher starts call :func:`setu
 - NumPy is imported with SIGINT / SIGTERM blocked, so the threads its BLAS starts never take one
   (see :func:`oneflow_import` for why that matters);
 - OneFlow's import, whenever it comes, is prepared for a command: a rank other than 0 first waits
-  for rank 0's port, and OneFlow's start-up line on fd 2 is dropped.
+  for rank 0's port (OneFlow's start-up line on fd 2 is dropped in every process).
 
 :func:`oneflow_import` wraps ``import oneflow`` in every process, set up or not: signals blocked
 around it, Python's SIGINT handler put back over the C one liboneflow installs, the environment
@@ -346,8 +346,9 @@ def oneflow_import():
     while it starts). SIGINT and SIGTERM stay blocked in this thread during the import (the threads
     OneFlow starts inherit that; :func:`setup` imports NumPy the same way, so no native thread takes
     a signal while OneFlow's handler is in place), Python's handler is set again, a signal that
-    arrived meanwhile is delivered to it, and os.environ is put back as it was. In a process that
-    was :func:`setup`, a rank first waits for rank 0 and OneFlow's start-up line is dropped."""
+    arrived meanwhile is delivered to it, and os.environ is put back as it was. OneFlow's start-up
+    line is dropped (in a command and in a Python program alike); in a process that was
+    :func:`setup`, a rank first waits for rank 0."""
     if "oneflow" in sys.modules:
         yield
         return
@@ -359,7 +360,7 @@ def oneflow_import():
         before = dict(os.environ)
         try:
             set_environ(_import_environment())
-            with _stderr_filtered() if is_set_up() else contextlib.nullcontext():
+            with _stderr_filtered():  # a Python program using bert_of gets no OneFlow noise either
                 yield
         finally:
             if previous is not None:

@@ -39,7 +39,7 @@ import unicodedata
 from typing import Iterable, List, Optional
 
 from bert_of.errors import BertOfError, ConfigError
-from bert_of.files.reading import read_json
+from bert_of.files.reading import MAX_TEXT, read_bounded, read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -50,11 +50,7 @@ def read_vocab_lines(vocab_file: str) -> List[str]:
     What they would turn into junk is dropped: a UTF-8 BOM (it would glue onto the first token)
     and blank lines at the end (they would add an empty token past the real ones). A blank line
     inside keeps its id, as in both readers. Errors are one line naming the file."""
-    try:
-        with open(vocab_file, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise BertOfError(f"{vocab_file}: cannot read the vocabulary ({e.strerror or e})") from None
+    raw = read_bounded(vocab_file, MAX_TEXT, "vocabulary", BertOfError)  # a regular file, its size first
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -491,11 +487,34 @@ def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool
     for name in ("tokenizer_config.json", "train_args.json", "config.json"):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
-            value = read_json(path, name, error).get("do_lower_case")
+            d = read_json(path, name, error)
+            value = d.get("do_lower_case")
+            if name == "config.json" and value is None and isinstance(d.get("extra"), dict):
+                value = d["extra"].get("do_lower_case")  # bert_of's config.json keeps a source's keys there
             if isinstance(value, bool):
                 return value
     return None
 
 
+def lower_case_for(folder: str, vocab_file: Optional[str] = None, given: Optional[bool] = None,
+                   error: type = BertOfError, sources=()) -> tuple:
+    """(do_lower_case, where it comes from) for text fed to the checkpoint in ``folder``: the one rule
+    every path follows (``BertTokenizer.from_pretrained``, finetune, predict, eval, convert):
+    ``given`` (an explicit flag or argument) wins ("given"); else what the folder records
+    (:func:`recorded_lower_case`: "checkpoint"), or, for a converted copy, the folder it was
+    converted from (``sources``: an HF folder's tokenizer_config.json); else what ``vocab_file``
+    looks like ("vocabulary"); else True ("default")."""
+    if given is not None:
+        return bool(given), "given"
+    for where in (folder, *sources):
+        where = where if os.path.isdir(where) else os.path.dirname(where)  # a TF prefix: its folder
+        recorded = recorded_lower_case(where, error) if where else None
+        if recorded is not None:
+            return recorded, "checkpoint"
+    if vocab_file and os.path.isfile(vocab_file):
+        return not vocab_looks_cased(read_vocab_lines(vocab_file)), "vocabulary"
+    return True, "default"
+
+
 __all__ = ["FullTokenizer", "BasicTokenizer", "WordpieceTokenizer", "FastTokenizer", "load_vocab", "read_vocab_lines",
-           "vocab_size", "check_vocab_fits", "vocab_looks_cased", "recorded_lower_case"]
+           "vocab_size", "check_vocab_fits", "vocab_looks_cased", "recorded_lower_case", "lower_case_for"]

@@ -28,7 +28,7 @@ from bert_of.errors import BertOfError, InputError
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing_into
 from bert_of.files.reading import read_json
-from bert_of.tokenization import FastTokenizer, FullTokenizer, read_vocab_lines, recorded_lower_case, vocab_looks_cased
+from bert_of.tokenization import FastTokenizer, FullTokenizer, lower_case_for, read_vocab_lines
 
 TextInput = Union[str, Sequence[str]]
 
@@ -107,10 +107,7 @@ class BertTokenizer:
         vocab = os.path.join(folder, "vocab.txt")
         if not os.path.isfile(vocab):
             raise BertOfError(f"{name_or_path}: no vocab.txt (a tokenizer needs the checkpoint's vocabulary)")
-        if do_lower_case is None:
-            do_lower_case = recorded_lower_case(folder)
-            if do_lower_case is None:
-                do_lower_case = not vocab_looks_cased(read_vocab_lines(vocab))
+        do_lower_case, _ = lower_case_for(folder, vocab, do_lower_case)  # the rule finetune/predict follow
         recorded = _recorded_settings(folder)
         if model_max_length is None:
             model_max_length = recorded.pop("model_max_length", None) or _max_positions(folder)

@@ -7,6 +7,7 @@ Adding a format means one module and one line in ``converters/registry.py``; no 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
@@ -34,8 +35,11 @@ def parse_direction(direction: str) -> tuple:
     splits = [(direction[:i], direction[i + 1:]) for i, c in enumerate(direction) if c == "2"]
     found = [(a, b) for a, b in splits if a in FORMATS and b in FORMATS]
     if len(found) != 1:
-        known = ", ".join(f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b)
-        raise BertOfError(f"unknown conversion {direction!r} (known: {known})")
+        pairs = [f"{a}2{b}" for a in FORMATS for b in FORMATS if a != b]
+        close = difflib.get_close_matches(direction, pairs, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise BertOfError(f"unknown conversion {direction!r}: {hint}a direction is SRC2DST with SRC, DST among "
+                          f"{', '.join(FORMATS)} (e.g. tf2of, of2hf)")
     return found[0]
 
 

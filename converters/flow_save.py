@@ -36,6 +36,7 @@ import numpy as np
 
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
+from bert_of.files.reading import read_bounded
 from bert_of.tensors import nbytes
 from bert_of.converters.lazy import DATA_FILE, META_FILE, format_meta, parse_meta
 
@@ -44,6 +45,14 @@ PROTOCOL_VERSION = 1
 MAX_PICKLE = 64 << 20  # a state dict's pickle is KBs; the tensors live in their folders
 _MAX_META = 1 << 16
 _MAX_DEPTH = 64
+# The interpreter's work and memory are bounded by its input, not only its size: a state dict's
+# pickle makes an object (string, dict, tuple, tensor, memo entry) per ~10-30 bytes, so at most one
+# per _BYTES_PER_OBJECT bytes (+ a few) and never more than _MAX_OBJECTS; its stack holds a SETITEMS
+# batch (1000 pairs) at most. A hostile pickle of empty dicts or memo entries near MAX_PICKLE is
+# refused after a bounded amount of work instead of growing to GBs.
+_BYTES_PER_OBJECT = 4
+_MAX_OBJECTS = 1 << 18  # BERT-large: ~400 tensors, ~5 objects each
+_MAX_STACK = 1 << 14
 
 
 class TensorRecord(NamedTuple):
@@ -114,6 +123,19 @@ class _Interpreter:
         self.stack, self.marks, self.memo = [], [], {}
         self.ids = 0
         self.unbuilt_at = {}  # NEWOBJ id -> memo indices holding it (BUILD updates just those)
+        self.budget = min(_MAX_OBJECTS, 64 + len(raw) // _BYTES_PER_OBJECT)  # objects it may still make
+
+    def made(self):
+        """One more object (or memo entry) made; refused past what a state dict of this size makes."""
+        self.budget -= 1
+        if self.budget < 0:
+            raise _Refused(f"more objects than a state dict's pickle of {len(self.raw)} bytes makes "
+                           f"(at byte {self.pos})")
+
+    def push(self, obj):
+        if len(self.stack) >= _MAX_STACK:
+            raise _Refused(f"malformed stream (a stack over {_MAX_STACK} deep at byte {self.pos})")
+        self.stack.append(obj)
 
     def read(self, n):
         if self.pos + n > len(self.raw):
@@ -160,35 +182,42 @@ class _Interpreter:
                     raise _Refused(f"{len(self.raw) - self.pos} bytes after STOP")
                 return self.stack[0]
             elif op == b"}":  # EMPTY_DICT
-                self.stack.append({})
+                self.made()
+                self.push({})
             elif op == b")":  # EMPTY_TUPLE
-                self.stack.append(())
+                self.push(())
             elif op == b"(":  # MARK
                 self.marks.append(len(self.stack))
-                self.stack.append(_MARK)
+                self.push(_MARK)
                 if len(self.marks) > _MAX_DEPTH:
                     raise _Refused("malformed stream (too deeply nested)")
             elif op in (b"\x85", b"\x86", b"\x87"):  # TUPLE1-3
                 n = {b"\x85": 1, b"\x86": 2, b"\x87": 3}[op]
                 items = [self.pop() for _ in range(n)][::-1]
-                self.stack.append(tuple(items))
+                self.made()
+                self.push(tuple(items))
             elif op == b"t":  # TUPLE
-                self.stack.append(tuple(self.pop_mark()))
+                self.made()
+                self.push(tuple(self.pop_mark()))
             elif op == b"\x8c":  # SHORT_BINUNICODE
-                self.stack.append(self.text(self.read(self.read(1)[0])))
+                self.made()
+                self.push(self.text(self.read(self.read(1)[0])))
             elif op == b"X":  # BINUNICODE
                 n = struct.unpack("<I", self.read(4))[0]
-                self.stack.append(self.text(self.read(n)))
+                self.made()
+                self.push(self.text(self.read(n)))
             elif op == b"K":  # BININT1
-                self.stack.append(self.read(1)[0])
+                self.push(self.read(1)[0])
             elif op == b"M":  # BININT2
-                self.stack.append(struct.unpack("<H", self.read(2))[0])
+                self.made()
+                self.push(struct.unpack("<H", self.read(2))[0])
             elif op == b"J":  # BININT
-                self.stack.append(struct.unpack("<i", self.read(4))[0])
+                self.made()
+                self.push(struct.unpack("<i", self.read(4))[0])
             elif op == b"N":  # NONE
-                self.stack.append(None)
+                self.push(None)
             elif op in (b"\x88", b"\x89"):  # NEWTRUE / NEWFALSE
-                self.stack.append(op == b"\x88")
+                self.push(op == b"\x88")
             elif op == b"\x94":  # MEMOIZE
                 if not self.stack or self.stack[-1] is _MARK:
                     raise _Refused("malformed stream (MEMOIZE of nothing)")
@@ -202,17 +231,19 @@ class _Interpreter:
                 i = self.read(1)[0] if op == b"h" else struct.unpack("<I", self.read(4))[0]
                 if i not in self.memo:
                     raise _Refused(f"malformed stream (memo {i} unset)")
-                self.stack.append(self.memo[i])
+                self.push(self.memo[i])
             elif op == b"\x93":  # STACK_GLOBAL
                 name = self.pop()
                 module = self.pop()
                 if type(module) is not str or type(name) is not str:
                     raise _Refused("malformed stream (STACK_GLOBAL of non-strings)")
-                self.stack.append(self.global_(module, name))
+                self.made()
+                self.push(self.global_(module, name))
             elif op == b"c":  # GLOBAL (protocol 2): "module\nname\n"
                 module = self.line()
                 name = self.line()
-                self.stack.append(self.global_(module, name))
+                self.made()
+                self.push(self.global_(module, name))
             elif op == b"R":  # REDUCE
                 args = self.pop()
                 fn = self.pop()
@@ -220,18 +251,21 @@ class _Interpreter:
                     raise _Refused(f"REDUCE of {_show(fn)} (only collections.OrderedDict() is admitted)")
                 if args != ():
                     raise _Refused("REDUCE of collections.OrderedDict with arguments")
-                self.stack.append(_ODict())
+                self.made()
+                self.push(_ODict())
             elif op == b"\x81":  # NEWOBJ
                 args = self.pop()
                 cls = self.pop()
                 if type(cls) is not _Global or cls.name not in _TENSOR_CLASSES or args != ():
                     raise _Refused(f"NEWOBJ of {_show(cls)} (only oneflow.Tensor / oneflow.nn.Parameter)")
                 self.ids += 1
-                self.stack.append(_Unbuilt(cls.name, self.ids))
+                self.made()
+                self.push(_Unbuilt(cls.name, self.ids))
             elif op == b"b":  # BUILD
                 state = self.pop()
                 obj = self.pop()
-                self.stack.append(self.build(obj, state))
+                self.made()
+                self.push(self.build(obj, state))
             elif op == b"s":  # SETITEM
                 v = self.pop()
                 k = self.pop()
@@ -245,6 +279,8 @@ class _Interpreter:
                 raise _Refused(f"pickle opcode {op!r} at byte {at}")
 
     def put(self, i, obj):
+        if i not in self.memo:
+            self.made()
         self.memo[i] = obj
         if type(obj) is _Unbuilt:
             self.unbuilt_at.setdefault(obj.ident, []).append(i)
@@ -355,13 +391,11 @@ def _tensor_folder(root: str, name: str, where: str) -> str:
 
 def _meta(d: str):
     p = os.path.join(d, META_FILE)
-    if os.path.getsize(p) > _MAX_META:
-        raise CheckpointError(f"{p}: {os.path.getsize(p)} bytes is no VariableMetaInfo")
+    raw = read_bounded(p, _MAX_META, "VariableMetaInfo", CheckpointError)
     try:
-        with open(p, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{p}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{p}: cannot read ({e})") from None
     shape, dtype = parse_meta(text, p)
     need = nbytes(shape, dtype)
     size = os.path.getsize(os.path.join(d, DATA_FILE))
@@ -388,9 +422,7 @@ def read_dir(path: str, root: str | None = None) -> list:
             raise CheckpointError(f"{pk}: not a regular file")
         if pst.st_size > MAX_PICKLE:
             raise CheckpointError(f"{pk}: {pst.st_size} bytes, more than a state dict's pickle ({MAX_PICKLE})")
-        with open(pk, "rb") as f:
-            raw = f.read(MAX_PICKLE + 1)
-        records = parse_pickled_data(raw, pk)
+        records = parse_pickled_data(read_bounded(pk, MAX_PICKLE, PICKLE_FILE, CheckpointError), pk)
         for key, rec in records.items():
             d = _tensor_folder(path, rec.folder, pk)
             shape, dtype = _meta(d)
@@ -552,11 +584,8 @@ def keys_of(path: str):
     ``pickled_data`` is there but not admitted (reading then says why)."""
     pk = os.path.join(path, PICKLE_FILE)
     if os.path.lexists(pk):
-        try:
-            if os.path.getsize(pk) > MAX_PICKLE:
-                return None
-            with open(pk, "rb") as f:
-                return list(parse_pickled_data(f.read(), pk))
+        try:  # a FIFO, a device, a link to /dev/zero: refused, not read
+            return list(parse_pickled_data(read_bounded(pk, MAX_PICKLE, PICKLE_FILE, CheckpointError), pk))
         except (OSError, CheckpointError):
             return None
     try:

@@ -26,7 +26,7 @@ import re
 
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
-from bert_of.files.reading import read_json
+from bert_of.files.reading import read_bounded, read_json
 from bert_of.converters.hf import config_from_hf
 
 CONFIG_NAMES = ("config.json", "bert_config.json")
@@ -130,14 +130,19 @@ def _scalar(text: str, where: str):
     return t
 
 
+_MAX_FLOW_DEPTH = 64
+
+
 def _flow(text: str, where: str):
     """A one-line flow collection ``{a: 1, b: [x, y]}`` or ``[1, 2]``."""
     pos = 0
 
-    def value():
+    def value(depth=0):
         nonlocal pos
         while pos < len(text) and text[pos] == " ":
             pos += 1
+        if pos < len(text) and text[pos] in "{[" and depth >= _MAX_FLOW_DEPTH:
+            raise ConfigError(f"{where}: flow collections nested over {_MAX_FLOW_DEPTH} deep (not a config)")
         if pos < len(text) and text[pos] in "{[":
             close = "}" if text[pos] == "{" else "]"
             is_map = text[pos] == "{"
@@ -154,9 +159,9 @@ def _flow(text: str, where: str):
                     if pos >= len(text) or text[pos] != ":":
                         raise ConfigError(f"{where}: flow mapping without ':' near {text[pos:pos + 30]!r}")
                     pos += 1
-                    out[k] = value()
+                    out[k] = value(depth + 1)
                 else:
-                    out.append(value())
+                    out.append(value(depth + 1))
                 while pos < len(text) and text[pos] == " ":
                     pos += 1
                 if pos < len(text) and text[pos] == ",":
@@ -190,11 +195,46 @@ def _flow(text: str, where: str):
 
 
 def _split_key(line: str, where: str):
-    m = re.match(r"^('(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"|[^:#'\"][^:#]*?)\s*:(\s+|$)(.*)$", line)
-    if not m:
+    """(key, the rest) of a ``key: value`` line, in one pass over it (a regular expression with a
+    lazy key before ``\\s*:`` backtracked quadratically on a long line without a colon)."""
+    end = _key_end(line)
+    colon = end
+    while colon < len(line) and line[colon].isspace():
+        colon += 1
+    if end == 0 or colon >= len(line) or line[colon] != ":" or \
+            (colon + 1 < len(line) and not line[colon + 1].isspace()):
         raise ConfigError(f"{where}: line {line.strip()[:60]!r} is not in the YAML subset bert_of reads "
                           f"(key: value); give the config as JSON")
-    return _scalar(m.group(1), where), m.group(3)
+    return _scalar(line[:end], where), line[colon + 1:].lstrip()
+
+
+def _key_end(line: str) -> int:
+    """Where a mapping key that starts ``line`` ends: after its closing quote, or before the first
+    ":" (a plain key holds no ":" or "#"; its trailing blanks are not part of it); 0 when there is none."""
+    if not line:
+        return 0
+    q = line[0]
+    if q in "'\"":
+        i = 1
+        while i < len(line):
+            if q == "'" and line[i] == "'":
+                if line[i + 1:i + 2] == "'":
+                    i += 2
+                    continue
+                return i + 1
+            if q == '"' and line[i] == "\\":
+                i += 2
+                continue
+            if q == '"' and line[i] == '"':
+                return i + 1
+            i += 1
+        return 0
+    if q in ":#":
+        return 0
+    colon = line.find(":")
+    if colon < 0 or "#" in line[:colon]:
+        return 0
+    return len(line[:colon].rstrip())
 
 
 def parse_yaml(text: str, where: str) -> dict:
@@ -260,13 +300,12 @@ def read_config_file(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: config file not found")
     if path.endswith((".yaml", ".yml")):
-        if os.path.getsize(path) > _MAX_CONFIG:
-            raise ConfigError(f"{path}: {os.path.getsize(path)} bytes is not a config")
+        raw = read_bounded(path, _MAX_CONFIG, "config file", ConfigError)  # a regular file, size checked first
         try:
-            with open(path, encoding="utf-8") as f:
-                return parse_yaml(f.read(), path)
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: cannot read ({e})") from None
+        return parse_yaml(text, path)
     return read_json(path, "config file", ConfigError)
 
 

@@ -33,7 +33,7 @@ from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
-from bert_of.tokenization import read_vocab_lines, recorded_lower_case, vocab_looks_cased
+from bert_of.tokenization import lower_case_for, recorded_lower_case
 
 
 @dataclass
@@ -134,16 +134,21 @@ def lower_case_of(source: Source) -> bool:
     """Whether text is lower-cased for this checkpoint: what its folder records (HF's
     tokenizer_config.json, a fine-tuned bert_of folder's train_args.json, a ``do_lower_case``
     config key), else what its vocabulary says (:func:`vocab_looks_cased`); True without one."""
+    recorded = recorded_lower_case_of(source)
+    if recorded is not None:
+        return recorded
+    folder = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
+    return lower_case_for(folder, source.vocab_file, error=CheckpointError)[0]
+
+
+def recorded_lower_case_of(source: Source) -> Optional[bool]:
+    """``do_lower_case`` as the checkpoint records it (its config's key, tokenizer_config.json,
+    train_args.json), or None: what a converted copy must keep (bert_of's config.json holds it)."""
     recorded = source.config.extra.get("do_lower_case")
     if isinstance(recorded, bool):
         return recorded
     folder = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
-    recorded = recorded_lower_case(folder, CheckpointError)
-    if recorded is not None:
-        return recorded
-    if source.vocab_file:
-        return not vocab_looks_cased(read_vocab_lines(source.vocab_file))
-    return True
+    return recorded_lower_case(folder, CheckpointError)
 
 
 def cast_spec(spec: TensorSpec, producer: Callable, dtype: Optional[str]):

@@ -362,3 +362,15 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
 
 def format_report(report: dict) -> str:
     return json.dumps(report, indent=2)
+
+
+def verdict(report: dict) -> str:
+    """The report in one line: A and B, ok or not, the largest difference against the tolerance,
+    the reference and the runs compared (the JSON report holds every number)."""
+    a, b = report["a"], report["b"]
+    worst, tol = report["worst"], report["tolerance"]
+    ok = "ok" if report["ok"] else "FAILED"
+    runs = ", ".join(k.split(":", 1)[1] for k in report["max_abs_diff"])
+    why = "; " + "; ".join(f"{k} {v}" for k, v in report["failures"].items()) if report.get("failures") else ""
+    return (f"verify: {ok}: {b['path']} ({b['format']}) computes what {a['path']} ({a['format']}) does: max |diff| "
+            f"{worst:.3g} {'<=' if worst <= tol else '>'} {tol:g} against {report['reference']} ({runs}){why}")

@@ -18,12 +18,13 @@ Importing this module is cheap (no OneFlow); the task modules (:mod:`bert_of.eva
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import types
 
 from bert_of import process
 from bert_of.cli_grammar import add_command, examples
-from bert_of.errors import ConfigError
+from bert_of.errors import ConfigError, OutputError
 from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.launch import in_rank, maybe_relaunch, topology
@@ -65,6 +66,34 @@ def _ranks(args, opts):
     return maybe_relaunch(types.SimpleNamespace(argv=args.argv, **vars(opts.ranks)))
 
 
+PREDICTION_FILES = {"squad": "predictions.json", "glue": "predictions.tsv", "classify": "predictions.csv",
+                    "tag": "predictions.jsonl"}  # what `-o DIR` holds (eval writes the same names)
+FILE_KINDS = {"classify": (".csv", ".jsonl"), "tag": ()}  # tag: .jsonl is JSON Lines, any other CoNLL
+
+
+def predict_output(task: str, opts):
+    """``predict -o``, one meaning for every task: a folder the prediction files go into (as ``eval``
+    writes them, and ``predict squad|glue`` always did); classify and tag also take the file itself,
+    a name with an extension (their older spelling). Prediction files that exist are replaced only
+    with --overwrite. Returns the options with classify's and tag's ``output`` the file to write."""
+    out = opts.output
+    kinds = FILE_KINDS.get(task)
+    if kinds is not None and os.path.splitext(os.path.basename(out.rstrip(os.sep)))[1] and not os.path.isdir(out):
+        if kinds and not out.lower().endswith(kinds):
+            raise ConfigError(f"-o {out}: a predictions file ends {' or '.join(kinds)}")
+        target = out
+    else:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise OutputError(f"-o {out}: not a folder (predict {task} writes {PREDICTION_FILES[task]} into a "
+                              "folder)")
+        target = os.path.join(out, PREDICTION_FILES[task])
+        if kinds is not None:  # classify and tag write the file they are given
+            opts = dataclasses.replace(opts, output=target)
+    if os.path.lexists(target) and not opts.overwrite:
+        raise OutputError(f"{target}: exists (pass --overwrite to replace it)")
+    return opts
+
+
 def cmd_task(args) -> int:
     """``bert-of finetune|predict|eval squad|glue``: the task's options from the command line, then
     the task's function of that name (``finetune_squad``, ``eval_glue``, ...)."""
@@ -82,6 +111,8 @@ def cmd_task(args) -> int:
     # its AVX2/FMA kernels (bert_of.process, at OneFlow's import) unless BERT_OF_BLAS=exact says otherwise.
     process.set_environ({"BERT_OF_BLAS": "fast"}, keep_existing=True)
     _positive(opts, *POSITIVE[command])
+    if command == PREDICT:
+        opts = predict_output(task, opts)
     code = _ranks(args, opts)
     if code is not None:
         return code

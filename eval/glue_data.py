@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from bert_of.eval.errors import EvalDataError
+from bert_of.files.reading import MAX_TEXT, read_bounded
 
 # --------------------------------------------------------------------------- examples
 
@@ -126,11 +127,9 @@ def get_labels(task: str):
 
 def _read_text(path: str, error=EvalDataError) -> str:
     """A UTF-8 text file (BOM allowed); every failure one line naming the file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise error(f"{path}: {e.strerror or e}") from None
+    if not os.path.exists(path):
+        raise error(f"{path}: No such file or directory")
+    raw = read_bounded(path, MAX_TEXT, "text file", error)  # a regular file, its size known before reading
     if not raw.strip():
         raise error(f"{path}: empty file")
     try:

@@ -31,6 +31,7 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -111,23 +112,31 @@ def _records(path: str, kind: str):
         raise EvalDataError(f"{path}: line {reader.line_num}: not readable as {kind.upper()} ({e})") from None
     if not header or not any(h.strip() for h in header):
         raise EvalDataError(f"{path}: no header row (the first row names the columns)")
-    if len(set(header)) != len(header):
-        dup = next(h for h in header if header.count(h) > 1)
-        raise EvalDataError(f"{path}: column {dup!r} appears twice in the header")
+    seen = set()
+    for h in header:  # one pass (header.count per name was quadratic in the columns)
+        if h in seen:
+            raise EvalDataError(f"{path}: column {h[:80]!r} appears twice in the header")
+        seen.add(h)
     if not rows:
         raise EvalDataError(f"{path}: no rows after the header")
     return rows, header
 
 
+def _shown_columns(columns) -> str:
+    """The column names for a message: all of a table's few, the first ones of a wide one."""
+    return ", ".join(columns) if len(columns) <= 20 else ", ".join(columns[:20]) + f", ... ({len(columns)} columns)"
+
+
 def _pick(path, columns, given, defaults, what, required=True):
+    names = set(columns)
     if given is not None:
-        if given not in columns:
-            raise EvalDataError(f"{path}: no column {given!r} ({what}; the columns are {', '.join(columns)})")
+        if given not in names:
+            raise EvalDataError(f"{path}: no column {given!r} ({what}; the columns are {_shown_columns(columns)})")
         return given
-    found = next((c for c in defaults if c in columns), None)
+    found = next((c for c in defaults if c in names), None)
     if found is None and required:
         raise EvalDataError(f"{path}: no {what} column: name it with --{what.replace(' ', '-')}-column "
-                            f"(the columns are {', '.join(columns)}; looked for {', '.join(defaults)})")
+                            f"(the columns are {_shown_columns(columns)}; looked for {', '.join(defaults[:20])})")
     return found
 
 
@@ -321,9 +330,33 @@ class Sentence:
     tags: list | None
 
 
+_TAG = re.compile(r"O|[BIESLU]-\S+|[BIESLU]")  # IOB1/IOB2/IOE/IOBES/BILOU tags
+
+
+def tagged_layout(text: str) -> str:
+    """"conll" (a word a line, columns after it) or "text" (a sentence a line) for a file that is
+    not JSON Lines. CoNLL: every line has the same number of columns and either one column, a last
+    column of tags on every line, or blank lines between sentences; anything else (lines of several
+    words, their counts varying) is plain text."""
+    counts, tag_last, blank_between, seen, gap = set(), True, False, False, False
+    for line in io.StringIO(text, newline=""):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            gap = seen
+            continue
+        blank_between, seen = blank_between or gap, True
+        counts.add(len(parts))
+        if len(counts) > 1:
+            return "text"
+        tag_last = tag_last and bool(_TAG.fullmatch(parts[-1]))
+    k = next(iter(counts), 1)
+    return "conll" if k == 1 or tag_last or blank_between else "text"
+
+
 def read_tagged(path: str, need_tags: bool = True) -> list:
-    """Sentences of a CoNLL-style file (token first, tag last, whitespace-separated) or a JSON Lines
-    file of {"tokens": [...], "tags": [...]} (``ner_tags`` also read)."""
+    """Sentences of a CoNLL-style file (token first, tag last, whitespace-separated), a JSON Lines
+    file of {"tokens": [...], "tags": [...]} (``ner_tags`` also read), or, without tags (to
+    predict), plain text: a sentence a line (:func:`tagged_layout` tells it from CoNLL)."""
     text = _read_text(path)
     ext = os.path.splitext(path)[1].lower()
     out = []
@@ -340,6 +373,10 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
                     raise EvalDataError(f"{path}: line {i}: {len(tokens)} tokens but {len(tags)} tags")
                 tags = [str(t) for t in tags]
             out.append(Sentence(i, tokens, tags if need_tags else None))
+    elif not need_tags and tagged_layout(text) == "text":  # one sentence a line, words apart by spaces
+        for i, line in enumerate(io.StringIO(text, newline=""), 1):
+            if line.split():
+                out.append(Sentence(i, line.split(), None))
     else:
         start, tokens, tags = None, [], []
         for i, line in enumerate(io.StringIO(text, newline=""), 1):
@@ -356,6 +393,10 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
             tags.append(parts[-1] if len(parts) > 1 else None)
         if tokens:
             out.append(Sentence(start, tokens, tags if need_tags else None))
+        if need_tags and tagged_layout(text) == "text":  # every line "TOKEN ... TAG", yet sentences
+            raise EvalDataError(f"{path}: reads as plain text (a sentence a line, no tag column); tagged data "
+                                "is CoNLL (a word a line: 'TOKEN ... TAG', a blank line between sentences) or "
+                                "JSON Lines")
     if not out:
         raise EvalDataError(f"{path}: no sentences")
     return out

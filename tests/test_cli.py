@@ -279,3 +279,60 @@ def test_coinciding_curves_get_their_own_colours_dashed_over_solid():
     assert st["2 ranks"]["label"] == "2 ranks (coincides with eager)"
     assert st["graph"]["ls"] != "-" and st["2 ranks"]["ls"] != "-" and st["graph"]["ls"] != st["2 ranks"]["ls"]
     assert min(st["graph"]["zorder"], st["2 ranks"]["zorder"]) > st["eager"]["zorder"]  # drawn over it
+
+
+# --------------------------------------------------------------------------- the anchors' habits
+
+
+ANCHOR_SPELLINGS = [  # (command line, the flag the one error line must name)
+    (["finetune", "squad", "--max_seq_length", "64", "--model", "m", "--train", "t.json"], "--max-seq-length"),
+    (["finetune", "glue", "--learning_rate", "2e-5"], "--lr"),
+    (["finetune", "classify", "--num_train_epochs", "3"], "--epochs"),
+    (["finetune", "tag", "--output_dir", "x"], "--output"),
+    (["finetune", "squad", "--model_name_or_path", "m"], "--model"),
+    (["finetune", "squad", "--init_checkpoint", "m"], "--model"),
+    (["pretrain", "--init_checkpoint", "m"], "--init-checkpoint"),
+    (["finetune", "squad", "--per_device_train_batch_size", "8"], "--batch-size"),
+    (["pretrain", "--train_batch_size", "8"], "--batch-size"),
+    (["data", "create-pretraining", "--input_file=corpus.txt"], "--input"),
+    (["data", "create-pretraining", "--vocab_file", "v.txt"], "--vocab"),
+    (["pretrain", "--bert_config_file", "c.json"], "--config"),
+    (["predict", "classify", "--do_lower_case"], "--do-lower-case"),
+    (["convert", "tf2of", "a", "-o", "b", "--verfy"], "--verify"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", ANCHOR_SPELLINGS, ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+def test_an_anchor_spelling_or_a_typo_names_our_flag_in_one_line(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"(did you mean {flag}?)" in err and "unrecognized arguments" in err, err
+
+
+def test_a_mistyped_command_and_a_forgotten_direction_say_what_to_type():
+    r = run_cli("conver", "tf2of", "a", "-o", "b", check=False, process=True)
+    assert r.returncode == 2 and "did you mean 'convert'?" in r.stderr, r.stderr
+    r = run_cli("convert", "model_dir", "-o", "out", check=False, process=True)
+    assert r.returncode == 2 and "the direction is missing" in r.stderr and "tf2of" in r.stderr, r.stderr
+    r = run_cli("convert", "hf2off", "model_dir", "-o", "out", check=False, process=True)
+    assert r.returncode == 1 and "did you mean hf2of?" in r.stderr and "h52of" not in r.stderr, r.stderr
+    r = run_cli("finetune", "squad", "--max_seq_length", "64", "--model", "m", "--train", "t.json", "-o", "x",
+                check=False, process=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "bert-of finetune squad: error: unrecognized arguments: --max_seq_length (did you mean --max-seq-length?); "
+        "`bert-of finetune squad --help` lists the options"], r.stderr
+
+
+def test_googles_do_switches_are_explained(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["finetune", "glue", "--do_train", "--task", "mrpc"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--do_train (bert-of finetune trains; no switch needed)" in err, err
+
+
+def test_the_anchors_page_lists_the_table_the_parser_uses():
+    from bert_of.cli_grammar import anchors_markdown
+
+    assert anchors_markdown() in open(os.path.join(ROOT, "docs", "command-line.md"), encoding="utf-8").read()

@@ -101,6 +101,16 @@ def test_a_destination_that_is_holds_or_lies_inside_the_source_is_refused(tmp_pa
     assert _tree(a) == before and sorted(os.listdir(a)) == ["ck", "notes.txt"]
 
 
+def test_a_destination_name_with_a_newline_is_written_read_back_and_replaced(tmp_path):
+    src = _checkpoint(tmp_path / "ck")
+    dst = tmp_path / "a\nb"  # any character but "/" and NUL may be in a name
+    run_cli("convert", "of2hf", src, "-o", dst)
+    assert _leftovers(tmp_path) == [] and os.path.isfile(dst / "config.json")
+    run_cli("convert", "of2hf", src, "-o", dst, "--overwrite")
+    back = run_cli("inspect", dst, "--json")
+    assert json.loads(back.stdout)["format"] == "hf" and _leftovers(tmp_path) == []
+
+
 def test_overwrite_replaces_only_what_bert_of_wrote(tmp_path):
     src = _checkpoint(tmp_path / "src")
     mine = tmp_path / "mine"

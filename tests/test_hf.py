@@ -420,7 +420,7 @@ def test_hidden_act_spelling_round_trips(tmp_path):
 
 
 def test_verify_hf_against_converted(tiny_of):
-    r = run_cli("verify", TINY_PT, tiny_of)
+    r = run_cli("verify", TINY_PT, tiny_of, "--json")
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["ok"] and report["a"]["format"] == "hf" and report["b"]["format"] == "of"
     assert report["reference"] == "numpy-float64 (hf layout)" and report["worst"] <= 1e-5

@@ -288,7 +288,7 @@ def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     run_cli("convert", "lazy2of", src, "-o", tmp_path / "of")
     cfg = json.loads((tmp_path / "of" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_erf" and cfg["layer_norm_eps"] == 1e-5 and cfg["provenance"] == "lazy"
-    r = run_cli("verify", src, tmp_path / "of")
+    r = run_cli("verify", src, tmp_path / "of", "--json")
     report = json.loads(r.stdout[r.stdout.index("{"):])
     assert report["ok"] and report["a"]["format"] == "lazy" and report["b"]["format"] == "of"
     assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"} and report["reference"] == "numpy-float64 (lazy layout)"
@@ -297,7 +297,7 @@ def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     r = run_cli("convert", "lazy2of", src, "-o", tmp_path / "of_tf1", "--numerics", "tf1")
     cfg = json.loads((tmp_path / "of_tf1" / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_tanh" and cfg["layer_norm_eps"] == 1e-12 and cfg["provenance"] == "tf1"
-    r = run_cli("verify", src, tmp_path / "of_tf1", "--modes", "eager", check=False)
+    r = run_cli("verify", src, tmp_path / "of_tf1", "--modes", "eager", "--json", check=False)
     assert r.returncode == 1
     assert json.loads(r.stdout[r.stdout.index("{"):])["worst"] > 1e-4
     assert error_lines(r.stderr)[-1].startswith("bert-of: error: forward outputs differ")

@@ -16,6 +16,7 @@ from bert_of.config import BertConfig
 from bert_of.converters import flow_save
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
+from bert_of.errors import CheckpointError, ConfigError
 from bert_of.converters.verify import make_batch, max_abs_diff, run_bert_of, verify
 from bert_of.modeling import BertForPreTraining, BertForQuestionAnswering, BertModel
 from tests import native_models as nm
@@ -367,6 +368,82 @@ def test_hostile_pickled_data_is_refused_and_nothing_runs(tmp_path):
     assert not marker.exists() and not os.path.exists(tmp_path / "out")
     pickle.loads(cases["foreign global"][0])  # the same bytes, unpickled, do run: the test would see it
     assert marker.exists()
+
+
+def test_pickled_data_reads_are_bounded_in_bytes_and_work(tmp_path):
+    """A FIFO or a link to /dev/zero is refused before reading; pickles near the 64 MiB cap made of
+    empty dicts or memo entries are refused after bounded work (not GBs of objects)."""
+    import resource
+    import time
+
+    fifo = _hostile_folder(tmp_path, "fifo", raw=b"")
+    os.remove(os.path.join(fifo, "pickled_data"))
+    os.mkfifo(os.path.join(fifo, "pickled_data"))
+    zero = _hostile_folder(tmp_path, "zero", raw=b"")
+    os.remove(os.path.join(zero, "pickled_data"))
+    os.symlink("/dev/zero", os.path.join(zero, "pickled_data"))
+    n = (flow_save.MAX_PICKLE - 16) // 2
+    dicts = _hostile_folder(tmp_path, "dicts", b"\x80\x04" + b"}\x94" * n + b".")
+    memo = _hostile_folder(tmp_path, "memo", b"\x80\x04}" + b"\x94" * (2 * n) + b".")
+    for d, want in ((fifo, "not a regular file"), (zero, "symlink"), (dicts, "refused"), (memo, "more objects")):
+        t0 = time.monotonic()
+        r = run_cli("inspect", d, check=False, process=True, timeout=120)  # a hang fails by the timeout
+        lines = error_lines(r.stderr)
+        assert r.returncode == 1 and len(lines) == 1 and want in lines[0], (d, r.stderr)
+        assert time.monotonic() - t0 < 60, d
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CheckpointError, match="more objects"):
+        flow_save.parse_pickled_data(b"\x80\x04}" + b"\x94" * (2 * n) + b".", "memo")
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 512, grown_mib  # was ~5 GB for such a pickle
+
+
+def test_a_config_yaml_with_a_long_line_is_read_in_linear_time(tmp_path):
+    from bert_of.converters.native_config import parse_yaml
+    import time
+
+    long_key = "model:\n  cfg: {a: 1}\n" + "k" + " " * 200_000 + "x\n"  # no colon: backtracked for minutes
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="not in the YAML subset"):
+        parse_yaml(long_key, "c")
+    with pytest.raises(ConfigError, match="nested over 64"):
+        parse_yaml("a: " + "[" * 5000 + "]" * 5000 + "\n", "c")  # was a RecursionError
+    assert parse_yaml("a" + " " * 200_000 + ": [" + "1, " * 50_000 + "1]\n", "c") == {"a": [1] * 50_001}
+    assert time.monotonic() - t0 < 20
+
+
+META_SPELLINGS = [  # (meta text, whether flow.load reads it): protobuf text format, as OneFlow 0.9 parses it
+    ("shape {\n  dim: 2\n  dim: 2\n}\ndata_type: kFloat\n", True),  # what flow.save writes
+    ("shape { dim: [2, 2] } data_type: kFloat", True),  # a repeated field as a list
+    ("shape: < dim: 2; dim: 0x2 >, data_type: 2;", True),  # ':' before a message, <>, separators, hex, a number
+    ("# a comment\nshape {dim: 02 dim: [2]} data_type: kFloat # another\n", True),  # C octal 02
+    ("shape { dim: 2 dim: 2 } shape { dim: 2 dim: 2 } data_type: kFloat", False),  # a message field twice
+    ("shape { dim: 2 dim: 2 } data_type: kFloat data_type: kFloat", False),  # a scalar twice
+    ("shape { dim: 2 dim: 2 } data_type: 02", False),  # an enum number is int(text, 0): no C octal
+    ("shape { dim 2 dim 2 } data_type: kFloat", False),  # a scalar needs its ':'
+    ("shape { dim: [2 2] } data_type: kFloat", False),  # list items need ','
+    ("shape { dim: 2 dim: 2 } data_type: 99", False),  # no such DataType
+    ("shape [ dim: 2 ] data_type: kFloat", False),
+]
+
+
+@pytest.mark.parametrize("text,loads", META_SPELLINGS, ids=range(len(META_SPELLINGS)))
+def test_meta_is_read_exactly_as_flow_load_reads_it(tmp_path, text, loads):
+    d = _hostile_folder(tmp_path, "ck")
+    with open(os.path.join(d, "tensor_0", "meta"), "w") as f:
+        f.write(text)
+    try:
+        got = flow.load(d)["bert.pooler.dense.bias"].numpy()
+        flow_reads = True
+    except Exception:  # noqa: BLE001 - protobuf's ParseError and OneFlow's errors alike
+        flow_reads = False
+    assert flow_reads is loads  # the control: OneFlow itself
+    if loads:
+        (entry,) = flow_save.read_dir(d)
+        assert entry.shape == got.shape == (2, 2) and entry.dtype == got.dtype
+    else:
+        with pytest.raises(CheckpointError, match="not a VariableMetaInfo"):
+            flow_save.read_dir(d)
 
 
 # --------------------------------------------------------------------------- configs

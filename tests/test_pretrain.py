@@ -3,6 +3,7 @@ graph, 2 ranks), the run landing in the zoo, plots, and bad input."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -131,6 +132,7 @@ def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tm
     assert "\r" not in r.stderr and "\r" not in r.stdout
     steps = [ln for ln in r.stderr.splitlines() if ln.startswith("pretrain: ")]
     assert len(steps) >= 4 and "4 of 4 steps (100%)" in steps[-1] and "loss" in steps[-1], r.stderr
+    assert re.search(r"^wrote .*final \(4 steps, loss \d+\.\d{4}, \d+\.\d s\)$", r.stdout, re.M), r.stdout
     # a checkpoint whose vocabulary is not the data's: an error unless --vocab chooses
     other = tmp_path / "other-vocab.txt"
     other.write_text(open(VOCAB).read().replace("the\n", "thee\n", 1))

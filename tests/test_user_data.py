@@ -3,6 +3,7 @@ formulas written out here from their definitions (and seqeval's published exampl
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -138,3 +139,26 @@ def test_conll_and_json_lines_tagging_files(tmp_path):
     bad.write_text("EU B-ORG\nrejects\n")
     with pytest.raises(EvalDataError, match="line 2: a token without a tag"):
         read_tagged(str(bad))
+
+
+def test_a_wide_header_with_a_duplicate_at_its_end_is_found_in_linear_time(tmp_path):
+    import time
+
+    wide = tmp_path / "wide.csv"
+    names = [f"c{i}" for i in range(100_000)] + ["c5"]
+    wide.write_text(",".join(names) + "\n" + ",".join("x" for _ in names) + "\n", encoding="utf-8")
+    t0 = time.monotonic()
+    with pytest.raises(EvalDataError, match="column 'c5' appears twice in the header"):
+        read_table(str(wide))
+    names[-1] = "c100000"
+    wide.write_text(",".join(names) + "\n" + ",".join("x" for _ in names) + "\n", encoding="utf-8")
+    with pytest.raises(EvalDataError, match=r"the columns are c0, c1, .*\.\.\. \(100001 columns\)") as e:
+        read_table(str(wide))
+    assert len(str(e.value)) < 500 and time.monotonic() - t0 < 10  # 20k columns took 5 s before
+
+
+def test_a_table_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
+    fifo = tmp_path / "t.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(EvalDataError, match="not a regular file"):
+        read_table(str(fifo))

@@ -182,7 +182,7 @@ def test_a_transformers_interpreter_that_fails_fails_the_check(made):
     from tests.conftest import run_cli
 
     src, hf_dir = made["of"]
-    r = run_cli("verify", src, hf_dir, "--modes", "eager", "--torch-python", "/bin/false", check=False)
+    r = run_cli("verify", src, hf_dir, "--modes", "eager", "--torch-python", "/bin/false", "--json", check=False)
     assert r.returncode == 1, (r.stdout, r.stderr)
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "B:transformers-float64 failed: transformers" in err[0] and "/bin/false" in err[0], err

@@ -58,7 +58,7 @@ def test_without_tensorflow_conversions_work_and_verify_says_in_one_line_that_tf
     # The proof is the NumPy reference: it needs no TensorFlow; TensorFlow's run beside it is
     # skipped, said in one line (and in the report).
     note = "verify: A:tf-float64 not run: TensorFlow is not installed (the tf extra: pip install 'bert_of[tf]')"
-    r = _bert_of(env, "verify", tf, back)
+    r = _bert_of(env, "verify", tf, back, "--json")
     assert r.returncode == 0 and sum(note in line for line in r.stderr.splitlines()) == 1, r.stderr
     report = json.loads(r.stdout)
     assert report["ok"] and report["reference"] == "numpy-float64 (tf layout)"

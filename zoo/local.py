@@ -12,6 +12,7 @@ import shutil
 
 import numpy as np
 
+from bert_of.checkpoint import run_final
 from bert_of.converters.convert import detect, read
 from bert_of.files.home import utc_now
 from bert_of.files.reading import read_json
@@ -33,6 +34,10 @@ def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
     directory = os.path.abspath(os.path.expanduser(directory))
     if not os.path.isdir(directory):
         raise ZooError(f"{directory}: not a directory")
+    model = run_final(directory)  # a training run's folder: the checkpoint it published
+    if model != directory:
+        z.log(f"{directory}: a training run; adding its final checkpoint {model}")
+        directory = model
     if not _reg.NAME_RE.match(name or ""):
         raise ZooError(f"--name {name!r}: must match {_reg.NAME_RE.pattern}")
     fmt = detect(directory)

@@ -26,6 +26,7 @@ import os
 import shutil
 from typing import NamedTuple, Optional
 
+from bert_of.checkpoint import run_final
 from bert_of.converters.source import Options
 from bert_of.converters.convert import detect
 from bert_of.converters.reader import ATTEMPTS
@@ -57,7 +58,10 @@ def resolve_details(z, name_or_path, *, download: bool = True, vocab: Optional[s
     given = os.fspath(name_or_path)
     path = os.path.expanduser(given)
     if path and (os.path.exists(path) or os.path.exists(path + ".index")):
-        return _from_path(z, path, vocab)
+        model = run_final(path)  # a training run's folder: the checkpoint it published
+        if model != path:
+            z.log(f"{given}: a training run; using its final checkpoint {model}")
+        return _from_path(z, model, vocab)
     entry = z.registry.lookup(given) if given else None
     if entry is None:
         raise UnknownEntryError(f"{given or repr(given)}: no such file or directory, and not a zoo name"

@@ -19,7 +19,7 @@ from bert_of.files.atomic import atomic_write
 # (tokenizer files beside an HF checkpoint, sidecars) is listed in FILES_MANIFEST in the published folder.
 
 _OWN_NAMES: set = set()
-_OWN_PATTERNS: list = [re.compile(r"\.bert_of.*")]  # this layer's own sidecars (FILES_MANIFEST, staging)
+_OWN_PATTERNS: list = [re.compile(r"\.bert_of.*", re.DOTALL)]  # this layer's own sidecars (FILES_MANIFEST, staging)
 ZOO_MANIFEST = "zoo_manifest.json"  # a zoo cache entry is the zoo's, whatever its archive held
 FILES_MANIFEST = ".bert_of-files.json"  # {"files": [relative paths]}: what else bert_of wrote here
 
@@ -29,7 +29,7 @@ def register_own_files(names=(), patterns=()) -> None:
     _OWN_NAMES.update(names)
     for p in patterns:
         if p not in (x.pattern for x in _OWN_PATTERNS):
-            _OWN_PATTERNS.append(re.compile(p))
+            _OWN_PATTERNS.append(re.compile(p, re.DOTALL))  # a name may hold a newline
 
 
 def own_files() -> frozenset:

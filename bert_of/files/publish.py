@@ -36,7 +36,8 @@ from bert_of.progress import log
 # other's folder; the older one wins, the newer one stops at once naming the holder.
 
 _STAGE_TAG = ".tmp-"
-_STAGE_NAME = re.compile(r"\.(?P<dst>.+)\.tmp-(?P<pid>\d+)-(?P<ns>\d+)-[a-z0-9_]+")
+# DOTALL: a name may hold any character but "/" and NUL, a newline too
+_STAGE_NAME = re.compile(r"\.(?P<dst>.+)\.tmp-(?P<pid>\d+)-(?P<ns>\d+)-[a-z0-9_]+", re.DOTALL)
 
 
 def _stage_path(dst: str) -> str:
@@ -58,10 +59,10 @@ class _Stage:
             except FileExistsError:
                 continue
         UNFINISHED[self.path] = "dir"
-        m = _STAGE_NAME.fullmatch(os.path.basename(self.path))
-        self.mark = {"pid": os.getpid(), "created_ns": int(m["ns"])}
         self.fd = None
         try:
+            m = _STAGE_NAME.fullmatch(os.path.basename(self.path))
+            self.mark = {"pid": os.getpid(), "created_ns": int(m["ns"])}
             self.fd = os.open(self.path, os.O_RDONLY)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:

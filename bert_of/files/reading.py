@@ -1,9 +1,12 @@
-"""Reading a file bert_of did not necessarily write: JSON with one line per failure, a file's sha256."""
+"""Reading a file bert_of did not necessarily write: a regular file's bytes, bounded (``read_bounded``),
+JSON with one line per failure, a file's sha256."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 
 from bert_of.errors import BertOfError
 
@@ -25,21 +28,46 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def read_json(path: str, what: str = "JSON file", error: type = BertOfError, expect: type | None = dict,
-              raw: bytes | None = None):
-    """Parse ``path`` as JSON (UTF-8, a BOM allowed); any failure is ``error`` with one line naming
-    the file. ``expect``: the type the top level must have (None: anything). ``raw``: the file's
-    bytes, already read (``path`` then only names it)."""
+MAX_TEXT = 1 << 30  # a text input (JSON, YAML, CSV, vocab) read whole: 1 GiB is more than any real one
+
+
+def read_bounded(path: str, limit: int, what: str = "file", error: type = BertOfError) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them, or ``error`` in one line.
+    Opened without blocking (a FIFO does not hang the reader), checked to be a regular file on the
+    descriptor read (a symlink to /dev/zero or a device is refused, not read for GBs), its size
+    checked before reading, and no more than ``limit`` + 1 bytes read (a file growing meanwhile)."""
     try:
-        if raw is None:
-            with open(path, "rb") as f:
-                raw = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except IsADirectoryError:
         raise error(f"{path}: is a directory, not a {what}") from None
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise error(f"{path}: is a directory, not a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: not a regular file (a {what} is one)")
+        if st.st_size > limit:
+            raise error(f"{path}: {st.st_size} bytes, more than a {what} holds ({limit})")
+        try:
+            raw = f.read(limit + 1)
+        except OSError as e:
+            raise error(f"{path}: cannot read {what} ({e.strerror})") from None
+    if len(raw) > limit:
+        raise error(f"{path}: grew past {limit} bytes while it was read (a {what} holds fewer)")
+    return raw
+
+
+def read_json(path: str, what: str = "JSON file", error: type = BertOfError, expect: type | None = dict,
+              raw: bytes | None = None):
+    """Parse ``path`` as JSON (UTF-8, a BOM allowed); any failure is ``error`` with one line naming
+    the file. ``expect``: the type the top level must have (None: anything). ``raw``: the file's
+    bytes, already read (``path`` then only names it)."""
+    if raw is None:
+        raw = read_bounded(path, MAX_TEXT, what, error)
     if not raw.strip():
         raise error(f"{path}: empty file (expected a {what})")
     try:

@@ -34,8 +34,8 @@ import sys
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, WEIGHTS_NAME, TensorSpec, load_checkpoint,
-                                write_checkpoint_files)
+from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, RUN_CHECKPOINTS, RUN_METRICS, WEIGHTS_NAME, TensorSpec,
+                                load_checkpoint, write_checkpoint_files)
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.files.atomic import filter_jsonl, write_json
 from bert_of.files.locks import LOCK_NAME, locked
@@ -44,10 +44,10 @@ from bert_of.files.publish import publishing, remove_stale_staging
 from bert_of.files.reading import read_json, sha256_file
 from bert_of.progress import log
 
-CKPT_DIR = "checkpoints"
+CKPT_DIR = RUN_CHECKPOINTS  # named in bert_of.checkpoint, whose run_final finds a run's model
 STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
-METRICS_NAME = "metrics.jsonl"
+METRICS_NAME = RUN_METRICS
 register_own_files((STATE_NAME, MANIFEST_NAME, METRICS_NAME))
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, OPTIMIZER_NAME, STATE_NAME)  # what an exact resume reads
 _STEP = re.compile(r"step-\d{7,}")

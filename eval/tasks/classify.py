@@ -25,7 +25,7 @@ import numpy as np
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import InputExample
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
                                            finish_finetuning, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
@@ -87,20 +87,21 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
                             "classifier needs two or more")
     num_labels = len(labels) or 1
     targets = encode_labels(table, problem, labels)
+    check_eval_data(opts, lambda d: encode_labels(_read(opts, d, True, problem), problem, labels))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, TASK, name)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels,
                               id2label=dict(enumerate(labels)) if labels else None,  # travels in config.json
                               problem_type=PROBLEM_TYPE[problem])
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = _arrays(table, max_seq, tok, targets)
         n = len(table.rows)
         cfg, summary, finished = train(model, arrays, n, opts, opts.epochs, rt, f"finetune {TASK}")
-        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(problem=problem, labels=labels, id2label={str(i): k for i, k in enumerate(labels)},
                     label2id={k: i for i, k in enumerate(labels)}, train_examples=n,
@@ -140,8 +141,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         table = _read(opts, opts.data, need_labels, problem)
         targets = encode_labels(table, problem, labels) if need_labels else None  # unknown labels: before the work
         num_labels = len(labels) or 1
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:
@@ -149,7 +149,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
             model, missing = load_model(BertForSequenceClassification, path, num_labels=num_labels)
             new_head = bool(missing)
             rt.place(model)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = _arrays(table, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from bert_of._flow import flow
 from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
-from bert_of.tokenization import check_vocab_fits, vocab_looks_cased
+from bert_of.tokenization import check_vocab_fits, lower_case_for, vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.eval.errors import EvalDataError
@@ -66,6 +66,17 @@ def check_train(opts: TaskOptions, epochs: float) -> None:
 # --------------------------------------------------------------------------- models and tokenizers
 
 
+_SHOWN: dict = {}  # bert_of folder -> the name or path the user gave (a converted copy lives in the cache)
+
+
+def shown(path: str) -> str:
+    """``path`` as the user knows it: under a converted copy's cache folder, the model they named."""
+    for folder, given in _SHOWN.items():
+        if path == folder or path.startswith(folder + os.sep):
+            return given + path[len(folder):] if path != folder else given
+    return path
+
+
 @contextlib.contextmanager
 def model_folder(opts: TaskOptions, trained: str | None = None):
     """(bert_of folder, display name, identity path) of the model to run: ``trained`` (a folder just
@@ -76,6 +87,8 @@ def model_folder(opts: TaskOptions, trained: str | None = None):
         yield path, os.path.basename(path), path
         return
     r = resolve_for("--model", opts.model)
+    if r.path != os.path.abspath(opts.model):
+        _SHOWN[r.path] = f"{opts.model} (converted copy)" if r.conversion else opts.model
     yield r.path, r.name, r.source_path
 
 
@@ -109,7 +122,8 @@ def read_train_args(path: str) -> dict:
     return read_json(p, "train_args.json", error=CheckpointError)
 
 
-def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None):
+def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None = None, rt: Runtime | None = None,
+                   source: str | None = None):
     """The tokenizer of the checkpoint folder ``path``: its vocab.txt, or ``vocab_file`` (--vocab),
     which must then define as many ids as the model's vocab_size."""
     if vocab_file:
@@ -118,25 +132,43 @@ def make_tokenizer(path: str, do_lower_case: bool | None, vocab_file: str | None
         check_vocab_fits(vocab_file, BertConfig.from_json_file(os.path.join(path, CONFIG_NAME)).vocab_size)
     vocab_file = vocab_file or os.path.join(path, "vocab.txt")
     if not os.path.isfile(vocab_file):
-        raise CheckpointError(f"{path}: no vocab.txt in the checkpoint (pass --vocab FILE)")
-    lower = True if do_lower_case is None else bool(do_lower_case)
+        raise CheckpointError(f"{shown(path)}: no vocab.txt in the checkpoint (pass --vocab FILE)")
+    # the rule BertTokenizer.from_pretrained follows: a flag, else what the checkpoint records
+    # (tokenizer_config.json, train_args.json, config.json), else its vocabulary's case
+    sources = (source,) if source and source != path else ()  # a converted copy: the files it came from
+    lower, origin = lower_case_for(path, vocab_file, do_lower_case, CheckpointError, sources)
+    recorded, recorded_from = lower_case_for(path, None, None, CheckpointError, sources)
+    if origin == "given" and recorded_from == "checkpoint" and recorded != lower:
+        note(rt, f"note: {'--do-lower-case' if lower else '--no-lower-case'} overrides the checkpoint's "
+                 f"do_lower_case {str(recorded).lower()} ({shown(path)})")
     tok = FullTokenizer(vocab_file, do_lower_case=lower)
+    tok.lower_case_from = origin  # recorded in train_args.json
     cased = vocab_looks_cased(tok.vocab)
     if cased and lower:
-        note(rt, f"warning: {vocab_file} looks like a CASED vocabulary but the text is lower-cased "
+        note(rt, f"warning: {shown(vocab_file)} looks like a CASED vocabulary but the text is lower-cased "
                  "(pass --no-lower-case for cased models)")
     elif not cased and not lower:
-        note(rt, f"warning: {vocab_file} looks like an uncased vocabulary but --no-lower-case keeps capitals "
+        note(rt, f"warning: {shown(vocab_file)} looks like an uncased vocabulary but --no-lower-case keeps capitals "
                  "(most words will become [UNK])")
     return tok
 
 
-def check_seq_len(model_config, max_seq_length: int, path: str) -> None:
-    if max_seq_length > model_config.max_position_embeddings:
-        raise ConfigError(f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings "
-                          f"{model_config.max_position_embeddings} ({path})")
+def check_seq_len(model_config, max_seq_length: int, path: str, rt: Runtime | None = None,
+                  given: bool = True) -> int:
+    """The sequence length to run: ``max_seq_length``; a default (not ``given``) longer than the
+    model's max_position_embeddings is capped to it with a note (as transformers' examples cap theirs
+    to model_max_length), a --max-seq-length given is refused."""
     if max_seq_length < 8:
         raise ConfigError(f"--max-seq-length {max_seq_length}: too short")
+    limit = model_config.max_position_embeddings
+    if max_seq_length > limit and given:
+        raise ConfigError(f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings "
+                          f"{limit} ({shown(path)})")
+    if max_seq_length > limit:
+        note(rt, f"note: max_seq_length {max_seq_length} capped to {limit}, the model's max_position_embeddings "
+                 f"({shown(path)})")
+        return limit
+    return max_seq_length
 
 
 # --------------------------------------------------------------------------- training and prediction
@@ -247,10 +279,14 @@ def identity(path: str, name: str) -> dict:
 
 
 def base_args(task: str, opts: TaskOptions, cfg: TrainConfig, epochs: float, rt: Runtime, ident_path: str,
-              model_name: str, lower: bool) -> dict:
-    """train_args.json: what was fine-tuned from what, how, where and when."""
+              model_name: str, lower) -> dict:
+    """train_args.json: what was fine-tuned from what, how, where and when. ``lower``: the
+    tokenizer (its do_lower_case and where that came from), or a bool."""
+    origin = getattr(lower, "lower_case_from", None)
+    lower = getattr(lower, "do_lower_case", lower)
     return {"task": task, "base_checkpoint": identity(ident_path, model_name),
             "train_data": file_identity(opts.train), "do_lower_case": lower,
+            **({"do_lower_case_from": origin} if origin else {}),
             "hparams": {"lr": cfg.lr, "batch_size": opts.batch_size, "epochs": epochs, "steps": cfg.steps,
                         "warmup_proportion": opts.warmup_proportion, "warmup_steps": cfg.warmup_steps,
                         "weight_decay": cfg.weight_decay, "clip_grad_norm": cfg.clip_grad_norm or None,
@@ -259,6 +295,18 @@ def base_args(task: str, opts: TaskOptions, cfg: TrainConfig, epochs: float, rt:
                         "ranks": rt.world, "device": rt.device},
             "date": utc_now(), "hardware": hardware_info(), "bert_of_version": __version__,
             "command": _command_line()}
+
+
+def check_eval_data(opts: TaskOptions, read) -> None:
+    """Every ``--eval-data`` file read, and its labels checked against the training's, before training
+    starts (a wrong column found after the training is the training lost): ``read(path)`` raises
+    EvalDataError for what the evaluation would refuse."""
+    for data in opts.eval_data or ():
+        if not os.path.exists(data):
+            raise EvalDataError(f"--eval-data {data}: no such file")
+        if not os.path.isfile(data):
+            raise EvalDataError(f"--eval-data {data}: not a regular file")
+        read(data)
 
 
 def finish_finetuning(model, opts: TaskOptions, rt: Runtime, args: dict, summary: dict, finished: bool,

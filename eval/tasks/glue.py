@@ -20,7 +20,7 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import (convert_example_to_features, get_labels, read_examples, result_task_name,
                                     task_spec)
 from bert_of.eval.glue_metrics import compute_metrics
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, checkpoint_head_labels,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, checkpoint_head_labels,
                                            default_eval_dir, finish_finetuning, load_model, make_tokenizer,
                                            model_display_name, model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
@@ -71,6 +71,12 @@ def check_head(path: str, num_labels: int, task: str, name: str) -> None:
                               "(a checkpoint fine-tuned for another task?)")
 
 
+def _labeled(opts: GlueOptions, path: str) -> None:
+    """``path`` reads as the task's file and has labels (what eval needs)."""
+    if any(e.label is None for e in read_examples(opts.task, path, language=opts.language)):
+        raise EvalDataError(f"{path}: has no labels (a test file?); evaluation needs a labeled file")
+
+
 def finetune_glue(opts: GlueOptions) -> dict:
     """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
@@ -82,17 +88,18 @@ def finetune_glue(opts: GlueOptions) -> dict:
     if any(e.label is None for e in examples):
         raise EvalDataError(f"{opts.train}: has no labels (a test file?); train on a labeled file")
     labels, num_labels = _classifier_labels(opts.task)
+    check_eval_data(opts, lambda d: _labeled(opts, d))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, num_labels, spec.name, name)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = glue_arrays(examples, labels, max_seq, tok)
         cfg, summary, finished = train(model, arrays, len(examples), opts, opts.epochs, rt, f"finetune {spec.name}")
-        args = base_args(spec.name.lower(), opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(spec.name.lower(), opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(labels=labels, language=opts.language, train_examples=len(examples))
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_glue)
@@ -136,8 +143,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
             note(rt, f"warning: {name} was fine-tuned for {trained_for}, predicting {spec.name}")
         examples = read_examples(task, opts.data, language=opts.language)
         labels, num_labels = _classifier_labels(task)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:
@@ -148,7 +154,7 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
                 note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
                          "(newly initialised) head")
             rt.place(model)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt, bucket=True)

@@ -44,8 +44,8 @@ class TaskOptions(TrainConfig):
                              helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
                                     EVAL: "folder for the prediction files (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "TASK-DATA-TIME/)"})
-    overwrite: bool = arg(False, help="replace --output if it exists", group=TRAINING, commands=(TRAIN,),
-                          on_resume="not kept")
+    overwrite: bool = arg(False, help="replace --output if it exists", commands=(TRAIN, PREDICT),
+                          on_resume="not kept", helps={PREDICT: "replace prediction files that exist"})
     steps: int | None = arg(None, help="train exactly N optimizer steps (unset: from --epochs)", metavar="N",
                             group=TRAINING, commands=(TRAIN,), on_resume="may grow")
     warmup_proportion: float = arg(0.1, help="warmup fraction of the steps", metavar="P", group=TRAINING,
@@ -149,7 +149,8 @@ class ClassifyOptions(TaskOptions):
                            help="CSV, TSV or JSON Lines with a text column (labels not needed)",
                            helps={EVAL: "labeled CSV, TSV or JSON Lines"})
     output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
-                             help="predictions file: CSV when it ends .csv, JSON Lines when .jsonl",
+                             help="folder for predictions.csv, or the predictions file itself: CSV when it ends "
+                                  ".csv, JSON Lines when .jsonl",
                              helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
                                     EVAL: "folder for predictions.csv (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "classify-DATA-TIME/)"})
@@ -186,8 +187,8 @@ class TagOptions(TaskOptions):
                            help="CoNLL file (token first, tag last) or JSON Lines with tokens (tags not needed)",
                            helps={EVAL: "tagged CoNLL file or JSON Lines with tokens and tags"})
     output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
-                             help="predictions file: JSON Lines (tokens, tags) when it ends .jsonl, else CoNLL "
-                                  "(token TAB tag)",
+                             help="folder for predictions.jsonl (tokens, tags), or the predictions file itself: "
+                                  "JSON Lines when it ends .jsonl, CoNLL (token TAB tag) when .conll, .txt or .tsv",
                              helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
                                     EVAL: "folder for predictions.jsonl (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "tag-DATA-TIME/)"})

@@ -19,7 +19,7 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import (convert_examples_to_features, features_to_arrays, load_squad,
                                      postprocess_predictions, read_squad_examples, write_prediction_files)
 from bert_of.eval.squad_metrics import squad_score
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
                                            finish_finetuning, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
@@ -68,12 +68,15 @@ def finetune_squad(opts: SquadOptions) -> dict:
                                    warn=lambda m: note(rt, f"warning: {opts.train}: {m}"))
     if not examples:
         raise EvalDataError(f"{opts.train}: no usable training questions")
+    check_eval_data(opts, lambda d: read_squad_examples(load_squad(d, check_spans=False), is_training=False,
+                                                        version_2_with_negative=v2))
     epochs = opts.epochs if opts.epochs is not None else SQUAD_V2_EPOCHS if v2 else SQUAD_EPOCHS
     lengths = _squad_lengths(opts, {})
     with model_folder(opts) as (path, name, ident):
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForQuestionAnswering, path, seed=opts.seed)
-        check_seq_len(model.config, lengths["max_seq_length"], path)
+        lengths["max_seq_length"] = check_seq_len(model.config, lengths["max_seq_length"], path, rt,
+                                                  given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         features = convert_examples_to_features(examples, tok, is_training=True, **lengths)
@@ -85,7 +88,7 @@ def finetune_squad(opts: SquadOptions) -> dict:
                   "end_positions": arr["end_positions"]}
         task = f"squad-v{'2.0' if v2 else '1.1'}"
         cfg, summary, finished = train(model, arrays, len(examples), opts, epochs, rt, f"finetune {task}", unit="windows")
-        args = base_args(task, opts, cfg, epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(task, opts, cfg, epochs, rt, ident, name, tok)
         args["hparams"].update(lengths)
         args.update(train_examples=len(examples), train_features=n_features)
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_squad)
@@ -102,8 +105,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
     v2 = _squad_version(opts, sd)
     with model_folder(opts, trained) as (path, name, ident):
         train_args = read_train_args(path)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         lengths = _squad_lengths(opts, train_args)
         new_head = False
         if model is None:
@@ -113,7 +115,8 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
                 note(rt, f"warning: {name} has no trained SQuAD head: predictions come from a random "
                          "(newly initialised) head")
             rt.place(model)
-        check_seq_len(model.config, lengths["max_seq_length"], path)
+        lengths["max_seq_length"] = check_seq_len(model.config, lengths["max_seq_length"], path, rt,
+                                                  given=opts.max_seq_length is not None)
         examples = read_squad_examples(sd, is_training=False, version_2_with_negative=v2)
         features = convert_examples_to_features(examples, tok, is_training=False, **lengths)
         arr = features_to_arrays(features)

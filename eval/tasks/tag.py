@@ -20,7 +20,7 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_output, check_seq_len, default_eval_dir,
+from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
                                            finish_finetuning, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
@@ -78,6 +78,16 @@ def tag_features(sentences, labels, max_seq: int, tok, path: str) -> tuple:
     return {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": mask, "labels": tags}, firsts
 
 
+def _known_tags(path: str, labels: list) -> None:
+    """``path`` is tagged data whose tags are all among ``labels`` (the training's)."""
+    for s in read_tagged(path, need_tags=True):
+        for j, t in enumerate(s.tags):
+            if t not in labels:
+                where = f"line {s.line}" if path.lower().endswith(JSONL) else f"line {s.line + j}"
+                raise EvalDataError(f"{path}: {where}: tag {t!r} is not one of the tags of the training data "
+                                    f"({', '.join(labels)})")
+
+
 def finetune_tag(opts: TagOptions) -> dict:
     rt = Runtime.create(opts.device)
     check_output(opts)
@@ -85,18 +95,19 @@ def finetune_tag(opts: TagOptions) -> dict:
     labels = tag_list(sentences)
     if len(labels) < 2:
         raise EvalDataError(f"{opts.train}: one tag ({labels[0]}); tagging needs two or more")
+    check_eval_data(opts, lambda d: _known_tags(d, labels))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
         check_head(path, len(labels), TASK, name)
-        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels),
                               id2label=dict(enumerate(labels)))  # the tag names travel in config.json
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         if opts.vocab:
             model.vocab_file = opts.vocab
         arrays, _ = tag_features(sentences, labels, max_seq, tok, opts.train)
         cfg, summary, finished = train(model, arrays, len(sentences), opts, opts.epochs, rt, f"finetune {TASK}")
-        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok.do_lower_case)
+        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(labels=labels, id2label={str(i): t for i, t in enumerate(labels)},
                     label2id={t: i for i, t in enumerate(labels)}, train_examples=len(sentences))
@@ -118,17 +129,16 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
             raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune tag` (its train_args.json records no "
                               "tagging labels)")
         sentences = read_tagged(opts.data, need_tags=need_tags)
-        lower = opts.do_lower_case if opts.do_lower_case is not None else train_args.get("do_lower_case", True)
-        tok = make_tokenizer(path, lower, opts.vocab, rt)
+        tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)  # train_args.json's, unless given
         max_seq = glue_seq_len(opts, train_args)
-        arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         new_head = False
         if model is None:
             check_head(path, len(labels), TASK, name)
             model, missing = load_model(BertForTokenClassification, path, num_labels=len(labels))
             new_head = bool(missing)
             rt.place(model)
-        check_seq_len(model.config, max_seq, path)
+        max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
+        arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
         best = logits.argmax(axis=-1)  # [n, S]
