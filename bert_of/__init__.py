@@ -1,13 +1,14 @@
 """bert_of: BERT on OneFlow with exact, provenance-aware numerics.
 
 Importing ``bert_of`` is cheap: OneFlow (~1 s, ~400 MB) loads only when a model
-class is first touched, so converters and ``bert-of inspect`` stay light. Importing it (and
+class is first touched, so converters and ``bert-of inspect`` stay light, and run without OneFlow
+installed (it is the ``oneflow`` extra: a model class without it raises ImportError naming it). Importing it (and
 OneFlow through it) leaves the process as it was: no signal handler, mask, file descriptor or
 environment variable changes; a command line sets its process up explicitly (bert_of.process).
 """
 
 from bert_of.config import BertConfig
-from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError, InputTypeError
+from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError, InputTypeError, NeedsOneFlow
 from bert_of.resolver import register_resolver, register_writer
 from bert_of.version import __version__
 
@@ -51,5 +52,9 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except NeedsOneFlow:
+            raise NeedsOneFlow(f"bert_of.{name}") from None
+        return getattr(module, name)
     raise AttributeError(f"module 'bert_of' has no attribute {name!r}")

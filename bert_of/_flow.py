@@ -4,12 +4,17 @@ OneFlow 0.9's only wheel is a CUDA build whose core links libcublas.so.11 and
 libcudnn*.so.8. The pip packages nvidia-cublas-cu11 / nvidia-cudnn-cu11 ship
 them, but not on the loader path; loading them RTLD_GLOBAL first (in
 dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
+
+This is the one module that imports OneFlow. OneFlow is the optional ``oneflow`` extra: without
+it, importing this module raises :class:`bert_of.errors.NeedsOneFlow` (an ImportError and a
+BertOfError), which a command line prints as one line naming the extra.
 """
 
 import ctypes
 import os
 import sys
 
+from bert_of.errors import NeedsOneFlow
 from bert_of.process import oneflow_import
 
 _LIBS = (
@@ -36,6 +41,10 @@ def _preload():
 def _load():
     try:
         import oneflow
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "oneflow":  # OneFlow there, one of its own imports missing: a bug
+            raise
+        raise NeedsOneFlow() from None
     except ImportError as e:  # Ctrl-C inside OneFlow's C++ start-up arrives as an ImportError
         if str(e).startswith("KeyboardInterrupt"):
             raise KeyboardInterrupt from None

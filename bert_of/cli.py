@@ -36,7 +36,7 @@ from bert_of.converters.source import Options, summarize
 from bert_of.cli_grammar import HelpFormatter, Parser, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verdict, verify, verify_source
-from bert_of.errors import BertOfError
+from bert_of.errors import BertOfError, NeedsOneFlow
 from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
 from bert_of.version import __version__
@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Run a float64 NumPy BERT on A's tensors as A's format stores them (its names, "
                             "layout and numerics) and bert_of (eager and graph) on B, on real tokens of A's "
                             "vocabulary and on random ids, and compare every output; TensorFlow runs beside "
-                            "for a Google checkpoint or a Keras h5. Exit 1 above --tol.",
+                            "for a Google checkpoint or a Keras h5. Without OneFlow the same reference runs on "
+                            "B's tensors in B's layout instead of bert_of. Exit 1 above --tol.",
                 example_lines=("bert-of verify uncased_L-12_H-768_A-12/ bert-base-of/",
                                "bert-of verify bert-base-of/ hf/ --modes eager -o report.json"))
 
@@ -330,6 +331,8 @@ def dispatch(args) -> int:
             return args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); the with-blocks have cleaned up
         return process.stopped(e, getattr(args, "interrupt_note", ""))
+    except NeedsOneFlow:  # the oneflow extra is not installed: say which command needs it
+        return _err(str(NeedsOneFlow(_command_name(args))))
     except BertOfError as e:
         return _err(" ".join(str(e).split("\n")))
     except BrokenPipeError:
@@ -349,6 +352,12 @@ def dispatch(args) -> int:
         if _debug(args):
             raise
         return _internal(e)
+
+
+def _command_name(args) -> str:
+    """``finetune squad`` for ``bert-of finetune squad ...`` (the parser's prog, set by add_command)."""
+    prog = getattr(args, "command_prog", None) or getattr(args, "command", None) or "this command"
+    return prog.split(" ", 1)[1] if prog.startswith("bert-of ") else prog
 
 
 def run_command(parser: argparse.ArgumentParser, argv=None, debug: bool = False) -> int:

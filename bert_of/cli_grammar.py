@@ -166,7 +166,7 @@ def add_command(sub, name: str, fn, options, *, help: str, description: str | No
     p = sub.add_parser(name, help=help, description=description,
                        epilog=examples(*example_lines) if example_lines else None)
     add_options(p, options, command)
-    p.set_defaults(fn=fn, **defaults)
+    p.set_defaults(fn=fn, command_prog=p.prog, **defaults)
     return p
 
 

@@ -42,3 +42,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (what ``timeout``, ``kill`` and job schedulers send), raised by the command line's
     handler like Ctrl-C's KeyboardInterrupt: it unwinds every ``with publishing(...)`` (staging
     folders are removed) and is neither an error nor an ``Exception``."""
+
+
+ONEFLOW_INSTALL = "pip install 'bert_of[oneflow]' (Python 3.10)"
+
+
+class NeedsOneFlow(BertOfError, ImportError):
+    """Something that runs bert_of's model (the model classes, training, fine-tuning, prediction,
+    evaluation runs, align, selftest) was asked for and OneFlow is not installed: it is the
+    ``oneflow`` extra, and OneFlow 0.9 has wheels for Python 3.10 only. An ImportError (what
+    ``from bert_of import BertModel`` raises) and a BertOfError (what a command prints as one line)."""
+
+    def __init__(self, what: str = "bert_of's model"):
+        import sys
+
+        here = "" if sys.version_info[:2] == (3, 10) else f"; this is Python {sys.version_info[0]}.{sys.version_info[1]}"
+        super().__init__(f"{what} needs OneFlow: {ONEFLOW_INSTALL}{here}", name="oneflow")
+        self.what = what

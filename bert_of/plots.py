@@ -1,10 +1,27 @@
 """Curves people can tell apart: every run its own colour; a curve that coincides with one drawn
 before it is dashed on top of it, and the legend says so. Used by ``bert-of plot`` and the
-``bert-of align`` reports. Matplotlib is imported by the callers (an optional dependency)."""
+``bert-of align`` reports. Matplotlib is the optional ``plots`` extra: :func:`pyplot` imports it when a
+figure is drawn."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from bert_of.errors import BertOfError
+
+PLOTS_EXTRA = "pip install 'bert_of[plots]'"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no display); without matplotlib, one line naming the extra."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise BertOfError(f"drawing a plot needs matplotlib: {PLOTS_EXTRA}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 # matplotlib's tab10 without grey, then more (colour-blind friendly first)
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",

@@ -18,7 +18,7 @@ from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.files.reading import read_json
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import TrainConfig, arg, from_args, resume_from_record
-from bert_of.plots import FONT, draw, styles
+from bert_of.plots import FONT, draw, pyplot, styles
 from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
 
 def options(args) -> PretrainOptions:
@@ -106,10 +106,7 @@ def cmd_plot(args) -> int:
             name += "'"
         runs[name] = rows
     out = args.output or os.path.join(os.path.dirname(_metrics_path(args.runs[0])), PLOT_NAME)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     curves = {}
     for name, rows in runs.items():

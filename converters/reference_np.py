@@ -382,7 +382,8 @@ class OfStateDict(BertOf):
 
     @classmethod
     def from_source(cls, source):
-        return _native(cls, source, {"classifier_kind": source.config.classifier_kind})  # bert_of's config
+        return _native(cls, source, {"classifier_kind": source.config.classifier_kind,  # bert_of's config
+                                     "head_layer_norm_eps": source.config.head_layer_norm_eps})
 
 
 class OfModels(HuggingFace):

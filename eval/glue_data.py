@@ -144,9 +144,18 @@ def _lines(text: str):
     return io.StringIO(text, newline="")
 
 
+def refuse_nul(path: str, text: str, kind: str) -> None:
+    """A NUL byte is not text: refused on every Python (csv raises on it before 3.11, reads it after)."""
+    at = text.find("\0")
+    if at >= 0:
+        line = text.count("\n", 0, at) + 1
+        raise EvalDataError(f"{path}: line {line}: not readable as {kind} (line contains NUL)")
+
+
 def read_tsv(path: str) -> list:
     """(line number, fields) of every non-empty line; one-line errors for unreadable files."""
     text = _read_text(path)
+    refuse_nul(path, text, "TSV")
     rows = []
     reader = csv.reader(_lines(text), delimiter="\t", quoting=csv.QUOTE_NONE)
     try:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.glue_data import _read_text
+from bert_of.eval.glue_data import _read_text, refuse_nul
 from bert_of.eval.glue_metrics import accuracy, matthews_corrcoef, pearson, spearman
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "premise", "question", "review", "content")
@@ -97,6 +97,7 @@ def _records(path: str, kind: str):
         if not out:
             raise EvalDataError(f"{path}: no records")
         return out, list(columns)
+    refuse_nul(path, text, kind.upper())
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="," if kind == "csv" else "\t")
     try:
         header = next(reader, None)

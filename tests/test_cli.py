@@ -225,6 +225,7 @@ def test_verbose_lists_every_tensor(tmp_path):
     assert "  mapped    " not in short and long.count("  mapped    ") > 20
 
 
+@pytest.mark.oneflow
 def test_oneflow_start_up_line_is_gone():
     """In a command's process (bert_of.process.setup: the library alone touches no fd)."""
     r = subprocess.run([sys.executable, "-c", "from bert_of import process; process.setup(); import bert_of._flow; "

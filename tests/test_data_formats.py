@@ -125,6 +125,7 @@ def test_hdf5_is_nvidias_layout(sets):
         assert f["next_sentence_labels"].shape == (n,)
 
 
+@pytest.mark.tf
 def test_tensorflow_parses_our_tfrecords_and_we_parse_tensorflows(sets, tmp_path):
     tf = pytest.importorskip("tensorflow")
     spec = {k: tf.io.FixedLenFeature([n], getattr(tf, dt)) for k, (dt, n) in GOOGLE_SPEC.items()}
@@ -269,6 +270,7 @@ def _losses(sets, fmt, run, *extra):
 # TFRecord's on both ranks above, and its curve equals TFRecord's in the three other cases)
 @pytest.mark.parametrize("mode, nproc, formats", [("eager", 1, ("tf_glob", "of", "h5")), ("graph", 1, ("tf", "of", "h5")),
                                                   ("eager", 2, ("tf", "of", "h5")), ("graph", 2, ("tf", "h5"))])
+@pytest.mark.oneflow
 def test_pretrain_losses_are_bit_identical_on_tfrecord_ofrecord_and_hdf5(sets, tmp_path, mode, nproc, formats):
     extra = ["--mode", mode, "--no-dropout"] + (["--nproc", str(nproc)] if nproc > 1 else [])
     curves = [_losses(sets, fmt, str(tmp_path / fmt), *extra) for fmt in formats]

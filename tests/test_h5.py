@@ -97,6 +97,7 @@ def _run(path, batch, fmt="of", **opts):
 
 
 @pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.oneflow
 def test_h52of_reproduces_hf_tf_outputs_eager_and_graph(of_dirs, name):
     exp = expected(name)
     runs = _run(of_dirs[name][0], {k: exp[k] for k in INPUTS})
@@ -114,6 +115,7 @@ def test_h52of_reproduces_hf_tf_outputs_eager_and_graph(of_dirs, name):
     assert cfg["num_labels"] == (3 if name == "classifier" else 2)
 
 
+@pytest.mark.oneflow
 def test_wrong_numerics_are_visible(root):
     """--numerics tf1 (tanh GELU) on an erf model misses HF's outputs by far more than 1e-5."""
     exp = expected("pretraining")
@@ -121,6 +123,7 @@ def test_wrong_numerics_are_visible(root):
     assert np.max(np.abs(out["sequence_output"] - exp["sequence_output"])) > 1e-4
 
 
+@pytest.mark.oneflow
 def test_verify_h5_against_of(root, of_dirs, tmp_path):
     r = run_cli("verify", root / "pretraining", of_dirs["pretraining"][0], "-o", tmp_path / "r.json")
     report = json.loads((tmp_path / "r.json").read_text())
@@ -171,6 +174,7 @@ def test_classifier_round_trip_keeps_every_weight(root, of_dirs, tmp_path):
         json.loads((root / "classifier" / "config.json").read_text())
 
 
+@pytest.mark.tf
 def test_h5_tf_h5_through_the_hub(root, tmp_path):
     """h52tf --verify (bert_of on the h5 vs the TF reference on what we wrote), then tf2h5: bit-exact."""
     r = run_cli("convert", "h52tf", root / "pretraining", "-o", tmp_path / "tf", "--vocab", root / "vocab.txt", "--verify")
@@ -274,6 +278,7 @@ def _keras_model(path):
     return model, names
 
 
+@pytest.mark.tf
 def test_keras_loads_h5_written_from_a_tf1_checkpoint(tmp_path):
     """tf2h5 of a Google checkpoint: Keras' load_weights takes it by topology, the values are
     the checkpoint's, and Keras' own save_weights of that model writes the same file."""
@@ -374,7 +379,7 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.tf) if c == "not bert" else c for c in BAD])  # Keras writes it
 def test_bad_input_one_line_nonzero_no_output(root, tmp_path, case):
     breaker, needle = BAD[case]
     src = tmp_path / "src"
@@ -409,6 +414,7 @@ def test_detect_directory_and_file(root):
     assert detect(str(root / "bare" / "tf_model.h5")) == "h5"
 
 
+@pytest.mark.tf
 def test_long_name_lists_split_like_keras(tmp_path):
     """Keras splits attributes past HDF5's 64 KB header limit into name0, name1, ...; we read and write that."""
     from keras.src.saving.legacy.hdf5_format import load_attributes_from_hdf5_group

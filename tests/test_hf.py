@@ -197,6 +197,7 @@ def test_of2hf_writes_tokenizer_files_that_keep_the_case(tmp_path, tiny_of):
 # --------------------------------------------------------------------------- forward equality vs HF torch
 
 
+@pytest.mark.oneflow
 def test_hf2of_reproduces_hf_torch_outputs_eager_and_graph(tiny_of, reference):
     cfg = json.loads((tiny_of / "config.json").read_text())
     assert cfg["hidden_act"] == "gelu_erf" and cfg["layer_norm_eps"] == 1e-12 and cfg["provenance"] == "hf"
@@ -207,6 +208,7 @@ def test_hf2of_reproduces_hf_torch_outputs_eager_and_graph(tiny_of, reference):
             assert diff < 1e-5, (mode, k, diff)
 
 
+@pytest.mark.oneflow
 def test_numerics_override_changes_the_function(tmp_path, reference):
     """--numerics tf1 = tanh GELU: on these realistic weights that is visibly not what HF computes."""
     run_cli("convert", "hf2of", TINY_PT, "-o", tmp_path / "of", "--numerics", "tf1")
@@ -273,6 +275,7 @@ def test_round_trip_hf_of_hf_bit_exact(tmp_path, name):
     assert header["__metadata__"] == {"format": "pt"}  # transformers refuses files without it
 
 
+@pytest.mark.oneflow
 def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     """An HF BertForTokenClassification directory (safetensors + config.json, made here from the
     transformers-written tiny_pt): hf2of gives a token classifier whose logits [B, S, L] equal the
@@ -436,6 +439,7 @@ def test_detect_is_disjoint(tiny_of):
 # --------------------------------------------------------------------------- real weights: all-MiniLM-L6-v2
 
 
+@pytest.mark.oneflow
 def test_minilm_cosine_and_round_trip(tmp_path):
     from bert_of import BertModel
     from bert_of._flow import flow

@@ -266,6 +266,7 @@ def test_integer_weights_refused_by_every_reader(src, tmp_path, fmt):
                    _int_weight(fmt, src))
 
 
+@pytest.mark.oneflow
 def test_integer_weights_refused_by_the_python_api(src, tmp_path):
     from bert_of import BertModel
     from bert_of.checkpoint import load_checkpoint
@@ -363,6 +364,7 @@ def test_an_unexpected_exception_is_one_line_saying_bug(tmp_path):
 # --------------------------------------------------------------------------- the Python API: a lying config
 
 
+@pytest.mark.oneflow
 def test_from_pretrained_refuses_a_config_that_does_not_fit(src, tmp_path):
     """config.json says 1 layer, the tensors hold 2: the API refuses it exactly as the CLI does."""
     from bert_of import BertModel

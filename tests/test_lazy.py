@@ -283,6 +283,7 @@ def test_mapping_checked_independently_with_numpy(snaps, tmp_path):
     assert "cls.predictions.bias" in w and len(w) == sum(1 for k in _vars(src) if not _is_optimizer(k))
 
 
+@pytest.mark.oneflow
 def test_verify_passes_and_lazy_numerics_are_recorded(snaps, tmp_path):
     src = snaps["adam"]
     run_cli("convert", "lazy2of", src, "-o", tmp_path / "of")
@@ -344,6 +345,7 @@ def _numpy_lazy_bert(snap, cfg, ids, types, mask, act, eps):
     return x
 
 
+@pytest.mark.oneflow
 def test_lazy_read_computes_erf_gelu_and_eps_1e5(snaps, tmp_path):
     """bert_of on the lazy2of output == an independent NumPy lazy BERT (erf, 1e-5) on the raw out files."""
     from bert_of import BertModel
@@ -498,6 +500,7 @@ def test_lazy_tf_lazy_through_the_hub(snaps, tmp_path):
     _assert_same_snapshot(src, tmp_path / "back")
 
 
+@pytest.mark.oneflow
 def test_flow_load_reads_our_snapshots(snaps, tmp_path):
     """OneFlow 0.9's legacy loader accepts what of2lazy writes: same names, shapes, dtypes, values."""
     from bert_of._flow import flow

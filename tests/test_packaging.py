@@ -26,6 +26,7 @@ def _user_project(path):
     return path
 
 
+@pytest.mark.oneflow
 def test_api_and_cli_from_a_folder_with_its_own_zoo_eval_converters(tmp_path):
     proj = _user_project(tmp_path / "proj")
     env = dict(os.environ, BERT_OF_HOME=str(tmp_path / "home"), BERT_OF_OFFLINE="1")
@@ -75,6 +76,14 @@ def test_wheel_holds_only_the_bert_of_namespace(wheel):
               *(f"bert_of/align/default-corpus/{n}" for n in ("sample_text.txt", "classics.txt", "vocab.txt"))):
         assert f in names, f
     assert not [n for n in names if n.endswith("serve.py") or "/tests/" in n]  # test servers stay in tests/
+    # every module of the checkout ships (a new subpackage missing from pyproject's list would not)
+    shipped = {"bert_of": "bert_of", "converters": "bert_of/converters", "zoo": "bert_of/zoo", "eval": "bert_of/eval"}
+    for top, where in shipped.items():
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(d, f), os.path.join(ROOT, top))
+                    assert f"{where}/{rel}" in names, rel
 
 
 def test_the_shipped_align_corpus_is_the_test_corpus():
@@ -85,6 +94,7 @@ def test_the_shipped_align_corpus_is_the_test_corpus():
             assert a.read() == b.read(), name
 
 
+@pytest.mark.oneflow
 def test_wheel_installed_outside_the_repo_imports_every_subpackage(wheel, tmp_path):
     target = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",

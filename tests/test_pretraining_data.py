@@ -79,6 +79,7 @@ def dataset(tmp_path_factory):
 # --------------------------------------------------------------------------- OFRecord codec
 
 
+@pytest.mark.oneflow
 def test_ofrecord_codec_is_protobufs_own_bytes():
     from bert_of._flow import flow  # noqa: F401  (loads OneFlow's CUDA deps before record_pb2)
     from oneflow.core.record import record_pb2
@@ -112,6 +113,7 @@ def test_ofrecord_codec_is_protobufs_own_bytes():
     assert decode_record(unpacked)["a"].tolist() == [5, 150, 7, 0]
 
 
+@pytest.mark.oneflow
 def test_reads_existing_oneflow_datasets(tmp_path, vocab):
     """part-0.. (no zero padding, no bert_of_data.json), written by protobuf itself, int64 lists: read as-is."""
     from bert_of._flow import flow  # noqa: F401
@@ -380,6 +382,7 @@ def test_reader_shuffles_per_epoch_and_resumes_exactly(dataset):
     np.testing.assert_array_equal(plain["input_ids"], np.stack([r["input_ids"] for r in recs]))
 
 
+@pytest.mark.oneflow
 def test_oneflow_reader_gives_the_same_records(dataset):
     from bert_of.data.reader import OneFlowPretrainingReader
 
@@ -400,6 +403,7 @@ def test_sharding_rules():
         shard_parts(2, 0, 4)
 
 
+@pytest.mark.oneflow
 def test_two_ranks_read_their_own_shards(dataset, tmp_path):
     """The data_diff / data_shuffle / data_repeat experiment, with 2 real OneFlow processes.
 
@@ -853,6 +857,7 @@ def test_reader_limits_come_from_the_model(dataset, tmp_path):
         PretrainingDataset(str(tmp_path / "big_id"), 1, 128, 20, vocab_size=966, type_vocab_size=3).validate()
 
 
+@pytest.mark.oneflow
 def test_oneflow_reader_refuses_a_bad_record_instead_of_aborting(dataset, tmp_path):
     """Out-of-range masked_lm_positions used to reach a OneFlow gather: SIGABRT and a glog stack."""
     from bert_of.data.reader import OneFlowPretrainingReader

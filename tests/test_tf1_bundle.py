@@ -82,6 +82,7 @@ def tf1_ckpt(tf, tmp_path_factory):
     return prefix, values
 
 
+@pytest.mark.tf
 def test_read_tf1_saver_checkpoint(tf, tf1_ckpt):
     prefix, values = tf1_ckpt
     entries = read_index(prefix)
@@ -104,6 +105,7 @@ def test_read_tf1_saver_checkpoint(tf, tf1_ckpt):
         _assert_same(arr, values[name], name)
 
 
+@pytest.mark.tf
 def test_resolve_prefix_forms(tf1_ckpt, tmp_path):
     prefix, _ = tf1_ckpt
     d = os.path.dirname(prefix)
@@ -130,6 +132,7 @@ def test_resolve_prefix_forms(tf1_ckpt, tmp_path):
     _one_line_error(ei, str(empty), "no TensorFlow checkpoint")
 
 
+@pytest.mark.tf
 def test_read_tf2_object_checkpoint(tf, tmp_path):
     rng = np.random.default_rng(1)
     w = rng.standard_normal((4, 3)).astype(np.float32)
@@ -181,6 +184,7 @@ def _our_tensors():
     ]
 
 
+@pytest.mark.tf
 def test_write_then_tf_reads(tf, tmp_path):
     items = _our_tensors()
     prefix = str(tmp_path / "out" / "model.ckpt")
@@ -194,6 +198,7 @@ def test_write_then_tf_reads(tf, tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path / "out")) == prefix  # state file written
 
 
+@pytest.mark.tf
 def test_write_then_tf1_saver_restores(tf, tmp_path):
     items = dict(_our_tensors())
     prefix = str(tmp_path / "restore.ckpt")
@@ -212,6 +217,7 @@ def test_write_then_tf1_saver_restores(tf, tmp_path):
                 _assert_same(sess.run(var), items[name].copy(order="C"), name)
 
 
+@pytest.mark.tf
 def test_write_matches_tf_bytes_and_crc(tf, tmp_path):
     """Same tensors through TF's SaveV2 and our writer: identical files, so identical masked CRCs."""
     items = [(n, a.copy(order="C")) for n, a in _our_tensors()]
@@ -435,6 +441,7 @@ def test_random_bytes(tmp_path):
     _one_line_error(ei, str(tmp_path / "junk.index"), "magic")
 
 
+@pytest.mark.tf
 def test_multi_shard_and_partitioned(tf, tmp_path):
     a, b = np.arange(6, dtype=np.float32), np.arange(4, dtype=np.int64)
     p1, p2, merged = (str(tmp_path / n) for n in ("s1", "s2", "merged"))

@@ -94,6 +94,7 @@ def test_padding_truncation_and_tensors(tok):
         tok("Hi", return_tensors="pt")
 
 
+@pytest.mark.oneflow
 def test_of_tensors_go_into_the_model_as_they_are(tok):
     from bert_of.config import BertConfig
     from bert_of.modeling import BertModel

@@ -67,6 +67,7 @@ def test_without_tensorflow_conversions_work_and_verify_says_in_one_line_that_tf
     assert r.returncode == 0 and note in r.stderr and (tmp_path / "checked" / "model.safetensors").exists(), r.stderr
 
 
+@pytest.mark.oneflow
 def test_without_tensorflow_data_and_pretraining_run(env, tmp_path):
     """Training needs no TensorFlow either: pretraining data from text, then a short pretraining run."""
     text = os.path.join(ROOT, "tests", "data", "text")

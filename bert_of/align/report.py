@@ -9,7 +9,7 @@ import numpy as np
 
 from bert_of.align.plans import BY_NAME, CLIP_NORM, CONTROL_STEPS, FIRST_STEPS, TF_STEPS, TOL_ALL, TOL_FIRST, _tolerance
 from bert_of.files.atomic import atomic_open
-from bert_of.plots import FONT, draw, styles
+from bert_of.plots import FONT, draw, pyplot, styles
 
 # --------------------------------------------------------------------------- comparisons
 
@@ -251,10 +251,7 @@ def plot_report(report: dict, path: str) -> None:
     """Top: every run's loss (long runs: a running mean, the reference's raw steps faint behind),
     each run its own colour, a run lying on another dashed over it and named so in the legend.
     Bottom: per-step relative differences of every comparison (dots) and their running maximum."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = {k: v for k, v in report["runs"].items() if "loss" in v}
     refs = [c["reference"] for c in report["comparisons"]]
@@ -315,10 +312,7 @@ def plot_report(report: dict, path: str) -> None:
 
 
 def plot_skipped(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig = plt.figure(figsize=(7, 2))
     fig.text(0.5, 0.5, f"{report['number']}. {report['title']}\n{report['status'].upper()}: {report['reason']}",

@@ -70,7 +70,7 @@ from .text import MAX_LINE_CHARS, DataError, read_corpus
 DATASET_META = "bert_of_data.json"
 DATASET_VOCAB = "vocab.txt"  # the copy of the vocabulary kept beside the parts
 PART_FORMAT = "part-{:05d}"
-register_own_files((DATASET_META,), (r"part-\d+",))
+register_own_files((DATASET_META, DATASET_VOCAB), (r"part-\d+",))
 FEATURE_KINDS = {"input_ids": "int32", "input_mask": "int32", "segment_ids": "int32",
                  "masked_lm_positions": "int32", "masked_lm_ids": "int32", "masked_lm_weights": "float",
                  "next_sentence_labels": "int32"}
