@@ -25,14 +25,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bert_of import process
+import bert_of.process as process
 
 if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports below load native libraries
     process.setup()
 
-from bert_of.config import BertConfig  # noqa: E402
-from bert_of.converters import tf1, tf1_bundle
-from bert_of.converters.source import Options, summarize
+from bert_of.converters.source import Options, parse_size, summarize  # noqa: E402
 from bert_of.cli_grammar import HelpFormatter, Parser, add_command, configure, examples, finish
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.verify import DEFAULT_TOL, format_report, verdict, verify, verify_source
@@ -87,13 +85,17 @@ class ConvertOptions(CheckOptions):
     numerics: str | None = arg(None, choices=("tf1", "lazy", "hf"),
                                help="override the activation/LayerNorm-eps provenance recorded for the source")
     no_meta: bool = arg(False, help="of2lazy: oldest snapshot layout (no meta files)")
+    max_shard_size: str | None = arg(None, metavar="SIZE",
+                                     help="X2hf: weights in shards of at most SIZE (5GB, 200MB, 1GiB) with "
+                                          "model.safetensors.index.json, as transformers' save_pretrained")
     overwrite: bool = arg(False, help="replace DST if it exists")
     verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
 
     def reader_options(self) -> Options:
         return Options(config=self.config, vocab=self.vocab, with_optimizer=self.with_optimizer,
                        skip_unknown=self.skip_unknown, overwrite=self.overwrite, dtype=self.dtype,
-                       numerics=self.numerics, no_meta=self.no_meta)
+                       numerics=self.numerics, no_meta=self.no_meta,
+                       max_shard_size=parse_size(self.max_shard_size) if self.max_shard_size else None)
 
 
 def cmd_convert(args) -> int:
@@ -181,18 +183,8 @@ def inspect_path(path: str, config: str | None = None) -> dict:
     file when it is not beside it)."""
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
-    if fmt == "tf":
-        prefix = tf1_bundle.resolve_prefix(path)
-        entries = tf1_bundle.read_index(prefix)
-        for name, e in entries.items():
-            found = tf1._classify(name)
-            kind = "unknown" if found is None else found.target if found.target == "step" else \
-                "optimizer" if found.optimizer else "model"
-            info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
-        cfg = config or os.path.join(os.path.dirname(prefix), tf1.CONFIG_FILE)
-        if os.path.isfile(cfg):
-            info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
-        info["path"] = prefix
+    if FORMATS[fmt].inspect is not None:  # a format listing its file as stored (tf: its index, no config needed)
+        info.update(FORMATS[fmt].inspect(path, config))
     else:  # any other format: what it reads as, through its converter
         source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True))
         info["config"] = source.config.to_dict()

@@ -117,6 +117,9 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
     a, b = parse_direction(direction)
     if module(b).write_files is None:
         raise BertOfError(f"cannot convert to {b}: bert_of reads {b} and does not write it")
+    if opts.max_shard_size and not module(b).shards:
+        raise BertOfError(f"--max-shard-size: {b} is not written in shards "
+                          f"({', '.join(n for n, f in FORMATS.items() if f.shards)} is)")
     sources = (src, opts.config, opts.vocab)  # never written over, into or around
     check_destination(dst, opts.overwrite, sources)  # before reading: fail at once
     for attempt in range(ATTEMPTS):

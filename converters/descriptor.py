@@ -23,7 +23,7 @@ class Format:
     "tf-weights" (TensorFlow fed the weights, as A only), "transformers" (PyTorch, A and B),
     "onnxruntime" (the written graph; A and B).
     ``read_reference_side``: how ``verify`` reads the file as its A side, when not ``read``.
-    ``dtypes``: the float dtypes its files hold.
+    ``dtypes``: the float dtypes its files hold. ``shards``: its writer honours ``--max-shard-size``.
     """
 
     name: str
@@ -41,4 +41,6 @@ class Format:
     ecosystem: Optional[str] = None
     read_reference_side: Optional[Callable] = None
     dtypes: tuple = ("float32", "float16", "bfloat16")
+    shards: bool = False  # its writer splits the weights by --max-shard-size
+    inspect: Optional[Callable] = None  # (path, config) -> {"tensors", "config", ...} as stored, for inspect
     extra: dict = field(default_factory=dict)  # a format's own traits, for its own tests and tools

@@ -13,10 +13,10 @@ under two keys (a tied weight) is one pickled object, so both keys name one fold
 eager layout (OneFlow 0.5-0.7) has no ``pickled_data``: one folder per key, named by the key
 (``snapshot_done`` beside them).
 
-``pickled_data`` is never given to ``pickle``: :func:`parse_pickled_data` walks its opcodes with a
-small interpreter of its own that admits exactly the structures above (the three globals, the
-opcodes protocols 2-5 use for them, strings, small ints, dicts, tuples) and refuses anything else
-in one line naming it, so nothing in the file can run. Folders are plain names inside ``<dir>``
+``pickled_data`` is never given to ``pickle``: :func:`parse_pickled_data` parses it as data with
+the one safe pickle reader (:mod:`bert_of.pickles`), admitting exactly the structures above (the
+three globals, an OrderedDict made by REDUCE, tensors made by NEWOBJ and BUILD) and refusing
+anything else in one line naming it, so nothing in the file can run. Folders are plain names inside ``<dir>``
 (no ``/``, ``..``, symlinks); every ``out`` is size-checked against its ``meta`` before a tensor
 is read, one tensor at a time.
 
@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+import bert_of.pickles as pickles
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_bounded
@@ -44,15 +45,6 @@ PICKLE_FILE = "pickled_data"
 PROTOCOL_VERSION = 1
 MAX_PICKLE = 64 << 20  # a state dict's pickle is KBs; the tensors live in their folders
 _MAX_META = 1 << 16
-_MAX_DEPTH = 64
-# The interpreter's work and memory are bounded by its input, not only its size: a state dict's
-# pickle makes an object (string, dict, tuple, tensor, memo entry) per ~10-30 bytes, so at most one
-# per _BYTES_PER_OBJECT bytes (+ a few) and never more than _MAX_OBJECTS; its stack holds a SETITEMS
-# batch (1000 pairs) at most. A hostile pickle of empty dicts or memo entries near MAX_PICKLE is
-# refused after a bounded amount of work instead of growing to GBs.
-_BYTES_PER_OBJECT = 4
-_MAX_OBJECTS = 1 << 18  # BERT-large: ~400 tensors, ~5 objects each
-_MAX_STACK = 1 << 14
 
 
 class TensorRecord(NamedTuple):
@@ -61,36 +53,40 @@ class TensorRecord(NamedTuple):
     cls: str  # "oneflow.Tensor" | "oneflow.nn.Parameter"
     folder: str
 
+    @property
+    def shown(self):
+        return self.cls
+
 
 class _Global(NamedTuple):
     name: str  # "collections.OrderedDict", "oneflow.Tensor", "oneflow.nn.Parameter"
+
+    @property
+    def shown(self):
+        return self.name
 
 
 class _Unbuilt(NamedTuple):  # a NEWOBJ'd tensor before its BUILD
     cls: str
     ident: int
 
+    @property
+    def shown(self):
+        return self.cls
 
-class _Mark:
-    pass
 
-
-_MARK = _Mark()
 ADMITTED = {("collections", "OrderedDict"): "collections.OrderedDict",
             ("oneflow", "Tensor"): "oneflow.Tensor",
             ("oneflow.nn", "Parameter"): "oneflow.nn.Parameter"}
 _TENSOR_CLASSES = ("oneflow.Tensor", "oneflow.nn.Parameter")
 
 
-class _Refused(Exception):
-    pass
-
-
 def parse_pickled_data(raw: bytes, where: str) -> dict:
     """``pickled_data`` bytes -> {key: TensorRecord}, in the file's order; CheckpointError otherwise."""
     try:
-        obj = _Interpreter(raw).run()
-    except _Refused as e:
+        obj = pickles.parse(raw, {k: _Global(v) for k, v in ADMITTED.items()}, reduce=_reduce,
+                            newobj=_newobj(), build=_build)
+    except pickles.Refused as e:
         raise CheckpointError(f"{where}: refused: {e} (only a flow.save'd state dict is admitted; nothing was run)") \
             from None
     if not isinstance(obj, dict) or set(obj) != {"protocol_version", "data"}:
@@ -103,6 +99,8 @@ def parse_pickled_data(raw: bytes, where: str) -> dict:
         raise CheckpointError(f"{where}: refused: its data is not a state dict (an OrderedDict of tensors)")
     out = {}
     for k, v in data.items():
+        if type(v) is _Unbuilt:
+            raise CheckpointError(f"{where}: refused: a tensor without its state (nothing was run)")
         if type(k) is not str or type(v) is not TensorRecord:
             raise CheckpointError(f"{where}: refused: state dict entry {str(k)[:80]!r} is not a name -> tensor")
         out[k] = v
@@ -110,234 +108,45 @@ def parse_pickled_data(raw: bytes, where: str) -> dict:
 
 
 class _ODict(dict):
-    """An OrderedDict the pickle made (a dict keeps order); ``meta``: its BUILD state."""
+    """An OrderedDict the pickle made (a dict keeps order); ``built``: its BUILD state was applied."""
 
     built = False
+    shown = "an OrderedDict"
 
 
-class _Interpreter:
-    """The opcodes flow.save's pickles use (protocols 2-5), nothing else."""
-
-    def __init__(self, raw: bytes):
-        self.raw, self.pos = raw, 0
-        self.stack, self.marks, self.memo = [], [], {}
-        self.ids = 0
-        self.unbuilt_at = {}  # NEWOBJ id -> memo indices holding it (BUILD updates just those)
-        self.budget = min(_MAX_OBJECTS, 64 + len(raw) // _BYTES_PER_OBJECT)  # objects it may still make
-
-    def made(self):
-        """One more object (or memo entry) made; refused past what a state dict of this size makes."""
-        self.budget -= 1
-        if self.budget < 0:
-            raise _Refused(f"more objects than a state dict's pickle of {len(self.raw)} bytes makes "
-                           f"(at byte {self.pos})")
-
-    def push(self, obj):
-        if len(self.stack) >= _MAX_STACK:
-            raise _Refused(f"malformed stream (a stack over {_MAX_STACK} deep at byte {self.pos})")
-        self.stack.append(obj)
-
-    def read(self, n):
-        if self.pos + n > len(self.raw):
-            raise _Refused(f"truncated stream (ends inside an opcode at byte {len(self.raw)})")
-        b = self.raw[self.pos:self.pos + n]
-        self.pos += n
-        return b
-
-    def pop(self):
-        if not self.stack or self.stack[-1] is _MARK:
-            raise _Refused(f"malformed stream (stack underflow at byte {self.pos})")
-        return self.stack.pop()
-
-    def pop_mark(self):
-        if not self.marks:
-            raise _Refused(f"malformed stream (no MARK at byte {self.pos})")
-        m = self.marks.pop()
-        items = self.stack[m + 1:]
-        if any(x is _MARK for x in items):
-            raise _Refused("malformed stream (nested MARK)")
-        del self.stack[m:]
-        return items
-
-    def text(self, b):
-        try:
-            return b.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _Refused("a string that is not UTF-8") from None
-
-    def run(self):
-        while True:
-            op = self.read(1)
-            at = self.pos - 1
-            if op == b"\x80":  # PROTO
-                v = self.read(1)[0]
-                if not 2 <= v <= 5:
-                    raise _Refused(f"pickle protocol {v} (flow.save writes 2-5)")
-            elif op == b"\x95":  # FRAME: a length prefix only
-                self.read(8)
-            elif op == b".":  # STOP
-                if len(self.stack) != 1 or self.marks:
-                    raise _Refused("malformed stream (STOP with more than one object)")
-                if self.pos != len(self.raw):
-                    raise _Refused(f"{len(self.raw) - self.pos} bytes after STOP")
-                return self.stack[0]
-            elif op == b"}":  # EMPTY_DICT
-                self.made()
-                self.push({})
-            elif op == b")":  # EMPTY_TUPLE
-                self.push(())
-            elif op == b"(":  # MARK
-                self.marks.append(len(self.stack))
-                self.push(_MARK)
-                if len(self.marks) > _MAX_DEPTH:
-                    raise _Refused("malformed stream (too deeply nested)")
-            elif op in (b"\x85", b"\x86", b"\x87"):  # TUPLE1-3
-                n = {b"\x85": 1, b"\x86": 2, b"\x87": 3}[op]
-                items = [self.pop() for _ in range(n)][::-1]
-                self.made()
-                self.push(tuple(items))
-            elif op == b"t":  # TUPLE
-                self.made()
-                self.push(tuple(self.pop_mark()))
-            elif op == b"\x8c":  # SHORT_BINUNICODE
-                self.made()
-                self.push(self.text(self.read(self.read(1)[0])))
-            elif op == b"X":  # BINUNICODE
-                n = struct.unpack("<I", self.read(4))[0]
-                self.made()
-                self.push(self.text(self.read(n)))
-            elif op == b"K":  # BININT1
-                self.push(self.read(1)[0])
-            elif op == b"M":  # BININT2
-                self.made()
-                self.push(struct.unpack("<H", self.read(2))[0])
-            elif op == b"J":  # BININT
-                self.made()
-                self.push(struct.unpack("<i", self.read(4))[0])
-            elif op == b"N":  # NONE
-                self.push(None)
-            elif op in (b"\x88", b"\x89"):  # NEWTRUE / NEWFALSE
-                self.push(op == b"\x88")
-            elif op == b"\x94":  # MEMOIZE
-                if not self.stack or self.stack[-1] is _MARK:
-                    raise _Refused("malformed stream (MEMOIZE of nothing)")
-                self.put(len(self.memo), self.stack[-1])
-            elif op in (b"q", b"r"):  # BINPUT / LONG_BINPUT
-                i = self.read(1)[0] if op == b"q" else struct.unpack("<I", self.read(4))[0]
-                if not self.stack or self.stack[-1] is _MARK:
-                    raise _Refused("malformed stream (PUT of nothing)")
-                self.put(i, self.stack[-1])
-            elif op in (b"h", b"j"):  # BINGET / LONG_BINGET
-                i = self.read(1)[0] if op == b"h" else struct.unpack("<I", self.read(4))[0]
-                if i not in self.memo:
-                    raise _Refused(f"malformed stream (memo {i} unset)")
-                self.push(self.memo[i])
-            elif op == b"\x93":  # STACK_GLOBAL
-                name = self.pop()
-                module = self.pop()
-                if type(module) is not str or type(name) is not str:
-                    raise _Refused("malformed stream (STACK_GLOBAL of non-strings)")
-                self.made()
-                self.push(self.global_(module, name))
-            elif op == b"c":  # GLOBAL (protocol 2): "module\nname\n"
-                module = self.line()
-                name = self.line()
-                self.made()
-                self.push(self.global_(module, name))
-            elif op == b"R":  # REDUCE
-                args = self.pop()
-                fn = self.pop()
-                if type(fn) is not _Global or fn.name != "collections.OrderedDict":
-                    raise _Refused(f"REDUCE of {_show(fn)} (only collections.OrderedDict() is admitted)")
-                if args != ():
-                    raise _Refused("REDUCE of collections.OrderedDict with arguments")
-                self.made()
-                self.push(_ODict())
-            elif op == b"\x81":  # NEWOBJ
-                args = self.pop()
-                cls = self.pop()
-                if type(cls) is not _Global or cls.name not in _TENSOR_CLASSES or args != ():
-                    raise _Refused(f"NEWOBJ of {_show(cls)} (only oneflow.Tensor / oneflow.nn.Parameter)")
-                self.ids += 1
-                self.made()
-                self.push(_Unbuilt(cls.name, self.ids))
-            elif op == b"b":  # BUILD
-                state = self.pop()
-                obj = self.pop()
-                self.made()
-                self.push(self.build(obj, state))
-            elif op == b"s":  # SETITEM
-                v = self.pop()
-                k = self.pop()
-                self.setitems(self.top_dict(), [k, v])
-            elif op == b"u":  # SETITEMS
-                items = self.pop_mark()
-                if len(items) % 2:
-                    raise _Refused("malformed stream (odd SETITEMS)")
-                self.setitems(self.top_dict(), items)
-            else:
-                raise _Refused(f"pickle opcode {op!r} at byte {at}")
-
-    def put(self, i, obj):
-        if i not in self.memo:
-            self.made()
-        self.memo[i] = obj
-        if type(obj) is _Unbuilt:
-            self.unbuilt_at.setdefault(obj.ident, []).append(i)
-
-    def line(self):
-        end = self.raw.find(b"\n", self.pos, self.pos + 256)
-        if end < 0:
-            raise _Refused("truncated stream (GLOBAL without its newline)")
-        s = self.text(self.raw[self.pos:end])
-        self.pos = end + 1
-        return s
-
-    def global_(self, module, name):
-        hit = ADMITTED.get((module, name))
-        if hit is None:
-            raise _Refused(f"global {module[:60]}.{name[:60]}")
-        return _Global(hit)
-
-    def top_dict(self):
-        if not self.stack or type(self.stack[-1]) not in (dict, _ODict):
-            raise _Refused(f"SETITEM(S) on {_show(self.stack[-1]) if self.stack else 'nothing'}")
-        return self.stack[-1]
-
-    def setitems(self, d, items):
-        for k, v in zip(items[::2], items[1::2]):
-            if type(k) not in (str, int):
-                raise _Refused(f"dict key {_show(k)}")
-            if type(v) is _Unbuilt:
-                raise _Refused("a tensor without its state")
-            d[k] = v
-
-    def build(self, obj, state):
-        if type(obj) is _Unbuilt:
-            if type(state) is not dict or set(state) != {"path"} or type(state["path"]) is not str:
-                raise _Refused(f"{obj.cls} state {_show(state)} (flow.save writes {{'path': folder}})")
-            rec = TensorRecord(obj.cls, state["path"])
-            for i in self.unbuilt_at.pop(obj.ident, ()):  # later GETs of it see the tensor
-                if self.memo.get(i) is obj:
-                    self.memo[i] = rec
-            return rec
-        if type(obj) is _ODict and not obj.built:
-            if type(state) is not dict or set(state) - {"_metadata"} or \
-                    not all(type(v) in (dict, _ODict) and not v for v in state.values()):
-                raise _Refused(f"OrderedDict state {_show(state)} (flow.save writes {{'_metadata': {{}}}})")
-            obj.built = True
-            return obj
-        raise _Refused(f"BUILD of {_show(obj)}")
+def _reduce(fn, args):
+    if type(fn) is not _Global or fn.name != "collections.OrderedDict":
+        raise pickles.Refused(f"REDUCE of {pickles.show(fn)} (only collections.OrderedDict() is admitted)")
+    if args != ():
+        raise pickles.Refused("REDUCE of collections.OrderedDict with arguments")
+    return _ODict()
 
 
-def _show(x) -> str:
-    if type(x) is _Global:
-        return x.name
-    if type(x) in (_Unbuilt, TensorRecord):
-        return x.cls
-    if type(x) is _ODict:
-        return "an OrderedDict"
-    return type(x).__name__ if type(x) not in (str, int) else repr(x)[:60]
+def _newobj():
+    made = [0]
+
+    def newobj(cls, args):
+        if type(cls) is not _Global or cls.name not in _TENSOR_CLASSES or args != ():
+            raise pickles.Refused(f"NEWOBJ of {pickles.show(cls)} (only oneflow.Tensor / oneflow.nn.Parameter)")
+        made[0] += 1
+        return _Unbuilt(cls.name, made[0])
+    return newobj
+
+
+def _build(obj, state):
+    """A tensor's state is {"path": folder} (the built tensor replaces it in the memo); an
+    OrderedDict's is {"_metadata": {}}."""
+    if type(obj) is _Unbuilt:
+        if type(state) is not dict or set(state) != {"path"} or type(state["path"]) is not str:
+            raise pickles.Refused(f"{obj.cls} state {pickles.show(state)} (flow.save writes {{'path': folder}})")
+        return TensorRecord(obj.cls, state["path"])
+    if type(obj) is _ODict and not obj.built:
+        if type(state) is not dict or set(state) - {"_metadata"} or \
+                not all(isinstance(v, dict) and not v for v in state.values()):
+            raise pickles.Refused(f"OrderedDict state {pickles.show(state)} (flow.save writes {{'_metadata': {{}}}})")
+        obj.built = True
+        return obj
+    raise pickles.Refused(f"BUILD of {pickles.show(obj)}")
 
 
 # --------------------------------------------------------------------------- the folder

@@ -531,8 +531,18 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         cfg["architectures"] = [cls_name]
 
     producers = {s.name: p for s, p in items}
-    write_safetensors(os.path.join(d, SAFETENSORS), [s for s, _ in items], lambda s: producers[s.name](),
-                      ST_METADATA)
+    shards = shard([s for s, _ in items], opts.max_shard_size)
+    if len(shards) == 1:
+        write_safetensors(os.path.join(d, SAFETENSORS), shards[0], lambda s: producers[s.name](), ST_METADATA)
+    else:  # transformers' save_pretrained naming and index
+        weight_map = {}
+        for i, specs in enumerate(shards):
+            name = SHARD_NAME.format(i + 1, len(shards))
+            write_safetensors(os.path.join(d, name), specs, lambda s: producers[s.name](), ST_METADATA)
+            weight_map.update({s.name: name for s in specs})
+        index = {"metadata": {"total_size": sum(s.nbytes for s, _ in items)}, "weight_map": weight_map}
+        with writes_to(os.path.join(d, SAFETENSORS_INDEX)):
+            write_json(os.path.join(d, SAFETENSORS_INDEX), index)
     cfg_path = os.path.join(d, CONFIG_FILE)
     with writes_to(cfg_path), open(cfg_path, "w", encoding="utf-8") as f:
         f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -540,6 +550,28 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
         _write_tokenizer_files(source, d)
     return notes
+
+
+SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
+def shard(specs: list, max_size) -> list:
+    """The tensors in shards of at most ``max_size`` bytes, in order, as transformers' save_pretrained
+    splits a state dict: a tensor that would overflow the current shard starts the next one; a
+    tensor larger than ``max_size`` is a shard of its own. None: one shard."""
+    if not max_size:
+        return [list(specs)]
+    out, size = [[]], 0
+    for s in specs:
+        if s.nbytes > max_size:
+            out.append([s])
+            out.append([])
+            size = 0
+            continue
+        if out[-1] and size + s.nbytes > max_size:
+            out.append([])
+            size = 0
+        out[-1].append(s)
+        size += s.nbytes
+    return [x for x in out if x]
 
 
 def _write_tokenizer_files(source: Source, d: str) -> None:
@@ -552,6 +584,7 @@ def _write_tokenizer_files(source: Source, d: str) -> None:
 
 
 FORMAT = Format(NAME, "HuggingFace directory (config.json + model.safetensors)", detect, read, write_files,
-                reference_np.HuggingFace, owns=(CONFIG_FILE, SAFETENSORS, VOCAB_FILE),
+                reference_np.HuggingFace, owns=(CONFIG_FILE, SAFETENSORS, SAFETENSORS_INDEX, VOCAB_FILE),
+                owns_patterns=(r"model-\d{5}-of-\d{5}\.safetensors",), shards=True,
                 token_classifier=True,  # config.json's architectures
                 table=TABLE, ecosystem="transformers")

@@ -52,7 +52,8 @@ from bert_of.tensors import expected_shapes
 from bert_of.converters import native
 from bert_of.converters.source import Source
 from bert_of.converters.mapping import Table
-from bert_of.converters.native import PARAM, Hit, Layout
+from bert_of.converters.native import PARAM, Layout
+from bert_of.converters.reader import Hit
 from bert_of.converters.descriptor import Format
 from bert_of.converters import reference_np
 from bert_of.converters.native_config import libai_cfg_of
@@ -113,20 +114,20 @@ def _classify(name, config):
     L = config.num_hidden_layers
     hit = TABLE.to_canonical(name)
     if hit is not None:
-        return Hit("mapped", (hit[0],), hit[1])
+        return Hit(hit[0], hit[1])
     m = _QKV.match(name)
     if m:
         i, p = m.groups()
-        return Hit("fused", tuple(f"bert.encoder.layer.{i}.attention.self.{x}.{p}" for x in ("query", "key", "value")),
+        return Hit(kind="fused", parts=tuple(f"bert.encoder.layer.{i}.attention.self.{x}.{p}" for x in ("query", "key", "value")),
                    split=_split(config), note="fused q,k,v interleaved per head: split")
     m = _INPUT_LN.match(name)
     if m:
         i, p = int(m.group(1)), m.group(2)
         target = "bert.embeddings.LayerNorm" if i == 0 else f"bert.encoder.layer.{i - 1}.output.LayerNorm"
-        return Hit("mapped", (f"{target}.{p}",), note=_NOTE_SHIFT)
+        return Hit(f"{target}.{p}", note=_NOTE_SHIFT)
     m = _FINAL_LN.match(name)
     if m:
-        return Hit("mapped", (f"bert.encoder.layer.{L - 1}.output.LayerNorm.{m.group(1)}",), note=_NOTE_SHIFT)
+        return Hit(f"bert.encoder.layer.{L - 1}.output.LayerNorm.{m.group(1)}", note=_NOTE_SHIFT)
     return None
 
 
@@ -208,7 +209,7 @@ def _write_notes(source: Source) -> list:
 
 
 LAYOUT = Layout(NAME, ("embeddings", "encoders", "final_layernorm", "pooler"), _classify, _items, libai_cfg_of,
-                "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)", _no_pooler, _write_notes)
+                "LiBai BERT (BertModel / BertForPreTraining / BertForClassification)", _no_pooler, _write_notes, TABLE)
 detect, read, write_files = native.format_functions(LAYOUT)
 
 

@@ -5,9 +5,11 @@ names (``classify``), and which keys, classes and tensors its own model's ``stat
 set of canonical tensors (``items``). Everything else is here, once:
 
 - reading: the folder (:mod:`converters.flow_save`, pickled_data parsed as data), its config
-  (:mod:`converters.native_config`), every key accounted for in the report (mapped; a fused QKV
-  split into three; a tied copy or a buffer checked and dropped; unknown refused unless
-  ``--skip-unknown``), the tensors validated at the one gate (``Source``);
+  (:mod:`converters.native_config`), its keys as :class:`~converters.reader.Entry`s classified
+  into the one :class:`~converters.reader.Hit` (mapped; a fused QKV split into three; a tied copy
+  or a buffer checked and dropped) and handed to the reader skeleton (``reader.sort``: the report,
+  the unknown-tensor and duplicate errors; ``reader.finish``: the fit check, the producers, the
+  ``Source``), as every other format;
 - writing: flow.save's own files (pickled_data + ``tensor_N/``), a config the reader (and the
   source codebase's user) reads back, ``vocab.txt``.
 
@@ -27,12 +29,11 @@ import numpy as np
 from bert_of.checkpoint import copy_file
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
-from bert_of.tensors import TensorSpec
 from bert_of.converters import flow_save
-from bert_of.converters.source import Options, ReportLine, Source, cast_spec
-from bert_of.converters.mapping import apply, apply_shape, inverse
+from bert_of.converters.source import Options, Source
+from bert_of.converters.mapping import apply, inverse
 from bert_of.converters.native_config import load_config
-from bert_of.converters.reader import whole
+from bert_of.converters.reader import Entry, finish, pooler_zeros, sort, whole
 
 VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "config.json"
@@ -41,18 +42,6 @@ POOLER = ("bert.pooler.dense.weight", "bert.pooler.dense.bias")
 # what these formats' writer creates: flow.save's pickled_data and tensor_N/{out,meta}, our config and vocabulary
 OWNS = (flow_save.PICKLE_FILE, flow_save.DATA_FILE, flow_save.META_FILE, CONFIG_FILE, VOCAB_FILE)
 DTYPES = ("float32", "float16")  # flow.save's meta (the lazy record) has no bfloat16 code here
-
-
-@dataclass(frozen=True)
-class Hit:
-    """What one source key is. kind: "mapped" | "fused" | "tied" | "buffer"."""
-
-    kind: str
-    canonical: tuple = ()  # mapped: (name,); fused: the names it splits into; tied: (the twin,)
-    transform: Optional[str] = None  # mapped: format -> canonical (converters.mapping)
-    split: Optional[Callable] = None  # fused: (array, index) -> canonical array
-    check: Optional[Callable] = None  # buffer: array -> error text or None
-    note: str = ""
 
 
 @dataclass
@@ -66,6 +55,7 @@ class Layout:
     description: str
     no_pooler: Callable = lambda config: False  # the config builds the model without a pooler
     write_notes: Callable = lambda source: []  # (Source) -> what writing it in this layout changes
+    table: object = None  # its name table, where it has one (the fit check's messages name its tensors)
 
 
 def _bare(keys, roots) -> bool:
@@ -90,81 +80,26 @@ def _read(pin, path: str, opts: Options, layout: Layout) -> Source:
     full = {e.key: ("bert." + e.key if bare and e.key.split(".", 1)[0] in layout.roots else e.key) for e in entries}
     where = os.path.join(path, flow_save.PICKLE_FILE) \
         if os.path.isfile(pin.real(os.path.join(path, flow_save.PICKLE_FILE))) else path
-    clf = [e for e in entries if full[e.key] in ("classifier.weight", "classifier.bias")]
-    for e in clf:
-        if full[e.key] == "classifier.weight" and len(e.shape) == 2:
-            config.num_labels = e.shape[0]
-
-    report, model, checks = [], [], []
-    back = {}  # canonical -> source key
-    for e in entries:
-        hit = layout.classify(full[e.key], config)
-        if hit is None:
-            if not opts.skip_unknown:
-                raise CheckpointError(f"{where}: tensor {e.key} has no place in a {layout.description} "
-                                      f"(--skip-unknown drops it)")
-            report.append(ReportLine(e.key, "dropped", note="not a BERT tensor (--skip-unknown)"))
-            continue
-        if hit.kind in ("mapped", "fused"):
-            for c in hit.canonical:
-                if c in back:
-                    raise CheckpointError(f"{where}: tensors {back[c]} and {e.key} are both {c}")
-                back[c] = e.key
-            model.append((e, hit))
-            note = hit.note or ("transposed" if hit.transform == "T" else "")
-            report.append(ReportLine(e.key, "mapped", ", ".join(hit.canonical), note))
-        else:
-            checks.append((e, hit))
-    for e, hit in checks:
-        if hit.kind == "tied":
-            twin = back.get(hit.canonical[0])
-            if twin is None:
-                raise CheckpointError(f"{where}: tensor {e.key} is tied to {hit.canonical[0]}, which is missing")
-            report.append(ReportLine(e.key, "dropped", note=hit.note or f"tied to {twin}, equal"))
-        else:
-            report.append(ReportLine(e.key, "dropped", note=hit.note))
-
-    held = {e.folder: pin.hold(os.path.join(e.folder, flow_save.DATA_FILE), spare=True)  # read later, from this tree
-            for e, _ in model + [c for c in checks if c[1].kind == "tied"]}
-    tensors = []
-    ties = {}  # canonical -> [twin entries] whose bytes must equal it
-    for e, hit in checks:
-        if hit.kind == "tied":
-            ties.setdefault(hit.canonical[0], []).append(e)
-    for e, hit in model:
-        if hit.kind == "mapped":
-            c = hit.canonical[0]
-            spec = TensorSpec(c, e.dtype, apply_shape(hit.transform, e.shape))
-            tensors.append(cast_spec(spec, _producer(e, hit, None, ties.get(c, []), where, held), opts.dtype))
-        else:
-            n = len(hit.canonical)
-            if not e.shape or e.shape[0] % n:
-                raise CheckpointError(f"{where}: tensor {e.key} has shape {list(e.shape)}, not {n} fused parts")
-            shape = (e.shape[0] // n,) + tuple(e.shape[1:])
-            for j, c in enumerate(hit.canonical):
-                tensors.append(cast_spec(TensorSpec(c, e.dtype, shape), _producer(e, hit, j, [], where, held),
-                                         opts.dtype))
-    if POOLER[0] not in back and POOLER[1] not in back and layout.no_pooler(config):
+    held = {}  # folder -> its data file held open: the kept tensors are read later, from this tree
+    listed = [Entry(e.key, tuple(e.shape), e.dtype, (lambda e=e: flow_save.read_tensor(e, held.get(e.folder))),
+                    origin=e.folder) for e in entries]
+    found = sort(listed, lambda x: layout.classify(full[x.name], config), opts, where)
+    for e in [e for e, _ in found.model] + [t for twins in found.ties.values() for t in twins]:
+        if e.origin not in held:
+            held[e.origin] = pin.hold(os.path.join(e.origin, flow_save.DATA_FILE), spare=True)
+    fill = ()
+    kept = {c for _, h in found.model for c in h.targets}
+    if POOLER[0] not in kept and POOLER[1] not in kept and layout.no_pooler(config):
         # like HF's QA model: zeros the heads never read, left out again on write
-        H, dt = config.hidden_size, (tensors[0][0].dtype if tensors else np.dtype("<f4"))
-        for name, shape in ((POOLER[0], (H, H)), (POOLER[1], (H,))):
-            tensors.append((TensorSpec(name, dt, shape), (lambda s=shape, d=dt: np.zeros(s, d))))
-        for r in report:
+        fill = pooler_zeros(config, found.model[0][0].dtype if found.model else np.dtype("<f4"))
+        for r in found.report:
             if r.target == "bert.embeddings.word_embeddings.weight":
                 r.note = "no pooler in the source (add_pooling_layer false): bert.pooler filled with zeros"
-    buffers = [(e, hit) for e, hit in checks if hit.kind == "buffer"]
-    for e, hit in buffers:  # small (position ids): checked now, so a wrong one fails before any output
-        msg = hit.check(flow_save.read_tensor(e)) if hit.check else None
-        if msg:
-            raise CheckpointError(f"{where}: buffer {e.key} {msg}")
     vocab = opts.vocab or _beside(path, VOCAB_FILE, cfg_path, pin.real)
     if opts.vocab and not os.path.isfile(pin.real(opts.vocab)):
         raise CheckpointError(f"{opts.vocab}: vocab file not found")
     vocab = vocab and pin.hold(vocab)
-    source = Source(path, layout.name, config, vocab, tensors, [], {}, report)
-    # the tensors as the file stores them, for verify's reference (its own names and layout)
-    source.stored = {e.key: (lambda e=e: flow_save.read_tensor(e, held.get(e.folder))) for e, _ in model}
-    return source
+    return finish(where, layout.name, config, vocab, found, opts, layout.table, fill)
 
 
 def _beside(path, name, cfg_path, real):
@@ -172,23 +107,6 @@ def _beside(path, name, cfg_path, real):
         if d and os.path.isfile(real(os.path.join(d, name))):
             return os.path.join(d, name)
     return None
-
-
-def _producer(e, hit, part, twins, where, held):
-    def produce():
-        arr = flow_save.read_tensor(e, held.get(e.folder))
-        for t in twins:
-            if t.folder == e.folder:
-                continue  # one pickled object: the same tensor
-            other = flow_save.read_tensor(t, held.get(t.folder))
-            if other.dtype != arr.dtype or other.shape != arr.shape or other.tobytes() != arr.tobytes():
-                raise CheckpointError(f"{where}: tensor {t.key} differs from {e.key}; the model ties them "
-                                      f"(bert_of keeps one)")
-        if part is not None:
-            return hit.split(arr, part)
-        return apply(hit.transform, arr)
-
-    return produce
 
 
 # --------------------------------------------------------------------------- write

@@ -31,7 +31,8 @@ from __future__ import annotations
 from bert_of.tensors import expected_shapes
 from bert_of.converters import native
 from bert_of.converters.source import Source
-from bert_of.converters.native import BUFFER, PARAM, Hit, Layout
+from bert_of.converters.native import BUFFER, PARAM, Layout
+from bert_of.converters.reader import Hit
 from bert_of.converters.descriptor import Format
 from bert_of.converters import reference_np
 from bert_of.converters.native_config import ofmodels_args_of
@@ -55,15 +56,15 @@ _NOT_HERE = (MLM_BIAS, "qa_outputs.weight", "qa_outputs.bias", "classifier.weigh
 
 def _classify(name, config):
     if name in RENAMED:
-        return Hit("mapped", (RENAMED[name],))
+        return Hit(RENAMED[name])
     if name == POSITION_IDS:
-        return Hit("buffer", check=native.arange_check(config), note="buffer: position ids 0..P-1 (bert_of computes them)")
+        return Hit(kind="buffer", check=native.arange_check(config), note="buffer: position ids 0..P-1 (bert_of computes them)")
     if name == DECODER_W:
-        return Hit("tied", (WORD,), note="the MLM decoder's weight IS the word embeddings (clone_weights), equal")
+        return Hit(WORD, kind="tied", note="the MLM decoder's weight IS the word embeddings (clone_weights), equal")
     if name == DECODER_B:
-        return Hit("tied", (MLM_BIAS,), note="the MLM decoder's bias IS cls.predictions.output_bias, equal")
+        return Hit(MLM_BIAS, kind="tied", note="the MLM decoder's bias IS cls.predictions.output_bias, equal")
     if name in expected_shapes(config) and name not in _NOT_HERE:
-        return Hit("mapped", (name,))
+        return Hit(name)
     return None
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from bert_of.tensors import expected_shapes, pre_ln_canonical_name, pre_ln_module_name
 from bert_of.converters import native
-from bert_of.converters.native import PARAM, Hit, Layout
+from bert_of.converters.native import PARAM, Layout
+from bert_of.converters.reader import Hit
 from bert_of.converters.descriptor import Format
 from bert_of.converters import reference_np
 
@@ -24,7 +25,7 @@ NAME = "ofsd"
 def _classify(name, config):
     if config.pre_ln:  # a pre-LN module's LayerNorms, named where they sit (the canonical spelling read too)
         name = pre_ln_canonical_name(name, config.num_hidden_layers)
-    return Hit("mapped", (name,)) if name in expected_shapes(config) else None
+    return Hit(name) if name in expected_shapes(config) else None
 
 
 def _items(names, config, bare):

@@ -53,7 +53,7 @@ from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.files.atomic import writes_to
 from bert_of.tensors import SCOPES
 from bert_of.checkpoint import copy_file
-from bert_of import protobuf
+import bert_of.protobuf as protobuf
 from bert_of.protobuf import LEN, VARINT, ProtobufError, key as _key, varint
 from bert_of.tokenization import read_vocab_lines, vocab_looks_cased
 from bert_of.version import __version__

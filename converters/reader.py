@@ -72,14 +72,29 @@ class Entry:
     dtype: object = None
     read: Optional[Callable[[], np.ndarray]] = None  # the stored array
     problem: str = ""  # why it cannot be read; an error only if the tensor is kept
+    origin: object = None  # where its bytes are: entries of one origin are one stored tensor (never compared)
 
 
 @dataclass
 class Hit:
-    target: str  # canonical name, or optimizer state ("m/<canonical>", "step", ...)
+    """What one stored tensor is. ``kind``: "mapped" (one canonical tensor, or optimizer state),
+    "fused" (one tensor holding ``parts``, several canonical tensors along its first axis, cut by
+    ``split(array, j)``: LiBai's q,k,v), "tied" (a copy of ``target``'s stored tensor, which the
+    model ties: checked equal when that tensor is read, then dropped), "buffer" (not a weight:
+    ``check(array)`` says what is wrong with it, or None; then dropped)."""
+
+    target: str = ""  # canonical name, or optimizer state ("m/<canonical>", "step", ...); tied: the twin
     transform: Optional[str] = None  # stored -> canonical (bert_of.converters.mapping.TRANSFORMS)
     note: str = ""
     optimizer: bool = False
+    kind: str = "mapped"
+    parts: tuple = ()  # fused: the canonical names, in the order of the stored tensor's first axis
+    split: Optional[Callable] = None  # fused: (stored array, j) -> canonical array j
+    check: Optional[Callable] = None  # buffer: stored array -> error text or None
+
+    @property
+    def targets(self) -> tuple:
+        return self.parts if self.kind == "fused" else (self.target,)
 
 
 @dataclass
@@ -89,6 +104,7 @@ class Sorted:
     model: list = field(default_factory=list)
     optimizer: list = field(default_factory=list)
     report: list = field(default_factory=list)
+    ties: dict = field(default_factory=dict)  # canonical name -> [tied entries] equal to its stored tensor
 
 
 def hit(table: Table, name: str, optimizer: bool = False) -> Optional[Hit]:
@@ -101,10 +117,12 @@ def sort(entries, classify: Callable, opts: Options, where: str, what: str = "te
          table: Optional[Table] = None) -> Sorted:
     """Classify every entry and account for it in the report (see the module doc).
 
-    Errors, in this order: no BERT tensor at all (``table`` names the word embeddings as the
-    format spells them); tensors that are not BERT's (unless ``--skip-unknown``); two tensors
-    for one canonical name; a kept tensor with a ``problem``."""
-    out, unknown, owner = Sorted(), [], {}
+    Errors, in this order: two tensors for one canonical name; no BERT tensor at all (``table``
+    names the word embeddings as the format spells them); tensors that are not BERT's (unless
+    ``--skip-unknown``); a tied copy of a tensor the file lacks; a kept tensor with a ``problem``
+    or a fused one that does not split; a buffer its ``check`` refuses (buffers are small: read now,
+    so a wrong one fails before any output)."""
+    out, unknown, owner, later = Sorted(), [], {}, []
     for e in entries:
         h = classify(e)
         if isinstance(h, ReportLine) and h.action == "unknown":  # not BERT, with the format's own note
@@ -121,11 +139,15 @@ def sort(entries, classify: Callable, opts: Options, where: str, what: str = "te
         elif h.optimizer:
             out.report.append(ReportLine(e.name, "optimizer", h.target, h.note))
             out.optimizer.append((e, h))
+        elif h.kind in ("tied", "buffer"):
+            later.append((e, h, len(out.report)))
+            out.report.append(None)  # its line once the twin is known
         else:
-            if h.target in owner:
-                raise CheckpointError(f"{where}: {what}s {owner[h.target]} and {e.name} are both {h.target}")
-            owner[h.target] = e.name
-            out.report.append(ReportLine(e.name, "mapped", h.target, h.note))
+            for c in h.targets:
+                if c in owner:
+                    raise CheckpointError(f"{where}: {what}s {owner[c]} and {e.name} are both {c}")
+                owner[c] = e.name
+            out.report.append(ReportLine(e.name, "mapped", ", ".join(h.targets), h.note))
             out.model.append((e, h))
     if not out.model:
         spelled = table.from_canonical(WORD_EMB)[0] if table and table.from_canonical(WORD_EMB) else WORD_EMB
@@ -133,10 +155,33 @@ def sort(entries, classify: Callable, opts: Options, where: str, what: str = "te
     if unknown and not opts.skip_unknown:
         more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
         raise CheckpointError(f"{where}: unknown {what} {unknown[0]}{more} (not BERT; --skip-unknown drops them)")
-    for e, _ in out.model + out.optimizer:
+    for e, h, i in later:
+        if h.kind == "tied":
+            if h.target not in owner:
+                raise CheckpointError(f"{where}: {what} {e.name} is tied to {h.target}, which is missing")
+            out.ties.setdefault(h.target, []).append(e)
+            out.report[i] = ReportLine(e.name, "dropped", note=h.note or f"tied to {owner[h.target]}, equal")
+        else:
+            out.report[i] = ReportLine(e.name, "dropped", note=h.note)
+    for e, h in out.model + out.optimizer:
         if e.problem:
             raise CheckpointError(f"{where}: {what} {e.name} {e.problem}")
+        n = len(h.parts)
+        if h.kind == "fused" and (not e.shape or e.shape[0] % n):
+            raise CheckpointError(f"{where}: {what} {e.name} has shape {list(e.shape or ())}, not {n} fused parts")
+    for e, h, _ in later:
+        msg = h.check(e.read()) if h.kind == "buffer" and h.check else None
+        if msg:
+            raise CheckpointError(f"{where}: buffer {e.name} {msg}")
     return out
+
+
+def _shapes(e: Entry, h: Hit) -> list:
+    """[(canonical name, shape)] a kept entry yields."""
+    shape = apply_shape(h.transform, e.shape)
+    if h.kind == "fused":
+        shape = (shape[0] // len(h.parts),) + tuple(shape[1:])
+    return [(c, shape) for c in h.targets]
 
 
 def check(model, config: BertConfig, where: str, table: Table, fill=(), noun: str = "tensor",
@@ -144,20 +189,21 @@ def check(model, config: BertConfig, where: str, table: Table, fill=(), noun: st
     """:func:`bert_of.tensors.check_fit` of the kept (entry, hit) pairs (plus ``fill`` specs), its
     messages in the file's names (``shown(canonical)`` for a tensor the file lacks) and with
     shapes as stored ([in, out] kernels, [1, P, H] positions)."""
-    shapes = {h.target: apply_shape(h.transform, e.shape) for e, h in model}
+    shapes = {c: shape for e, h in model for c, shape in _shapes(e, h)}
     shapes.update({s.name: s.shape for s in fill})
-    stored = {h.target: (e.name, h.transform) for e, h in model}
+    stored = {c: (e.name, None if h.kind == "fused" else h.transform) for e, h in model for c in h.targets}
 
     def source(name):
         if name in stored:
             return stored[name][0]
         if shown is not None:
             return shown(name)
-        spelled = table.from_canonical(name)
+        spelled = table.from_canonical(name) if table else None
         return spelled[0] if spelled else name
 
     def source_shape(name, shape):
-        transform = stored[name][1] if name in stored else (table.from_canonical(name) or (None, None))[1]
+        transform = stored[name][1] if name in stored else \
+            ((table.from_canonical(name) if table else None) or (None, None))[1]
         return apply_shape(inverse(transform), shape)
 
     try:
@@ -178,13 +224,37 @@ def pooler_zeros(config: BertConfig, dtype) -> list:
     return zeros(zip(POOLER, ((H, H), (H,))), dtype)
 
 
-def _stream(pairs, opts: Options) -> list:
+def _tied(e: Entry, twins: list, where: str) -> Callable:
+    """``e.read`` that also checks the tied copies of ``e`` hold the same bytes (bert_of keeps one)."""
+    if not twins:
+        return e.read
+
+    def read():
+        arr = e.read()
+        for t in twins:
+            if t.origin is not None and t.origin == e.origin:
+                continue  # one stored object under two names: the same tensor
+            other = t.read()
+            if other.dtype != arr.dtype or other.shape != arr.shape or other.tobytes() != arr.tobytes():
+                raise CheckpointError(f"{where}: tensor {t.name} differs from {e.name}; the model ties them "
+                                      f"(bert_of keeps one)")
+        return arr
+    return read
+
+
+def _stream(pairs, opts: Options, ties: Optional[dict] = None, where: str = "") -> list:
     out = []
     for e, h in pairs:
-        spec = TensorSpec(h.target, np.dtype(e.dtype), apply_shape(h.transform, e.shape))
-        # --dtype casts weights and their moments, never counters, loss scales or beta^t
-        cast = h.target not in SCALAR_STATE and h.target.partition("/")[0] not in SCALAR_SLOTS
-        out.append(cast_spec(spec, (lambda e=e, t=h.transform: apply(t, e.read())), opts.dtype if cast else None))
+        read = _tied(e, (ties or {}).get(h.target, []), where) if h.kind == "mapped" else e.read
+        for j, (c, shape) in enumerate(_shapes(e, h)):
+            spec = TensorSpec(c, np.dtype(e.dtype), shape)
+            if h.kind == "fused":
+                produce = (lambda r=read, h=h, j=j: h.split(apply(h.transform, r()), j))
+            else:
+                produce = (lambda r=read, t=h.transform: apply(t, r()))
+            # --dtype casts weights and their moments, never counters, loss scales or beta^t
+            cast = c not in SCALAR_STATE and c.partition("/")[0] not in SCALAR_SLOTS
+            out.append(cast_spec(spec, produce, opts.dtype if cast else None))
     return out
 
 
@@ -201,7 +271,7 @@ def finish(where: str, fmt: str, config: BertConfig, vocab: Optional[str], found
     for r in found.report:
         if r.action == "mapped" and layout.get(r.source):
             r.note = f"{layout[r.source]}; {r.note}" if r.note else layout[r.source]
-    tensors = _stream(found.model, opts)
+    tensors = _stream(found.model, opts, found.ties, where)
     tensors += [cast_spec(s, (lambda s=s: np.zeros(s.shape, s.dtype)), opts.dtype) for s in fill]
     return Source(where, fmt, config, vocab, tensors, _stream(found.optimizer, opts),
                   dict(optimizer_meta or {}) if found.optimizer else {}, found.report,

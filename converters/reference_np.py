@@ -175,7 +175,7 @@ def _dense(role, template, orient):
     return {role + ".w": [(template[0], orient)], role + ".b": [(template[1], None)]}
 
 
-def _roles(dense, vec, ln, emb, heads):
+def roles(dense, vec, ln, emb, heads):
     """Role table from: a dense-scope speller, a [in, out] orientation, LN and embedding names."""
     names = {}
     for role, scope in emb.items():
@@ -200,7 +200,7 @@ class Google(Layout):
     def token_classifier(self):  # the key bert_of writes beside Google's (Google's code has no token head)
         return self.config.get("bert_of_classifier_kind") == "token"
     _L = "bert/encoder/layer_{i}/"
-    NAMES = _roles(
+    NAMES = roles(
         {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
          "ao": _L + "attention/output/dense", "in": _L + "intermediate/dense", "out": _L + "output/dense",
          "pool": "bert/pooler/dense", "mlm": "cls/predictions/transform/dense"},
@@ -220,7 +220,7 @@ class HuggingFace(Layout):
     name = "hf"
     mask_value = float(np.finfo(np.float32).min)  # transformers' extended attention mask
     _L = "bert.encoder.layer.{i}."
-    NAMES = _roles(
+    NAMES = roles(
         {}, None,
         {"emb_ln": (["bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.gamma"],
                     ["bert.embeddings.LayerNorm.bias", "bert.embeddings.LayerNorm.beta"]),
@@ -271,7 +271,7 @@ class BertOf(HuggingFace):
 class Keras(Layout):
     name = "h5"
     _L = "bert/encoder/layer_._{i}/"
-    NAMES = _roles(
+    NAMES = roles(
         {"q": _L + "attention/self/query", "k": _L + "attention/self/key", "v": _L + "attention/self/value",
          "ao": _L + "attention/output/dense", "in": _L + "intermediate/dense", "out": _L + "output/dense",
          "pool": "bert/pooler/dense", "mlm": "mlm___cls/predictions/transform/dense",
@@ -313,7 +313,7 @@ class ModelGarden(Layout):
     numerics = Google.numerics  # Model Garden reads Google's bert_config.json: "gelu" is tanh
     token_classifier = Google.token_classifier
     _L, _S = "_transformer_layers/{i}/", "transformer/layer_{i}/"
-    NAMES = _roles(
+    NAMES = roles(
         {}, None,
         {"emb_ln": (["_embedding_norm_layer/gamma", "embeddings/layer_norm/gamma"],
                     ["_embedding_norm_layer/beta", "embeddings/layer_norm/beta"]),
@@ -361,7 +361,7 @@ class Lazy(Layout):
         act = _google_act(config)
         return (gelu if act and act.startswith("gelu") else act), eps
     token_classifier = Google.token_classifier
-    NAMES = {**_dashed(Google.NAMES), **_roles({}, None, {}, {}, {
+    NAMES = {**_dashed(Google.NAMES), **roles({}, None, {}, {}, {
         "qa": [("cls-squad-output-weight", "cls-squad-output-bias", "in_out"),  # lazy: a dense [H, 2]
                ("cls-squad-output_weights", "cls-squad-output_bias", "out_in")],  # Google's names
         "clf": [("classification-output_weights", "classification-output_bias", "out_in"),
@@ -397,7 +397,7 @@ class OfModels(HuggingFace):
              "type": HuggingFace.NAMES["type"] + [("bert.embeddings.tokentype_embeddings", None)],
              "pos": HuggingFace.NAMES["pos"] + [("bert.embeddings.position_embeddings", None)],
              "mlm_bias": [("cls.predictions.output_bias", None), ("output_bias", None)],
-             **_roles({}, None, {}, {}, {"qa": [("cls_squad.weight", "cls_squad.bias", "out_in")]})}
+             **roles({}, None, {}, {}, {"qa": [("cls_squad.weight", "cls_squad.bias", "out_in")]})}
 
     @classmethod
     def from_source(cls, source):
@@ -411,7 +411,7 @@ class Onnx(BertOf):
     config has one) are the bert_of config's, which the model's metadata holds."""
     name = "onnx"
     _L = "bert.encoder.layer.{i}."
-    NAMES = {**BertOf.NAMES, **_roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
+    NAMES = {**BertOf.NAMES, **roles({}, None, {}, {}, {role: [(s + ".kernel", s + ".bias", "in_out")] for role, s in {
         "q": _L + "attention.self.query", "k": _L + "attention.self.key", "v": _L + "attention.self.value",
         "ao": _L + "attention.output.dense", "in": _L + "intermediate.dense", "out": _L + "output.dense",
         "pool": "bert.pooler.dense", "mlm": "cls.predictions.transform.dense", "nsp": "cls.seq_relationship",
@@ -432,7 +432,7 @@ class LiBai(Layout):
     interleaved per head ([heads, 3, head_size, H]). The MLM head's LayerNorm is at eps 1e-5."""
     name = "libai"
     _E = "bert.encoders.{i}."
-    NAMES = _roles({}, None,
+    NAMES = roles({}, None,
                    {"in_ln": ([_E + "input_layernorm.weight"], [_E + "input_layernorm.bias"]),
                     "pa_ln": ([_E + "post_attention_layernorm.weight"], [_E + "post_attention_layernorm.bias"]),
                     "final_ln": (["bert.final_layernorm.weight"], ["bert.final_layernorm.bias"]),

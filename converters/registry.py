@@ -32,6 +32,7 @@ MODULES = (
     "ofmodels",
     "ofsd",
     "lazy",
+    "nvidia",
     "hf",
     "h5",
     "onnx",

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, ConfigError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
@@ -46,6 +47,20 @@ class Options:
     dtype: Optional[str] = None  # cast floating tensors ("float32", "float16", "bfloat16")
     numerics: Optional[str] = None  # override provenance numerics: "tf1" | "lazy" | "hf"
     no_meta: bool = False  # lazy writer: oldest layout (out files only, no meta)
+    max_shard_size: Optional[int] = None  # bytes per weights file, for a format that shards (hf)
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+               "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``--max-shard-size``: "5GB", "200MB", "1.5GiB", "1000" -> bytes (GB = 10^9, GiB = 2^30, as
+    transformers reads it)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not m or m.group(2) not in _SIZE_UNITS or float(m.group(1)) * _SIZE_UNITS[m.group(2)] < 1:
+        raise ConfigError(f"--max-shard-size {text!r}: not a size (like 5GB, 200MB, 1GiB)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
 
 
 @dataclass

@@ -171,8 +171,26 @@ def _read_reference_side(path: str, opts: Options) -> Source:
     return read(path, Options(config=opts.config, vocab=opts.vocab, skip_unknown=True), require_vocab=False)
 
 
+def inspect(path: str, config=None) -> dict:
+    """``bert-of inspect``: the index's variables as stored (name, shape, dtype, kind) and the config
+    when there is one; no vocabulary or config needed."""
+    info = {"tensors": []}
+    prefix = tf1_bundle.resolve_prefix(path)
+    entries = tf1_bundle.read_index(prefix)
+    for name, e in entries.items():
+        found = _classify(name)
+        kind = "unknown" if found is None else found.target if found.target == "step" else \
+            "optimizer" if found.optimizer else "model"
+        info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
+    cfg = config or os.path.join(os.path.dirname(prefix), CONFIG_FILE)
+    if os.path.isfile(cfg):
+        info["config"] = BertConfig.from_google_json_file(cfg).to_dict()
+    info["path"] = prefix
+    return info
+
+
 FORMAT = Format(
     NAME, "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)", detect, read, write_files,
     reference_np.Google, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"), owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"),
     token_classifier=True,  # bert_config.json's bert_of key
-    table=TABLE, ecosystem="tf-checkpoint", read_reference_side=_read_reference_side)
+    table=TABLE, ecosystem="tf-checkpoint", read_reference_side=_read_reference_side, inspect=inspect)

@@ -3,13 +3,13 @@
 A torch zip holds ``<root>/data.pkl`` (a pickle of the state dict), ``<root>/data/<key>`` (one
 member per storage: raw bytes) and ``<root>/byteorder``. The pickle is never unpickled as such:
 
-1. A restricted unpickler admits only ``torch._utils._rebuild_tensor_v2``, ``torch.*Storage`` and
-   ``collections.OrderedDict``; any other global is refused by name before it is looked up, so
-   nothing is executed.
+1. The one safe pickle reader (:mod:`bert_of.pickles`) parses it as data: it admits only the
+   globals ``torch._utils._rebuild_tensor_v2``, ``torch.*Storage`` and ``collections.OrderedDict``
+   (any other is refused by name; nothing is looked up, nothing is executed), REDUCE only of those,
+   BUILD only of an OrderedDict's ``_metadata``.
 2. What the pickle builds are *descriptions*, not tensors: a storage is ``(key, dtype, numel)``,
-   a tensor ``(storage, offset, shape, stride)``, both immutable tuples (a later BUILD opcode that
-   tries to rewrite a stride or turn a storage into an int fails), and every callable the pickle
-   can reach is an immutable wrapper too.
+   a tensor ``(storage, offset, shape, stride)``, both immutable tuples (a BUILD opcode that
+   tries to rewrite a stride or turn a storage into an int is refused).
 3. After the whole pickle is read, every tensor is checked: Python ints, at most 32 dims, offset
    and strides non-negative, a stride pattern ``torch.save`` writes for real tensors (contiguous,
    permuted, sliced: no two elements at one address, stride 0 only on size-1 dims), every
@@ -21,15 +21,14 @@ member per storage: raw bytes) and ``<root>/byteorder``. The pickle is never unp
 
 from __future__ import annotations
 
-import collections
-import io
 import math
-import pickle
+import struct
 import zipfile
 from typing import NamedTuple
 
 import numpy as np
 
+import bert_of.pickles as pickles
 from bert_of.errors import CheckpointError
 from bert_of.tensors import MAX_DIMS
 
@@ -68,6 +67,8 @@ class StorageRef(NamedTuple):
     dtype: np.dtype
     numel: int
 
+    shown = "a storage record"
+
 
 class TensorRef(NamedTuple):
     """A tensor in a torch zip: a view (offset, shape, strides in elements) of a storage."""
@@ -76,6 +77,8 @@ class TensorRef(NamedTuple):
     offset: int
     shape: tuple
     stride: tuple
+
+    shown = "a tensor record"
 
     @property
     def dtype(self):
@@ -86,16 +89,16 @@ class TensorRef(NamedTuple):
             (other.storage.key, other.offset, other.shape, other.stride)
 
 
-class _Fn(tuple):
-    """An immutable callable: what ``find_class`` hands the pickle (a BUILD on it fails)."""
+class _Callable(NamedTuple):
+    """What a pickle's admitted global stands for (never called: REDUCE looks at which one it is)."""
 
-    __slots__ = ()
+    shown: str
 
-    def __new__(cls, fn):
-        return tuple.__new__(cls, (fn,))
 
-    def __call__(self, *args, **kwargs):
-        return self[0](*args, **kwargs)
+_REBUILD = _Callable("torch._utils._rebuild_tensor_v2")
+_ORDERED_DICT = _Callable("collections.OrderedDict")
+ADMITTED = {("torch._utils", "_rebuild_tensor_v2"): _REBUILD, ("collections", "OrderedDict"): _ORDERED_DICT,
+            **{("torch", name): st for name, st in _STORAGE_TYPES.items()}}
 
 
 class _BadPickle(Exception):
@@ -145,43 +148,61 @@ def check_view(t: TensorRef) -> int:
     return extent
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits tensor descriptions only; everything else is refused before it is looked up."""
+def _handlers():
+    """The pickle reader's REDUCE, BUILD and persistent-id handlers for a torch.save pickle."""
+    storages = {}
 
-    ALLOWED = {("torch._utils", "_rebuild_tensor_v2"): _Fn(_rebuild_tensor_v2),
-               ("collections", "OrderedDict"): _Fn(collections.OrderedDict)}
+    def reduce(fn, args):
+        if fn is _REBUILD:
+            if not 4 <= len(args) <= 7:
+                raise _BadPickle("malformed tensor record")
+            return _rebuild_tensor_v2(*args)
+        if fn is _ORDERED_DICT and args == ():
+            return {}
+        raise pickles.Refused(f"REDUCE of {pickles.show(fn)} with {len(args)} arguments")
 
-    def __init__(self, file, where):
-        super().__init__(file)
-        self.where = where
-        self.storages = {}
+    def build(obj, state):  # an OrderedDict's _metadata (a module's versions): not needed, dropped
+        if type(obj) is dict and type(state) is dict and set(state) <= {"_metadata"}:
+            return obj
+        raise pickles.Refused(f"BUILD of {pickles.show(obj)}")
 
-    def find_class(self, module, name):
-        hit = self.ALLOWED.get((module, name))
-        if hit is None and module == "torch":
-            hit = _STORAGE_TYPES.get(name)
-        if hit is None:
-            raise CheckpointError(f"{self.where}: refusing to unpickle global {str(module)[:60]}.{str(name)[:60]} "
-                                  f"(only tensor data is admitted; nothing was executed)")
-        return hit
-
-    def persistent_load(self, pid):
+    def persistent(pid):
         if not (type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and type(pid[1]) is _StorageType
                 and type(pid[2]) is str and type(pid[3]) is str and _is_int(pid[4]) and pid[4] >= 0):
             raise _BadPickle(f"unexpected persistent id {str(pid)[:80]}")
         _, st, key, _location, numel = pid
-        s = self.storages.get(key)
+        s = storages.get(key)
         if s is None:
-            s = self.storages[key] = StorageRef(key, st.dtype, numel)
+            s = storages[key] = StorageRef(key, st.dtype, numel)
         elif s.dtype != st.dtype or s.numel != numel:
             raise _BadPickle(f"storage {key[:40]} declared twice with different types or sizes")
         return s
+
+    return dict(reduce=reduce, build=build, persistent=persistent)
+
+
+def _flatten(obj, budget: int) -> dict:
+    """{"a/b/0/c": TensorRef} of every tensor in a parsed tree (dict keys and list indices joined by
+    "/"), walking at most ``budget`` objects."""
+    pickles.plain(obj, budget, leaf=lambda x: type(x) in (TensorRef, StorageRef))
+    out, stack = {}, [((), obj)]
+    while stack:
+        path, x = stack.pop()
+        if type(x) is TensorRef:
+            out["/".join(path)] = x
+        elif isinstance(x, dict):
+            stack.extend((path + (str(k),), v) for k, v in reversed(list(x.items())))
+        elif isinstance(x, (list, tuple)):
+            stack.extend((path + (str(i),), v) for i, v in reversed(list(enumerate(x))))
+    return out
 
 
 class TorchZipFile:
     """Tensors of a ``torch.save`` zip file, without torch (see the module docstring)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, state_dict: bool = True):
+        """``state_dict``: the pickle is a state dict (``tensors``: its names); else any tree of
+        plain data and tensors (``obj``; ``tensors``: every tensor by its path, "model/bert....")."""
         self.path = path
         try:
             with open(path, "rb") as f:
@@ -211,7 +232,7 @@ class TorchZipFile:
         except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError,
                 RuntimeError) as e:
             raise CheckpointError(f"{path}: broken zip archive ({str(e)[:120]})") from None
-        self.tensors = self._unpickle(raw)
+        self.tensors = self._unpickle(raw, state_dict)
         for name, t in self.tensors.items():
             info = self._info(self._root + "data/" + t.storage.key, name)
             need = t.storage.numel * t.dtype.itemsize
@@ -219,20 +240,21 @@ class TorchZipFile:
                 raise CheckpointError(f"{path}: tensor {name}: storage {t.storage.key} holds {info.file_size} "
                                       f"bytes, needs {need}")
 
-    def _unpickle(self, raw: bytes) -> dict:
-        up = _RestrictedUnpickler(io.BytesIO(raw), self.path)
+    def _unpickle(self, raw: bytes, state_dict: bool) -> dict:
         try:
-            obj = up.load()
-        except CheckpointError:
-            raise
+            obj = self.obj = pickles.parse(raw, ADMITTED, **_handlers())
+            tensors = _flatten(obj, 4 * len(raw) + 64) if not state_dict else None
+        except pickles.Refused as e:
+            if str(e).startswith("global "):
+                raise CheckpointError(f"{self.path}: refusing to unpickle {e} (only tensor data is admitted; "
+                                      f"nothing was executed)") from None
+            raise CheckpointError(f"{self.path}: not a PyTorch state dict pickle ({e})") from None
         except _BadPickle as e:
             raise CheckpointError(f"{self.path}: not a PyTorch state dict ({e})") from None
-        except Exception as e:  # a malformed pickle (BUILD on a record, bad opcodes): the file's fault
-            raise CheckpointError(f"{self.path}: not a PyTorch state dict pickle ({type(e).__name__}: "
-                                  f"{str(e)[:80]})") from None
-        if not isinstance(obj, dict) or not all(type(k) is str and type(v) is TensorRef for k, v in obj.items()):
-            raise CheckpointError(f"{self.path}: not a state dict (expected a mapping of names to tensors)")
-        tensors = dict(obj)
+        if state_dict:
+            if not isinstance(obj, dict) or not all(type(k) is str and type(v) is TensorRef for k, v in obj.items()):
+                raise CheckpointError(f"{self.path}: not a state dict (expected a mapping of names to tensors)")
+            tensors = dict(obj)
         for name, t in tensors.items():  # the whole pickle is read: now every view is checked
             try:
                 check_view(t)
@@ -315,3 +337,109 @@ class TorchZipFile:
 
     def close(self):
         self._zip.close()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+
+class Tensor(NamedTuple):
+    """A tensor to write: ``produce()`` -> its array, read when its storage is written; tensors
+    with one ``storage`` key share it (a tied weight, as torch.save writes one Parameter twice)."""
+
+    storage: str
+    dtype: np.dtype
+    shape: tuple
+    produce: object
+
+
+def _storage_name(dtype) -> str:
+    dt = np.dtype(dtype)
+    key = dt.name if dt.name == "bfloat16" or dt.itemsize == 1 else dt.newbyteorder("<").str
+    for name, st in _STORAGE_TYPES.items():
+        st_key = st.dtype.name if st.dtype.name == "bfloat16" or st.dtype.itemsize == 1 else st.dtype.str
+        if st_key == key:
+            return name
+    raise CheckpointError(f"dtype {dt} has no torch storage type")
+
+
+def _p_int(v: int) -> bytes:
+    if 0 <= v < 256:
+        return b"K" + bytes([v])
+    if 0 <= v < 65536:
+        return b"M" + v.to_bytes(2, "little")
+    if -2 ** 31 <= v < 2 ** 31:
+        return b"J" + v.to_bytes(4, "little", signed=True)
+    n = (v.bit_length() + 8) // 8
+    return b"\x8a" + bytes([n]) + v.to_bytes(n, "little", signed=True)
+
+
+def _p_global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _p(v) -> bytes:
+    """Protocol-2 opcodes of plain data and :class:`Tensor` records (what torch.save writes for them)."""
+    if v is None:
+        return b"N"
+    if isinstance(v, bool):
+        return b"\x88" if v else b"\x89"
+    if isinstance(v, int):
+        return _p_int(v)
+    if isinstance(v, float):
+        return b"G" + struct.pack(">d", v)
+    if isinstance(v, str):
+        b = v.encode("utf-8")
+        return b"X" + len(b).to_bytes(4, "little") + b
+    if isinstance(v, Tensor):
+        numel = int(math.prod(v.shape))
+        stride = tuple(int(math.prod(v.shape[k + 1:])) for k in range(len(v.shape)))
+        storage = b"(" + _p("storage") + _p_global("torch", _storage_name(v.dtype)) + _p(v.storage) + _p("cpu") \
+            + _p(numel) + b"tQ"
+        return (_p_global("torch._utils", "_rebuild_tensor_v2") + b"(" + storage + _p(0) + _p(tuple(v.shape))
+                + _p(stride) + b"\x89" + _p_global("collections", "OrderedDict") + b")R" + b"tR")
+    if isinstance(v, tuple):
+        return b"(" + b"".join(_p(x) for x in v) + b"t" if v else b")"
+    if isinstance(v, list):
+        return b"]" + (b"(" + b"".join(_p(x) for x in v) + b"e" if v else b"")
+    if isinstance(v, dict):
+        head = _p_global("collections", "OrderedDict") + b")R" if getattr(v, "ordered", False) else b"}"
+        return head + (b"(" + b"".join(_p(k) + _p(x) for k, x in v.items()) + b"u" if v else b"")
+    raise CheckpointError(f"cannot write a {type(v).__name__} into a torch pickle")
+
+
+class StateDict(dict):
+    """A dict written as torch writes a module's state dict (an OrderedDict)."""
+
+    ordered = True
+
+
+def write_torch_zip(path: str, obj, root: str = "archive") -> None:
+    """``obj`` (plain data, :class:`StateDict`s and :class:`Tensor`s) as ``torch.save`` writes it: a
+    zip of ``<root>/data.pkl``, ``<root>/data/<storage>`` (one tensor in memory at a time),
+    ``<root>/byteorder`` and ``<root>/version``; ``torch.load(path, weights_only=True)`` reads it."""
+    tensors = {}
+
+    def collect(v):
+        if isinstance(v, Tensor):
+            t = tensors.setdefault(v.storage, v)
+            if (t.dtype, tuple(t.shape)) != (v.dtype, tuple(v.shape)):
+                raise CheckpointError(f"{path}: storage {v.storage} written with two shapes")
+        elif isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                collect(x)
+    collect(obj)
+    raw = b"\x80\x02" + _p(obj) + b"."
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{root}/data.pkl", raw)
+        z.writestr(f"{root}/byteorder", b"little")
+        for key, t in tensors.items():
+            arr = np.ascontiguousarray(np.asarray(t.produce()), dtype=t.dtype)
+            if arr.shape != tuple(t.shape):
+                raise CheckpointError(f"{path}: tensor of storage {key} is {list(arr.shape)}, not {list(t.shape)}")
+            z.writestr(f"{root}/data/{key}", arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+                       if arr.dtype.itemsize > 1 and arr.dtype.name != "bfloat16" else arr.tobytes())
+        z.writestr(f"{root}/version", b"3\n")

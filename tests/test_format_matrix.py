@@ -12,14 +12,24 @@ from bert_of.converters import tf_reference as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import verify
-from tests.conftest import TINY, write_vocab
+from tests.conftest import TINY, run_cli, write_vocab
 
 # every registered format that bert_of writes; bert_of's own first (the matrix's sources are made from it)
 FORMATS = ("of",) + tuple(n for n in registry.names(writable=True) if n != "of")
 # formats that can hold each dtype (declared by each format: h5py has no bfloat16; the lazy meta has
-# no bf16 code here, nor the flow.save folders' meta, which is the same record)
-DTYPE_FORMATS = {dt: tuple(f for f in FORMATS if dt in registry.get(f).dtypes)
-                 for dt in ("float32", "float16", "bfloat16")}
+# no bf16 code here, nor the flow.save folders' meta, which is the same record). Every pair in fp32;
+# in fp16/bf16 one format stands for those sharing a container (the same files: the flow.save three,
+# the TF bundles).
+
+
+def _one_per_container(fmts):
+    """The last registered of the formats writing the same files (tf of tf2/tf, ofsd of the flow.save three)."""
+    last = {registry.get(f).owns: f for f in fmts}
+    return tuple(f for f in fmts if last[registry.get(f).owns] == f)
+
+
+DTYPE_FORMATS = {dt: (lambda fs: fs if dt == "float32" else _one_per_container(fs))(
+    tuple(f for f in FORMATS if dt in registry.get(f).dtypes)) for dt in ("float32", "float16", "bfloat16")}
 # formats whose reader records its codebase's numerics whatever the weights came from (erf GELU,
 # eps 1e-5; LiBai's MLM head at eps 1e-5): compared with what is converted FROM them
 PROVENANCE_NUMERICS = ("lazy", "ofmodels", "libai")
@@ -92,18 +102,20 @@ def test_every_pair_verifies_forward_equal(sources, tmp_path):
             convert(f"{a}2{b}", fp32[a], str(dst), Options())
             modes = ("eager", "graph") if a == "lazy" else ("eager",)
             checked.append((a, b, verify(fp32[a], str(dst), modes=modes)))
+    # NVIDIA's PyTorch BERT computes Google's numerics (tanh GELU, eps 1e-12) under HF-like names
+    checked.append(("nvidia", "tf", verify(fp32["nvidia"], fp32["tf"], modes=("eager",))))
     for a, b, report in checked:
         assert report["ok"] and report["worst"] <= 1e-5, (a, b, report["max_abs_diff"])
         runs = set(report["max_abs_diff"])
         assert any(r.endswith(":eager") for r in runs), runs
-        if a not in ("ofsd", "ofmodels", "libai"):
+        if a not in ("ofsd", "ofmodels", "libai", "nvidia"):
             assert any(r.endswith(":graph") for r in runs), runs
         assert report["reference"] == f"numpy-float64 ({a} layout)", report["reference"]
         if b != "of":  # what was written, computed in its own format's layout too
             assert f"B:numpy-float64 ({b} layout)" in runs, runs
         if a == "tf":  # Google's own graph beside, in agreement with the reference
             assert max(report["ecosystem"]["A:tf-float64"].values()) <= 1e-9
-    assert len(checked) == 6 + 1 + 4 + 1 + 1
+    assert len(checked) == 6 + 1 + 4 + 1 + 1 + 1
 
 
 def test_lazy_numerics_differ_from_googles(sources):
@@ -120,3 +132,27 @@ def test_dtype_flag_casts_and_round_trips(sources, tmp_path):
     full, _ = _canonical(sources["float32"]["of"], "of")
     for k, v in tensors.items():
         assert np.array_equal(v, full[k].astype(np.float16)), k
+
+
+def test_the_registry_is_the_one_list_of_formats():
+    """Every format module is registered by one line; the CLI, the owned files, the zoo and this
+    matrix read the registry (a format module that is not registered, or a list kept elsewhere, fails)."""
+    import glob
+    import os
+    import re as _re
+
+    from bert_of.converters import convert as conv
+    from bert_of.files.owned import own_files
+    from bert_of.zoo import cache, registry as zoo_registry
+    from tests.conftest import ROOT
+
+    declared = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "converters", "*.py"))
+                      if _re.search(r"^FORMAT = Format\(", open(p, encoding="utf-8").read(), _re.M))
+    assert declared == sorted(registry.MODULES)
+    assert conv.FORMATS is registry.FORMATS and list(conv.DESCRIPTIONS) == list(registry.FORMATS)
+    for name, f in registry.FORMATS.items():
+        assert set(f.owns) <= own_files(), name
+        assert f.reference.from_source and (f.write_files is None) == (name not in FORMATS)
+    assert zoo_registry.SOURCE_FORMATS == registry.names() and cache.FORMATS == registry.names(writable=True)
+    shown = run_cli("convert", "--help").stdout
+    assert all(f"{n} = " in " ".join(shown.split()) for n in registry.FORMATS), shown

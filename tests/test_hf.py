@@ -352,6 +352,40 @@ def test_sharded_safetensors_index(tmp_path):
     assert_same_tensors(t, st(tmp_path / "back"))
 
 
+def test_of2hf_max_shard_size_writes_transformers_shards(tmp_path, tiny_of):
+    """--max-shard-size: model-0000N-of-0000M.safetensors + model.safetensors.index.json (total_size,
+    weight_map), each shard within the size unless one tensor alone exceeds it; read back bit-exact."""
+    whole = st(TINY_PT)
+    limit = 20_000  # bytes: the tiny model's 120 KB in several shards; its word embeddings alone exceed it
+    run_cli("convert", "of2hf", tiny_of, "-o", tmp_path / "hf", "--max-shard-size", "20KB")
+    files = sorted(os.listdir(tmp_path / "hf"))
+    shards = [f for f in files if f.startswith("model-")]
+    n = len(shards)
+    assert n > 2 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)], files
+    assert "model.safetensors" not in files
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert sorted(index) == ["metadata", "weight_map"] and sorted(index["weight_map"].values()) == \
+        sorted(f for f in shards for _ in load_file(tmp_path / "hf" / f))
+    got = {}
+    for f in shards:
+        part = load_file(tmp_path / "hf" / f)
+        size = sum(v.nbytes for v in part.values())
+        assert size <= limit or len(part) == 1, (f, size)
+        got.update(part)
+    assert index["metadata"]["total_size"] == sum(v.nbytes for v in got.values())
+    assert_same_tensors(whole, got)
+    run_cli("convert", "hf2of", tmp_path / "hf", "-o", tmp_path / "back")
+    assert_same_tensors(st(tiny_of), st(tmp_path / "back"))
+    one = run_cli("convert", "of2hf", tiny_of, "-o", tmp_path / "one", "--max-shard-size", "5GB")
+    assert "model.safetensors" in os.listdir(tmp_path / "one") and one.returncode == 0  # one shard: no index
+    for args, want in ((("of2hf", "--max-shard-size", "5XB"), "--max-shard-size '5XB': not a size"),
+                       (("of2tf", "--max-shard-size", "1GB"), "--max-shard-size: tf is not written in shards")):
+        r = run_cli("convert", args[0], tiny_of, "-o", tmp_path / "bad", *args[1:], check=False)
+        lines = error_lines(r.stderr)
+        assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bert-of: error: {want}"), r.stderr
+        assert not os.path.exists(tmp_path / "bad")
+
+
 def test_torch_zip_views_dtypes_and_strides():
     """torch.save keeps views: strides, storage offsets, shared storages; bf16/fp16/0-d too."""
     import ml_dtypes

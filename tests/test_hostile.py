@@ -98,7 +98,7 @@ BIN_ATTACKS = {
     "BUILD slot state rewrites the stride": (POOLER, {"build": (None, {"stride": (1000, -999)})}),
     "BUILD turns the storage into an int": (LN_GAMMA, {"build": {"storage": 7}}),
 }
-BIN_ATTACK_NEEDLE = "not a PyTorch state dict pickle (AttributeError"
+BIN_ATTACK_NEEDLE = "not a PyTorch state dict pickle (BUILD of a tensor record"
 BIN_BAD_VIEWS = {
     # views checked after the whole pickle is read
     "offset beyond the storage": ({"offset": 5}, "outside its storage of 8 elements"),

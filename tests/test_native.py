@@ -13,6 +13,7 @@ import pytest
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
+from bert_of.errors import CheckpointError
 from bert_of.converters import flow_save
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
@@ -512,3 +513,70 @@ def test_libai_bare_bert_model(tmp_path, batch, pooler):
         assert not read(str(tmp_path / "of")).load()["bert.pooler.dense.weight"].any()
     convert("of2libai", str(tmp_path / "of"), str(tmp_path / "back"))
     nm.LibaiBertModel(cfg).load_state_dict(flow.load(str(tmp_path / "back")), strict=True)
+
+
+def _rewrite(src, dst, change):
+    """The flow.save folder ``src`` rewritten to ``dst`` with ``change(items)`` applied to its
+    [(key, array)] (each key its own tensor: tied copies stored apart), config and vocabulary kept."""
+    import shutil
+
+    items = [(e.key, flow_save.read_tensor(e)) for e in flow_save.read_dir(str(src))]
+    os.makedirs(dst)
+    flow_save.write_state_dict(str(dst), [(k, "oneflow.nn.Parameter", (lambda a=a: a)) for k, a in change(items)])
+    for f in ("config.json", "vocab.txt"):
+        shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    return str(dst)
+
+
+def test_flow_save_kinds_read_through_the_one_skeleton(tmp_path):
+    """A flow.save folder's keys are the reader skeleton's one Hit: an unknown key, a tied copy that
+    differs, a wrong buffer, a fused QKV that does not split are refused with the skeleton's lines."""
+    write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"])
+    cfg = dict(TINY, max_position_embeddings=40)
+    google = tmp_path / "google"
+    from bert_of.converters import tf_reference as ref
+
+    google.mkdir()
+    ref.make_checkpoint(str(google / "bert_model.ckpt"), cfg, seed=3, heads=("pretraining",))
+    (google / "bert_config.json").write_text(json.dumps(cfg))
+    write_vocab(google / "vocab.txt", TINY["vocab_size"])
+    convert("tf2ofmodels", str(google), str(tmp_path / "models"))
+    convert("tf2libai", str(google), str(tmp_path / "libai"))
+    ok = read(str(tmp_path / "models"), "ofmodels", Options())
+    kinds = {r.source: (r.action, r.note) for r in ok.report}
+    assert kinds["bert.embeddings.position_ids"][0] == "dropped" and "buffer" in kinds["bert.embeddings.position_ids"][1]
+    assert kinds["cls.predictions.decoder.weight"] == ("dropped", "the MLM decoder's weight IS the word embeddings "
+                                                                  "(clone_weights), equal")
+    libai = read(str(tmp_path / "libai"), "libai", Options())
+    fused = [r for r in libai.report if r.source.endswith("query_key_value.weight")]
+    assert len(fused) == 3 and fused[0].target.count(",") == 2  # one stored tensor, three canonical names
+    where = lambda d: os.path.join(d, "pickled_data")  # noqa: E731
+
+    def extra(items):
+        return items + [("bert.extra.weight", np.zeros(3, np.float32))]
+    bad = _rewrite(tmp_path / "models", tmp_path / "unknown", extra)
+    with pytest.raises(CheckpointError) as e:
+        read(bad, "ofmodels", Options())
+    assert str(e.value) == f"{where(bad)}: unknown tensor bert.extra.weight (not BERT; --skip-unknown drops them)"
+    kept = read(bad, "ofmodels", Options(skip_unknown=True))
+    assert ("bert.extra.weight", "dropped") in {(r.source, r.action) for r in kept.report}
+
+    def untied(items):
+        return [(k, a + 1 if k == "cls.predictions.decoder.weight" else a) for k, a in items]
+    bad = _rewrite(tmp_path / "models", tmp_path / "untied", untied)
+    with pytest.raises(CheckpointError, match="tensor cls.predictions.decoder.weight differs from "
+                                         "bert.embeddings.word_embeddings.weight; the model ties them"):
+        read(bad, "ofmodels", Options()).load()
+
+    def positions(items):
+        return [(k, a[:, ::-1].copy() if k == "bert.embeddings.position_ids" else a) for k, a in items]
+    bad = _rewrite(tmp_path / "models", tmp_path / "positions", positions)
+    with pytest.raises(CheckpointError, match=r"buffer bert.embeddings.position_ids is not 0..39 as int64 \[1, 40\]"):
+        read(bad, "ofmodels", Options())
+
+    def cut(items):
+        return [(k, a[:-1] if k.endswith("encoders.0.self_attention.query_key_value.bias") else a) for k, a in items]
+    bad = _rewrite(tmp_path / "libai", tmp_path / "cut", cut)
+    with pytest.raises(CheckpointError, match=r"tensor bert.encoders.0.self_attention.query_key_value.bias has shape "
+                                         r"\[95\], not 3 fused parts"):
+        read(bad, "libai", Options())
