@@ -71,6 +71,8 @@ def test_loss_is_transformers_mean_cross_entropy_over_labelled_positions(model):
     assert out.keys() == ["loss", "logits"] and out["logits"] is out.prediction_logits and out.logits is out[1]
     assert out.to_tuple()[0] is out.loss and len(out.to_tuple()) == 2
     assert "logits" not in out.to_dict() and "prediction_logits" in out.to_dict()
+    # no labelled position: NaN, as transformers' CrossEntropyLoss (checked: torch gives nan too)
+    assert np.isnan(float(model(ids, attention_mask=mask, labels=np.full_like(labels, -100)).loss.numpy()))
     # labels are checked by the one input gate: ids in [0, V) or -100, shaped [B, S]
     bad = labels.copy()
     bad[1, 1] = CONFIG["vocab_size"]
