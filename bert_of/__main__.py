@@ -3,7 +3,7 @@ native library (signals, NumPy's threads: bert_of.process), then the command lin
 
 import sys
 
-from bert_of import process
+import bert_of.process as process
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bert_of import process
+import bert_of.process as process
 
 if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports below load native libraries
     process.setup()

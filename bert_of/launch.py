@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bert_of import process
+import bert_of.process as process
 from bert_of.errors import BertOfError, ConfigError
 
 # The package's parent: children import the same bert_of as this process.

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from bert_of import pickles
+import bert_of.pickles as pickles
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_bounded

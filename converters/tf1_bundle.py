@@ -38,7 +38,7 @@ import numpy as np
 
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import atomic_write, fsync_dir, writes_to
-from bert_of import protobuf as pb
+import bert_of.protobuf as pb
 
 __all__ = [
     "TensorEntry",

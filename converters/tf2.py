@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert_of import protobuf as pb
+import bert_of.protobuf as pb
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.converters import tf1_bundle

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from bert_of import process
+import bert_of.process as process
 from bert_of.errors import BertOfError, CheckpointError, NeedsOneFlow
 from bert_of.tokenization import FullTokenizer
 from bert_of.converters import hf_torch, reference_np, registry
@@ -138,7 +138,7 @@ def _bert_of_or_why(source, batches: dict, modes, device: str):
     ``oneflow`` extra) is not installed. The proof then rests on the NumPy reference run in A's
     layout and in B's (and TensorFlow / transformers where installed), which need no OneFlow."""
     try:
-        from bert_of import _flow  # noqa: F401 -- OneFlow, or NeedsOneFlow
+        import bert_of._flow as _flow  # noqa: F401 -- OneFlow, or NeedsOneFlow
     except NeedsOneFlow as e:
         return f"not run: {e}"
     return _bert_of_runs(source, batches, modes, device)

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import types
 
-from bert_of import process
+import bert_of.process as process
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError, OutputError
 from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions

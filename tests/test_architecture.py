@@ -205,3 +205,16 @@ def test_only_the_process_module_writes_the_environment():
     segfault. bert_of.process.set_environ drains OneFlow before it writes: no other module writes."""
     writes = {m: lines for m, p in MODULES.items() if m != "bert_of.process" and (lines := _environ_writes(p))}
     assert writes == {}, writes
+
+
+def test_library_modules_import_modules_not_the_package_facade():
+    """``from bert_of import X`` runs the facade (bert_of/__init__.py), which reaches the zoo lazily:
+    counted as an edge, it closes a cycle (shared/tools/import_graph.py). Modules name the module."""
+    found = []
+    for mod, path in MODULES.items():
+        if mod == "bert_of":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "bert_of":
+                found.append(f"{path}:{node.lineno}")
+    assert found == [], found

@@ -2,7 +2,7 @@
 
 import sys
 
-from bert_of import process
+import bert_of.process as process
 
 process.setup()  # before the command's imports load native libraries
 

@@ -37,7 +37,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import crc32c as _crc32c
 import numpy as np
 
-from bert_of import protobuf as pb
+import bert_of.protobuf as pb
 from bert_of.files.owned import register_own_files
 
 from .ofrecord import (OFRecordError, OFRecordWriter, RecordFile, decode_values, encode_records,

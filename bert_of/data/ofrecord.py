@@ -31,7 +31,7 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from bert_of.errors import BertOfError
-from bert_of import protobuf as pb
+import bert_of.protobuf as pb
 
 __all__ = [
     "OFRecordError", "encode_record", "encode_records", "decode_record", "parse_record", "decode_varints",

@@ -31,7 +31,7 @@ import traceback
 
 import numpy as np
 
-from bert_of import process
+import bert_of.process as process
 from bert_of._flow import flow
 from bert_of.align.runner import run_experiments
 from bert_of.checkpoint import write_checkpoint
