@@ -2,7 +2,7 @@
 
     finetune_squad(SquadOptions(...)) / predict_squad(SquadOptions(...)) / eval_squad(SquadOptions(...))
 
-The model is :class:`~bert_of.modeling.BertForQuestionAnswering`; its forward computes run_squad's
+The model is :class:`~bert_of.heads.BertForQuestionAnswering`; its forward computes run_squad's
 loss from ``start_positions`` / ``end_positions`` (an answer outside a window, and a v2.0
 impossible question, point at [CLS]).
 """
@@ -23,7 +23,7 @@ from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data,
                                            finish_finetuning, load_model, make_tokenizer, model_display_name,
                                            model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
-from bert_of.modeling import BertForQuestionAnswering
+from bert_of.heads import BertForQuestionAnswering
 from bert_of.training.inference import infer
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime
