@@ -159,27 +159,34 @@ def test_non_finite_training_stops_and_publishes_nothing(setup, tmp_path, monkey
 
 
 def test_amp_skips_a_few_non_finite_losses_then_stops():
-    from bert_of.modeling import BertForPreTraining
+    from bert_of.heads import BertForPreTraining
     from bert_of.training import TrainConfig, Trainer
     from bert_of.training.state import NonFiniteError
     from tests.scripts.train_fixture import CONFIG as TINY, TRAIN, global_batch
     from bert_of.training.trainer import MAX_AMP_NONFINITE
 
-    def poisoned(s):
-        b = global_batch(s)
-        b["masked_lm_weights"] = b["masked_lm_weights"] * np.float32("nan")  # a record's NaN weights
-        return b
+    class Faulty(BertForPreTraining):
+        """A model whose loss turns NaN on demand: the input gate refuses NaN in a batch (as the data
+        readers do), so a non-finite step comes from the computation, as an fp16 overflow would."""
+        poison = False
+
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            if self.poison and out.loss is not None:
+                out.loss = out.loss * float("nan")
+            return out
 
     for amp in (False, True):
-        model = BertForPreTraining(BertConfig(**TINY))
+        model = Faulty(BertConfig(**TINY))
         model.init_weights(seed=0)
         trainer = Trainer(model, TrainConfig(**dict(TRAIN, mode="eager", amp=amp, warmup_steps=0)))
         assert np.isfinite(trainer.step(global_batch(0))["loss"])
         before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+        model.poison = True
         skipped = 0
         with pytest.raises(NonFiniteError, match=r"the loss is not finite at step (\d+) \(nan\)") as e:
             for s in range(1, 2 + MAX_AMP_NONFINITE):
-                out = trainer.step(poisoned(s))
+                out = trainer.step(global_batch(s))
                 assert out["skipped"] == 1.0 and np.isnan(out["loss"])
                 skipped += 1
         assert skipped == (MAX_AMP_NONFINITE if amp else 0)

@@ -53,7 +53,19 @@ def read_bounded(path: str, limit: int, what: str = "file", error: type = BertOf
         if st.st_size > limit:
             raise error(f"{path}: {st.st_size} bytes, more than a {what} holds ({limit})")
         try:
-            raw = f.read(limit + 1)
+            # as many bytes as fstat said (read(n) allocates n up front: never the whole limit), then,
+            # for a file that grew meanwhile, the rest a block at a time up to limit + 1
+            want = min(limit, st.st_size) + 1
+            parts = [f.read(want)]
+            n = len(parts[0])
+            while n == want and n <= limit:
+                block = f.read(min(1 << 20, limit + 1 - n))
+                if not block:
+                    break
+                parts.append(block)
+                n += len(block)
+                want = n
+            raw = b"".join(parts) if len(parts) > 1 else parts[0]
         except OSError as e:
             raise error(f"{path}: cannot read {what} ({e.strerror})") from None
     if len(raw) > limit:
