@@ -223,7 +223,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                  f"(warmup {cfg.warmup_steps}) of batch {opts.batch_size} over {rt.world} rank(s) on {rt.device}, "
                  f"lr {cfg.lr:g}, {cfg.mode} mode")
         res = fit(trainer, data, steps, batch_size=opts.batch_size, run=run, log_every=opts.log_every,
-                  save_every=opts.save_every, vocab_file=getattr(model, "vocab_file", None), progress="lines",
+                  save_every=opts.save_every, keep=opts.keep, vocab_file=getattr(model, "vocab_file", None), progress="lines",
                   what=what, callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [], unit=unit)
     model.eval()
     losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
