@@ -61,6 +61,7 @@ def resolve_details(z, name_or_path, *, download: bool = True, vocab: Optional[s
         model = run_final(path)  # a training run's folder: the checkpoint it published
         if model != path:
             z.log(f"{given}: a training run; using its final checkpoint {model}")
+            return _from_path(z, model, vocab)._replace(name=os.path.basename(os.path.normpath(path)))  # the run's
         return _from_path(z, model, vocab)
     entry = z.registry.lookup(given) if given else None
     if entry is None:

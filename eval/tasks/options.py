@@ -20,6 +20,8 @@ MODEL, RESULTS = "model", "results store"
 SQUAD_EPOCHS, SQUAD_V2_EPOCHS = 3.0, 2.0  # run_squad.py's default; Google's README trains SQuAD 2.0 for 2
 SQUAD_LENGTHS = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64}  # run_squad.py's
 GLUE_MAX_SEQ_LENGTH = 128  # run_classifier.py's
+RUN_FOLDER = ("run folder, as pretrain's: run.json, metrics.jsonl, checkpoints/ (--save-every), final/ (the "
+              "fine-tuned checkpoint + train_args.json, published atomically; `--model RUN` uses it)")
 
 
 @dataclass(kw_only=True)
@@ -42,7 +44,7 @@ class TaskOptions(RunOptions):
     train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,), path=True)
     output: str | None = arg(None, short="-o", metavar="DIR", required=(PREDICT,), path=True,
                              help="folder for the prediction files (GLUE: predictions.tsv)",
-                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                             helps={TRAIN: RUN_FOLDER,
                                     EVAL: "folder for the prediction files (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "TASK-DATA-TIME/)"})
     overwrite: bool = arg(False, help="replace --output if it exists", commands=(TRAIN, PREDICT),
@@ -55,8 +57,7 @@ class TaskOptions(RunOptions):
     eval_data: list = arg(default_factory=list, metavar="FILE", group=TRAINING, commands=(TRAIN,),
                           help="after training, evaluate on this labeled file and record the result (repeatable)")
     run_dir: str | None = arg(None, metavar="DIR", group=RUN, commands=(TRAIN,), path=True, on_resume="not kept",
-                              help="keep run.json (the run's options), metrics.jsonl and (with --save-every) "
-                                   "resumable checkpoints here")
+                              help="deprecated: the older spelling of -o (the run folder)")
     # the results store
     results: str | None = arg(None, metavar="FILE", group=RESULTS, commands=RECORDING, on_resume="may change",
                               help="results store (unset: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
@@ -143,7 +144,7 @@ class ClassifyOptions(TaskOptions):
     output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
                              help="folder for predictions.csv, or the predictions file itself: CSV when it ends "
                                   ".csv, JSON Lines when .jsonl",
-                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                             helps={TRAIN: RUN_FOLDER,
                                     EVAL: "folder for predictions.csv (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "classify-DATA-TIME/)"})
     lr: float = arg(2e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
@@ -181,7 +182,7 @@ class TagOptions(TaskOptions):
     output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
                              help="folder for predictions.jsonl (tokens, tags), or the predictions file itself: "
                                   "JSON Lines when it ends .jsonl, CoNLL (token TAB tag) when .conll, .txt or .tsv",
-                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                             helps={TRAIN: RUN_FOLDER,
                                     EVAL: "folder for predictions.jsonl (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "tag-DATA-TIME/)"})
     lr: float = arg(5e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
