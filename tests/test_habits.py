@@ -197,8 +197,9 @@ def test_a_run_folder_resolves_to_its_final_checkpoint(env, tmp_path):
     assert f"a training run; adding its final checkpoint {run / 'final'}" in r.stderr, r.stderr
     assert json.loads(run_cli("zoo", "info", "my-run", "--json").stdout)["path"] == str(run / "final")
     ft = tmp_path / "ft"
-    r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST)
-    assert f"{run}: a training run; using its final checkpoint {run / 'final'}" in r.stderr, r.stderr
+    r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST, "-v")
+    assert f"{run}: a training run; using its final checkpoint {run / 'final'}" in r.stderr, r.stderr  # -v: the
+    # common case (every `finetune -o RUN` then `predict --model RUN`) says it only when asked
     assert json.loads((ft / "final" / "train_args.json").read_text())["base_checkpoint"]["path"] == str(run / "final")
     shutil.rmtree(run / "final")  # a run stopped before its end: the error names what there is
     r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", tmp_path / "ft2", "--steps", 1,

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from bert_of._flow import flow
-from bert_of.checkpoint import CONFIG_NAME, RUN_FINAL, WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
+from bert_of.checkpoint import CONFIG_NAME, RUN_FINAL, WEIGHTS_NAME, run_final, SafetensorsFile, write_checkpoint_files
 from bert_of.tokenization import check_vocab_fits, lower_case_for, vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError, OutputError
@@ -119,7 +119,8 @@ def load_model(cls, path: str, seed: int = 0, **overrides):
 
 
 def read_train_args(path: str) -> dict:
-    p = os.path.join(path, TRAIN_ARGS)
+    """A model's train_args.json ({} when it has none); ``path`` may be a run folder (its final/)."""
+    p = os.path.join(run_final(path), TRAIN_ARGS)
     if not os.path.isfile(p):
         return {}
     return read_json(p, "train_args.json", error=CheckpointError)
