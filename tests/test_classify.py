@@ -280,10 +280,10 @@ def test_a_tagger_records_its_tags_in_config_and_of2hf_writes_a_token_classifier
     run_cli("finetune", "tag", "--model", env.base, "--train", N_TRAIN, "-o", ft, "--steps", 2, *FAST,
             "--no-record")
     args = json.load(open(ft / "final" / "train_args.json"))
-    cfg = json.load(open(ft / "config.json"))
+    cfg = json.load(open(ft / "final" / "config.json"))
     assert cfg["classifier_kind"] == "token" and cfg["num_labels"] == len(args["labels"])
     assert cfg["id2label"] == args["id2label"] == {str(i): t for i, t in enumerate(args["labels"])}
-    run_cli("convert", "of2hf", ft, "-o", tmp_path / "hf")
+    run_cli("convert", "of2hf", ft / "final", "-o", tmp_path / "hf")  # a run's model
     hf = json.load(open(tmp_path / "hf" / "config.json"))
     assert hf["architectures"] == ["BertForTokenClassification"] and hf["id2label"] == args["id2label"]
     assert hf["label2id"] == args["label2id"]
@@ -323,7 +323,7 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
     args = json.load(open(ft / "final" / "train_args.json"))
     assert args["problem"] == "multi_label" and args["labels"] == classes and args["label_separator"] == "|"
     assert args["final_loss"] < args["first_loss"]
-    cfg = json.load(open(ft / "config.json"))
+    cfg = json.load(open(ft / "final" / "config.json"))
     assert cfg["problem_type"] == "multi_label_classification" and cfg["num_labels"] == len(classes)
     assert cfg["id2label"] == {str(i): c for i, c in enumerate(classes)}
 
@@ -367,7 +367,7 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
     assert float(out.loss.numpy()) == pytest.approx(bce, rel=1e-5)
 
     # after of2hf transformers' config names the classes and the problem
-    run_cli("convert", "of2hf", ft, "-o", tmp_path / "hf")
+    run_cli("convert", "of2hf", ft / "final", "-o", tmp_path / "hf")  # a run's model
     hf = json.load(open(tmp_path / "hf" / "config.json"))
     assert hf["problem_type"] == "multi_label_classification" and hf["id2label"] == cfg["id2label"]
     assert hf["label2id"] == {c: i for i, c in enumerate(classes)}

@@ -504,6 +504,12 @@ def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path)
     assert "the loss is not finite at step" in line and "training stopped, nothing published" in line, line
     assert not os.path.exists(run / "final") and not os.path.exists(tmp_path / "nan-run" / "final")
     assert all(r["loss"] is not None for r in _metrics(tmp_path / "nan-run"))  # strict JSON lines
+    # --overwrite starts a run folder again, and replaces a checkpoint an older `finetune -o` wrote there
+    old = tmp_path / "old"
+    shutil.copytree(env.base, old)
+    for out in (run, old):
+        ok(*base, "--output", out, "--overwrite", "--steps", 2)
+        assert sorted(n for n in os.listdir(out) if n != LOCK_NAME) == ["final", "metrics.jsonl", "run.json"]
 
 
 @pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")

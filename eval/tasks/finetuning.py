@@ -42,7 +42,7 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
-register_own_files((TRAIN_ARGS,))
+register_own_files((TRAIN_ARGS, RUN_RECORD))  # a fine-tuning's run folder: --overwrite may replace it
 
 
 @dataclass
