@@ -15,6 +15,7 @@ from bert_of.version import __version__
 _LAZY = {
     "BertModel": "bert_of.modeling",
     "BertForPreTraining": "bert_of.modeling",
+    "BertForMaskedLM": "bert_of.modeling",
     "BertForQuestionAnswering": "bert_of.modeling",
     "BertForSequenceClassification": "bert_of.modeling",
     "BertForTokenClassification": "bert_of.modeling",

@@ -32,8 +32,8 @@ from bert_of.errors import ConfigError
 from bert_of.inputs import (IGNORE_INDEX, as_input, check_classifier_targets, check_inputs,  # noqa: F401 (the gate)
                             check_pretraining_targets, check_span_targets)
 from bert_of.kernels import LayerNorm, gelu_tanh
-from bert_of.outputs import (BertModelOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
-                             masked_lm_loss, next_sentence_loss)
+from bert_of.outputs import (BertModelOutput, MaskedLMOutput, PreTrainingOutput, QuestionAnsweringOutput,
+                             SequenceClassifierOutput, masked_lm_loss, next_sentence_loss)
 from bert_of.model_io import PreTrained
 from bert_of.tensors import pre_ln_canonical_name
 
@@ -497,6 +497,53 @@ class BertForPreTraining(_WithBert):
         return res if return_dict is None or return_dict else res.to_tuple()
 
 
+class BertOnlyMLMHead(nn.Module):
+    """``cls`` with the MLM head only (HF's ``BertOnlyMLMHead``: ``cls.predictions.*``)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+    def forward(self, sequence_output, word_embeddings):
+        return self.predictions(sequence_output, word_embeddings)
+
+
+class BertForMaskedLM(_WithBert):
+    """BertModel + MLM head (tied to word embeddings), no next-sentence head: transformers'
+    ``BertForMaskedLM``, a Model Garden ``BertPretrainerV2`` with no classification heads.
+
+    transformers builds this class without a pooler; bert_of's BertModel keeps one (a source
+    without it is read with a zero pooler, which the MLM head never reads), so ``pooled_output``
+    is what the checkpoint's pooler computes, or tanh(0) = 0.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.cls = BertOnlyMLMHead(config)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None) -> MaskedLMOutput:
+        """int64 [B, S] inputs -> prediction_logits [B, S, V] (transformers' ``logits``, the same
+        tensor) plus sequence [B, S, H] / pooled [B, H].
+
+        With ``labels`` (int64 [B, S], token ids in [0, V), IGNORE_INDEX -100 where not predicted)
+        also transformers' loss: the mean cross-entropy over the labelled positions (no +1e-5 in
+        the denominator, unlike pretraining's; no labelled position gives NaN, as in transformers).
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        word = self.bert.embeddings.word_embeddings.weight
+        labels = as_input(labels, "labels", word, ids=False)
+        check_pretraining_targets(self.config, *out.sequence_output.shape[:2], labels=labels)
+        pred = self.cls(out.sequence_output, word)
+        res = MaskedLMOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
+                             prediction_logits=pred, hidden_states=out.hidden_states, attentions=out.attentions)
+        if labels is not None:
+            V = self.config.vocab_size
+            res.loss = flow.nn.functional.cross_entropy(pred.reshape(-1, V), labels.reshape(-1),
+                                                        ignore_index=IGNORE_INDEX)
+        return res if return_dict is None or return_dict else res.to_tuple()
+
+
 class BertForQuestionAnswering(_WithBert):
     """SQuAD span head on the sequence output (Google's ``cls/squad``)."""
 
@@ -596,8 +643,11 @@ def model_class_for(names, config: Optional[BertConfig] = None) -> type:
     """The class whose parameters a checkpoint's canonical names describe; a ``classifier.*`` head
     is a token classifier when ``config.classifier_kind`` says so (the same names)."""
     names = set(names)
-    if any(n.startswith("cls.predictions.") for n in names) and any(n.startswith("cls.seq_relationship.") for n in names):
+    mlm = any(n.startswith("cls.predictions.") for n in names)
+    if mlm and any(n.startswith("cls.seq_relationship.") for n in names):
         return BertForPreTraining
+    if mlm:
+        return BertForMaskedLM
     if any(n.startswith("qa_outputs.") for n in names):
         return BertForQuestionAnswering
     if any(n.startswith("classifier.") for n in names):

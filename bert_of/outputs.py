@@ -89,6 +89,27 @@ class PreTrainingOutput(BertModelOutput):
     _order = ("loss", "prediction_logits", "seq_relationship_logits", "hidden_states", "attentions")
 
 
+class MaskedLMOutput(BertModelOutput):
+    """transformers' MaskedLMOutput: its ``logits`` are bert_of's ``prediction_logits`` (the same
+    tensor, under both names; ``to_dict`` lists it once, as ``prediction_logits``)."""
+
+    _order = ("loss", "prediction_logits", "hidden_states", "attentions")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.logits is None:
+            self.logits = self.prediction_logits
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if d.get("logits") is d.get("prediction_logits"):
+            d.pop("logits", None)
+        return d
+
+    def keys(self) -> list:
+        return ["logits" if k == "prediction_logits" else k for k in super().keys()]
+
+
 class QuestionAnsweringOutput(BertModelOutput):
     _order = ("loss", "start_logits", "end_logits", "hidden_states", "attentions")
 

@@ -20,8 +20,8 @@ holds a reference to the embedding layer): the copies must equal the ``bert``
 group's and are reported "tied, dropped". Kernels are [in, out] (transposed to
 canonical [out, in]), the NSP kernel too ([H, 2]).
 
-TFBertForQuestionAnswering is built without a pooler (HF's
-``add_pooling_layer=False``). bert_of's model always has one, so reading such a
+TFBertForQuestionAnswering and TFBertForMaskedLM (the MLM head alone, its tied copies as
+TFBertForPreTraining's) are built without a pooler (HF's ``add_pooling_layer=False``). bert_of's model always has one, so reading such a
 file fills ``bert.pooler`` with zeros (the QA head never reads it; said in the
 report on the head's lines), and writing a QA layout leaves the pooler out
 again (with a note when it is not that zero placeholder).
@@ -123,6 +123,9 @@ def _row(r):
 LAYOUTS = {
     "pretraining": Layout("TFBertForPreTraining", "tf_bert_for_pre_training", ["bert", "nsp___cls", "mlm___cls"],
                           True, [("nsp___cls", NSP), ("mlm___cls", MLM + EMBEDDINGS)]),
+    # the same MLM head without NSP, and no pooler (transformers' add_pooling_layer=False)
+    "mlm": Layout("TFBertForMaskedLM", "tf_bert_for_masked_lm", ["bert", "mlm___cls"], False,
+                  [("mlm___cls", MLM + EMBEDDINGS)]),
     "model": Layout("TFBertModel", "tf_bert_model", ["bert"], True, []),
     "qa": Layout("TFBertForQuestionAnswering", "tf_bert_for_question_answering", ["bert", "qa_outputs"], False,
                  [("qa_outputs", QA)]),
@@ -134,7 +137,6 @@ LAYOUTS = {
 }
 # Keras scopes of transformers' TF BERT classes bert_of has no head for.
 UNSUPPORTED = {
-    "tf_bert_for_masked_lm": "TFBertForMaskedLM",
     "tf_bert_lm_head_model": "TFBertLMHeadModel",
     "tf_bert_for_next_sentence_prediction": "TFBertForNextSentencePrediction",
     "tf_bert_for_multiple_choice": "TFBertForMultipleChoice",
@@ -255,6 +257,8 @@ def _layout_for(path: str, scope: str, groups: set, has_pooler: bool) -> str:
     if base in UNSUPPORTED:
         raise CheckpointError(f"{path}: {UNSUPPORTED[base]} weights are not supported (bert_of reads "
                               f"{', '.join(l.cls for l in LAYOUTS.values())})")
+    if base == LAYOUTS["mlm"].scope:
+        return "mlm"
     if "mlm___cls" in groups or "nsp___cls" in groups:
         return "pretraining"
     if "qa_outputs" in groups:
@@ -371,6 +375,8 @@ def _layout_of(names: set, notes: list, kind: str = "sequence") -> Layout:
     if heads["pretraining"]:
         if {"cls.predictions.bias", "cls.seq_relationship.weight"} <= names:
             return LAYOUTS["pretraining"]
+        if "cls.predictions.bias" in names and not any(n.startswith("cls.seq_relationship.") for n in names):
+            return LAYOUTS["mlm"]
         notes.append("note: only part of the pretraining heads is present; writing TFBertModel without them")
     return LAYOUTS["model"]
 

@@ -130,14 +130,20 @@ def hard_links_only(f, path: str, name: str) -> bool:
     parts = [p for p in name.split("/") if p]
     if not parts:
         return False
+    # prefixes of this (read-only) file already found to be hard links: each one is looked up once per
+    # file, not once per dataset under it (HDF5 resolves every prefix from the root: the cost of a read)
+    seen = f.__dict__.setdefault("_bert_of_hard_links", set())
     for i in range(1, len(parts) + 1):
         sub = "/".join(parts[:i])
+        if sub in seen:
+            continue
         link = f.get(sub, getlink=True)
         if link is None:
             return False
         if not isinstance(link, h5py.HardLink):
             raise CheckpointError(f"{path}: {sub} is a {type(link).__name__} (a link elsewhere); "
                                   f"refusing to follow it")
+        seen.add(sub)
     return True
 
 

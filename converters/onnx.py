@@ -25,7 +25,8 @@ The graph (opset 14, IR version 7; every op in the default domain; docs/formats-
   ``pooler_output`` [batch, H] (when the checkpoint has a pooler: not the zeros a reader filled
   in for transformers' QA, token-classifier and MLM classes, which have none), ``prediction_logits``
   [batch, sequence, V] and ``seq_relationship_logits`` [batch, 2] (MLM / NSP heads; the decoder is
-  the word embeddings, transposed in the graph, one initializer), ``start_logits`` /
+  the word embeddings, transposed in the graph, one initializer; an MLM head alone, transformers'
+  BertForMaskedLM, names its output ``logits``), ``start_logits`` /
   ``end_logits`` [batch, sequence] (QA), ``logits`` [batch, L] (sequence classifier, on the
   pooled output) or [batch, sequence, L] (token classifier).
 
@@ -194,6 +195,14 @@ def heads_of(names) -> dict:
             for group in ("pooler", "mlm", "nsp", "qa", "classifier")}
 
 
+MLM_ONLY_OUTPUT = "logits"
+
+
+def mlm_only(heads: dict) -> bool:
+    """An MLM head and no other (transformers' BertForMaskedLM, whose output is ``logits``)."""
+    return heads["mlm"] and not (heads["nsp"] or heads["qa"] or heads["classifier"])
+
+
 def build_graph(config: BertConfig, heads: dict) -> tuple:
     """(Graph, [(output name, dims)]): BERT's forward on the weights' initializer names."""
     g = Graph()
@@ -236,8 +245,9 @@ def build_graph(config: BertConfig, heads: dict) -> tuple:
         h = g.activation(g.dense(x, "cls.predictions.transform.dense"), act)
         h = g.layer_norm(h, "cls.predictions.transform", float(config.head_eps))
         decoder = g.op("Transpose", "bert.embeddings.word_embeddings.weight", perm=[1, 0])  # tied: [H, V]
-        g.op("Add", g.op("MatMul", h, decoder), "cls.predictions.bias", out="prediction_logits")
-        outputs.append(("prediction_logits", ("batch", "sequence", config.vocab_size)))
+        name = MLM_ONLY_OUTPUT if mlm_only(heads) else "prediction_logits"  # transformers' BertForMaskedLM: logits
+        g.op("Add", g.op("MatMul", h, decoder), "cls.predictions.bias", out=name)
+        outputs.append((name, ("batch", "sequence", config.vocab_size)))
     if heads["nsp"] and pooled:
         g.dense(pooled, "cls.seq_relationship", out="seq_relationship_logits")
         outputs.append(("seq_relationship_logits", ("batch", 2)))
@@ -509,7 +519,10 @@ def run_onnxruntime(path: str, batch: dict) -> dict:
     session = onnxruntime.InferenceSession(model_path(path), options, providers=["CPUExecutionProvider"])
     feed = {k: np.ascontiguousarray(batch[k], np.int64) for k in INPUTS}
     names = [o.name for o in session.get_outputs()]
-    return {REFERENCE_NAMES.get(n, n): v for n, v in zip(names, session.run(names, feed))}
+    renamed = dict(REFERENCE_NAMES)
+    if MLM_ONLY_OUTPUT in names and mlm_only(heads_of(read(path, Options()).names())):
+        renamed[MLM_ONLY_OUTPUT] = "prediction_logits"  # transformers' name for what verify calls prediction_logits
+    return {renamed.get(n, n): v for n, v in zip(names, session.run(names, feed))}
 
 
 FORMAT = Format(NAME, "ONNX inference graph of2onnx writes (model.onnx: opset 14, the config in its metadata; "
