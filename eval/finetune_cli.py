@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import types
 
 import bert_of.process as process
@@ -30,6 +29,7 @@ from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, Gl
 from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
+from bert_of.progress import log
 
 FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correction, weight decay not on "
                  "LayerNorm/bias, linear warmup then linear decay to 0, global-norm clipping); steps = "
@@ -104,7 +104,7 @@ def cmd_task(args) -> int:
         if opts.output and os.path.abspath(opts.output) != os.path.abspath(opts.run_dir):
             raise ConfigError(f"--run-dir {opts.run_dir} and -o {opts.output}: -o is the run folder now (the model "
                               "in its final/, as pretrain's); give one of them")
-        print("bert-of: note: --run-dir is deprecated: -o is the run folder", file=sys.stderr)
+        log.info("note: --run-dir is deprecated: -o is the run folder")  # (-q: not said)
         opts = dataclasses.replace(opts, output=opts.run_dir, run_dir=None)
     if command == TRAIN and opts.resume and opts.output:  # the run's record gives what is not given again
         opts = resume_from_record(OPTIONS[task], opts.output, args, command, what=f"bert-of finetune {task}",
