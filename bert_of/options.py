@@ -200,8 +200,9 @@ RUN = "the run (its folder: run.json, metrics.jsonl, checkpoints/)"
 @dataclass(kw_only=True)
 class RunOptions(TrainConfig):
     """Run control, declared once for every training command (``pretrain``, ``finetune``): the same
-    flags, defaults and meanings; the commands extend it. Where the run folder is, is the command's
-    (its ``--output`` / ``--run-dir``); what lives in it is :class:`bert_of.training.state.RunDir`'s."""
+    flags, defaults and meanings; the commands extend it. ``-o`` is the run folder for both (each
+    command declares it, with its help); what lives in it is :class:`bert_of.training.state.RunDir`'s,
+    and its model is ``final/`` (:func:`bert_of.checkpoint.run_final`)."""
 
     log_every: int = arg(10, group=RUN, metavar="N", on_resume="may change",
                          help="the loss shown, and a metrics.jsonl record written in the run folder, every N steps")
@@ -211,9 +212,9 @@ class RunOptions(TrainConfig):
     keep: int = arg(2, group=RUN, metavar="N", on_resume="may change",
                     help="resumable checkpoints to keep (the newest; older ones are deleted)")
     resume: bool = arg(False, group=RUN, on_resume="not kept",
-                       help="continue the run in its folder (pretrain: --output; finetune: --run-dir) from its last "
-                            "checkpoint, exactly, with the options it recorded (run.json): give none again, or only "
-                            "a larger --steps, --save-every, --keep, --log-every")
+                       help="continue the run in --output from its last checkpoint, exactly, with the options it "
+                            "recorded (run.json): give none again, or only a larger --steps, --save-every, --keep, "
+                            "--log-every")
     stop_after: int = arg(0, group=RUN, metavar="N", on_resume="not kept",
                           help="stop once step N is done, publishing nothing (--resume continues the run, e.g. a "
                                "job in a scheduler's time slots); 0 = train to the end")

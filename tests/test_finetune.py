@@ -446,7 +446,7 @@ def _metrics(run_dir):
 
 
 def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_path):
-    """--run-dir keeps metrics.jsonl and checkpoints: a run stopped after step 3 and resumed ends where
+    """The run folder (-o) keeps metrics.jsonl and checkpoints: a run stopped after step 3 and resumed ends where
     the straight run ends (eager, dropout on). Eager AMP (the dynamic loss scaler) is allowed; on CPU the
     kernels stay fp32 and scaling by 2^16 is exact, so it trains to the same numbers."""
     from bert_of.checkpoint import load_checkpoint
