@@ -54,7 +54,8 @@ def oneflow_pieces():
     from bert_of._flow import flow
     from bert_of.config import BertConfig
     from bert_of.kernels import LayerNorm, gelu_tanh
-    from bert_of.modeling import BertEmbeddings, BertForPreTraining, BertLayer, _mask_adder
+    from bert_of.heads import BertForPreTraining
+    from bert_of.modeling import BertEmbeddings, BertLayer, _mask_adder
     from bert_of.outputs import pretraining_loss
     from bert_of.training import TrainConfig, Trainer, build_optimizer, clip_by_global_norm
 
@@ -330,7 +331,7 @@ def dnnl_step():
     sys.path.insert(0, ROOT)
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.modeling import BertForPreTraining
+    from bert_of.heads import BertForPreTraining
     from bert_of.training import TrainConfig, Trainer
 
     flow.manual_seed(0)

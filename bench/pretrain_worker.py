@@ -83,7 +83,7 @@ def main():
     t_import = time.perf_counter()
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.modeling import BertForPreTraining
+    from bert_of.heads import BertForPreTraining
     from bert_of.training import Runtime, Trainer, TrainConfig
 
     rank, world = flow.env.get_rank(), flow.env.get_world_size()

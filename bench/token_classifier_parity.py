@@ -75,7 +75,7 @@ def hf_side(work: str, mode: str) -> None:
 
 def bert_of_logits(path: str, inputs: dict) -> tuple:
     from bert_of._flow import flow
-    from bert_of.modeling import BertForTokenClassification
+    from bert_of.heads import BertForTokenClassification
 
     model = BertForTokenClassification.from_pretrained(path)
     with flow.no_grad():

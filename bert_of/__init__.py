@@ -14,11 +14,11 @@ from bert_of.version import __version__
 
 _LAZY = {
     "BertModel": "bert_of.modeling",
-    "BertForPreTraining": "bert_of.modeling",
-    "BertForMaskedLM": "bert_of.modeling",
-    "BertForQuestionAnswering": "bert_of.modeling",
-    "BertForSequenceClassification": "bert_of.modeling",
-    "BertForTokenClassification": "bert_of.modeling",
+    "BertForPreTraining": "bert_of.heads",
+    "BertForMaskedLM": "bert_of.heads",
+    "BertForQuestionAnswering": "bert_of.heads",
+    "BertForSequenceClassification": "bert_of.heads",
+    "BertForTokenClassification": "bert_of.heads",
     "BertModelOutput": "bert_of.outputs",
     "BertGraph": "bert_of.modeling",
     "BertTokenizer": "bert_of.tokenizer",

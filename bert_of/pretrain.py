@@ -7,7 +7,7 @@
 
 The run directory holds ``metrics.jsonl``, ``checkpoints/step-NNNNNNN/`` (see
 :mod:`bert_of.training.state`) and ``final/`` at the end. The training itself is
-:class:`bert_of.training.Trainer` driving :class:`bert_of.modeling.BertForPreTraining`, whose
+:class:`bert_of.training.Trainer` driving :class:`bert_of.heads.BertForPreTraining`, whose
 forward computes Google's loss from the batch's labels.
 """
 
@@ -24,7 +24,7 @@ from bert_of.errors import ConfigError
 from bert_of.files.atomic import atomic_write, write_json
 from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
-from bert_of.modeling import BertForPreTraining
+from bert_of.heads import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
 from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
 from bert_of.tokenization import check_vocab_fits

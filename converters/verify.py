@@ -110,7 +110,8 @@ def _stack(batches: list) -> dict:
 def _bert_of_runs(source, batches: dict, modes, device: str = "cpu") -> dict:
     """{mode: {batch: {output: np.ndarray}}} for bert_of on a Source's tensors, on ``device``."""
     from bert_of._flow import flow
-    from bert_of.modeling import BertGraph, model_class_for
+    from bert_of.heads import model_class_for
+    from bert_of.modeling import BertGraph
 
     tensors = source.load()
     model = model_class_for(tensors, source.config)(source.config)

@@ -353,7 +353,7 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
 
     # the loss is the mean binary cross-entropy of the sigmoid (transformers' BCEWithLogitsLoss)
     from bert_of._flow import flow
-    from bert_of.modeling import BertForSequenceClassification
+    from bert_of.heads import BertForSequenceClassification
 
     model = BertForSequenceClassification.from_pretrained(str(ft))
     ids = flow.tensor(np.array([[2, 7, 9, 11, 3], [2, 5, 3, 0, 0]]), dtype=flow.int64)

@@ -86,7 +86,7 @@ def build_vocab(path):
 
 def tiny_bert(path, vocab_file, vocab_size, dropout=0.1):
     from bert_of.config import BertConfig
-    from bert_of.modeling import BertForPreTraining
+    from bert_of.heads import BertForPreTraining
 
     cfg = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,

@@ -165,7 +165,7 @@ def test_predict_o_is_a_folder_as_for_eval_and_replaces_only_with_overwrite(tagg
 
 def test_a_model_with_64_positions_is_fine_tuned_at_64(env, tmp_path):
     from bert_of.config import BertConfig
-    from bert_of.modeling import BertForPreTraining
+    from bert_of.heads import BertForPreTraining
 
     cfg = BertConfig.from_json_file(os.path.join(env.cased, "config.json"))
     cfg.max_position_embeddings = 64

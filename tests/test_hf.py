@@ -284,7 +284,7 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     from bert_of.converters import hf, reference_np, registry
     from bert_of.converters.source import Options
     from bert_of.converters.verify import DEFAULT_TOL, make_batch, verify
-    from bert_of.modeling import BertForTokenClassification
+    from bert_of.heads import BertForTokenClassification
 
     src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
     r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of", "--verify")

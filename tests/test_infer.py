@@ -6,8 +6,8 @@ import pytest
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
+from bert_of.heads import BertForQuestionAnswering, BertForSequenceClassification
 from bert_of.training.inference import LENGTH_STEP, graph_rows, infer
-from bert_of.modeling import BertForQuestionAnswering, BertForSequenceClassification
 from bert_of.training.runtime import Runtime
 
 TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -19,7 +19,8 @@ from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.converters.verify import make_batch, max_abs_diff, run_bert_of, verify
-from bert_of.modeling import BertForPreTraining, BertForQuestionAnswering, BertModel
+from bert_of.heads import BertForPreTraining, BertForQuestionAnswering
+from bert_of.modeling import BertModel
 from tests import native_models as nm
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 

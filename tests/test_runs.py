@@ -159,7 +159,7 @@ def test_non_finite_training_stops_and_publishes_nothing(setup, tmp_path, monkey
 
 
 def test_amp_skips_a_few_non_finite_losses_then_stops():
-    from bert_of.modeling import BertForPreTraining
+    from bert_of.heads import BertForPreTraining
     from bert_of.training import TrainConfig, Trainer
     from bert_of.training.state import NonFiniteError
     from tests.scripts.train_fixture import CONFIG as TINY, TRAIN, global_batch

@@ -10,8 +10,8 @@ import pytest
 
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import (DocSpan, check_is_max_context, convert_examples_to_features, features_to_arrays,
-                             get_final_text, load_squad, make_doc_spans, postprocess_predictions,
-                             read_squad_examples, split_doc_tokens, write_prediction_files)
+                                     load_squad, make_doc_spans, read_squad_examples, split_doc_tokens)
+from bert_of.eval.squad_predictions import get_final_text, postprocess_predictions, write_prediction_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

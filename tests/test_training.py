@@ -9,7 +9,7 @@ import pytest
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
-from bert_of.modeling import BertForPreTraining
+from bert_of.heads import BertForPreTraining
 from bert_of.outputs import pretraining_loss
 from bert_of.training import TrainConfig, Trainer
 from tests.conftest import ROOT, run_ranks
@@ -172,7 +172,7 @@ def _train_head(cls, batch_fn, steps=4, cfg=CONFIG, **kw):
 def test_one_trainer_for_every_head():
     """The trainer has no task code: SQuAD and GLUE heads train from their labels, eager == graph,
     and eager AMP (the dynamic loss scaler) serves fine-tuning too (on CPU it changes nothing)."""
-    from bert_of.modeling import BertForQuestionAnswering, BertForSequenceClassification
+    from bert_of.heads import BertForQuestionAnswering, BertForSequenceClassification
 
     eager, m_eager = _train_head(BertForQuestionAnswering, _qa_batch, mode="eager")
     graph, m_graph = _train_head(BertForQuestionAnswering, _qa_batch, mode="graph")
@@ -204,7 +204,7 @@ def test_one_trainer_for_every_head():
 def test_every_dropout_draws_from_the_models_one_generator():
     """What the trainer seeds every step: the model's own generator, the heads' dropout included;
     seeding it repeats the masks, another seed draws others."""
-    from bert_of.modeling import BertForSequenceClassification, BertForTokenClassification
+    from bert_of.heads import BertForSequenceClassification, BertForTokenClassification
 
     ids = flow.tensor(global_batch(0)["input_ids"])
     for cls in (BertForPreTraining, BertForSequenceClassification, BertForTokenClassification):

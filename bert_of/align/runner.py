@@ -26,8 +26,8 @@ from bert_of.config import BertConfig
 from bert_of.converters.verify import tf_reference_module
 from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
+from bert_of.heads import BertForPreTraining
 from bert_of.launch import Topology, run_ranks, spawn
-from bert_of.modeling import BertForPreTraining
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer, state_names
@@ -131,6 +131,7 @@ def code_fingerprint() -> str:
     """
     h = hashlib.sha256()
     mods = ["bert_of.training.optim", "bert_of.training.runtime", "bert_of.training.trainer", "bert_of.modeling",
+            "bert_of.heads",
             "bert_of.config", "bert_of.checkpoint", "bert_of.data.reader", "bert_of.data.ofrecord",
             "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_train"]
     for mod in mods:

@@ -40,9 +40,9 @@ from bert_of.converters.convert import convert
 from bert_of.converters.verify import verify
 from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
+from bert_of.heads import BertForPreTraining
 from bert_of.launch import Topology, child_env, run_ranks
 from bert_of.kernels import LayerNorm, gelu_tanh
-from bert_of.modeling import BertForPreTraining
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer

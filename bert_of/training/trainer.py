@@ -1,7 +1,7 @@
 """The train step: one optimizer step over a batch, eagerly or inside an ``nn.Graph``, on one
 process, over several ranks with global tensors, or with eager DDP. Any model whose forward
 computes its loss from labelled keyword arguments trains here (the heads of
-:mod:`bert_of.modeling`): pretraining, SQuAD and GLUE differ only by model and data.
+:mod:`bert_of.heads`): pretraining, SQuAD and GLUE differ only by model and data.
 
 The ways must agree (see ``bert-of align``); what makes them agree:
 
@@ -247,7 +247,7 @@ class Trainer:
 
     The step itself is the mode's (:class:`EagerStep` or :class:`GraphStep`); the trainer keeps
     what both share: the step count, the dropout seed, the schedule, the reading of the outputs.
-    ``model`` needs ``dropout_generator`` (the heads of :mod:`bert_of.modeling` have it).
+    ``model`` needs ``dropout_generator`` (the heads of :mod:`bert_of.heads` have it).
     ``ddp_world``: what a forward taking ``ddp_world`` gets (BertForPreTraining's MLM
     denominator); default the rank count under eager DDP, else 1.
     """

@@ -5,7 +5,7 @@ scored on a CSV, TSV or JSON Lines file with named columns.
 
 Rows are read by :func:`bert_of.eval.user_data.read_table`; features are run_classifier.py's
 (:func:`bert_of.eval.glue_data.convert_example_to_features`), the model
-:class:`~bert_of.modeling.BertForSequenceClassification` (cross-entropy; MSE for one output;
+:class:`~bert_of.heads.BertForSequenceClassification` (cross-entropy; MSE for one output;
 multi-label: a sigmoid per class and binary cross-entropy, a class predicted at probability >= 0.5).
 The class order (transformers' run_glue order: sorted) is recorded in the fine-tuned model's
 train_args.json (``labels``, ``problem``) and prediction and evaluation use it; the model's
@@ -33,7 +33,7 @@ from bert_of.eval.tasks.options import ClassifyOptions
 from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
                                     problem_of, read_table, regression_metrics)
 from bert_of.files.atomic import atomic_open
-from bert_of.modeling import BertForSequenceClassification
+from bert_of.heads import BertForSequenceClassification
 from bert_of.training.inference import infer
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime

@@ -29,7 +29,7 @@ from bert_of.files.publish import publishing
 from bert_of.files.reading import read_json
 from bert_of.files.owned import register_own_files
 from bert_of.config import BertConfig
-from bert_of.modeling import check_inputs
+from bert_of.inputs import check_inputs
 from bert_of.options import RUN_RECORD, TrainConfig
 from bert_of.options import record as options_record
 from bert_of.zoo import resolve_for

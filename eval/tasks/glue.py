@@ -2,7 +2,7 @@
 
     finetune_glue(GlueOptions(...)) / predict_glue(GlueOptions(...)) / eval_glue(GlueOptions(...))
 
-The model is :class:`~bert_of.modeling.BertForSequenceClassification`; its forward computes the
+The model is :class:`~bert_of.heads.BertForSequenceClassification`; its forward computes the
 loss from ``labels``: cross-entropy, or the mean squared error of STS-B's one-output head.
 """
 
@@ -25,8 +25,8 @@ from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data,
                                            model_display_name, model_folder, read_train_args, record, train)
 from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
 from bert_of.files.atomic import atomic_open
+from bert_of.heads import BertForSequenceClassification
 from bert_of.progress import progress_iter
-from bert_of.modeling import BertForSequenceClassification
 from bert_of.training.inference import infer
 from bert_of.training.loop import note
 from bert_of.training.runtime import Runtime

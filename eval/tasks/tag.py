@@ -27,7 +27,8 @@ from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
 from bert_of.eval.tasks.options import TagOptions
 from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
 from bert_of.files.atomic import atomic_open
-from bert_of.modeling import IGNORE_INDEX, BertForTokenClassification
+from bert_of.heads import BertForTokenClassification
+from bert_of.inputs import IGNORE_INDEX
 from bert_of.progress import progress_iter
 from bert_of.training.inference import infer
 from bert_of.training.loop import note

@@ -14,7 +14,8 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint
-from bert_of.modeling import BertGraph, model_class_for
+from bert_of.heads import model_class_for
+from bert_of.modeling import BertGraph
 
 ckpt_dir, batch_path, out_json, out_npz = sys.argv[1:5]
 rank, world = flow.env.get_rank(), flow.env.get_world_size()

@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_of._flow import flow
 from bert_of.config import BertConfig
-from bert_of.modeling import BertForPreTraining
+from bert_of.heads import BertForPreTraining
 from bert_of.training import Runtime, TrainConfig, Trainer
 from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch
 
