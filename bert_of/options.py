@@ -163,7 +163,8 @@ class TrainConfig:
     grad_accum_steps: int = arg(1, group=TRAINING, help="micro-batches per optimizer step", metavar="K")
     amp: bool = arg(False, group=TRAINING, help="mixed precision: fp16 autocast + loss scaling (GPU; graph: "
                                                 "OneFlow's GradScaler, eager: bert_of's dynamic loss scaler)")
-    seed: int = arg(0, group=TRAINING, help="initialisation, shuffling and dropout seed", metavar="S")
+    seed: int = arg(42, group=TRAINING, help="initialisation (a new model or head), shuffling and dropout seed",
+                    metavar="S")
     # fixed by Google's recipe (no flags)
     end_lr: float = 0.0
     power: float = 1.0
@@ -191,6 +192,32 @@ class TrainConfig:
         d = {f.name: getattr(self, f.name) for f in fields(TrainConfig)}
         d["no_decay"], d["betas"] = list(self.no_decay), list(self.betas)
         return d
+
+
+RUN = "the run (its folder: run.json, metrics.jsonl, checkpoints/)"
+
+
+@dataclass(kw_only=True)
+class RunOptions(TrainConfig):
+    """Run control, declared once for every training command (``pretrain``, ``finetune``): the same
+    flags, defaults and meanings; the commands extend it. ``-o`` is the run folder for both (each
+    command declares it, with its help); what lives in it is :class:`bert_of.training.state.RunDir`'s,
+    and its model is ``final/`` (:func:`bert_of.checkpoint.run_final`)."""
+
+    log_every: int = arg(10, group=RUN, metavar="N", on_resume="may change",
+                         help="the loss shown, and a metrics.jsonl record written in the run folder, every N steps")
+    save_every: int = arg(0, group=RUN, metavar="N", on_resume="may change",
+                          help="a resumable checkpoint (checkpoints/step-N in the run folder) every N steps; "
+                               "0 = none")
+    keep: int = arg(2, group=RUN, metavar="N", on_resume="may change",
+                    help="resumable checkpoints to keep (the newest; older ones are deleted)")
+    resume: bool = arg(False, group=RUN, on_resume="not kept",
+                       help="continue the run in --output from its last checkpoint, exactly, with the options it "
+                            "recorded (run.json): give none again, or only a larger --steps, --save-every, --keep, "
+                            "--log-every")
+    stop_after: int = arg(0, group=RUN, metavar="N", on_resume="not kept",
+                          help="stop once step N is done, publishing nothing (--resume continues the run, e.g. a "
+                               "job in a scheduler's time slots); 0 = train to the end")
 
 
 def _normal(f, v):
@@ -257,5 +284,5 @@ def resumed(cls, recorded: dict, args, command: str | None = None, **given):
     return cls(**kw), differ
 
 
-__all__ = ["Nodes", "RUN_RECORD", "Ranks", "TrainConfig", "arg", "flag_of", "from_args", "help_of",
+__all__ = ["Nodes", "RUN", "RUN_RECORD", "Ranks", "RunOptions", "TrainConfig", "arg", "flag_of", "from_args", "help_of",
            "is_option", "nested", "option_fields", "record", "required_in", "resume_from_record", "resumed", "shown_in"]

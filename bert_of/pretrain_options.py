@@ -7,13 +7,14 @@ from dataclasses import dataclass, field, replace
 
 from bert_of.data.reader import data_lengths
 from bert_of.errors import ConfigError
-from bert_of.options import Ranks, TrainConfig, arg
+from bert_of.options import Ranks, RunOptions, arg
 from bert_of.tokenization import vocab_size
 
 @dataclass(kw_only=True)
-class PretrainOptions(TrainConfig):
+class PretrainOptions(RunOptions):
     """Everything ``bert-of pretrain`` takes: its parser is generated from these fields, and the
-    trainer's part (:class:`TrainConfig`) is the same fields."""
+    trainer's part (:class:`~bert_of.options.TrainConfig`) and the run control
+    (:class:`~bert_of.options.RunOptions`, as ``finetune``'s) are the same fields."""
 
     data: str = arg(help="pretraining data: OFRecord parts (bert-of data create-pretraining), Google's TFRecords "
                          "or NVIDIA's HDF5 shards; a directory or a glob", metavar="DIR_OR_GLOB", path=True)
@@ -33,21 +34,10 @@ class PretrainOptions(TrainConfig):
                          "misdetects recent Xeons), exact = the detected ones")
     no_shuffle: bool = arg(False, help="read the records in order")
     no_dropout: bool = arg(False, help="dropout off (e.g. to compare runs step by step)")
-    save_every: int = arg(0, help="a resumable checkpoint every N steps; 0 = only the final one", metavar="N",
-                          on_resume="may change")
-    keep: int = arg(2, help="intermediate checkpoints to keep", metavar="N", on_resume="may change")
-    log_every: int = arg(10, help="a metrics.jsonl record every N steps", metavar="N", on_resume="may change")
-    resume: bool = arg(False, on_resume="not kept",
-                       help="continue the run in --output from its last checkpoint, exactly, with the options it "
-                            "recorded (run.json): give none again, or only a larger --steps, --save-every, --keep, "
-                            "--log-every")
     overwrite: bool = arg(False, help="replace an existing run directory", on_resume="not kept")
     ddp: bool = arg(False, help="eager DDP with local tensors instead of global tensors")
     zoo_name: str | None = arg(None, help="register the final checkpoint in the local zoo under NAME", metavar="NAME",
                                on_resume="may change")
-    stop_after: int = arg(0, metavar="N", on_resume="not kept",
-                          help="stop once step N is done, resumable (e.g. a job in a scheduler's time slots: "
-                               "--resume continues it); 0 = run to --steps")
     ranks: Ranks = field(default_factory=Ranks)
     quiet: bool = False  # the common -q (no progress bar)
 

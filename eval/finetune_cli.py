@@ -29,6 +29,7 @@ from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, Gl
 from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
+from bert_of.progress import log
 
 FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correction, weight decay not on "
                  "LayerNorm/bias, linear warmup then linear decay to 0, global-norm clipping); steps = "
@@ -54,8 +55,8 @@ def _ranks(args, opts):
     _positive(opts.ranks, "nproc")
     topo = topology(opts.ranks)
     if topo.world > 1 and not in_rank():
-        if getattr(opts, "run_dir", None):  # a run's one writer: say so once, before any rank starts
-            check_unlocked(os.path.join(opts.run_dir, LOCK_NAME), os.path.abspath(opts.run_dir))
+        if getattr(opts, "train", None) and opts.output:  # a run's one writer: say so once, before any rank starts
+            check_unlocked(os.path.join(opts.output, LOCK_NAME), os.path.abspath(opts.output))
         for name in ("train", "data", "eval_data"):
             value = getattr(opts, name, None)
             for path in value if isinstance(value, list) else [value] if value else []:  # --eval-data repeats
@@ -99,14 +100,20 @@ def cmd_task(args) -> int:
     the task's function of that name (``finetune_squad``, ``eval_glue``, ...)."""
     command, task = args.task_command
     opts = from_args(OPTIONS[task], args, command)
-    if command == TRAIN and opts.resume and opts.run_dir:  # the run's record gives what is not given again
-        opts = resume_from_record(OPTIONS[task], opts.run_dir, args, command, what=f"bert-of finetune {task}",
-                                  run_dir=opts.run_dir, resume=True)
+    if command == TRAIN and opts.run_dir:  # the older spelling of the run folder, which -o is now
+        if opts.output and os.path.abspath(opts.output) != os.path.abspath(opts.run_dir):
+            raise ConfigError(f"--run-dir {opts.run_dir} and -o {opts.output}: -o is the run folder now (the model "
+                              "in its final/, as pretrain's); give one of them")
+        log.info("note: --run-dir is deprecated: -o is the run folder")  # (-q: not said)
+        opts = dataclasses.replace(opts, output=opts.run_dir, run_dir=None)
+    if command == TRAIN and opts.resume and opts.output:  # the run's record gives what is not given again
+        opts = resume_from_record(OPTIONS[task], opts.output, args, command, what=f"bert-of finetune {task}",
+                                  output=opts.output, resume=True)
     if command == TRAIN:
         missing = [flag for flag, v in (("--model", opts.model), ("--train", opts.train), ("-o", opts.output)) if not v]
         if missing:
-            raise ConfigError(f"finetune {task}: {', '.join(missing)} required (a --resume with --run-dir takes them "
-                              "from the run's record)")
+            raise ConfigError(f"finetune {task}: {', '.join(missing)} required (a --resume takes all but -o from "
+                              "the run's record)")
     # Fine-tuning and prediction need speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets
     # its AVX2/FMA kernels (bert_of.process, at OneFlow's import) unless BERT_OF_BLAS=exact says otherwise.
     process.set_environ({"BERT_OF_BLAS": "fast"}, keep_existing=True)
@@ -162,8 +169,10 @@ def add_eval_commands(esub) -> None:
 def add_parser(subparsers):
     """Add the top-level ``finetune`` and ``predict`` commands to ``bert-of``."""
     f = subparsers.add_parser("finetune", help="fine-tune a checkpoint on SQuAD or GLUE / XNLI",
-                              description="Fine-tune a BERT checkpoint; writes a bert_of checkpoint + "
-                                          "train_args.json. " + FINETUNE_NOTE,
+                              description="Fine-tune a BERT checkpoint in a run folder (-o, as pretrain's): "
+                                          "run.json, metrics.jsonl, checkpoints/ (--save-every) and final/ (the "
+                                          "bert_of checkpoint + train_args.json; `--model RUN` uses it). "
+                                          + FINETUNE_NOTE,
                               epilog=examples("bert-of finetune squad --model bert-base-uncased --train "
                                               "train-v1.1.json -o squad-model/ --eval-data dev-v1.1.json",
                                               "bert-of finetune glue --task mrpc --model bert-base-uncased --train "
@@ -177,8 +186,8 @@ def add_parser(subparsers):
                      "--eval-data dev-v1.1.json",
                      "bert-of finetune squad --model cased_L-12_H-768_A-12/ --no-lower-case --train train-v2.0.json "
                      "-o sq2/ --nproc 2",
-                     "bert-of finetune squad --model mini/ --train small.json -o m/ --steps 100 --run-dir run/ "
-                     "--save-every 50"))
+                     "bert-of finetune squad --model mini/ --train small.json -o run/ --steps 100 --save-every 50",
+                     "bert-of finetune squad -o run/ --resume"))
     _task_parser(fsub, TRAIN, "glue", help="GLUE / XNLI classification (run_classifier.py)",
                  description="Fine-tune a classifier on a GLUE / XNLI train file, with run_classifier.py's defaults "
                              "(each option shows its own). STS-B trains a one-output regression head (MSE). "

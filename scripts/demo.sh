@@ -97,23 +97,23 @@ PY
 $BIN/bert-of plot "$OUT/pretrain_run"   # -> pretrain_run/curves.png
 $BIN/bert-of zoo list | grep -E "^NAME|demo-mini-bert"
 
-step "7. SQuAD: fine-tune demo-mini-bert on the shipped SQuAD-format file, predict, score, record"
+step "7. SQuAD: fine-tune demo-mini-bert on the shipped SQuAD-format file (a run folder, as pretrain's: the model in squad_run/final), predict, score, record"
 SQ=tests/data/squad
 LENGTHS=(--max-seq-length 64 --doc-stride 32 --max-query-length 24)
-$BIN/bert-of finetune squad --model demo-mini-bert --train $SQ/train-v1.1-finetune.json -o "$OUT/squad_model" \
+$BIN/bert-of finetune squad --model demo-mini-bert --train $SQ/train-v1.1-finetune.json -o "$OUT/squad_run" \
     "${LENGTHS[@]}" --batch-size 16 --steps 60 --lr 3e-3 --log-every 20 --mode eager
-$BIN/bert-of eval squad --model "$OUT/squad_model" --data $SQ/dev-v1.1-finetune.json -o "$OUT/squad_predictions" \
+$BIN/bert-of eval squad --model "$OUT/squad_run" --data $SQ/dev-v1.1-finetune.json -o "$OUT/squad_predictions" \
     --name demo-mini-bert-squad --mode eager
 $BIN/bert-of results --task squad-v1.1 --measured-only
 
 step "8. Your own data: a 3-class sentiment CSV: fine-tune demo-mini-bert, predict with probabilities, score, record"
 U=tests/data/user
-$BIN/bert-of finetune classify --model demo-mini-bert --train $U/sentiment-train.csv -o "$OUT/sentiment_model" \
+$BIN/bert-of finetune classify --model demo-mini-bert --train $U/sentiment-train.csv -o "$OUT/sentiment_run" \
     --max-seq-length 32 --batch-size 16 --steps 80 --lr 1e-3 --log-every 40 --mode eager
-$BIN/bert-of predict classify --model "$OUT/sentiment_model" --data $U/sentiment-new.csv \
+$BIN/bert-of predict classify --model "$OUT/sentiment_run" --data $U/sentiment-new.csv \
     -o "$OUT/sentiment_predictions.csv" --mode eager
 head -4 "$OUT/sentiment_predictions.csv"
-$BIN/bert-of eval classify --model "$OUT/sentiment_model" --data $U/sentiment-dev.csv --name demo-mini-bert-sentiment \
+$BIN/bert-of eval classify --model "$OUT/sentiment_run" --data $U/sentiment-dev.csv --name demo-mini-bert-sentiment \
     -o "$OUT/sentiment_eval" --mode eager
 $BIN/bert-of results --task classify --measured-only
 

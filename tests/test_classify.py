@@ -123,7 +123,7 @@ def _pearson(x, y):
 
 
 def test_finetune_records_the_classes_and_evaluates_eval_data(sentiment, env):
-    args = json.load(open(os.path.join(sentiment.ft, "train_args.json")))
+    args = json.load(open(os.path.join(sentiment.ft, "final", "train_args.json")))
     assert args["task"] == "classify" and args["problem"] == "single_label" and args["labels"] == CLASSES
     assert args["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}
     assert args["columns"] == {"text": "text", "text_pair": None, "label": "label"}
@@ -187,7 +187,7 @@ def test_regression_csv_gives_pearson_and_spearman(env, tmp_path):
     ft = tmp_path / "ratings"
     run_cli("finetune", "classify", "--model", env.base, "--train", R_TRAIN, "-o", ft, "--steps", 20, "--lr", 3e-3,
             *FAST, "--no-record")
-    assert json.load(open(ft / "train_args.json"))["problem"] == "regression"
+    assert json.load(open(ft / "final" / "train_args.json"))["problem"] == "regression"
     r = run_cli("eval", "classify", "--model", ft, "--data", R_DEV, "-o", tmp_path / "ev", "--no-record")
     got = json.loads(r.stdout[r.stdout.index("{"):])
     preds = _rows(tmp_path / "ev" / "predictions.csv")
@@ -252,7 +252,7 @@ def test_tag_conll_end_to_end_with_entity_scores_recomputed(env, tmp_path):
     ft = tmp_path / "ner"
     run_cli("finetune", "tag", "--model", env.base, "--train", N_TRAIN, "-o", ft, "--steps", 40, "--lr", 3e-3,
             *FAST, "--no-record")
-    args = json.load(open(ft / "train_args.json"))
+    args = json.load(open(ft / "final" / "train_args.json"))
     assert args["task"] == "tag" and args["labels"][0] == "O" and args["final_loss"] < args["first_loss"]
     r = run_cli("eval", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "ev", "--results", env.results)
     got = json.loads(r.stdout[r.stdout.index("{"):])
@@ -279,11 +279,11 @@ def test_a_tagger_records_its_tags_in_config_and_of2hf_writes_a_token_classifier
     ft = tmp_path / "ner"
     run_cli("finetune", "tag", "--model", env.base, "--train", N_TRAIN, "-o", ft, "--steps", 2, *FAST,
             "--no-record")
-    args = json.load(open(ft / "train_args.json"))
-    cfg = json.load(open(ft / "config.json"))
+    args = json.load(open(ft / "final" / "train_args.json"))
+    cfg = json.load(open(ft / "final" / "config.json"))
     assert cfg["classifier_kind"] == "token" and cfg["num_labels"] == len(args["labels"])
     assert cfg["id2label"] == args["id2label"] == {str(i): t for i, t in enumerate(args["labels"])}
-    run_cli("convert", "of2hf", ft, "-o", tmp_path / "hf")
+    run_cli("convert", "of2hf", ft / "final", "-o", tmp_path / "hf")  # a run's model
     hf = json.load(open(tmp_path / "hf" / "config.json"))
     assert hf["architectures"] == ["BertForTokenClassification"] and hf["id2label"] == args["id2label"]
     assert hf["label2id"] == args["label2id"]
@@ -320,10 +320,10 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
     ft = tmp_path / "topics"
     run_cli("finetune", "classify", "--model", env.base, "--train", T_TRAIN, "-o", ft, "--problem", "multi_label",
             "--steps", 100, "--lr", 5e-3, *FAST, "--no-record")
-    args = json.load(open(ft / "train_args.json"))
+    args = json.load(open(ft / "final" / "train_args.json"))
     assert args["problem"] == "multi_label" and args["labels"] == classes and args["label_separator"] == "|"
     assert args["final_loss"] < args["first_loss"]
-    cfg = json.load(open(ft / "config.json"))
+    cfg = json.load(open(ft / "final" / "config.json"))
     assert cfg["problem_type"] == "multi_label_classification" and cfg["num_labels"] == len(classes)
     assert cfg["id2label"] == {str(i): c for i, c in enumerate(classes)}
 
@@ -367,7 +367,7 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
     assert float(out.loss.numpy()) == pytest.approx(bce, rel=1e-5)
 
     # after of2hf transformers' config names the classes and the problem
-    run_cli("convert", "of2hf", ft, "-o", tmp_path / "hf")
+    run_cli("convert", "of2hf", ft / "final", "-o", tmp_path / "hf")  # a run's model
     hf = json.load(open(tmp_path / "hf" / "config.json"))
     assert hf["problem_type"] == "multi_label_classification" and hf["id2label"] == cfg["id2label"]
     assert hf["label2id"] == {c: i for i, c in enumerate(classes)}

@@ -145,9 +145,13 @@ def test_finetune_squad_lifts_em_f1_far_above_the_untrained_model(squad):
 
 
 def test_finetuned_checkpoint_and_train_args(squad, env):
-    assert sorted(os.listdir(squad.ft)) == ["config.json", "model.safetensors", "train_args.json", "vocab.txt"]
+    # -o is the run folder, as pretrain's; the model is its final/
+    # (the lock file stays, free, as in every run folder: the next writer takes it)
+    assert sorted(os.listdir(squad.ft)) == [".bert_of.lock", "final", "metrics.jsonl", "run.json"]
+    final = os.path.join(squad.ft, "final")
+    assert sorted(os.listdir(final)) == ["config.json", "model.safetensors", "train_args.json", "vocab.txt"]
     assert not [f for f in os.listdir(env.root) if f.startswith(".")]  # nothing half-written left behind
-    args = json.load(open(os.path.join(squad.ft, "train_args.json")))
+    args = json.load(open(os.path.join(final, "train_args.json")))
     assert args["task"] == "squad-v1.1" and args["do_lower_case"] is True
     assert args["base_checkpoint"] == {"name": "tiny-bert", "path": env.base, "format": "bert_of",
                                        "sha256": sha256(os.path.join(env.base, "model.safetensors"))}
@@ -162,7 +166,7 @@ def test_finetuned_checkpoint_and_train_args(squad, env):
     assert args["command"].startswith("bert-of finetune squad --model")
     from bert_of.checkpoint import load_checkpoint
 
-    ck = load_checkpoint(squad.ft)
+    ck = load_checkpoint(final)
     assert "qa_outputs.weight" in ck.tensors and not any(k.startswith("cls.") for k in ck.tensors)
 
 
@@ -175,8 +179,9 @@ def test_every_evaluation_is_recorded_and_results_prints_it(squad, env):
     assert base["checkpoint"]["name"] == "tiny-bert" and base["head_trained"] is False
     assert base["metrics"] == {k: pytest.approx(v) for k, v in squad.before.items()}
     assert ft["metrics"] == {k: pytest.approx(v) for k, v in squad.after.items()} and ft["head_trained"] is True
-    assert ft["checkpoint"] == {"name": "squad-ft", "path": squad.ft, "format": "bert_of",
-                                "sha256": sha256(os.path.join(squad.ft, "model.safetensors"))}
+    final = os.path.join(squad.ft, "final")  # the model of the run folder, named as the run
+    assert ft["checkpoint"] == {"name": "squad-ft", "path": final, "format": "bert_of",
+                                "sha256": sha256(os.path.join(final, "model.safetensors"))}
     assert ft["base_checkpoint"]["path"] == env.base and ft["note"] == "fine-tuned from tiny-bert"
     hp = ft["hparams"]
     assert hp["lr"] == 3e-3 and hp["n_best_size"] == 20 and hp["max_answer_length"] == 30
@@ -243,7 +248,7 @@ def test_squad_v2_finetune_predict_and_null_odds(env, tmp_path):
     assert "finetune squad-v2.0: 12 examples" in err
     res = json.loads(out[out.index("{"):])
     assert list(res) == V2_KEYS and (res["total"], res["HasAns_total"], res["NoAns_total"]) == (12, 7, 5)
-    args = json.load(open(ft / "train_args.json"))
+    args = json.load(open(ft / "final" / "train_args.json"))
     assert args["task"] == "squad-v2.0" and args["hparams"]["epochs"] == 2.0  # Google's v2.0 default
     rec = json.loads(open(store).read().splitlines()[-1])
     assert rec["task"] == "squad-v2.0" and rec["settings"]["version_2_with_negative"] is True
@@ -277,7 +282,7 @@ def test_finetune_glue_lifts_accuracy(env, tmp_path):
     print(f"\nSST-2 fixture (20 sentences, memorised): accuracy {before:.1f} -> {after['accuracy']:.1f}")
     assert after == {"task": "sst-2", "examples": 20, "accuracy": pytest.approx(after["accuracy"])}
     assert before <= 75 and after["accuracy"] >= 95
-    args = json.load(open(ft / "train_args.json"))
+    args = json.load(open(ft / "final" / "train_args.json"))
     assert args["task"] == "sst-2" and args["labels"] == ["0", "1"] and args["hparams"]["max_seq_length"] == 32
     from bert_of.eval.results import load_results
 
@@ -310,7 +315,7 @@ def test_stsb_trains_a_regression_head(env, tmp_path):
     assert res["task"] == "sts-b" and res["pearson"] > 50  # 6 pairs, memorised
     from bert_of.checkpoint import load_checkpoint
 
-    ck = load_checkpoint(str(ft))
+    ck = load_checkpoint(str(ft / "final"))
     assert ck.config.num_labels == 1 and ck.tensors["classifier.weight"].shape == (1, 32)
     preds = tmp_path / "STS-B"
     ok("predict", "glue", "--model", ft, "--data", os.path.join(GL, "sts-b-test.tsv"), "-o", preds,
@@ -348,7 +353,8 @@ def test_eager_and_graph_finetune_agree(env, tmp_path):
         ok("finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN, "--output",
            tmp_path / mode, "--max-seq-length", 32, "--batch-size", 10, "--steps", 6, "--lr", 1e-3,
            "--warmup-proportion", 0.5, "--clip-grad-norm", 0.5, "--mode", mode, "--no-record")
-        results[mode] = (json.load(open(tmp_path / mode / "train_args.json")), load_checkpoint(str(tmp_path / mode)))
+        final = tmp_path / mode / "final"
+        results[mode] = (json.load(open(final / "train_args.json")), load_checkpoint(str(final)))
     (ea, ec), (ga, gc) = results["eager"], results["graph"]
     assert ea["first_loss"] == pytest.approx(ga["first_loss"], rel=1e-5)
     assert ea["final_loss"] == pytest.approx(ga["final_loss"], rel=1e-4)
@@ -417,14 +423,14 @@ def test_two_ranks_train_like_one(env, tmp_path):
     ok(*base, "--output", tmp_path / "one")
     r = run_ranks("-m", "bert_of.cli", *base, "--output", tmp_path / "two")
     assert r.returncode == 0, r.stderr[-3000:]
-    one = json.load(open(tmp_path / "one" / "train_args.json"))
-    two = json.load(open(tmp_path / "two" / "train_args.json"))
+    one = json.load(open(tmp_path / "one" / "final" / "train_args.json"))
+    two = json.load(open(tmp_path / "two" / "final" / "train_args.json"))
     assert two["hparams"]["ranks"] == 2
     assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-5)
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
     from bert_of.checkpoint import load_checkpoint
 
-    a, b = load_checkpoint(str(tmp_path / "one")), load_checkpoint(str(tmp_path / "two"))
+    a, b = load_checkpoint(str(tmp_path / "one" / "final")), load_checkpoint(str(tmp_path / "two" / "final"))
     for name, t in a.tensors.items():
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
     shutil.rmtree(tmp_path / "two")
@@ -440,58 +446,70 @@ def _metrics(run_dir):
 
 
 def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_path):
-    """--run-dir keeps metrics.jsonl and checkpoints: a run stopped after step 3 and resumed ends where
+    """The run folder (-o) keeps metrics.jsonl and checkpoints: a run stopped after step 3 and resumed ends where
     the straight run ends (eager, dropout on). Eager AMP (the dynamic loss scaler) is allowed; on CPU the
     kernels stay fp32 and scaling by 2^16 is exact, so it trains to the same numbers."""
     from bert_of.checkpoint import load_checkpoint
 
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
             "--batch-size", 10, "--steps", 6, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
-    ok(*base, "--output", tmp_path / "a", "--run-dir", tmp_path / "run-a", "--save-every", 3)
-    ok(*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "run-b", "--save-every", 3, "--stop-after", 3)
-    assert not os.path.exists(tmp_path / "b")  # "killed" after step 3: nothing published
-    assert sorted(os.listdir(tmp_path / "run-b" / "checkpoints")) == ["step-0000003"]
-    _, err = ok("finetune", "glue", "--run-dir", tmp_path / "run-b", "--resume")  # the run's record says the rest
+    ok(*base, "--output", tmp_path / "a", "--save-every", 3)
+    ok(*base, "--output", tmp_path / "b", "--save-every", 3, "--stop-after", 3)
+    assert not os.path.exists(tmp_path / "b" / "final")  # "killed" after step 3: nothing published
+    assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["step-0000003"]
+    _, err = ok("finetune", "glue", "-o", tmp_path / "b", "--resume")  # the run's record says the rest
     assert "resuming" in err and "at step 3" in err
-    straight, resumed = _metrics(tmp_path / "run-a"), _metrics(tmp_path / "run-b")
+    straight, resumed = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
     assert len(straight) == 6 and resumed == straight
     ok(*base, "--output", tmp_path / "c", "--amp")
-    args = {k: json.load(open(tmp_path / k / "train_args.json")) for k in "abc"}
+    args = {k: json.load(open(tmp_path / k / "final" / "train_args.json")) for k in "abc"}
     assert args["c"]["hparams"]["amp"] is True
     # (a resumed run reads its step-1 loss back from metrics.jsonl, which keeps 7 decimals)
     assert args["b"]["first_loss"] == round(args["a"]["first_loss"], 7)
     assert (args["c"]["first_loss"], args["c"]["final_loss"]) == (args["a"]["first_loss"], args["a"]["final_loss"])
     assert args["b"]["final_loss"] == args["a"]["final_loss"]
     for k in "bc":
-        ck, ref = load_checkpoint(str(tmp_path / k)), load_checkpoint(str(tmp_path / "a"))
+        ck, ref = load_checkpoint(str(tmp_path / k / "final")), load_checkpoint(str(tmp_path / "a" / "final"))
         for name, t in ref.tensors.items():
             assert np.array_equal(t, ck.tensors[name]), (k, name)
     assert _one_error([*base, "--output", tmp_path / "d", "--resume"]) == \
-        "--resume, --save-every and --stop-after need --run-dir (where checkpoints go)"
+        f"{tmp_path / 'd'}: nothing to resume (no run.json: not a run of bert-of finetune glue)"
+    # the older spelling: --run-dir alone is -o (with a note); beside another -o it is refused in one line
+    _, err = ok(*base, "--run-dir", tmp_path / "e", "--steps", 2)
+    assert "--run-dir is deprecated: -o is the run folder" in err
+    assert (tmp_path / "e" / "final" / "train_args.json").is_file()
+    assert _one_error([*base, "--output", tmp_path / "f", "--run-dir", tmp_path / "g"]).startswith(
+        f"--run-dir {tmp_path / 'g'} and -o {tmp_path / 'f'}: -o is the run folder now")
 
 
 
 def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path):
-    """The fine-tuning --run-dir is a run directory like pretrain's: one writer, a resume with
-    another setup refused, a non-finite loss stops the run and publishes no --output."""
+    """The fine-tuning -o is a run directory like pretrain's: one writer, a resume with another setup
+    refused, a non-finite loss stops the run and publishes no final/."""
     from bert_of.files.locks import LOCK_NAME, locked
 
     base = ["finetune", "glue", "--task", "sst-2", "--model", env.base, "--train", SST_TRAIN, "--max-seq-length", 32,
             "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--mode", "eager", "--no-record", "--log-every", 1]
     run = tmp_path / "run"
-    ok(*base, "--output", tmp_path / "a", "--run-dir", run, "--save-every", 2, "--stop-after", 2)
+    ok(*base, "--output", run, "--save-every", 2, "--stop-after", 2)
     with locked(str(run / LOCK_NAME)):  # this process holds the run: a second writer is refused at once
-        line = _one_error([*base, "--output", tmp_path / "a", "--run-dir", run, "--resume"])
+        line = _one_error([*base, "--output", run, "--resume"])
     assert line.startswith(f"{run}: another bert_of process is writing it (pid {os.getpid()}: "), line
-    line = _one_error([*base, "--output", tmp_path / "a", "--run-dir", run, "--resume", "--batch-size", 5])
+    line = _one_error([*base, "--output", run, "--resume", "--batch-size", 5])
     assert "cannot resume exactly with a different setup (" in line and "batch_size 10 -> 5" in line, line
-    assert _one_error([*base, "--output", tmp_path / "a", "--run-dir", run]).startswith(
-        f"{run}: already holds a run (metrics.jsonl, checkpoints)")
-    line = _one_error([*base, "--output", tmp_path / "b", "--run-dir", tmp_path / "nan-run", "--lr", 1e30,
-                       "--warmup-proportion", 0, "--save-every", 1])
+    assert _one_error([*base, "--output", run]) == \
+        f"{run}: already holds a run; use --resume to continue it or --overwrite to start again"
+    line = _one_error([*base, "--output", tmp_path / "nan-run", "--lr", 1e30, "--warmup-proportion", 0,
+                       "--save-every", 1])
     assert "the loss is not finite at step" in line and "training stopped, nothing published" in line, line
-    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+    assert not os.path.exists(run / "final") and not os.path.exists(tmp_path / "nan-run" / "final")
     assert all(r["loss"] is not None for r in _metrics(tmp_path / "nan-run"))  # strict JSON lines
+    # --overwrite starts a run folder again, and replaces a checkpoint an older `finetune -o` wrote there
+    old = tmp_path / "old"
+    shutil.copytree(env.base, old)
+    for out in (run, old):
+        ok(*base, "--output", out, "--overwrite", "--steps", 2)
+        assert sorted(n for n in os.listdir(out) if n != LOCK_NAME) == ["final", "metrics.jsonl", "run.json"]
 
 
 @pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")
@@ -503,14 +521,14 @@ def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
             "--mode", "graph"]
     ok(*base, "--output", tmp_path / "one")
     run_cli(*base, "--output", tmp_path / "two", "--nproc", 2)
-    one = json.load(open(tmp_path / "one" / "train_args.json"))
-    two = json.load(open(tmp_path / "two" / "train_args.json"))
+    one = json.load(open(tmp_path / "one" / "final" / "train_args.json"))
+    two = json.load(open(tmp_path / "two" / "final" / "train_args.json"))
     assert (one["hparams"]["ranks"], two["hparams"]["ranks"]) == (1, 2)
     assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-5)
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
     from bert_of.checkpoint import load_checkpoint
 
-    a, b = load_checkpoint(str(tmp_path / "one")), load_checkpoint(str(tmp_path / "two"))
+    a, b = load_checkpoint(str(tmp_path / "one" / "final")), load_checkpoint(str(tmp_path / "two" / "final"))
     for name, t in a.tensors.items():
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
     pred = ["predict", "glue", "--model", tmp_path / "one", "--data", SST_TRAIN, "--mode", "graph"]

@@ -67,7 +67,7 @@ def test_a_cased_checkpoint_fine_tuned_through_the_cli_keeps_case(env, tmp_path)
     assert BertTokenizer.from_pretrained(str(hf)).do_lower_case is False  # the Python API's answer
     ft = tmp_path / "ft"
     run_cli("finetune", "classify", "--model", hf, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST)
-    args = json.loads((ft / "train_args.json").read_text())
+    args = json.loads((ft / "final" / "train_args.json").read_text())
     assert args["do_lower_case"] is False and args["do_lower_case_from"] == "checkpoint"
     assert BertTokenizer.from_pretrained(str(ft)).do_lower_case is False
     # what the fine-tuned folder records reaches predict: no flag, the same case as training
@@ -77,7 +77,7 @@ def test_a_cased_checkpoint_fine_tuned_through_the_cli_keeps_case(env, tmp_path)
     ft2 = tmp_path / "ft2"
     r = run_cli("finetune", "classify", "--model", hf, "--train", S_TRAIN, "-o", ft2, "--steps", 1, *FAST,
                 "--do-lower-case")
-    args = json.loads((ft2 / "train_args.json").read_text())
+    args = json.loads((ft2 / "final" / "train_args.json").read_text())
     assert args["do_lower_case"] is True and args["do_lower_case_from"] == "given"
     said = [ln for ln in r.stderr.splitlines() if "--do-lower-case overrides the checkpoint's do_lower_case false" in ln]
     assert said and said[0].endswith(f"({hf} (converted copy))"), r.stderr  # the user's path, not the cache's
@@ -177,7 +177,7 @@ def test_a_model_with_64_positions_is_fine_tuned_at_64(env, tmp_path):
     fast = [a for a in FAST if a not in ("--max-seq-length", 32)]  # the default: 128
     r = run_cli("finetune", "classify", "--model", short, "--train", S_TRAIN, "-o", ft, "--steps", 1, *fast)
     assert f"max_seq_length 128 capped to 64, the model's max_position_embeddings ({short})" in r.stderr, r.stderr
-    assert json.loads((ft / "train_args.json").read_text())["hparams"]["max_seq_length"] == 64
+    assert json.loads((ft / "final" / "train_args.json").read_text())["hparams"]["max_seq_length"] == 64
     r = run_cli("finetune", "classify", "--model", short, "--train", S_TRAIN, "-o", tmp_path / "x", "--steps", 1,
                 *fast, "--max-seq-length", 100, check=False)  # a length asked for is not silently cut
     assert r.returncode == 1 and "--max-seq-length 100 exceeds the model's max_position_embeddings 64" in r.stderr
@@ -197,9 +197,10 @@ def test_a_run_folder_resolves_to_its_final_checkpoint(env, tmp_path):
     assert f"a training run; adding its final checkpoint {run / 'final'}" in r.stderr, r.stderr
     assert json.loads(run_cli("zoo", "info", "my-run", "--json").stdout)["path"] == str(run / "final")
     ft = tmp_path / "ft"
-    r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST)
-    assert f"{run}: a training run; using its final checkpoint {run / 'final'}" in r.stderr, r.stderr
-    assert json.loads((ft / "train_args.json").read_text())["base_checkpoint"]["path"] == str(run / "final")
+    r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST, "-v")
+    assert f"{run}: a training run; using its final checkpoint {run / 'final'}" in r.stderr, r.stderr  # -v: the
+    # common case (every `finetune -o RUN` then `predict --model RUN`) says it only when asked
+    assert json.loads((ft / "final" / "train_args.json").read_text())["base_checkpoint"]["path"] == str(run / "final")
     shutil.rmtree(run / "final")  # a run stopped before its end: the error names what there is
     r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", tmp_path / "ft2", "--steps", 1,
                 *FAST, check=False)

@@ -115,7 +115,7 @@ def test_what_may_change_on_a_resume_and_what_may_not(setup, straight, tmp_path)
         assert "Traceback" not in r.stderr
 
     refused("--lr", 5e-4, needle="cannot resume exactly with a different setup (lr 0.001 -> 0.0005)")
-    refused("--batch-size", 16, "--seed", 1, needle="different setup (batch_size 8 -> 16, seed 0 -> 1)")
+    refused("--batch-size", 16, "--seed", 1, needle="different setup (batch_size 8 -> 16, seed 42 -> 1)")
     refused("--steps", 10, needle="steps 12 -> 10")  # shorter: refused
     refused("--mode", "graph", needle="mode 'eager' -> 'graph'")
     # given again with the recorded values, or changing only what may change: accepted

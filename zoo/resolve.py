@@ -27,6 +27,7 @@ import shutil
 from typing import NamedTuple, Optional
 
 from bert_of.checkpoint import run_final
+from bert_of.progress import log
 from bert_of.converters.source import Options
 from bert_of.converters.convert import detect
 from bert_of.converters.reader import ATTEMPTS
@@ -60,7 +61,8 @@ def resolve_details(z, name_or_path, *, download: bool = True, vocab: Optional[s
     if path and (os.path.exists(path) or os.path.exists(path + ".index")):
         model = run_final(path)  # a training run's folder: the checkpoint it published
         if model != path:
-            z.log(f"{given}: a training run; using its final checkpoint {model}")
+            log.debug(f"{given}: a training run; using its final checkpoint {model}")  # the common case: -v
+            return _from_path(z, model, vocab)._replace(name=os.path.basename(os.path.normpath(path)))  # the run's
         return _from_path(z, model, vocab)
     entry = z.registry.lookup(given) if given else None
     if entry is None:

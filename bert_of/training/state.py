@@ -1,6 +1,6 @@
 """Run directories and training checkpoints: the ONE place checkpoints are written and read.
 
-A run directory (``pretrain --output``, ``finetune --run-dir``)::
+A run directory (``pretrain --output``, ``finetune --output``)::
 
     .bert_of.lock                 held by the one process writing the run (pid and command inside)
     metrics.jsonl                 a record every --log-every steps (:func:`bert_of.training.loop.fit`)

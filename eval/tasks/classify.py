@@ -75,8 +75,8 @@ def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "a
 
 
 def finetune_classify(opts: ClassifyOptions) -> dict:
-    """Fine-tune on ``opts.train``, publish ``opts.output`` (checkpoint + train_args.json with the
-    class order), evaluate each ``opts.eval_data``."""
+    """Fine-tune on ``opts.train`` in the run folder ``opts.output``, publish its final/ (checkpoint +
+    train_args.json with the class order), evaluate each ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
     check_output(opts)
     table = _read(opts, opts.train, True, opts.problem)

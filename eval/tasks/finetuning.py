@@ -9,20 +9,22 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, replace
 
 from bert_of._flow import flow
-from bert_of.checkpoint import CONFIG_NAME, WEIGHTS_NAME, SafetensorsFile, write_checkpoint_files
+from bert_of.checkpoint import CONFIG_NAME, RUN_FINAL, WEIGHTS_NAME, run_final, SafetensorsFile, write_checkpoint_files
 from bert_of.tokenization import check_vocab_fits, lower_case_for, vocab_looks_cased
 from bert_of.converters.convert import detect
-from bert_of.errors import BertOfError, CheckpointError, ConfigError
+from bert_of.errors import BertOfError, CheckpointError, ConfigError, OutputError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.eval.tasks.options import TaskOptions
 from bert_of.files.atomic import read_jsonl, write_json
 from bert_of.files.home import bert_of_home, utc_now
-from bert_of.files.owned import check_destination
+from bert_of.files.locks import LOCK_NAME, check_unlocked
+from bert_of.files.owned import check_destination, check_sources
 from bert_of.files.publish import publishing
 from bert_of.files.reading import read_json
 from bert_of.files.owned import register_own_files
@@ -40,7 +42,7 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
-register_own_files((TRAIN_ARGS,))
+register_own_files((TRAIN_ARGS, RUN_RECORD))  # a fine-tuning's run folder: --overwrite may replace it
 
 
 @dataclass
@@ -84,7 +86,8 @@ def model_folder(opts: TaskOptions, trained: str | None = None):
     into the cache; the identity path names the original files)."""
     if trained is not None:
         path = os.path.abspath(trained)
-        yield path, os.path.basename(path), path
+        run = os.path.dirname(path) if os.path.basename(path) == RUN_FINAL else path  # named as its run folder
+        yield path, os.path.basename(run), path
         return
     r = resolve_for("--model", opts.model)
     if r.path != os.path.abspath(opts.model):
@@ -116,7 +119,8 @@ def load_model(cls, path: str, seed: int = 0, **overrides):
 
 
 def read_train_args(path: str) -> dict:
-    p = os.path.join(path, TRAIN_ARGS)
+    """A model's train_args.json ({} when it has none); ``path`` may be a run folder (its final/)."""
+    p = os.path.join(run_final(path), TRAIN_ARGS)
     if not os.path.isfile(p):
         return {}
     return read_json(p, "train_args.json", error=CheckpointError)
@@ -193,15 +197,15 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
     if opts.batch_size % rt.world or (opts.batch_size // rt.world) % cfg.grad_accum_steps:
         raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
                           f"{cfg.grad_accum_steps} accumulation step(s)")
-    if (opts.resume or opts.save_every or opts.stop_after) and not opts.run_dir:
-        raise ConfigError("--resume, --save-every and --stop-after need --run-dir (where checkpoints go)")
-    if opts.run_dir:
-        out, run_dir = os.path.realpath(opts.output), os.path.realpath(opts.run_dir)
-        if run_dir == out or run_dir.startswith(out + os.sep):  # publishing --output would replace the run
-            raise ConfigError(f"--run-dir {opts.run_dir}: must lie outside --output {opts.output}")
-    run = RunDir(opts.run_dir, rt, what=what, sources=(opts.train, opts.model),
-                 record=(RUN_RECORD, options_record(opts))) if opts.run_dir else None
-    with run.open(opts.resume, opts.overwrite) if run else contextlib.nullcontext():
+    if opts.overwrite and not opts.resume and rt.is_main and os.path.isdir(opts.output) and \
+            not os.path.isfile(os.path.join(opts.output, RUN_RECORD)):
+        # a checkpoint -o held before -o was the run folder (check_output found only bert_of's files)
+        check_unlocked(os.path.join(opts.output, LOCK_NAME), os.path.abspath(opts.output))
+        shutil.rmtree(opts.output)
+    rt.barrier()
+    run = RunDir(opts.output, rt, outputs=(RUN_FINAL,), what=what, sources=train_sources(opts),
+                 record=(RUN_RECORD, options_record(opts)))
+    with run.open(opts.resume, opts.overwrite):
         flow.manual_seed(cfg.seed)
         if cfg.mode == "graph":  # CPU graph memory grows with the micro-batch (graph_rows): bound it
             rows = opts.batch_size // rt.world
@@ -213,22 +217,21 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                 cfg = replace(cfg, grad_accum_steps=accum)
         trainer = Trainer(model, cfg, rt)
         data = ShuffledRows(arrays, opts.batch_size, cfg.seed, rt)
-        if run:  # what an exact resume must find unchanged besides the train config
-            run.start(trainer, data, {"batch_size": opts.batch_size, "examples": n_examples, "features": n,
-                                      "config": {k: v for k, v in model.config.to_dict().items()
-                                                 if k != "provenance"}})
-            if run.resume_from:
-                note(rt, f"{what}: resuming {run.resume_from} at step {trainer.global_step}")
+        # what an exact resume must find unchanged besides the train config
+        run.start(trainer, data, {"batch_size": opts.batch_size, "examples": n_examples, "features": n,
+                                  "config": {k: v for k, v in model.config.to_dict().items() if k != "provenance"}})
+        if run.resume_from:
+            note(rt, f"{what}: resuming {run.resume_from} at step {trainer.global_step}")
         note(rt, f"{what}: {n_examples} examples, {n} {unit if unit != 'examples' else 'features'}; {steps} steps "
                  f"(warmup {cfg.warmup_steps}) of batch {opts.batch_size} over {rt.world} rank(s) on {rt.device}, "
                  f"lr {cfg.lr:g}, {cfg.mode} mode")
         res = fit(trainer, data, steps, batch_size=opts.batch_size, run=run, log_every=opts.log_every,
-                  save_every=opts.save_every, vocab_file=getattr(model, "vocab_file", None), progress="lines",
+                  save_every=opts.save_every, keep=opts.keep, vocab_file=getattr(model, "vocab_file", None), progress="lines",
                   what=what, callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [], unit=unit)
     model.eval()
     losses = [v for v in res.losses if math.isfinite(v)]  # AMP may have skipped a step
     first = losses[0] if losses else None
-    if run and run.resume_from:  # the run's first step was logged by the first invocation
+    if run.resume_from:  # the run's first step was logged by the first invocation
         logged = [r for r in read_jsonl(run.metrics, "metrics") if r.get("step") == 1]
         first = logged[0]["loss"] if logged else first
     return cfg, {"first_loss": first, "final_loss": losses[-1] if losses else None,
@@ -256,9 +259,15 @@ def save_finetuned(model, output: str, train_args: dict, overwrite: bool, rt: Ru
 
 
 def check_output(opts: TaskOptions) -> None:
-    """Fail at once, before any work, on an ``--output`` that could not be published: existing
-    without ``--overwrite``, holding files bert_of did not write, or one of the inputs."""
-    check_destination(opts.output, opts.overwrite, train_sources(opts))
+    """Fail at once, before any work, on a run folder (``--output``) that could not be used: existing
+    without ``--overwrite`` or ``--resume``, holding files bert_of did not write, or one of the inputs."""
+    if opts.resume:
+        check_sources(opts.output, train_sources(opts))  # the run folder itself is checked when it opens
+    elif not opts.overwrite and os.path.isfile(os.path.join(opts.output, RUN_RECORD)):
+        raise OutputError(f"{opts.output}: already holds a run; use --resume to continue it or --overwrite to "
+                          "start again")
+    else:
+        check_destination(opts.output, opts.overwrite, train_sources(opts))
 
 
 def train_sources(opts: TaskOptions, model_path: str | None = None) -> tuple:
@@ -317,11 +326,12 @@ def finish_finetuning(model, opts: TaskOptions, rt: Runtime, args: dict, summary
     args.update(summary)
     if not finished:
         return args
-    save_finetuned(model, opts.output, args, opts.overwrite, rt, train_sources(opts, model_path))
-    note(rt, f"wrote {opts.output} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+    final = os.path.join(opts.output, RUN_FINAL)  # as pretrain's: `--model RUN` finds it
+    save_finetuned(model, final, args, True, rt, train_sources(opts, model_path))
+    note(rt, f"wrote {final} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
              f"{summary['train_seconds']:.1f} s)")
     for data in opts.eval_data:
-        evaluate(replace(opts, data=data, output=None, model=opts.output, name=None), trained=opts.output,
+        evaluate(replace(opts, data=data, output=None, model=opts.output, name=None), trained=final,
                  model=model, rt=rt)
     return args
 

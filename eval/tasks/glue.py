@@ -78,7 +78,8 @@ def _labeled(opts: GlueOptions, path: str) -> None:
 
 
 def finetune_glue(opts: GlueOptions) -> dict:
-    """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
+    """Fine-tune in the run folder ``opts.output``, publish its final/ (checkpoint + train_args.json),
+    evaluate ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
     if not opts.task:
         raise ConfigError("--task is required")

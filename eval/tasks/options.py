@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from bert_of.eval.glue_data import TASK_CHOICES
 from bert_of.eval.user_data import LABEL_SEPARATOR
-from bert_of.options import TRAINING, Ranks, TrainConfig, arg
+from bert_of.options import RUN, TRAINING, Ranks, RunOptions, arg
 
 TRAIN, PREDICT, EVAL = "finetune", "predict", "eval"
 RUNS = (PREDICT, EVAL)  # the commands that run a model over a data file (fine-tuning too, on --eval-data)
@@ -20,11 +20,14 @@ MODEL, RESULTS = "model", "results store"
 SQUAD_EPOCHS, SQUAD_V2_EPOCHS = 3.0, 2.0  # run_squad.py's default; Google's README trains SQuAD 2.0 for 2
 SQUAD_LENGTHS = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64}  # run_squad.py's
 GLUE_MAX_SEQ_LENGTH = 128  # run_classifier.py's
+RUN_FOLDER = ("run folder, as pretrain's: run.json, metrics.jsonl, checkpoints/ (--save-every), final/ (the "
+              "fine-tuned checkpoint + train_args.json, published atomically; `--model RUN` uses it)")
 
 
 @dataclass(kw_only=True)
-class TaskOptions(TrainConfig):
-    """What fine-tuning, prediction and evaluation share (the trainer's fields are TrainConfig's)."""
+class TaskOptions(RunOptions):
+    """What fine-tuning, prediction and evaluation share (the trainer's fields are TrainConfig's, the
+    run control RunOptions', as pretraining's: one flag, one default, one meaning)."""
 
     model: str | None = arg(None, metavar="NAME_OR_DIR", group=MODEL, required=RUNS,  # fine-tuning: unless resumed
                             help="bert_of checkpoint folder (Google TF / HF folders are converted on the fly) or zoo "
@@ -41,7 +44,7 @@ class TaskOptions(TrainConfig):
     train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,), path=True)
     output: str | None = arg(None, short="-o", metavar="DIR", required=(PREDICT,), path=True,
                              help="folder for the prediction files (GLUE: predictions.tsv)",
-                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                             helps={TRAIN: RUN_FOLDER,
                                     EVAL: "folder for the prediction files (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "TASK-DATA-TIME/)"})
     overwrite: bool = arg(False, help="replace --output if it exists", commands=(TRAIN, PREDICT),
@@ -51,22 +54,10 @@ class TaskOptions(TrainConfig):
     warmup_proportion: float = arg(0.1, help="warmup fraction of the steps", metavar="P", group=TRAINING,
                                    commands=(TRAIN,))
     warmup_steps: int = 0  # from warmup_proportion
-    seed: int = arg(42, help="shuffling, dropout and new-head init", metavar="S", group=TRAINING, commands=(TRAIN,))
-    log_every: int = arg(50, help="print the loss every N steps", metavar="N", group=TRAINING, commands=(TRAIN,),
-                         on_resume="may change")
     eval_data: list = arg(default_factory=list, metavar="FILE", group=TRAINING, commands=(TRAIN,),
                           help="after training, evaluate on this labeled file and record the result (repeatable)")
-    run_dir: str | None = arg(None, metavar="DIR", group=TRAINING, commands=(TRAIN,), path=True, on_resume="not kept",
-                              help="keep run.json (the run's options), metrics.jsonl and (with --save-every) "
-                                   "resumable checkpoints here")
-    save_every: int = arg(0, help="a resumable checkpoint in --run-dir every N steps; 0 = none", metavar="N",
-                          group=TRAINING, commands=(TRAIN,), on_resume="may change")
-    resume: bool = arg(False, group=TRAINING, commands=(TRAIN,), on_resume="not kept",
-                       help="continue the run in --run-dir exactly where it stopped, with the options it recorded: "
-                            "give none again but --run-dir (or only a larger --steps, --save-every, --log-every)")
-    stop_after: int = arg(0, metavar="N", group=TRAINING, commands=(TRAIN,), on_resume="not kept",
-                          help="stop once step N is done, publishing nothing (--resume continues the run in "
-                               "--run-dir); 0 = train to the end")
+    run_dir: str | None = arg(None, metavar="DIR", group=RUN, commands=(TRAIN,), path=True, on_resume="not kept",
+                              help="deprecated: the older spelling of -o (the run folder)")
     # the results store
     results: str | None = arg(None, metavar="FILE", group=RESULTS, commands=RECORDING, on_resume="may change",
                               help="results store (unset: results.jsonl in $BERT_OF_HOME, else ~/.cache/bert_of)")
@@ -77,9 +68,11 @@ class TaskOptions(TrainConfig):
     hparam: list = arg(default_factory=list, metavar="KEY=VALUE", group=RESULTS, commands=RECORDING,
                        on_resume="may change", help="extra hyper-parameter to record (repeatable)")
 
-    # the trainer's fields only fine-tuning shows (a prediction does not train; --mode serves all)
+    # the trainer's fields and the run control only fine-tuning shows (a prediction does not train; --mode
+    # serves all)
     FIELD_COMMANDS = {n: (TRAIN,) for n in ("optimizer", "batch_size", "weight_decay", "clip_grad_norm", "adam_eps",
-                                            "grad_accum_steps", "amp")}
+                                            "grad_accum_steps", "amp", "seed", "log_every", "save_every", "keep",
+                                            "resume", "stop_after")}
 
 
 SQUAD_FEATURES, SQUAD_ANSWERS = "SQuAD features", "SQuAD predictions"
@@ -151,7 +144,7 @@ class ClassifyOptions(TaskOptions):
     output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
                              help="folder for predictions.csv, or the predictions file itself: CSV when it ends "
                                   ".csv, JSON Lines when .jsonl",
-                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                             helps={TRAIN: RUN_FOLDER,
                                     EVAL: "folder for predictions.csv (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "classify-DATA-TIME/)"})
     lr: float = arg(2e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
@@ -189,7 +182,7 @@ class TagOptions(TaskOptions):
     output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
                              help="folder for predictions.jsonl (tokens, tags), or the predictions file itself: "
                                   "JSON Lines when it ends .jsonl, CoNLL (token TAB tag) when .conll, .txt or .tsv",
-                             helps={TRAIN: "fine-tuned bert_of checkpoint + train_args.json (written atomically)",
+                             helps={TRAIN: RUN_FOLDER,
                                     EVAL: "folder for predictions.jsonl (unset: $BERT_OF_HOME/eval/MODEL/"
                                           "tag-DATA-TIME/)"})
     lr: float = arg(5e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))

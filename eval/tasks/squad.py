@@ -59,7 +59,8 @@ def _squad_version(opts: SquadOptions, sd) -> bool:
 
 
 def finetune_squad(opts: SquadOptions) -> dict:
-    """Fine-tune, publish ``opts.output`` (checkpoint + train_args.json), evaluate ``opts.eval_data``."""
+    """Fine-tune in the run folder ``opts.output``, publish its final/ (checkpoint + train_args.json),
+    evaluate ``opts.eval_data``."""
     rt = Runtime.create(opts.device)
     check_output(opts)
     sd = load_squad(opts.train)
