@@ -5,7 +5,7 @@ A command's parser is generated from its options dataclass (:func:`add_options`,
 with :func:`bert_of.options.arg`); :class:`HelpFormatter` shows the defaults and :func:`examples`
 writes the epilog. :func:`finish` walks the finished parser tree and adds the common options to every
 command; :func:`configure` applies them before a command runs. ``GRAMMAR`` is the table the
-README shows and ``tests/test_cli.py`` enforces.
+docs/command-line.md shows and ``tests/test_cli.py`` enforces.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ GRAMMAR = [
 
 
 def grammar_markdown() -> str:
-    """GRAMMAR as the README's table."""
+    """GRAMMAR as docs/command-line.md's table."""
     rows = ["| flag | meaning | commands |", "|---|---|---|"]
     for flag, meaning, where in GRAMMAR:
         rows.append(f"| `{flag}` | {meaning} | {where} |")

@@ -37,7 +37,7 @@ HF_ACT = {
     "linear": "linear",
 }
 
-# Layer-norm epsilon each source computes with (README, "Numerics travel with the checkpoint"):
+# Layer-norm epsilon each source computes with (docs/formats.md, "Numerics travel with the checkpoint"):
 # Google TF1 1e-12, legacy lazy OneFlow 1e-5, HF 1e-12 unless its config says otherwise.
 PROVENANCE_LN_EPS = {"tf1": 1e-12, "lazy": 1e-5, "hf": 1e-12, "bert_of": 1e-12}
 

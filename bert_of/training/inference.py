@@ -71,7 +71,7 @@ class LayerwiseRunner:
 # tasks: oneflow/core/job/intra_job_mem_sharing_util.cpp, InitMemoryChains), so a compiled CPU graph
 # holds every activation of its batch for its whole life: ~440 MB per row for MiniLM at 384 tokens,
 # where eager frees each tensor after use. A CPU graph therefore runs few rows per call (smaller
-# graphs are no slower per row: README "Inference"); CUDA graphs reuse memory and keep the batch.
+# graphs are no slower per row: docs/benchmarks.md, fine-tuning and prediction); CUDA graphs reuse memory and keep the batch.
 GRAPH_CPU_BUDGET = 512 * 2 ** 20  # bytes of activations one CPU predict graph may hold
 # Eager frees as it goes, but a call's [B, heads, L, L] attention tensors still peak with B; a few
 # rows per call keep the peak near transformers' (whose CPU attention is fused) at no cost in speed.
