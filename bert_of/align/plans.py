@@ -24,7 +24,7 @@ TF_STEPS = 100  # experiment 7 continues the TF checkpoint for min(--steps, TF_S
 
 # Model presets. Batch 32 everywhere (the issue's); sizes fit a 2-core CPU:
 # OneFlow 0.9's CPU kernels cost ~0.1 us per element for layer norm / tanh, so
-# hidden 128 x seq 64 costs ~1.4 s per step there (see docs/alignment.md's timing notes).
+# hidden 128 x seq 64 costs ~1.4 s per step there (docs/alignment.md).
 SIZES = {
     "tiny": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                  seq_length=16, max_predictions=2),
