@@ -39,7 +39,8 @@ from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_bounded
 from bert_of.tensors import nbytes
-from bert_of.converters.lazy import DATA_FILE, META_FILE, format_meta, parse_meta
+from bert_of.converters.lazy_meta import format_meta, parse_meta
+from bert_of.converters.lazy_names import DATA_FILE, META_FILE
 
 PICKLE_FILE = "pickled_data"
 PROTOCOL_VERSION = 1
