@@ -44,7 +44,8 @@ from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError, OutputError
 from bert_of.files.atomic import writes_to
 from bert_of.tensors import nbytes
-from bert_of.converters import hdf5, hf
+from bert_of.converters import hdf5
+from bert_of.converters.hf_config import HF_ACT_LABEL, config_from_hf, config_to_hf, read_hf_json
 from bert_of.converters.source import Options, ReportLine, Source
 from bert_of.converters.mapping import Table, apply, apply_shape, inverse, spell
 from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort, whole
@@ -182,12 +183,12 @@ def detect(path: str) -> bool:
 def _hf_config(path: str, held: str, numerics: str | None = None) -> BertConfig:
     """HF's config.json (shared with the safetensors format: "gelu" means erf); ``held``: the
     path that reads it (bert_of.files.pinned.PinnedDir.hold)."""
-    return hf.config_from_hf(hf._read_json(held, "HuggingFace config"), path, numerics)
+    return config_from_hf(read_hf_json(held, "HuggingFace config"), path, numerics)
 
 
 def _hf_config_dict(config: BertConfig, architecture: str) -> dict:
     """HF's config.json for ``config``, naming the Keras class written."""
-    return dict(hf.config_to_hf(config, [architecture]), architectures=[architecture])
+    return dict(config_to_hf(config, [architecture]), architectures=[architecture])
 
 
 # --------------------------------------------------------------------------- reading
@@ -450,7 +451,7 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         notes.append(f"note: optimizer state is not representable in HF Keras h5 (weights only): "
                      f"{n} optimizer tensor(s) not written" if n else
                      "note: --with-optimizer: HF Keras h5 holds weights only, and the source has no optimizer state")
-    label = hf.HF_ACT_LABEL[source.config.hidden_act]
+    label = HF_ACT_LABEL[source.config.hidden_act]
     if label not in _HF_TF_ACTS:
         notes.append(f"note: transformers' TF code has no {label!r} activation; config.json says {label!r} anyway")
 

@@ -27,7 +27,7 @@ import re
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
 from bert_of.files.reading import read_bounded, read_json
-from bert_of.converters.hf import config_from_hf
+from bert_of.converters.hf_config import config_from_hf
 
 CONFIG_NAMES = ("config.json", "bert_config.json")
 LIBAI_RUN_CONFIG = "config.yaml"

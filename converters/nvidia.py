@@ -37,7 +37,7 @@ from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_json
 from bert_of.tokenization import read_vocab_lines
-from bert_of.converters import hf, reference_np
+from bert_of.converters import hf_names, reference_np
 from bert_of.converters.descriptor import Format
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import WORD_EMB, Entry, Hit, finish, hit, sort, whole
@@ -52,7 +52,7 @@ _CKPT = re.compile(r"ckpt_(\d+)\.pt")
 # HF's names with LinearActivation's fused layers
 _FUSED = {"intermediate.dense": "intermediate.dense_act", "bert.pooler.dense": "bert.pooler.dense_act",
           "cls.predictions.transform.dense": "cls.predictions.transform.dense_act"}
-TABLE = Table(spell(lambda s: next((s.replace(a, b) for a, b in _FUSED.items() if s.endswith(a)), s), hf.PARAMS))
+TABLE = Table(spell(lambda s: next((s.replace(a, b) for a, b in _FUSED.items() if s.endswith(a)), s), hf_names.PARAMS))
 DECODER = "cls.predictions.decoder.weight"
 NO_DECAY = ("bias", "gamma", "beta", "LayerNorm")  # run_pretraining.py's second parameter group
 SLOTS = {"exp_avg": "m", "exp_avg_sq": "v"}

@@ -219,7 +219,7 @@ def test_numerics_override_changes_the_function(tmp_path, reference):
 
 
 def test_bin_restricted_loader_equals_safetensors(tmp_path):
-    from bert_of.converters.hf import TorchZipFile
+    from bert_of.converters.torch_zip import TorchZipFile
 
     f = TorchZipFile(os.path.join(TINY_BIN, "pytorch_model.bin"))
     ref = st(TINY_PT)
@@ -390,7 +390,7 @@ def test_torch_zip_views_dtypes_and_strides():
     """torch.save keeps views: strides, storage offsets, shared storages; bf16/fp16/0-d too."""
     import ml_dtypes
 
-    from bert_of.converters.hf import TorchZipFile
+    from bert_of.converters.torch_zip import TorchZipFile
 
     f = TorchZipFile(os.path.join(DATA, "views.pt"))
     want = {

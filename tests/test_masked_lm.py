@@ -14,7 +14,7 @@ from bert_of.checkpoint import SafetensorsFile, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.errors import InputError
 from bert_of.tensors import expected_shapes
-from bert_of.converters import hf
+from bert_of.converters import hf_names
 from bert_of.converters.convert import convert, read
 from bert_of.converters.source import Options
 from bert_of.converters.verify import verify
@@ -114,7 +114,7 @@ def test_model_class_for_an_mlm_only_checkpoint():
 
 
 def _st_tensors(d):
-    f = SafetensorsFile(os.path.join(d, hf.SAFETENSORS))
+    f = SafetensorsFile(os.path.join(d, hf_names.SAFETENSORS))
     return {k: f.get(k) for k in f.keys()}
 
 
