@@ -420,10 +420,11 @@ def test_long_name_lists_split_like_keras(tmp_path):
     from keras.src.saving.legacy.hdf5_format import load_attributes_from_hdf5_group
 
     from bert_of.converters import h5 as fmt
+    from bert_of.converters import h5_write
 
     names = [f"tf_bert_model/bert/encoder/layer_._{i}/attention/self/query/kernel:0" for i in range(1200)]
     with h5py.File(tmp_path / "a.h5", "w") as f:
-        fmt._set_list_attr(f, "weight_names", names)
+        h5_write._set_list_attr(f, "weight_names", names)
         assert "weight_names" not in f.attrs and "weight_names1" in f.attrs
         assert fmt._attr_list(f, "weight_names") == names
         assert [n.decode() if isinstance(n, bytes) else n for n in load_attributes_from_hdf5_group(f, "weight_names")] \
