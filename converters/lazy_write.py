@@ -1,6 +1,6 @@
 """Writing a legacy lazy OneFlow snapshot (``of2lazy``; the layout: converters/lazy.py).
 
-Writing (``of2lazy``): one folder per variable with ``out`` and ``meta``
+One folder per variable with ``out`` and ``meta``
 (exactly the text OneFlow's ``text_format.MessageToString`` gives), then an
 empty ``snapshot_done``, written last. ``--no-meta`` writes the oldest layout
 (``out`` + ``snapshot_done``; float32 only, since nothing records a dtype).
