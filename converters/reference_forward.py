@@ -7,7 +7,9 @@ codebase's names, orientation and numerics).
 
 Post-LN encoder as in the paper: ``x = LN(x + Attn(x)); x = LN(x + FFN(x))``. A layout may set
 ``pre_ln`` (``x = x + Attn(LN(x))``, a final LN) and override :meth:`Layout.qkv` (a fused
-per-head QKV weight, as LiBai stores it): the forward asks the layout, never a name.
+per-head QKV weight, as LiBai stores it): the forward asks the layout, never a name. LiBai's own
+placement (``placement = "libai"``: input and post-attention LayerNorms, a final one) is
+``_forward_libai``.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def forward(layout, batch: dict, num_heads: int) -> dict:
     [B, H], prediction_logits [B, S, V] (MLM on every position), seq_relationship_logits [B, 2],
     start_logits / end_logits [B, S], logits [B, L] (a token classifier: [B, S, L])."""
     ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
-    if hasattr(layout, "forward"):  # a codebase whose placement is its own (LiBai)
-        return layout.forward(batch, num_heads)
+    if layout.placement == "libai":  # a codebase whose placement is its own
+        return _forward_libai(layout, batch, num_heads)
     B, S = ids.shape
     act, eps = ACTIVATIONS[layout.act], layout.eps
     word = layout.vector("word")
@@ -120,3 +122,34 @@ def _layer(layout, i, x, adder, num_heads, act, eps):
     w, b = layout.dense("out", i)
     f = inter @ w + b
     return x + f if layout.pre_ln else layer_norm(f + x, *layout.ln("out_ln", i), eps)
+
+
+def _forward_libai(layout, batch: dict, num_heads: int) -> dict:
+    """LiBai's BertModel (``reference_np.LiBai``'s docstring: its LayerNorm placement) on the batch."""
+    ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
+    B, S = ids.shape
+    act, eps = ACTIVATIONS[layout.act], layout.eps
+    word = layout.vector("word")
+    x = word[ids] + layout.vector("type")[types] + layout.positions()[:S][None]
+    adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+    i = 0
+    while layout.stored("qkv.w", i) is not None:
+        H = x.shape[-1]
+        d = H // num_heads
+        ln_in = layer_norm(x, *layout.ln("in_ln", i), eps)
+        (wq, bq), (wk, bk), (wv, bv) = layout.qkv(i, num_heads)
+
+        def heads(t):
+            return t.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3)
+
+        q, k, v = heads(ln_in @ wq + bq), heads(ln_in @ wk + bk), heads(ln_in @ wv + bv)
+        probs = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder)
+        w, b = layout.dense("ao", i)
+        attn = (probs @ v).transpose(0, 2, 1, 3).reshape(B, S, H) @ w + b
+        x = (ln_in if layout.residual_post_ln else x) + attn
+        ln_pa = layer_norm(x, *layout.ln("pa_ln", i), eps)
+        w1, b1 = layout.dense("in", i)
+        w2, b2 = layout.dense("out", i)
+        x = (ln_pa if layout.residual_post_ln else x) + act(ln_pa @ w1 + b1) @ w2 + b2
+        i += 1
+    return heads_of(layout, layer_norm(x, *layout.ln("final_ln"), eps), word, act, layout.head_eps)

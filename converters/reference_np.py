@@ -38,12 +38,11 @@ The forward maths that runs on a layout is ``converters/reference_forward.py``.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import numpy as np
 
-from bert_of.converters.reference_forward import ACTIVATIONS, heads_of, layer_norm, softmax
+from bert_of.converters.reference_forward import ACTIVATIONS
 
 # transformers' ACT2FN labels -> the function
 HF_ACTS = {"gelu": "gelu_erf", "gelu_python": "gelu_erf", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -64,6 +63,7 @@ class Layout:
 
     name = "?"
     pre_ln = False
+    placement = "bert"  # "libai": LiBai's own LayerNorm placement (reference_forward._forward_libai)
     mask_value = -10000.0
     NAMES: dict = {}
 
@@ -406,6 +406,7 @@ class LiBai(Layout):
     norm; post-LN (True): the residual is the normed value. q, k, v are one fused [3H, H] weight,
     interleaved per head ([heads, 3, head_size, H]). The MLM head's LayerNorm is at eps 1e-5."""
     name = "libai"
+    placement = "libai"
     _E = "bert.encoders.{i}."
     NAMES = roles({}, None,
                    {"in_ln": ([_E + "input_layernorm.weight"], [_E + "input_layernorm.bias"]),
@@ -442,35 +443,6 @@ class LiBai(Layout):
         H = w.shape[1]
         w, b = w.reshape(num_heads, 3, H // num_heads, H), b.reshape(num_heads, 3, H // num_heads)
         return [(w[:, j].reshape(H, H).T, b[:, j].reshape(H)) for j in range(3)]
-
-    def forward(self, batch: dict, num_heads: int) -> dict:
-        ids, types, mask = (np.asarray(batch[k]) for k in ("input_ids", "token_type_ids", "attention_mask"))
-        B, S = ids.shape
-        act, eps = ACTIVATIONS[self.act], self.eps
-        word = self.vector("word")
-        x = word[ids] + self.vector("type")[types] + self.positions()[:S][None]
-        adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
-        i = 0
-        while self.stored("qkv.w", i) is not None:
-            H = x.shape[-1]
-            d = H // num_heads
-            ln_in = layer_norm(x, *self.ln("in_ln", i), eps)
-            (wq, bq), (wk, bk), (wv, bv) = self.qkv(i, num_heads)
-
-            def heads(t):
-                return t.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3)
-
-            q, k, v = heads(ln_in @ wq + bq), heads(ln_in @ wk + bk), heads(ln_in @ wv + bv)
-            probs = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder)
-            w, b = self.dense("ao", i)
-            attn = (probs @ v).transpose(0, 2, 1, 3).reshape(B, S, H) @ w + b
-            x = (ln_in if self.residual_post_ln else x) + attn
-            ln_pa = layer_norm(x, *self.ln("pa_ln", i), eps)
-            w1, b1 = self.dense("in", i)
-            w2, b2 = self.dense("out", i)
-            x = (ln_pa if self.residual_post_ln else x) + act(ln_pa @ w1 + b1) @ w2 + b2
-            i += 1
-        return heads_of(self, layer_norm(x, *self.ln("final_ln"), eps), word, act, self.head_eps)
 
 
 # What the lazy BERT computes, by the snapshot's provenance: (GELU for "gelu", LayerNorm epsilon)
