@@ -15,12 +15,12 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from bert_of.converters.tf_reference_checkpoint import _assign_from_numpy, _create_variables, _session, variable_specs
-from bert_of.converters.tf_reference_model import _Cfg, _forward
+from bert_of.converters.tf_reference_checkpoint import assign_from_numpy, create_variables, session, variable_specs
+from bert_of.converters.tf_reference_model import Config, forward
 
 tf1 = tf.compat.v1
 
-__all__ = ["make_batch", "run_reference", "forward_numpy_weights", "detect_heads", "OUTPUT_KEYS"]
+__all__ = ["make_batch", "run_reference", "forward_numpy_weights", "detect_heads", "specs_for", "OUTPUT_KEYS"]
 
 OUTPUT_KEYS = (
     "sequence_output",
@@ -65,7 +65,7 @@ def _graph_heads(found):
     return tuple(heads)
 
 
-def _specs_for(config, found, shapes):
+def specs_for(config, found, shapes):
     """Variable specs for the model + the detected heads (mlm/nsp may appear alone)."""
     num_labels = None
     if "classifier" in found:
@@ -121,7 +121,7 @@ def make_batch(config, batch_size=3, seq_len=None, seed=0):
     type 0, mask 0). Segment a has type 0, segment b type 1; with
     type_vocab_size > 2 the last row's segment b cycles through types
     1..type_vocab_size-1."""
-    cfg = _Cfg(config)
+    cfg = Config(config)
     S = int(seq_len) if seq_len is not None else min(16, cfg.max_position_embeddings)
     B = int(batch_size)
     if S < 1 or B < 1:
@@ -164,19 +164,19 @@ def make_batch(config, batch_size=3, seq_len=None, seed=0):
 
 
 def _run(config, batch, values_fn, names_and_shapes, return_all_layers=False, dtype="float32"):
-    cfg = _Cfg(config)
+    cfg = Config(config)
     ids, tt, mask = _batch_arrays(batch)
     _check_ids(cfg, ids, tt)
     found = detect_heads(names_and_shapes)
-    specs = _specs_for(config, found, names_and_shapes)
+    specs = specs_for(config, found, names_and_shapes)
     graph = tf.Graph()
     with graph.as_default():
-        variables = _create_variables(specs)
+        variables = create_variables(specs)
         t_ids = tf.constant(ids, dtype=tf.int32, name="input_ids")
         t_tt = tf.constant(tt, dtype=tf.int32, name="token_type_ids")
         t_mask = tf.constant(mask, dtype=tf.int32, name="input_mask")
-        outs = _forward(variables, cfg, t_ids, t_tt, t_mask, found, return_all_layers, tf.as_dtype(dtype))
-        with _session(graph) as sess:
+        outs = forward(variables, cfg, t_ids, t_tt, t_mask, found, return_all_layers, tf.as_dtype(dtype))
+        with session(graph) as sess:
             values_fn(sess, variables)
             res = sess.run(outs)
     return {k: np.asarray(v) for k, v in res.items()}
@@ -215,6 +215,6 @@ def forward_numpy_weights(weights, config, batch, return_all_layers=False, dtype
         missing = [n for n in variables if n not in weights]
         if missing:
             raise ValueError(f"weights lack {missing[:5]}")
-        _assign_from_numpy(sess, variables, weights)
+        assign_from_numpy(sess, variables, weights)
 
     return _run(config, batch, load, shapes, return_all_layers, dtype)

@@ -17,12 +17,13 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from bert_of.converters.tf_reference_model import _Cfg
+from bert_of.converters.tf_reference_model import Config
 from bert_of.initializers import truncated_normal
 
 tf1 = tf.compat.v1
 
-__all__ = ["make_checkpoint", "variable_specs", "make_weights", "HEADS"]
+__all__ = ["make_checkpoint", "variable_specs", "make_weights", "HEADS",
+           "session", "create_variables", "assign_from_numpy"]
 
 HEADS = ("pretraining", "squad", "classifier")
 
@@ -48,7 +49,7 @@ def variable_specs(config, heads=("pretraining",), num_labels=None):
     ``kind`` drives initialisation: kernel, bias, embedding, gamma, beta,
     mlm_bias, head_weights, head_bias.
     """
-    cfg = _Cfg(config)
+    cfg = Config(config)
     heads = _normalize_heads(heads)
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     specs = []
@@ -156,7 +157,7 @@ def _init_value(name, shape, kind, cfg, seed, realistic):
 
 def make_weights(config, seed=0, heads=("pretraining",), realistic=True, num_labels=None):
     """Google-named numpy weights, exactly what make_checkpoint would save."""
-    cfg = _Cfg(config)
+    cfg = Config(config)
     return {name: _init_value(name, shape, kind, cfg, seed, realistic)
             for name, shape, kind in variable_specs(config, heads, num_labels)}
 
@@ -164,7 +165,7 @@ def make_weights(config, seed=0, heads=("pretraining",), realistic=True, num_lab
 # ----------------------------------------------------------------------------- graph pieces
 
 
-def _session(graph):
+def session(graph):
     cp = tf1.ConfigProto(intra_op_parallelism_threads=_THREADS,
                          inter_op_parallelism_threads=_THREADS,
                          allow_soft_placement=True,
@@ -172,7 +173,7 @@ def _session(graph):
     return tf1.Session(graph=graph, config=cp)
 
 
-def _create_variables(specs):
+def create_variables(specs):
     """Create fp32 variables named exactly as in specs (root variable scope)."""
     out = {}
     for name, shape, _ in specs:
@@ -209,7 +210,7 @@ class _Loader:
         self.ops, self.feed, self.bytes = [], {}, 0
 
 
-def _assign_from_numpy(sess, variables, values):
+def assign_from_numpy(sess, variables, values):
     loader = _Loader(sess)
     for name, var in variables.items():
         loader.add(var, values[name])
@@ -235,7 +236,7 @@ def make_checkpoint(prefix, config, seed=0, heads=("pretraining",), realistic=Tr
     variable (AdamWeightDecayOptimizer's slots) and int64 ``global_step``.
     Returns the prefix.
     """
-    cfg = _Cfg(config)
+    cfg = Config(config)
     heads = _normalize_heads(heads)
     specs = variable_specs(config, heads)
     prefix = os.fspath(prefix)
@@ -243,7 +244,7 @@ def make_checkpoint(prefix, config, seed=0, heads=("pretraining",), realistic=Tr
     os.makedirs(d, exist_ok=True)
     graph = tf.Graph()
     with graph.as_default():
-        model_vars = _create_variables(specs)
+        model_vars = create_variables(specs)
         slot_vars = {}
         gs = None
         if with_optimizer:
@@ -255,7 +256,7 @@ def make_checkpoint(prefix, config, seed=0, heads=("pretraining",), realistic=Tr
             gs = tf1.train.get_or_create_global_step()  # int64 scalar "global_step"
         saver = tf1.train.Saver(var_list=None, save_relative_paths=True, max_to_keep=None)
         init = tf1.global_variables_initializer()
-        with _session(graph) as sess:
+        with session(graph) as sess:
             sess.run(init)
             loader = _Loader(sess)
             for name, shape, kind in specs:

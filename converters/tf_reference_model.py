@@ -29,7 +29,7 @@ Nothing here imports the project's own model code: the reference must stay
 independent of what it verifies.
 
 This module holds the graph only (the config numbers it reads, the activations, layer norm,
-dense and ``_forward``); Google's variables and checkpoints are in ``tf_reference_checkpoint.py``,
+dense and ``forward``); Google's variables and checkpoints are in ``tf_reference_checkpoint.py``,
 running the graph on a checkpoint or on numpy weights in ``tf_reference.py``.
 """
 
@@ -39,6 +39,8 @@ import math
 
 import numpy as np
 import tensorflow as tf
+
+__all__ = ["Config", "activation", "layer_norm", "dense", "forward"]
 
 
 # ----------------------------------------------------------------------------- config
@@ -53,7 +55,7 @@ def _config_dict(config) -> dict:
     raise TypeError(f"config must be a Google bert_config dict, got {type(config).__name__}")
 
 
-class _Cfg:
+class Config:
     """The few numbers the graph needs, read from a Google bert_config dict."""
 
     def __init__(self, config):
@@ -83,7 +85,7 @@ class _Cfg:
                 "The hidden size (%d) is not a multiple of the number of attention heads (%d)"
                 % (self.hidden_size, self.num_attention_heads))
         self.head_size = self.hidden_size // self.num_attention_heads
-        _activation(self.hidden_act)  # validate early
+        activation(self.hidden_act)  # validate early
 
 
 # ----------------------------------------------------------------------------- activations
@@ -105,7 +107,7 @@ def _silu(x):
     return x * tf.sigmoid(x)
 
 
-def _activation(name):
+def activation(name):
     """None means linear (Google's get_activation returns None for 'linear')."""
     if callable(name):
         return name
@@ -130,7 +132,7 @@ def _activation(name):
 # ----------------------------------------------------------------------------- graph
 
 
-def _layer_norm(x, gamma, beta, eps):
+def layer_norm(x, gamma, beta, eps):
     """tf.contrib.layers.layer_norm(begin_norm_axis=-1, begin_params_axis=-1)."""
     rank = x.shape.ndims
     norm_axes = [rank - 1]
@@ -139,7 +141,7 @@ def _layer_norm(x, gamma, beta, eps):
                                      variance_epsilon=eps)
 
 
-def _dense(x, w, prefix, act=None):
+def dense(x, w, prefix, act=None):
     """tf.layers.dense on a 2-D input: matmul, bias_add, activation."""
     y = tf.matmul(x, w[prefix + "/kernel"])
     y = tf.nn.bias_add(y, w[prefix + "/bias"])
@@ -148,7 +150,7 @@ def _dense(x, w, prefix, act=None):
     return y
 
 
-def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_layers=False, dtype=None):
+def forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_layers=False, dtype=None):
     """Google's BertModel(is_training=False) + heads on int32 [B, S] tensors.
 
     dtype float64 runs the same graph on float64 casts of the (fp32) weights:
@@ -161,7 +163,7 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
     B, S = input_ids.shape.as_list()
     H, N, D = cfg.hidden_size, cfg.num_attention_heads, cfg.head_size
     eps = cfg.layer_norm_eps
-    act = _activation(cfg.hidden_act)
+    act = activation(cfg.hidden_act)
     if S > cfg.max_position_embeddings:
         raise ValueError(f"seq_len {S} > max_position_embeddings {cfg.max_position_embeddings}")
     outs = {}
@@ -179,7 +181,7 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
     pos = tf.slice(w["bert/embeddings/position_embeddings"], [0, 0], [S, -1])
     pos = tf.reshape(pos, [1, S, H])
     x += pos
-    x = _layer_norm(x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"], eps)
+    x = layer_norm(x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"], eps)
     if return_all_layers:
         outs["embedding_output"] = x
 
@@ -198,9 +200,9 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
     for i in range(cfg.num_hidden_layers):
         p = "bert/encoder/layer_%d" % i
         layer_input = prev
-        q = _dense(layer_input, w, p + "/attention/self/query")
-        k = _dense(layer_input, w, p + "/attention/self/key")
-        v = _dense(layer_input, w, p + "/attention/self/value")
+        q = dense(layer_input, w, p + "/attention/self/query")
+        k = dense(layer_input, w, p + "/attention/self/key")
+        v = dense(layer_input, w, p + "/attention/self/value")
         q, k = heads_view(q), heads_view(k)
         scores = tf.matmul(q, k, transpose_b=True)
         scores = tf.multiply(scores, 1.0 / math.sqrt(float(D)))
@@ -210,13 +212,13 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
         ctx = tf.matmul(probs, v)
         ctx = tf.transpose(ctx, [0, 2, 1, 3])
         ctx = tf.reshape(ctx, [B * S, N * D])
-        att = _dense(ctx, w, p + "/attention/output/dense")
-        att = _layer_norm(att + layer_input, w[p + "/attention/output/LayerNorm/gamma"],
-                          w[p + "/attention/output/LayerNorm/beta"], eps)
-        inter = _dense(att, w, p + "/intermediate/dense", act)
-        out = _dense(inter, w, p + "/output/dense")
-        out = _layer_norm(out + att, w[p + "/output/LayerNorm/gamma"],
-                          w[p + "/output/LayerNorm/beta"], eps)
+        att = dense(ctx, w, p + "/attention/output/dense")
+        att = layer_norm(att + layer_input, w[p + "/attention/output/LayerNorm/gamma"],
+                         w[p + "/attention/output/LayerNorm/beta"], eps)
+        inter = dense(att, w, p + "/intermediate/dense", act)
+        out = dense(inter, w, p + "/output/dense")
+        out = layer_norm(out + att, w[p + "/output/LayerNorm/gamma"],
+                         w[p + "/output/LayerNorm/beta"], eps)
         prev = out
         if return_all_layers:
             outs["encoder_layer_%d" % i] = tf.reshape(out, [B, S, H])
@@ -224,7 +226,7 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
     seq = tf.reshape(prev, [B, S, H])
     outs["sequence_output"] = seq
     first = tf.squeeze(seq[:, 0:1, :], axis=1)
-    pooled = _dense(first, w, "bert/pooler/dense", tf.tanh)
+    pooled = dense(first, w, "bert/pooler/dense", tf.tanh)
     outs["pooled_output"] = pooled
 
     # ---- heads
@@ -233,9 +235,9 @@ def _forward(w, cfg, input_ids, token_type_ids, input_mask, heads, return_all_la
         # gather_indexes(masked_lm_positions): rows are independent, so the
         # values at masked positions agree up to float32 rounding (matmul blocking).
         h = tf.reshape(seq, [B * S, H])
-        h = _dense(h, w, "cls/predictions/transform/dense", act)
-        h = _layer_norm(h, w["cls/predictions/transform/LayerNorm/gamma"],
-                        w["cls/predictions/transform/LayerNorm/beta"], eps)
+        h = dense(h, w, "cls/predictions/transform/dense", act)
+        h = layer_norm(h, w["cls/predictions/transform/LayerNorm/gamma"],
+                       w["cls/predictions/transform/LayerNorm/beta"], eps)
         logits = tf.matmul(h, w["bert/embeddings/word_embeddings"], transpose_b=True)
         logits = tf.nn.bias_add(logits, w["cls/predictions/output_bias"])
         outs["prediction_logits"] = tf.reshape(logits, [B, S, cfg.vocab_size])
