@@ -296,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Subcommands owned by other packages (zoo, eval, ...) register themselves.
     # Their parsers are cheap to import (no OneFlow); a command imports its implementation when it runs.
-    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretrain_cli",
-                "bert_of.eval.finetune_cli", "bert_of.align.cli", "bert_of.selftest.cli"):
+    for mod in ("bert_of.zoo.cli", "bert_of.eval.cli", "bert_of.data.cli", "bert_of.pretraining.cli",
+                "bert_of.finetuning.cli", "bert_of.align.cli", "bert_of.selftest.cli"):
         if importlib.util.find_spec(mod) is not None:
             importlib.import_module(mod).add_parser(sub)
     return finish(p)
