@@ -25,8 +25,8 @@ import types
 import bert_of.process as process
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError, OutputError
-from bert_of.finetuning.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.files.locks import check_unlocked, LOCK_NAME
+from bert_of.finetuning.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
 from bert_of.progress import log
