@@ -20,7 +20,8 @@ import bert_of.protobuf as pb
 
 
 class Corrupt(ValueError):
-    """Internal: malformed bytes; turned into a CheckpointError naming the file."""
+    """Malformed bytes in a table or its entries; the bundle reader turns it into a CheckpointError
+    naming the file."""
 
 
 _M32 = 0xFFFFFFFF
