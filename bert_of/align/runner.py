@@ -133,7 +133,8 @@ def code_fingerprint() -> str:
     mods = ["bert_of.training.optim", "bert_of.training.runtime", "bert_of.training.trainer", "bert_of.modeling",
             "bert_of.heads",
             "bert_of.config", "bert_of.checkpoint", "bert_of.data.reader", "bert_of.data.ofrecord",
-            "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_train"]
+            "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_model",
+            "bert_of.converters.tf_reference_checkpoint", "bert_of.converters.tf_reference_train"]
     for mod in mods:
         with open(util.find_spec(mod).origin, "rb") as f:
             h.update(f.read())
