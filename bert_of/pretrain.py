@@ -19,7 +19,8 @@ import os
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.data.reader import PretrainingDataset, dataset_vocab
+from bert_of.data.layout import dataset_vocab
+from bert_of.data.reader import PretrainingDataset
 from bert_of.errors import ConfigError
 from bert_of.files.atomic import atomic_write, write_json
 from bert_of.files.reading import sha256_file
