@@ -28,7 +28,7 @@ from bert_of.files.owned import register_own_files
 from bert_of.heads import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
 from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
-from bert_of.tokenization import check_vocab_fits
+from bert_of.vocab import check_vocab_fits
 from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from bert_of.data.layout import data_lengths
 from bert_of.errors import ConfigError
 from bert_of.options import Ranks, RunOptions, arg
-from bert_of.tokenization import vocab_size
+from bert_of.vocab import vocab_size
 
 @dataclass(kw_only=True)
 class PretrainOptions(RunOptions):

@@ -56,7 +56,7 @@ from bert_of.tensors import SCOPES
 from bert_of.checkpoint import copy_file
 import bert_of.protobuf as protobuf
 from bert_of.protobuf import LEN, VARINT, ProtobufError, key as _key, varint
-from bert_of.tokenization import read_vocab_lines, vocab_looks_cased
+from bert_of.vocab import read_vocab_lines, vocab_looks_cased
 from bert_of.version import __version__
 from bert_of.converters import reference_np
 from bert_of.converters.descriptor import Format

@@ -59,7 +59,8 @@ from bert_of.files.publish import publishing
 from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
 from bert_of.process import as_worker
-from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
+from bert_of.tokenization import FastTokenizer, FullTokenizer
+from bert_of.vocab import vocab_size
 
 from bert_of.options import arg
 
