@@ -213,7 +213,7 @@ _WORKER = {}
 _READ_SHARE, _CREATE_SHARE = 0.4, 0.4
 
 
-class _PipeProgress:
+class PipeProgress:
     """Progress a worker reports to the parent's bar, sent over the worker's own pipe in chunks."""
 
     def __init__(self, conn):
@@ -242,15 +242,16 @@ def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, tok=None
         is_subword[[i for t, i in vocab.items() if t.startswith("##")]] = True
     masking = MaskingVocab(vocab["[MASK]"], [vocab[t] for t in vocab], is_subword)
     _WORKER.update(encode=FastTokenizer(tok).ids, opts=opts, masking=masking, cls=vocab["[CLS]"],
-                   sep=vocab["[SEP]"], max_line_chars=max_line_chars, report=None)
+                   sep=vocab["[SEP]"], max_line_chars=max_line_chars)
 
 
-def _process(job):
+def _process(job, report=None):
     """Make one corpus's records (one file, or all files combined) into the framed OFRecord file
-    ``out``; returns (job index, out, record count, stats)."""
+    ``out``; returns (job index, out, record count, stats). ``report(amount)`` (and ``report.flush()``)
+    takes the progress, in input bytes."""
     index, paths, seed, out = job
     W = _WORKER
-    opts, report = W["opts"], W.get("report")
+    opts = W["opts"]
     t0, c0 = time.perf_counter(), time.process_time()
     on_bytes = on_document = None
     if report is not None:
@@ -413,26 +414,30 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
 
 def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
     """Job results in job order, whatever the number of workers; progress goes to ``bar``."""
-    if n_workers == 1:
-        _init_worker(vocab_file, asdict(opts), max_line_chars, tok=tok)
-        if not bar.disable:
-            _WORKER["report"] = lambda amount: bar.update(amount)
-            _WORKER["report"].flush = lambda: None
-        try:
+    init = (vocab_file, asdict(opts), max_line_chars)
+    try:
+        if n_workers == 1:
+            _init_worker(*init, tok=tok)
+            report = None
+            if not bar.disable:
+                report = lambda amount: bar.update(amount)  # noqa: E731
+                report.flush = lambda: None
             for job in jobs:
-                yield _process(job)
-        finally:
-            _WORKER.clear()
-        return
-    yield from _pool(jobs, vocab_file, tok, opts, max_line_chars, n_workers, bar)
+                yield _process(job, report)
+            return
+        yield from run_pool(jobs, _process, n_workers, bar, init=(_init_worker, init),
+                            init_forked=lambda: _init_worker(*init, tok=tok), describe=lambda job: ", ".join(job[1]))
+    finally:
+        _WORKER.clear()
 
 
-def _serve(conn, init, progress: bool) -> None:
-    """A worker process: jobs in, results out, over its own pipe."""
+def _serve(conn, init, process, progress: bool) -> None:
+    """A worker process: jobs in, results out, over its own pipe. ``init`` is (function, args) to
+    call first, or None (a forked worker inherits what the parent made)."""
     as_worker()  # Ctrl-C is the parent's: it stops the workers
     if init is not None:
-        _init_worker(*init)
-    _WORKER["report"] = _PipeProgress(conn) if progress else None
+        init[0](*init[1])
+    report = PipeProgress(conn) if progress else None
     while True:
         try:
             job = conn.recv()
@@ -441,7 +446,7 @@ def _serve(conn, init, progress: bool) -> None:
         if job is None:
             return
         try:
-            result = ("done", _process(job))
+            result = ("done", process(job, report))
         except Exception as e:  # noqa: BLE001 - the parent re-raises it
             result = ("error", e)
         try:
@@ -452,8 +457,11 @@ def _serve(conn, init, progress: bool) -> None:
             return
 
 
-def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
-    """``_process(job)`` for every job on ``n_workers`` processes, results in job order.
+def run_pool(jobs, process, n_workers: int, bar, *, init, init_forked, describe):
+    """``process(job, report)`` for every job on ``n_workers`` processes, results in job order.
+    A spawned worker first calls ``init`` = (function, args); with fork the parent calls
+    ``init_forked()`` once and the workers inherit what it made. ``report(amount)`` adds to ``bar``;
+    ``describe(job)`` names a job's input when its worker dies.
 
     Each worker has a pipe of its own and shares no lock with the others: multiprocessing.Pool's
     workers share one queue lock, and one that died holding it (killed at the end of a failed run)
@@ -465,15 +473,14 @@ def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: 
     # fork is cheap (workers inherit the tokenizer), but not safe once OneFlow's threads exist here.
     method = "spawn" if "oneflow" in sys.modules else "fork"
     ctx = mp.get_context(method)
-    init = (vocab_file, asdict(opts), max_line_chars)
     if method == "fork":
-        _init_worker(*init, tok=tok)
+        init_forked()
     jobs, workers, ok = list(jobs), [], False
     try:
         for _ in range(n_workers):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(theirs, None if method == "fork" else init, not bar.disable),
-                            daemon=True)
+            p = ctx.Process(target=_serve, args=(theirs, None if method == "fork" else init, process,
+                                                 not bar.disable), daemon=True)
             p.start()
             theirs.close()
             workers.append({"proc": p, "conn": mine, "job": None, "lost": False})
@@ -526,7 +533,7 @@ def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: 
                 if w["job"] is not None and (w["lost"] or not w["proc"].is_alive()):
                     drain(w)  # what it sent just before it ended (its error) comes first
                     if w["job"] is not None and died(w):
-                        raise DataError(f"{', '.join(jobs[w['job']][1])}: the worker process making its "
+                        raise DataError(f"{describe(jobs[w['job']])}: the worker process making its "
                                         f"records died (exit status {w['proc'].exitcode})")
             if not bar.disable:
                 bar.n = min(bar.total, seen)
@@ -548,4 +555,3 @@ def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: 
                 w["proc"].kill()
                 w["proc"].join()
             w["conn"].close()
-        _WORKER.clear()
