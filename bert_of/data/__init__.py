@@ -4,7 +4,8 @@
   semantics (documents, sentence pairs, 50% random next, masking 80/10/10, whole-word
   masking), parallel over input files, deterministic for any number of workers; built on
   :mod:`bert_of.data.text` (text -> token-id corpus, bounded lines) and
-  :mod:`bert_of.data.instances` (Google's instances as corpus ranges, assembled with NumPy).
+  :mod:`bert_of.data.instances` (Google's instances as corpus ranges, assembled with NumPy) and
+  :mod:`bert_of.data.pool` (the jobs on worker processes, results in order).
 * :mod:`bert_of.data.ofrecord` — OFRecord files read and written in pure Python + NumPy
   (byte-identical to protobuf's serialization; no OneFlow import), many records at a time.
 * :mod:`bert_of.data.layout` — a dataset's files in order, each rank's parts (OneFlow's
