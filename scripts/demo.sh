@@ -86,7 +86,7 @@ $BIN/bert-of data create-pretraining --input tests/data/text/sample_text.txt tes
     --max-predictions-per-seq 10 --dupe-factor 3 --num-parts 2
 # no --vocab: pretrain takes the one the data was made with
 $BIN/bert-of pretrain --data "$OUT/pretrain_data" -o "$OUT/pretrain_run" --config "$OUT/mini_config.json" \
-    --steps 40 --batch-size 16 --warmup-steps 4 --lr 2e-3 --save-every 20 \
+    --steps 40 --batch-size 16 --warmup-steps 4 --lr 2e-3 --save-every 20 --seed 0 \
     --log-every 10 --nproc 2 --zoo-name demo-mini-bert -q 2>&1 | grep -v "OMP_NUM\|\*\*\*\*\|libibverbs\|CUDA driver" || true
 $BIN/python - "$OUT/pretrain_run/metrics.jsonl" <<'PY'
 import json, sys

@@ -19,7 +19,7 @@ import numpy as np
 
 from bert_of.checkpoint import expected_shapes, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.converters import tf1_bundle
+from bert_of.converters import sstable, tf1_bundle, tf1_bundle_proto
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert
 
@@ -176,15 +176,15 @@ def tf_rewrite_index(prefix, edit):
     """Re-encode a TF checkpoint index with every block CRC valid: ``edit(name, fields) -> fields``,
     fields = dict(dtype_enum, shape, offset, size, crc), so only the entry's meaning changes."""
     entries = tf1_bundle._read_index_uncached(prefix)[0]
-    enum = {v: k for k, v in tf1_bundle._NUMERIC_DT.items()}
+    enum = {v: k for k, v in tf1_bundle_proto._NUMERIC_DT.items()}
     items = []
     for name, e in entries.items():
         fields = dict(dtype_enum=enum.get(e.dtype, 1), shape=tuple(e.shape), offset=e.offset, size=e.size,
                       crc=e.crc32c or 0)
         fields = edit(name, fields)
-        items.append((name.encode(), tf1_bundle._enc_entry(fields["dtype_enum"], fields["shape"], fields["offset"],
-                                                            fields["size"], fields["crc"])))
-    table = tf1_bundle._build_table([(b"", tf1_bundle._HEADER_ONE_SHARD)] + sorted(items))
+        items.append((name.encode(), tf1_bundle_proto.enc_entry(fields["dtype_enum"], fields["shape"], fields["offset"],
+                                                                  fields["size"], fields["crc"])))
+    table = sstable.build_table([(b"", tf1_bundle_proto.HEADER_ONE_SHARD)] + sorted(items))
     with open(prefix + ".index", "wb") as f:
         f.write(table)
 

@@ -17,7 +17,7 @@ import pytest
 from bert_of.checkpoint import write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.tensors import SCOPES, TensorSpec, expected_shapes
-from bert_of.converters import onnx as onnx_format
+from bert_of.converters import onnx as onnx_format, onnx_graph
 from bert_of.converters import reference_np, registry
 from bert_of.converters.convert import read
 from bert_of.converters.source import Options, Source
@@ -114,7 +114,7 @@ def test_onnxruntime_computes_the_reference_at_any_batch_and_length(models, name
     config = read(of, "of").config
     for B, S in SHAPES:
         batch = make_batch(config, B, S, seed=B * 100 + S)
-        got = dict(zip(names, session.run(names, {k: batch[k] for k in onnx_format.INPUTS})))
+        got = dict(zip(names, session.run(names, {k: batch[k] for k in onnx_graph.INPUTS})))
         want = _reference(of, batch)
         real = batch["attention_mask"].astype(bool)
         unread = {"pooled_output"} if name == "qa-no-pooler" else set()  # zeros no head reads: not an output
@@ -148,7 +148,7 @@ def test_numerics_are_the_configs_a_wrong_activation_or_epsilon_is_visible(model
         batch = make_batch(BertConfig(**BASE), 3, 16)
         session = _session(str(tmp_path / f"{wrong.name}-onnx"))
         got = dict(zip([o.name for o in session.get_outputs()],
-                       session.run(None, {k: batch[k] for k in onnx_format.INPUTS})))
+                       session.run(None, {k: batch[k] for k in onnx_graph.INPUTS})))
         want = _reference(of, batch)
         assert float(np.max(np.abs(got["prediction_logits"] - want["prediction_logits"]))) > 1e-3, change
 
@@ -230,14 +230,15 @@ def test_a_model_beyond_protobufs_2gb_is_refused_before_anything_is_written(tmp_
 
 def _foreign_model(path, producer):
     """A valid ONNX model (an Identity graph) written with our field writer under another producer."""
-    from bert_of.converters.onnx import Graph, _int, _len, _value_info
+    from bert_of.converters.onnx_graph import Graph
+    from bert_of.converters.onnx_proto import FLOAT, int_field, len_field, tensor_proto, value_info
     g = Graph()
     g.op("Identity", "x", out="y")
-    graph = b"".join(_len(1, n) for n in g.nodes) + _len(2, "g") + \
-        _len(5, onnx_format.tensor_proto("w", (2,), onnx_format.FLOAT, np.zeros(2, "<f4").tobytes())) + \
-        _len(11, _value_info("x", onnx_format.FLOAT, (2,))) + _len(12, _value_info("y", onnx_format.FLOAT, (2,)))
+    graph = b"".join(len_field(1, n) for n in g.nodes) + len_field(2, "g") + \
+        len_field(5, tensor_proto("w", (2,), FLOAT, np.zeros(2, "<f4").tobytes())) + \
+        len_field(11, value_info("x", FLOAT, (2,))) + len_field(12, value_info("y", FLOAT, (2,)))
     with open(path, "wb") as f:
-        f.write(_int(1, 7) + _len(2, producer) + _len(7, graph) + _len(8, _int(2, 14)))
+        f.write(int_field(1, 7) + len_field(2, producer) + len_field(7, graph) + len_field(8, int_field(2, 14)))
 
 
 def _fails(*args):
@@ -259,14 +260,15 @@ def test_onnx_models_bert_of_did_not_write_are_refused_in_one_line(models, tmp_p
 
 def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
     model = open(os.path.join(models["qa"][1], "model.onnx"), "rb").read()
-    from bert_of.converters.onnx import CONFIG_KEY, _len
+    from bert_of.converters.onnx import CONFIG_KEY
+    from bert_of.converters.onnx_proto import len_field
     config = read(models["qa"][1], "onnx").config
-    entry = _len(14, _len(1, CONFIG_KEY) + _len(2, config.to_json_string()))
+    entry = len_field(14, len_field(1, CONFIG_KEY) + len_field(2, config.to_json_string()))
     pre = BertConfig.from_dict({**config.to_dict(), "layernorm_placement": "pre"})
     assert model.count(entry) == 1
     cases = {
         # a valid model whose metadata says pre-LN: the graph (post-LN) would not compute that
-        "pre-ln": model.replace(entry, _len(14, _len(1, CONFIG_KEY) + _len(2, pre.to_json_string()))),
+        "pre-ln": model.replace(entry, len_field(14, len_field(1, CONFIG_KEY) + len_field(2, pre.to_json_string()))),
         "truncated": model[:len(model) // 2],
         "empty": b"",
         "noise": bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)),

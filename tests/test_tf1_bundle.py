@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from bert_of.errors import CheckpointError
-from bert_of.converters import tf1_bundle as tb
+from bert_of.converters import sstable, tf1_bundle_proto
 from bert_of.converters.tf1_bundle import (
-    TensorEntry,
     iter_tensors,
     read_index,
     read_tensor,
     resolve_prefix,
-    write_bundle,
 )
+from bert_of.converters.tf1_bundle_proto import TensorEntry
+from bert_of.converters.tf1_bundle_writer import write_bundle
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -261,7 +261,7 @@ def test_roundtrip_bit_exact_and_multiblock_index(tmp_path):
     many = [(f"bert/encoder/layer_{i}/attention/self/query/kernel_{j:04d}", np.array([i, j], np.int32)) for i in range(4) for j in range(3000)]
     prefix = tmp_path / "rt.ckpt"
     write_bundle(prefix, items + many)
-    assert os.path.getsize(str(prefix) + ".index") > tb._BLOCK_SIZE
+    assert os.path.getsize(str(prefix) + ".index") > sstable._BLOCK_SIZE
     entries = read_index(prefix)
     assert list(entries) == sorted(n for n, _ in items + many)
     expected = dict(items + many)
@@ -378,9 +378,9 @@ def test_index_data_size_mismatch(good):
     raw = np.arange(100, dtype=np.float32).tobytes()
     import crc32c
 
-    entry = tb._enc_entry(1, (10, 12), 0, len(raw), tb._mask(crc32c.crc32c(raw)))
+    entry = tf1_bundle_proto.enc_entry(1, (10, 12), 0, len(raw), sstable.mask(crc32c.crc32c(raw)))
     with open(good + ".index", "wb") as f:
-        f.write(tb._build_table([(b"", tb._HEADER_ONE_SHARD), (b"bert/a", entry)]))
+        f.write(sstable.build_table([(b"", tf1_bundle_proto.HEADER_ONE_SHARD), (b"bert/a", entry)]))
     with pytest.raises(CheckpointError) as ei:
         read_index(good)
     _one_line_error(ei, good + ".index", "'bert/a'", "(10, 12)", "480", "400")

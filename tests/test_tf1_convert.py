@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_of.converters import tf1_bundle
+from bert_of.converters import tf1_bundle, tf1_bundle_writer
 from bert_of.converters import tf_reference as ref
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
@@ -191,7 +191,7 @@ def _no_vocab(d):
 def _not_bert(d):
     for p in d.glob("bert_model.ckpt*"):
         p.unlink()
-    tf1_bundle.write_bundle(str(d / "bert_model.ckpt"), {"dense/kernel": np.zeros((3, 4), np.float32),
+    tf1_bundle_writer.write_bundle(str(d / "bert_model.ckpt"), {"dense/kernel": np.zeros((3, 4), np.float32),
                                                          "dense/bias": np.zeros(4, np.float32)})
 
 

@@ -14,7 +14,7 @@ from bert_of.config import BertConfig
 from bert_of.checkpoint import write_checkpoint
 from bert_of.errors import CheckpointError
 from bert_of.tensors import expected_shapes
-from bert_of.converters import tf1_bundle, tf2
+from bert_of.converters import tf1_bundle, tf1_bundle_writer, tf2, tf2_object_graph
 from bert_of.converters.convert import convert, detect, read
 from bert_of.converters.source import Options
 from bert_of.converters.verify import verify
@@ -102,17 +102,17 @@ def test_convert_verify_cli(pair, tmp_path):
 
 def _rewrite(src_prefix, dst_prefix, nodes):
     """The checkpoint at ``src_prefix`` with object graph ``nodes``: keys recomputed as TF would."""
-    old_keys = {key: i for i, n in enumerate(tf2.parse_object_graph(_graph_bytes(src_prefix)))
+    old_keys = {key: i for i, n in enumerate(tf2_object_graph.parse_object_graph(_graph_bytes(src_prefix)))
                 for _, _, key in n.attributes}
-    keys = tf2.keys_of(nodes)
+    keys = tf2_object_graph.keys_of(nodes)
     index = tf1_bundle.read_index(src_prefix)
     values = {}
     for i, n in enumerate(nodes):
         n.attributes = [(a, f, keys[i] + tf2.VALUE) for a, f, _ in n.attributes]
     for key, i in old_keys.items():
         values[keys[i] + tf2.VALUE] = tf1_bundle.read_tensor(src_prefix, index[key])
-    values[tf2.OBJECT_GRAPH] = tf2.encode_object_graph(nodes)
-    tf1_bundle.write_bundle(dst_prefix, values)
+    values[tf2.OBJECT_GRAPH] = tf2_object_graph.encode_object_graph(nodes)
+    tf1_bundle_writer.write_bundle(dst_prefix, values)
 
 
 def _graph_bytes(prefix):
@@ -123,7 +123,7 @@ def test_the_object_graph_not_the_key_says_which_layer(pair, tmp_path):
     """layer_with_weights-N follows creation order; swap two layers' numbers and keep the graph's
     _transformer_layers list: the reader must follow the list (a key-number reader would not)."""
     prefix = os.path.join(pair[1], tf2.PREFIX_NAME)
-    nodes = tf2.parse_object_graph(_graph_bytes(prefix))
+    nodes = tf2_object_graph.parse_object_graph(_graph_bytes(prefix))
     enc = nodes[0].children[0][0]
     swap = {"layer_with_weights-4": "layer_with_weights-6", "layer_with_weights-6": "layer_with_weights-4"}
     nodes[enc].children = [(i, swap.get(n, n)) for i, n in nodes[enc].children]
@@ -146,14 +146,14 @@ def test_controls_that_must_fail(pair, tmp_path):
     values = {k: tf1_bundle.read_tensor(prefix, e) for k, e in index.items() if k != tf2.OBJECT_GRAPH}
     # no object graph: a TF1 bundle of TF2 names is not read as tf2
     bare = tmp_path / "bare"
-    tf1_bundle.write_bundle(str(bare / "ckpt"), values)
+    tf1_bundle_writer.write_bundle(str(bare / "ckpt"), values)
     assert detect(str(bare)) != "tf2"
     with pytest.raises(CheckpointError, match="no _CHECKPOINTABLE_OBJECT_GRAPH"):
         read(str(bare), "tf2", Options(config=os.path.join(pair[1], "bert_config.json")))
     # a graph referring to a node that does not exist
     broken = tmp_path / "broken"
-    tf1_bundle.write_bundle(str(broken / "ckpt"), {**values, tf2.OBJECT_GRAPH: tf2.encode_object_graph(
-        [tf2.Node(children=[(7, "encoder")])])})
+    tf1_bundle_writer.write_bundle(str(broken / "ckpt"), {**values, tf2.OBJECT_GRAPH: (
+        tf2_object_graph.encode_object_graph([tf2_object_graph.Node(children=[(7, "encoder")])]))})
     with pytest.raises(CheckpointError, match="corrupt _CHECKPOINTABLE_OBJECT_GRAPH"):
         read(str(broken), "tf2", Options())
     # a config whose head count does not split the einsum tensors
@@ -162,8 +162,8 @@ def test_controls_that_must_fail(pair, tmp_path):
     with pytest.raises(CheckpointError, match=r"has shape \[4, 8\] but the config implies \[8, 4\] \(8 heads of 4"):
         read(pair[1], "tf2", Options(config=str(tmp_path / "c.json")))
     # a variable that is not BERT's: an error unless --skip-unknown
-    nodes = tf2.parse_object_graph(_graph_bytes(prefix))
-    nodes.append(tf2.Node(attributes=[("VARIABLE_VALUE", "extra", "")]))
+    nodes = tf2_object_graph.parse_object_graph(_graph_bytes(prefix))
+    nodes.append(tf2_object_graph.Node(attributes=[("VARIABLE_VALUE", "extra", "")]))
     nodes[0].children.append((len(nodes) - 1, "extra_thing"))
     odd = tmp_path / "odd"
     odd.mkdir()
@@ -176,13 +176,13 @@ def test_controls_that_must_fail(pair, tmp_path):
 
 
 def _rewrite_with_extra(src_prefix, dst_prefix, nodes, extra):
-    keys = tf2.keys_of(nodes)
+    keys = tf2_object_graph.keys_of(nodes)
     nodes[-1].attributes = [("VARIABLE_VALUE", "extra", keys[len(nodes) - 1] + tf2.VALUE)]
     index = tf1_bundle.read_index(src_prefix)
     values = {k: tf1_bundle.read_tensor(src_prefix, e) for k, e in index.items() if k != tf2.OBJECT_GRAPH}
     values[keys[len(nodes) - 1] + tf2.VALUE] = extra
-    values[tf2.OBJECT_GRAPH] = tf2.encode_object_graph(nodes)
-    tf1_bundle.write_bundle(dst_prefix, values)
+    values[tf2.OBJECT_GRAPH] = tf2_object_graph.encode_object_graph(nodes)
+    tf1_bundle_writer.write_bundle(dst_prefix, values)
 
 
 def test_head_layout_matters_to_verify(pair, tmp_path):
@@ -197,7 +197,7 @@ def test_head_layout_matters_to_verify(pair, tmp_path):
     out.mkdir()
     for f in ("bert_config.json", "vocab.txt"):
         (out / f).write_bytes(open(os.path.join(pair[1], f), "rb").read())
-    tf1_bundle.write_bundle(str(out / tf2.PREFIX_NAME), {
+    tf1_bundle_writer.write_bundle(str(out / tf2.PREFIX_NAME), {
         k: (v[:, ::-1].copy() if k == key else v) for k, (_, v) in values.items()})
     report = verify(pair[0], str(out), modes=("eager",))
     assert not report["ok"] and report["worst"] > 1e-3
@@ -337,18 +337,18 @@ def test_hostile_object_graphs_are_one_line_errors(pair, tmp_path):
     values = {k: tf1_bundle.read_tensor(prefix, e) for k, e in index.items() if k != tf2.OBJECT_GRAPH}
     config = os.path.join(pair[1], "bert_config.json")
     # 60 diamonds: 2**60 paths from the root; the walk stops at its bound
-    diamonds = [tf2.Node(children=[(i + 1, "a"), (i + 1, "b")]) for i in range(60)] + [tf2.Node()]
-    cases = {"paths": (tf2.encode_object_graph(diamonds), "more than 200000 paths"),
-             "truncated": (tf2.encode_object_graph(diamonds)[:-3], "corrupt _CHECKPOINTABLE_OBJECT_GRAPH")}
+    diamonds = [tf2_object_graph.Node(children=[(i + 1, "a"), (i + 1, "b")]) for i in range(60)] + [tf2_object_graph.Node()]
+    cases = {"paths": (tf2_object_graph.encode_object_graph(diamonds), "more than 200000 paths"),
+             "truncated": (tf2_object_graph.encode_object_graph(diamonds)[:-3], "corrupt _CHECKPOINTABLE_OBJECT_GRAPH")}
     for name, (graph, message) in cases.items():
-        tf1_bundle.write_bundle(str(tmp_path / name / "ckpt"), {**values, tf2.OBJECT_GRAPH: graph})
+        tf1_bundle_writer.write_bundle(str(tmp_path / name / "ckpt"), {**values, tf2.OBJECT_GRAPH: graph})
         r = run_cli("convert", "tf22of", str(tmp_path / name), "-o", str(tmp_path / f"o-{name}"), "--config", config,
                     check=False)
         assert r.returncode == 1 and message in error_lines(r.stderr)[-1], (name, r.stderr)
         assert "Traceback" not in r.stderr and not (tmp_path / f"o-{name}").exists()
     # the object graph's bytes changed after the index was written: its CRC says so
     crc = tmp_path / "crc"
-    tf1_bundle.write_bundle(str(crc / "ckpt"), {**values, tf2.OBJECT_GRAPH: _graph_bytes(prefix)})
+    tf1_bundle_writer.write_bundle(str(crc / "ckpt"), {**values, tf2.OBJECT_GRAPH: _graph_bytes(prefix)})
     data = crc / "ckpt.data-00000-of-00001"
     entry = tf1_bundle.read_index(str(crc / "ckpt"))[tf2.OBJECT_GRAPH]
     raw = bytearray(data.read_bytes())
