@@ -98,7 +98,7 @@ def run_of(a, data):
     os.environ.setdefault("BERT_OF_BLAS", "fast")  # as `bert-of predict` / `finetune` ask
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.eval.tasks.finetuning import load_model
+    from bert_of.finetuning.driver import load_model
     from bert_of.training.inference import graph_accum_steps, infer
     from bert_of.heads import BertForQuestionAnswering
     from bert_of.training.optim import TrainConfig

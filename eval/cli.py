@@ -25,13 +25,13 @@ from bert_of.cli import run_command
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.finetune_cli import add_eval_commands
 from bert_of.eval.glue_data import TASK_CHOICES, read_examples, result_task_name, task_spec
 from bert_of.eval.glue_metrics import compute_metrics, read_predictions
 from bert_of.eval.results import (append_result, checkpoint_identity, file_identity, format_table, load_published,
                                   load_results, make_record, select)
 from bert_of.eval.squad_metrics import squad_score
 from bert_of.files.atomic import atomic_write
+from bert_of.finetuning.cli import add_eval_commands
 from bert_of.options import arg, from_args
 from bert_of.progress import log
 

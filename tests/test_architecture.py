@@ -6,8 +6,8 @@ Layers, bottom to top (docs/architecture.md); a module may import its own layer 
     1 model     _flow, kernels, model_io, modeling, heads
     2 formats   converters/ (bert_of.converters): readers, writers, verification
     3 training  bert_of/data/, the trainer, the rank launcher
-    4 services  zoo/ (bert_of.zoo), eval/ (bert_of.eval)
-    5 commands  the CLI, composed commands (pretrain, finetune, align), the package facade
+    4 services  zoo/ (bert_of.zoo), eval/ (bert_of.eval), pretraining/ and finetuning/ (the runs)
+    5 commands  the CLI, every cli.py (pretraining/, finetuning/ too), align, the package facade
 """
 
 import ast
@@ -25,11 +25,11 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 LAYERS = [
     (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|vocab|protobuf|pickles)", 0),
     (r"bert_of\.(_flow|kernels|inputs|outputs|model_io|modeling|heads|tokenizer)", 1),
-    (r"bert_of\.(converters|zoo|eval|data)(\.\w+)*\.(\w*cli|__main__)", 5),
+    (r"bert_of\.(converters|zoo|eval|data|pretraining|finetuning)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
     (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),
-    (r"bert_of\.(zoo|eval)(\..+)?", 4),
-    (r"bert_of|bert_of\.(__main__|cli|cli_grammar|plots|pretrain|pretrain_cli|pretrain_options|finetune|align|commands|selftest)(\..+)?", 5),
+    (r"bert_of\.(zoo|eval|pretraining|finetuning)(\..+)?", 4),
+    (r"bert_of|bert_of\.(__main__|cli|cli_grammar|plots|finetune|align|commands|selftest)(\..+)?", 5),
 ]
 NAMES = {0: "base", 1: "model", 2: "formats", 3: "training", 4: "services", 5: "commands"}
 
@@ -126,7 +126,7 @@ def test_layers_import_only_downwards():
 
 def test_base_and_model_import_no_formats_zoo_eval_or_cli():
     bad = [f"{m} -> {t}" for m, es in EDGES.items() if layer(m) <= 1 for t, _, _ in es
-           if isinstance(t, str) and re.match(r"bert_of\.(converters|zoo|eval|cli|pretrain|align)", t)]
+           if isinstance(t, str) and re.match(r"bert_of\.(converters|zoo|eval|cli|pretrain|finetuning|align)", t)]
     assert not bad, bad
 
 

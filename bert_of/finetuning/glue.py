@@ -20,11 +20,11 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import (convert_example_to_features, get_labels, read_examples, result_task_name,
                                     task_spec)
 from bert_of.eval.glue_metrics import compute_metrics
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, checkpoint_head_labels,
-                                           default_eval_dir, finish_finetuning, load_model, make_tokenizer,
-                                           model_display_name, model_folder, read_train_args, record, train)
-from bert_of.eval.tasks.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
 from bert_of.files.atomic import atomic_open
+from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, checkpoint_head_labels,
+                                       default_eval_dir, finish_finetuning, load_model, make_tokenizer,
+                                       model_display_name, model_folder, read_train_args, record, train)
+from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
 from bert_of.heads import BertForSequenceClassification
 from bert_of.progress import progress_iter
 from bert_of.training.inference import infer

@@ -1,6 +1,6 @@
 """The options of ``bert-of finetune|predict|eval squad|glue``: one dataclass per task, whose
 fields each of the three commands shows its share of (``commands=``); the parsers are generated
-from them (:mod:`bert_of.eval.finetune_cli`) and the same object goes down to the task and, as
+from them (:mod:`bert_of.finetuning.cli`) and the same object goes down to the task and, as
 :class:`~bert_of.options.TrainConfig`, to the trainer. Defaults are google-research/bert's
 (run_squad.py, run_classifier.py). Importing this is cheap (no OneFlow).
 """

@@ -27,7 +27,7 @@ from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
 from bert_of.heads import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
-from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
+from bert_of.pretraining.options import PretrainOptions, check_vocab, with_data_lengths
 from bert_of.vocab import check_vocab_fits
 from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
@@ -106,8 +106,8 @@ def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
 
 
 def run(opts: PretrainOptions) -> int:
-    """Train as ``opts`` says (a parsed command line: :func:`bert_of.pretrain_cli.options`, the data's
-    sequence lengths filled in: :func:`~bert_of.pretrain_cli.with_data_lengths`)."""
+    """Train as ``opts`` says (a parsed command line: :func:`bert_of.pretraining.cli.options`, the data's
+    sequence lengths filled in: :func:`~bert_of.pretraining.cli.with_data_lengths`)."""
     opts = with_data_lengths(opts)
     rt = Runtime.create(dist="ddp" if opts.ddp else "auto")
     if opts.batch_size % rt.world:

@@ -20,13 +20,13 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
-                                           finish_finetuning, load_model, make_tokenizer, model_display_name,
-                                           model_folder, read_train_args, record, train)
-from bert_of.eval.tasks.glue import check_head, glue_seq_len, percent
-from bert_of.eval.tasks.options import TagOptions
 from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
 from bert_of.files.atomic import atomic_open
+from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
+                                       finish_finetuning, load_model, make_tokenizer, model_display_name,
+                                       model_folder, read_train_args, record, train)
+from bert_of.finetuning.glue import check_head, glue_seq_len, percent
+from bert_of.finetuning.options import TagOptions
 from bert_of.heads import BertForTokenClassification
 from bert_of.inputs import IGNORE_INDEX
 from bert_of.progress import progress_iter

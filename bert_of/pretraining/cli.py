@@ -1,5 +1,5 @@
 """``bert-of pretrain`` and ``bert-of plot``: their command lines. Importing this is cheap (no
-OneFlow); ``pretrain`` imports :mod:`bert_of.pretrain` when it runs."""
+OneFlow); ``pretrain`` imports :mod:`bert_of.pretraining.run` when it runs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from bert_of.files.reading import read_json
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import TrainConfig, arg, from_args, resume_from_record
 from bert_of.plots import FONT, draw, pyplot, styles
-from bert_of.pretrain_options import PretrainOptions, check_vocab, with_data_lengths
+from bert_of.pretraining.options import PretrainOptions, check_vocab, with_data_lengths
 
 def options(args) -> PretrainOptions:
     """The options of a parsed ``bert-of pretrain``; a ``--resume`` takes the run's record and lays
@@ -69,7 +69,7 @@ def cmd_pretrain(args) -> int:
     code = maybe_relaunch(types.SimpleNamespace(argv=args.argv, **vars(opts.ranks)))
     if code is not None:
         return code
-    from bert_of.pretrain import run
+    from bert_of.pretraining.run import run
 
     return run(opts)
 

@@ -3,8 +3,8 @@
     squad.finetune_squad(SquadOptions(...)) / predict_squad(...) / eval_squad(...)
     glue.finetune_glue(GlueOptions(...))    / predict_glue(...)  / eval_glue(...)
 
-Options are one dataclass per task (:mod:`~bert_of.eval.tasks.options`; the CLI,
-:mod:`bert_of.eval.finetune_cli`, generates its parsers from them). The defaults are
+Options are one dataclass per task (:mod:`~bert_of.finetuning.options`; the CLI,
+:mod:`bert_of.finetuning.cli`, generates its parsers from them). The defaults are
 google-research/bert's:
 
 * SQuAD (``run_squad.py`` flag defaults): lr 5e-5, batch 32, 3 epochs (2 for v2.0), warmup

@@ -25,14 +25,14 @@ import numpy as np
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import InputExample
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
-                                           finish_finetuning, load_model, make_tokenizer, model_display_name,
-                                           model_folder, read_train_args, record, train)
-from bert_of.eval.tasks.glue import check_head, glue_arrays, glue_seq_len, percent
-from bert_of.eval.tasks.options import ClassifyOptions
 from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
                                     problem_of, read_table, regression_metrics)
 from bert_of.files.atomic import atomic_open
+from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
+                                       finish_finetuning, load_model, make_tokenizer, model_display_name,
+                                       model_folder, read_train_args, record, train)
+from bert_of.finetuning.glue import check_head, glue_arrays, glue_seq_len, percent
+from bert_of.finetuning.options import ClassifyOptions
 from bert_of.heads import BertForSequenceClassification
 from bert_of.training.inference import infer
 from bert_of.training.loop import note

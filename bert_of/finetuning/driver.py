@@ -20,13 +20,13 @@ from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError, OutputError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
-from bert_of.eval.tasks.options import TaskOptions
 from bert_of.files.atomic import read_jsonl, write_json
 from bert_of.files.home import bert_of_home, utc_now
 from bert_of.files.locks import LOCK_NAME, check_unlocked
 from bert_of.files.owned import check_destination, check_sources
 from bert_of.files.publish import publishing
 from bert_of.files.reading import read_json
+from bert_of.finetuning.options import TaskOptions
 from bert_of.files.owned import register_own_files
 from bert_of.config import BertConfig
 from bert_of.inputs import check_inputs

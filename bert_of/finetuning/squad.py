@@ -19,10 +19,10 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import convert_examples_to_features, features_to_arrays, load_squad, read_squad_examples
 from bert_of.eval.squad_metrics import squad_score
 from bert_of.eval.squad_predictions import postprocess_predictions, write_prediction_files
-from bert_of.eval.tasks.finetuning import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
-                                           finish_finetuning, load_model, make_tokenizer, model_display_name,
-                                           model_folder, read_train_args, record, train)
-from bert_of.eval.tasks.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
+from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
+                                       finish_finetuning, load_model, make_tokenizer, model_display_name,
+                                       model_folder, read_train_args, record, train)
+from bert_of.finetuning.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
 from bert_of.heads import BertForQuestionAnswering
 from bert_of.training.inference import infer
 from bert_of.training.loop import note

@@ -7,12 +7,12 @@
     bert-of predict glue   --model DIR [--task mrpc] --data test.tsv -o DIR
 
 Each command's parser is generated from its task's options dataclass
-(:mod:`bert_of.eval.tasks.options`: google-research/bert's run_squad.py / run_classifier.py
+(:mod:`bert_of.finetuning.options`: google-research/bert's run_squad.py / run_classifier.py
 defaults); the parsed options go to the task's function. ``--nproc N`` runs N ranks on this
 machine (global tensors; ``--batch-size`` is the global batch).
 
-Importing this module is cheap (no OneFlow); the task modules (:mod:`bert_of.eval.tasks.squad`,
-:mod:`bert_of.eval.tasks.glue`) load when a command runs.
+Importing this module is cheap (no OneFlow); the task modules (:mod:`bert_of.finetuning.squad`,
+:mod:`bert_of.finetuning.glue`) load when a command runs.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import types
 import bert_of.process as process
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError, OutputError
-from bert_of.eval.tasks.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.files.locks import check_unlocked, LOCK_NAME
+from bert_of.finetuning.options import EVAL, PREDICT, TRAIN, ClassifyOptions, GlueOptions, SquadOptions, TagOptions
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
 from bert_of.progress import log
@@ -123,7 +123,7 @@ def cmd_task(args) -> int:
     code = _ranks(args, opts)
     if code is not None:
         return code
-    from bert_of.eval.tasks import classify, glue, squad, tag
+    from bert_of.finetuning import classify, glue, squad, tag
 
     getattr({"squad": squad, "glue": glue, "classify": classify, "tag": tag}[task], f"{command}_{task}")(opts)
     return 0
