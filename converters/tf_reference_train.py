@@ -5,7 +5,7 @@ after ``tf2of --with-optimizer``, in bert_of, on the same batches, and compares
 the losses step by step. This module is the TF side. It follows what
 google-research/bert's ``run_pretraining.py`` + ``optimization.py`` compute:
 
-* forward: ``converters.tf_reference._forward`` (Google's ``BertModel``, op for op;
+* forward: ``converters.tf_reference_model.forward`` (Google's ``BertModel``, op for op;
   dropout off), then ``get_masked_lm_output``: gather the sequence output at
   ``masked_lm_positions`` (flat offsets ``b * seq_len``), transform dense with the
   model's activation, layer norm, logits against the word embeddings + output
@@ -37,6 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from bert_of.converters import tf_reference as ref
+from bert_of.converters import tf_reference_checkpoint as ref_ckpt
+from bert_of.converters import tf_reference_model as ref_model
 
 tf1 = tf.compat.v1
 
@@ -64,11 +66,11 @@ def _gather_indexes(seq, positions, batch, seq_len, width):
 
 
 def _losses(w, cfg, outs, positions, label_ids, label_weights, nsp_labels, B, S):
-    act = ref._activation(cfg.hidden_act)
+    act = ref_model.activation(cfg.hidden_act)
     x = _gather_indexes(outs["sequence_output"], positions, B, S, cfg.hidden_size)
-    x = ref._dense(x, w, "cls/predictions/transform/dense", act)
-    x = ref._layer_norm(x, w["cls/predictions/transform/LayerNorm/gamma"],
-                        w["cls/predictions/transform/LayerNorm/beta"], cfg.layer_norm_eps)
+    x = ref_model.dense(x, w, "cls/predictions/transform/dense", act)
+    x = ref_model.layer_norm(x, w["cls/predictions/transform/LayerNorm/gamma"],
+                             w["cls/predictions/transform/LayerNorm/beta"], cfg.layer_norm_eps)
     logits = tf.matmul(x, w["bert/embeddings/word_embeddings"], transpose_b=True)
     logits = tf.nn.bias_add(logits, w["cls/predictions/output_bias"])
     log_probs = tf.nn.log_softmax(logits, axis=-1)
@@ -133,18 +135,18 @@ def train_reference(prefix, config, batches, *, init_lr: float, num_train_steps:
     if os.path.isdir(prefix):
         prefix = tf.train.latest_checkpoint(prefix) or prefix
     stored = dict(tf.train.list_variables(prefix))
-    cfg = ref._Cfg(config)
+    cfg = ref_model.Config(config)
     found = ref.detect_heads(stored)
     if not {"mlm", "nsp"} <= found:
         raise ValueError(f"{prefix}: a pretraining checkpoint (cls/predictions, cls/seq_relationship) is needed")
-    specs = ref._specs_for(config, found, stored)
+    specs = ref.specs_for(config, found, stored)
     first = _batch_feed(batches[0])
     B, S = first["input_ids"].shape
     P = first["masked_lm_positions"].shape[1]
 
     graph = tf.Graph()
     with graph.as_default():
-        w = ref._create_variables(specs)
+        w = ref_ckpt.create_variables(specs)
         slots = {}
         for name, shape, _ in specs:
             for slot in ("adam_m", "adam_v"):
@@ -161,7 +163,7 @@ def train_reference(prefix, config, batches, *, init_lr: float, num_train_steps:
             "masked_lm_weights": tf1.placeholder(tf.float32, [B, P]),
             "next_sentence_labels": tf1.placeholder(tf.int32, [B, 1]),
         }
-        outs = ref._forward(w, cfg, ph["input_ids"], ph["segment_ids"], ph["input_mask"], set())
+        outs = ref_model.forward(w, cfg, ph["input_ids"], ph["segment_ids"], ph["input_mask"], set())
         mlm, nsp = _losses(w, cfg, outs, ph["masked_lm_positions"], ph["masked_lm_ids"], ph["masked_lm_weights"],
                            ph["next_sentence_labels"], B, S)
         loss = mlm + nsp
@@ -196,7 +198,7 @@ def train_reference(prefix, config, batches, *, init_lr: float, num_train_steps:
             zero_init.append(global_step)
         saver = tf1.train.Saver(var_list=restore)
         out = {k: [] for k in ("loss", "mlm_loss", "nsp_loss", "lr", "global_step", "grad_norm")}
-        with ref._session(graph) as sess:
+        with ref_ckpt.session(graph) as sess:
             saver.restore(sess, prefix)
             if zero_init:
                 sess.run(tf1.variables_initializer(zero_init))

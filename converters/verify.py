@@ -1,8 +1,9 @@
 """Forward equality, proven against a reference that is not bert_of's own model.
 
-The reference is the float64 NumPy BERT of :mod:`bert_of.converters.reference_np`, run on the
-SOURCE's tensors as its file stores them (its names, its layout, its numerics), so a wrong name
-table, transpose, GELU or epsilon in a reader or writer shows as a difference. The checked side
+The reference is the float64 NumPy BERT of :mod:`bert_of.converters.reference_forward`, run on the
+SOURCE's tensors as its file stores them (its names, its layout, its numerics: the layouts of
+:mod:`bert_of.converters.reference_np`), so a wrong name table, transpose, GELU or epsilon in a
+reader or writer shows as a difference. The checked side
 runs bert_of (eager, and inside an nn.Graph) on the converted files; converted files in another
 format (and every converted file when OneFlow, the ``oneflow`` extra, is not installed: the
 report's ``bert_of_model`` says so) also run through their own layout's reference (and TensorFlow's graph of Google's
@@ -29,7 +30,7 @@ import numpy as np
 import bert_of.process as process
 from bert_of.errors import BertOfError, CheckpointError, NeedsOneFlow
 from bert_of.tokenization import FullTokenizer
-from bert_of.converters import hf_torch, reference_np, registry
+from bert_of.converters import hf_torch, reference_forward, reference_np, registry
 from bert_of.converters import onnx as onnx_format
 from bert_of.converters.source import Options, lower_case_of
 from bert_of.converters.convert import detect, read
@@ -155,7 +156,7 @@ def _numpy_runs(source, batches: dict) -> dict:
     layout = registry.reference_layout(source)
     heads = int(layout.config.get("num_attention_heads", source.config.num_attention_heads))
     with np.errstate(all="ignore"):  # weights holding inf/NaN compute inf/NaN: compared, not warned about
-        return {name: reference_np.forward(layout, batch, heads) for name, batch in batches.items()}
+        return {name: reference_forward.forward(layout, batch, heads) for name, batch in batches.items()}
 
 
 TF_EXTRA = "pip install 'bert_of[tf]'"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_of.converters import registry
-from bert_of.converters import tf_reference as ref
+from bert_of.converters import tf_reference_checkpoint as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import verify

@@ -283,7 +283,7 @@ def test_keras_loads_h5_written_from_a_tf1_checkpoint(tmp_path):
     """tf2h5 of a Google checkpoint: Keras' load_weights takes it by topology, the values are
     the checkpoint's, and Keras' own save_weights of that model writes the same file."""
     from bert_of.converters import tf1_bundle
-    from bert_of.converters import tf_reference as ref
+    from bert_of.converters import tf_reference_checkpoint as ref
 
     d = tmp_path / "tf"
     d.mkdir()

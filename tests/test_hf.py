@@ -281,7 +281,7 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     transformers-written tiny_pt): hf2of gives a token classifier whose logits [B, S, L] equal the
     float64 NumPy reference's, computed from the HF files themselves (not bert_of's model)."""
     from bert_of._flow import flow
-    from bert_of.converters import hf, reference_np, registry
+    from bert_of.converters import hf, reference_forward, registry
     from bert_of.converters.source import Options
     from bert_of.converters.verify import DEFAULT_TOL, make_batch, verify
     from bert_of.heads import BertForTokenClassification
@@ -296,7 +296,7 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
 
     source = hf.read(src, Options())
     batch = make_batch(source.config, 3, 12)
-    ref = reference_np.forward(registry.reference_layout(source), batch, source.config.num_attention_heads)
+    ref = reference_forward.forward(registry.reference_layout(source), batch, source.config.num_attention_heads)
     assert ref["logits"].shape == (3, 12, len(TAGS)) and "pooled_output" not in ref  # HF's class: no pooler
     w, b = (st(src)[f"classifier.{k}"].astype(np.float64) for k in ("weight", "bias"))
     assert np.allclose(ref["logits"], ref["sequence_output"] @ w.T + b, rtol=0, atol=1e-12)  # every position

@@ -535,7 +535,7 @@ def test_flow_save_kinds_read_through_the_one_skeleton(tmp_path):
     write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"])
     cfg = dict(TINY, max_position_embeddings=40)
     google = tmp_path / "google"
-    from bert_of.converters import tf_reference as ref
+    from bert_of.converters import tf_reference_checkpoint as ref
 
     google.mkdir()
     ref.make_checkpoint(str(google / "bert_model.ckpt"), cfg, seed=3, heads=("pretraining",))

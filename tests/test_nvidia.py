@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_of.converters import nvidia
-from bert_of.converters import tf_reference as ref
+from bert_of.converters import tf_reference_checkpoint as ref
 from bert_of.converters.convert import convert, detect, read
 from bert_of.converters.source import Options
 from bert_of.converters.torch_zip import TorchZipFile

@@ -18,7 +18,7 @@ from bert_of.checkpoint import write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.tensors import SCOPES, TensorSpec, expected_shapes
 from bert_of.converters import onnx as onnx_format, onnx_graph
-from bert_of.converters import reference_np, registry
+from bert_of.converters import reference_forward, registry
 from bert_of.converters.convert import read
 from bert_of.converters.source import Options, Source
 from bert_of.converters.verify import make_batch
@@ -92,7 +92,7 @@ def models(tmp_path_factory):
 def _reference(of_dir, batch):
     source = read(of_dir, "of")
     layout = registry.reference_layout(source)
-    return reference_np.forward(layout, batch, source.config.num_attention_heads)
+    return reference_forward.forward(layout, batch, source.config.num_attention_heads)
 
 
 def _session(onnx_dir):

@@ -13,6 +13,7 @@ import pytest
 
 from bert_of.converters import tf1_bundle, tf1_bundle_writer
 from bert_of.converters import tf_reference as ref
+from bert_of.converters import tf_reference_checkpoint as ref_ckpt
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
 CONFIGS = {
@@ -31,7 +32,7 @@ def make_tf_dir(root, name, with_optimizer=None):
     cfg, heads, opt = CONFIGS[name]
     d = root / name
     d.mkdir()
-    ref.make_checkpoint(str(d / "bert_model.ckpt"), cfg, seed=11, heads=heads, realistic=True,
+    ref_ckpt.make_checkpoint(str(d / "bert_model.ckpt"), cfg, seed=11, heads=heads, realistic=True,
                         with_optimizer=opt if with_optimizer is None else with_optimizer, global_step=1234)
     (d / "bert_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "num_labels"}))
     write_vocab(d / "vocab.txt", cfg["vocab_size"])
@@ -160,7 +161,7 @@ def _flip(d):
 def _swap_data(d):  # index and data from two different checkpoints
     other = d.parent / (d.name + "-other")
     other.mkdir()
-    ref.make_checkpoint(str(other / "bert_model.ckpt"), dict(TINY, num_hidden_layers=1), seed=1)
+    ref_ckpt.make_checkpoint(str(other / "bert_model.ckpt"), dict(TINY, num_hidden_layers=1), seed=1)
     (d / "bert_model.ckpt.data-00000-of-00001").write_bytes(
         (other / "bert_model.ckpt.data-00000-of-00001").read_bytes())
 

@@ -1,4 +1,4 @@
-"""Tests of converters/tf_reference.py, the TensorFlow yardstick of Google's BERT.
+"""Tests of converters/tf_reference*.py, the TensorFlow yardstick of Google's BERT.
 
 The reference is itself checked against a float64 numpy forward written here
 from the math (not from the reference's code), against Google's variable
@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 tf = pytest.importorskip("tensorflow")
 from bert_of.converters import tf_reference as ref  # noqa: E402
+from bert_of.converters import tf_reference_checkpoint as ref_ckpt  # noqa: E402
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=3,
@@ -147,7 +148,7 @@ def max_diff(a, b, keys=None):
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     prefix = str(tmp_path_factory.mktemp("tiny") / "model.ckpt")
-    ref.make_checkpoint(prefix, TINY, seed=0, heads=ALL_HEADS, realistic=True)
+    ref_ckpt.make_checkpoint(prefix, TINY, seed=0, heads=ALL_HEADS, realistic=True)
     return prefix
 
 
@@ -158,7 +159,7 @@ def tiny_ckpt(tmp_path_factory):
 def test_checkpoint_layout_is_googles(tmp_path, name):
     cfg = CONFIGS[name]
     prefix = str(tmp_path / "model.ckpt")
-    ref.make_checkpoint(prefix, cfg, seed=1, heads=ALL_HEADS, realistic=False)
+    ref_ckpt.make_checkpoint(prefix, cfg, seed=1, heads=ALL_HEADS, realistic=False)
     for suffix in (".index", ".data-00000-of-00001", ".meta"):
         assert os.path.isfile(prefix + suffix), suffix
     assert tf.train.latest_checkpoint(str(tmp_path)) == prefix
@@ -176,7 +177,7 @@ def test_checkpoint_layout_is_googles(tmp_path, name):
 
 def test_heads_subsets_and_num_labels(tmp_path):
     prefix = str(tmp_path / "squad.ckpt")
-    ref.make_checkpoint(prefix, TINY, heads=("squad",))
+    ref_ckpt.make_checkpoint(prefix, TINY, heads=("squad",))
     got = {n: list(s) for n, s in tf.train.list_variables(prefix)}
     assert got == google_layout(TINY, ("squad",))
     out = ref.run_reference(prefix, TINY, ref.make_batch(TINY))
@@ -184,7 +185,7 @@ def test_heads_subsets_and_num_labels(tmp_path):
 
     prefix = str(tmp_path / "cls.ckpt")
     cfg = dict(TINY, num_labels=3)
-    ref.make_checkpoint(prefix, cfg, heads=("classifier",))
+    ref_ckpt.make_checkpoint(prefix, cfg, heads=("classifier",))
     got = {n: list(s) for n, s in tf.train.list_variables(prefix)}
     assert got == google_layout(cfg, ("classifier",), num_labels=3)
     out = ref.run_reference(prefix, TINY, ref.make_batch(TINY))  # num_labels read from the checkpoint
@@ -194,7 +195,7 @@ def test_heads_subsets_and_num_labels(tmp_path):
 
 def test_optimizer_slots_and_global_step(tmp_path, tiny_ckpt):
     prefix = str(tmp_path / "model.ckpt-7")
-    ref.make_checkpoint(prefix, TINY, seed=0, heads=ALL_HEADS, with_optimizer=True, global_step=7)
+    ref_ckpt.make_checkpoint(prefix, TINY, seed=0, heads=ALL_HEADS, with_optimizer=True, global_step=7)
     got = {n: list(s) for n, s in tf.train.list_variables(prefix)}
     model = google_layout(TINY, ALL_HEADS)
     want = dict(model)
@@ -232,7 +233,7 @@ def test_outputs_shapes_finite_deterministic(tiny_ckpt):
         assert a[k].dtype == np.float32 and np.all(np.isfinite(a[k])), k
         assert np.array_equal(a[k], b[k]), k
     # Same seed -> same checkpoint; numpy weights path -> same numbers.
-    w = ref.make_weights(TINY, seed=0, heads=ALL_HEADS, realistic=True)
+    w = ref_ckpt.make_weights(TINY, seed=0, heads=ALL_HEADS, realistic=True)
     reader = tf.train.load_checkpoint(tiny_ckpt)
     for n, v in w.items():
         assert np.array_equal(reader.get_tensor(n), v), n
@@ -244,7 +245,7 @@ def test_outputs_shapes_finite_deterministic(tiny_ckpt):
     d = ref.run_reference(os.path.dirname(tiny_ckpt), TINY, batch)
     assert max_diff(a, d) == 0.0
     # A different seed gives different weights.
-    w1 = ref.make_weights(TINY, seed=1, heads=ALL_HEADS)
+    w1 = ref_ckpt.make_weights(TINY, seed=1, heads=ALL_HEADS)
     assert not np.array_equal(w1["bert/pooler/dense/kernel"], w["bert/pooler/dense/kernel"])
 
 
@@ -252,7 +253,7 @@ def test_outputs_shapes_finite_deterministic(tiny_ckpt):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_matches_float64_numpy(name, realistic):
     cfg = CONFIGS[name]
-    w = ref.make_weights(cfg, seed=3, heads=ALL_HEADS, realistic=realistic)
+    w = ref_ckpt.make_weights(cfg, seed=3, heads=ALL_HEADS, realistic=realistic)
     batch = ref.make_batch(cfg, batch_size=3, seed=3)
     got = ref.forward_numpy_weights(w, cfg, batch)
     want = np_forward(w, cfg, batch)
@@ -263,7 +264,7 @@ def test_matches_float64_numpy(name, realistic):
 @pytest.mark.parametrize("act", ["gelu_erf", "tanh", "linear", "gelu_tanh"])
 def test_activation_and_eps_options_match_numpy(act):
     cfg = dict(TINY, bert_of_hidden_act=act, layer_norm_eps=1e-5)
-    w = ref.make_weights(cfg, seed=4, heads=("pretraining",))
+    w = ref_ckpt.make_weights(cfg, seed=4, heads=("pretraining",))
     batch = ref.make_batch(cfg, seed=4)
     got = ref.forward_numpy_weights(w, cfg, batch)
     assert max_diff(got, np_forward(w, cfg, batch)) < 1e-5
@@ -275,7 +276,7 @@ def test_activation_and_eps_options_match_numpy(act):
 
 
 def test_layer_norm_eps_is_used():
-    w = ref.make_weights(TINY, seed=5, heads=("pretraining",))
+    w = ref_ckpt.make_weights(TINY, seed=5, heads=("pretraining",))
     batch = ref.make_batch(TINY, seed=5)
     a = ref.forward_numpy_weights(w, TINY, batch)
     b = ref.forward_numpy_weights(w, dict(TINY, layer_norm_eps=1e-3), batch)
@@ -287,7 +288,7 @@ def test_realistic_weights_expose_gelu_variant():
     batch = ref.make_batch(TINY)
     diffs = {}
     for realistic in (True, False):
-        w = ref.make_weights(TINY, seed=0, heads=ALL_HEADS, realistic=realistic)
+        w = ref_ckpt.make_weights(TINY, seed=0, heads=ALL_HEADS, realistic=realistic)
         t = ref.forward_numpy_weights(w, TINY, batch)
         e = ref.forward_numpy_weights(w, dict(TINY, hidden_act="gelu_erf"), batch)
         diffs[realistic] = float(np.abs(t["sequence_output"] - e["sequence_output"]).max())
@@ -302,7 +303,7 @@ def test_realistic_weights_expose_gelu_variant():
 
 
 def test_padding_does_not_leak():
-    w = ref.make_weights(TINY, seed=6, heads=ALL_HEADS)
+    w = ref_ckpt.make_weights(TINY, seed=6, heads=ALL_HEADS)
     batch = ref.make_batch(TINY, batch_size=3, seed=6)
     mask = batch["attention_mask"].astype(bool)
     assert (~mask).any()

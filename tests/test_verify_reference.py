@@ -1,4 +1,5 @@
-"""verify's reference (converters/reference_np.py) is independent and has teeth, for every format.
+"""verify's reference (converters/reference_forward.py on converters/reference_np.py's layouts) is
+independent and has teeth, for every format.
 
 A realistic-magnitude BERT (trained-BERT weight scales, where tanh- and erf-GELU differ by ~5e-4)
 is written in every source format (OneFlow's own flow.save folders of bert_of, the models repo and LiBai included), converted to bert_of's format (bert_of's own to HF's), and then
@@ -14,8 +15,8 @@ import numpy as np
 import pytest
 
 from bert_of.checkpoint import SafetensorsFile, load_safetensors, save_safetensors
-from bert_of.converters import hf_torch, reference_np, registry
-from bert_of.converters import tf_reference as ref
+from bert_of.converters import hf_torch, reference_forward, registry
+from bert_of.converters import tf_reference_checkpoint as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify import DEFAULT_TOL, SENTENCES, token_batch, verify
@@ -136,7 +137,7 @@ def test_the_reference_reads_each_layout_itself(made):
         layout = registry.reference_layout(source)
         assert layout.name == fmt and (layout.act, layout.eps) == (
             ("gelu_erf", 1e-5) if fmt == "lazy" else ("gelu_tanh", 1e-12))
-        outs[fmt] = reference_np.forward(layout, batch, CONFIG["num_attention_heads"])
+        outs[fmt] = reference_forward.forward(layout, batch, CONFIG["num_attention_heads"])
     for fmt in ("hf", "h5"):
         for k, v in outs["tf"].items():
             assert np.max(np.abs(outs[fmt][k] - v)) < 1e-12, (fmt, k)

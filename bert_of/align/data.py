@@ -210,7 +210,8 @@ class BatchStream:
 def prepare_tf_checkpoint(d: str, gcfg: dict, vocab: str, seed: int, global_step: int) -> tuple:
     """(TF prefix, converted bert_of folder), cached in ``d``: a Google-layout TF checkpoint with
     realistic weights, adam_m / adam_v slots and ``global_step``, and its ``tf2of --with-optimizer``."""
-    ref = tf_reference_module(why="align's TF experiment")  # TensorFlow (the tf extra): only this needs it
+    # TensorFlow (the tf extra): only this needs it
+    ref = tf_reference_module("tf_reference_checkpoint", "align's TF experiment")
 
     prefix, of_dir, marker = (os.path.join(d, n) for n in ("bert_model.ckpt", "converted-of", "done.json"))
     want = {"config": gcfg, "global_step": global_step, "seed": seed}

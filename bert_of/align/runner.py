@@ -134,7 +134,8 @@ def code_fingerprint() -> str:
             "bert_of.heads",
             "bert_of.config", "bert_of.checkpoint", "bert_of.data.layout", "bert_of.data.reader",
             "bert_of.data.ofrecord",
-            "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_train"]
+            "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_model",
+            "bert_of.converters.tf_reference_checkpoint", "bert_of.converters.tf_reference_train"]
     for mod in mods:
         with open(util.find_spec(mod).origin, "rb") as f:
             h.update(f.read())

@@ -47,14 +47,14 @@ def outputs(out: str) -> dict:
     for fmt in FORMATS:
         run("convert", f"hf2{fmt}", HF_TINY, "-o", os.path.join(out, fmt))
         table.update(tree(os.path.join(out, fmt), fmt))
-    from bert_of.converters import reference_np, registry, verify
+    from bert_of.converters import reference_forward, registry, verify
     from bert_of.converters.convert import read
 
     refs = {}
     for fmt in ("hf", *FORMATS):
         source = read(HF_TINY if fmt == "hf" else os.path.join(out, fmt), fmt)
         batch = verify.make_batch(source.config, 3, 12)
-        ref = reference_np.forward(registry.reference_layout(source), batch, source.config.num_attention_heads)
+        ref = reference_forward.forward(registry.reference_layout(source), batch, source.config.num_attention_heads)
         refs.update({f"{fmt}/{k}": np.asarray(v, np.float64) for k, v in ref.items()})
     np.savez(os.path.join(out, "reference.npz"), **refs)
     data = os.path.join(out, "data")

@@ -2,7 +2,7 @@
 
 A release zip holds ``<folder>/bert_config.json``, ``vocab.txt`` and
 ``bert_model.ckpt.{data-00000-of-00001,index,meta}`` written by TensorFlow's own
-Saver (converters.tf_reference), exactly the file set of Google's zips.
+Saver (converters.tf_reference_checkpoint), exactly the file set of Google's zips.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ def sha256(path) -> str:
 
 def make_release_dir(root, config: dict, seed: int = 3) -> str:
     """A folder with Google's five files for ``config`` (a Google bert_config dict)."""
-    from bert_of.converters import tf_reference
+    from bert_of.converters import tf_reference_checkpoint
     from tests.conftest import write_vocab
 
     os.makedirs(root, exist_ok=True)
-    tf_reference.make_checkpoint(os.path.join(root, "bert_model.ckpt"), config, seed=seed, realistic=True)
+    tf_reference_checkpoint.make_checkpoint(os.path.join(root, "bert_model.ckpt"), config, seed=seed, realistic=True)
     os.remove(os.path.join(root, "checkpoint"))  # TF's state file: not part of Google's zips
     with open(os.path.join(root, "bert_config.json"), "w") as f:
         json.dump({k: v for k, v in config.items() if k != "num_labels"}, f, indent=2)
