@@ -28,7 +28,8 @@ from bert_of.errors import BertOfError, InputError
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing_into
 from bert_of.files.reading import read_json
-from bert_of.tokenization import FastTokenizer, FullTokenizer, lower_case_for, read_vocab_lines
+from bert_of.tokenization import FastTokenizer, FullTokenizer
+from bert_of.vocab import lower_case_for, read_vocab_lines
 
 TextInput = Union[str, Sequence[str]]
 

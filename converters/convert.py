@@ -18,7 +18,7 @@ from bert_of.converters import registry
 from bert_of.converters.reader import ATTEMPTS
 from bert_of.progress import Progress
 from bert_of.tensors import TensorSpec
-from bert_of.tokenization import check_vocab_fits
+from bert_of.vocab import check_vocab_fits
 
 # short name -> Format (converters/registry.py: every format module declares its own descriptor)
 FORMATS = registry.FORMATS

@@ -36,7 +36,7 @@ from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_json
-from bert_of.tokenization import read_vocab_lines
+from bert_of.vocab import read_vocab_lines
 from bert_of.converters import hf_names, reference_np
 from bert_of.converters.descriptor import Format
 from bert_of.converters.mapping import Table, apply, inverse, spell

@@ -31,7 +31,7 @@ from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.files.atomic import writes_to
 from bert_of.checkpoint import copy_file
 from bert_of.protobuf import key as _key, varint
-from bert_of.tokenization import read_vocab_lines, vocab_looks_cased
+from bert_of.vocab import read_vocab_lines, vocab_looks_cased
 from bert_of.version import __version__
 from bert_of.converters import reference_np
 from bert_of.converters.descriptor import Format

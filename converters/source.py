@@ -34,7 +34,7 @@ from bert_of.errors import CheckpointError, ConfigError
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
-from bert_of.tokenization import lower_case_for, recorded_lower_case
+from bert_of.vocab import lower_case_for, recorded_lower_case
 
 
 @dataclass

@@ -212,7 +212,7 @@ def test_a_run_folder_resolves_to_its_final_checkpoint(env, tmp_path):
 def test_a_vocabulary_or_config_that_is_no_regular_file_is_refused_not_read(tmp_path):
     from bert_of.errors import BertOfError
     from bert_of.files.reading import read_json
-    from bert_of.tokenization import read_vocab_lines
+    from bert_of.vocab import read_vocab_lines
 
     os.symlink("/dev/zero", tmp_path / "vocab.txt")  # read whole, it never ends
     os.mkfifo(tmp_path / "config.json")  # opened for reading, it blocks until a writer comes

@@ -511,7 +511,8 @@ def test_glue_tsv_details_run_classifier_ignores(tmp_path):
 
 
 def test_vocab_bom_crlf_and_trailing_blank_lines(tmp_path):
-    from bert_of.tokenization import FullTokenizer, load_vocab, vocab_size
+    from bert_of.tokenization import FullTokenizer
+    from bert_of.vocab import load_vocab, vocab_size
 
     p = tmp_path / "vocab.txt"
     p.write_bytes(b"\xef\xbb\xbf[PAD]\r\n[UNK]\r\n[CLS]\r\n[SEP]\r\nfox\r\n##es\r\n\r\n\r\n")

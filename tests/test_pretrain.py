@@ -119,7 +119,7 @@ def test_bad_input_one_line(setup, tmp_path):
 
 
 def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tmp_path):
-    """The data keeps the vocab.txt it was made with (bert_of.data.reader.dataset_vocab): pretrain
+    """The data keeps the vocab.txt it was made with (bert_of.data.layout.dataset_vocab): pretrain
     takes it without --vocab. Piped, training progress is plain log lines (no carriage returns)."""
     data = setup["data"]
     run = tmp_path / "run"

@@ -25,7 +25,8 @@ from bert_of.data.instances import KEEP, Instances, MaskingVocab, assemble, mask
 from bert_of.data.text import read_corpus
 from bert_of.tokenization import FastTokenizer
 from bert_of.data.ofrecord import OFRecordWriter, decode_record, encode_record, iter_raw_records, iter_records
-from bert_of.data.reader import FEATURES, PretrainingDataset, shard_parts
+from bert_of.data.layout import shard_parts
+from bert_of.data.reader import FEATURES, PretrainingDataset
 
 from tests.conftest import ROOT, error_lines, run_cli, run_ranks
 
@@ -384,7 +385,7 @@ def test_reader_shuffles_per_epoch_and_resumes_exactly(dataset):
 
 @pytest.mark.oneflow
 def test_oneflow_reader_gives_the_same_records(dataset):
-    from bert_of.data.reader import OneFlowPretrainingReader
+    from bert_of.data.oneflow_reader import OneFlowPretrainingReader
 
     ours = PretrainingDataset(dataset, 7, 128, 20, shuffle=False)
     theirs = OneFlowPretrainingReader(dataset, 7, 128, 20, shuffle=False)
@@ -782,7 +783,7 @@ def test_outputs_never_destroy_inputs(tmp_path, dataset, capsys):
 
 
 def test_data_directory_keeps_its_vocabulary(dataset, tmp_path):
-    from bert_of.data.reader import dataset_vocab
+    from bert_of.data.layout import dataset_vocab
 
     v = dataset_vocab(dataset)
     assert v == os.path.join(dataset, "vocab.txt") and open(v, "rb").read() == open(VOCAB, "rb").read()
@@ -860,7 +861,7 @@ def test_reader_limits_come_from_the_model(dataset, tmp_path):
 @pytest.mark.oneflow
 def test_oneflow_reader_refuses_a_bad_record_instead_of_aborting(dataset, tmp_path):
     """Out-of-range masked_lm_positions used to reach a OneFlow gather: SIGABRT and a glog stack."""
-    from bert_of.data.reader import OneFlowPretrainingReader
+    from bert_of.data.oneflow_reader import OneFlowPretrainingReader
 
     _rewrite_record(dataset, tmp_path / "bad", "part-00000", 2, masked_lm_positions=(0, 500))
     reader = OneFlowPretrainingReader(str(tmp_path / "bad"), 8, 128, 20, shuffle=False)

@@ -25,7 +25,7 @@ from bert_of.converters import convert as conv
 from bert_of.converters import hf, lazy, reader
 from bert_of.converters.source import Options
 from bert_of.files.publish import publishing, _rename2, _RENAME_EXCHANGE
-from bert_of.tokenization import read_vocab_lines
+from bert_of.vocab import read_vocab_lines
 from bert_of.zoo import Zoo
 from tests.conftest import ROOT, write_vocab
 

@@ -16,7 +16,8 @@ from bert_of.converters.verify import tf_reference_module
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
 from bert_of.data.cli import reshard
-from bert_of.data.reader import PretrainingDataset, data_lengths, list_data_files
+from bert_of.data.layout import data_lengths, list_data_files
+from bert_of.data.reader import PretrainingDataset
 from bert_of.errors import BertOfError
 from bert_of.files.atomic import atomic_write, write_json
 from bert_of.files.reading import read_json

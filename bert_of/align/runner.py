@@ -132,7 +132,8 @@ def code_fingerprint() -> str:
     h = hashlib.sha256()
     mods = ["bert_of.training.optim", "bert_of.training.runtime", "bert_of.training.trainer", "bert_of.modeling",
             "bert_of.heads",
-            "bert_of.config", "bert_of.checkpoint", "bert_of.data.reader", "bert_of.data.ofrecord",
+            "bert_of.config", "bert_of.checkpoint", "bert_of.data.layout", "bert_of.data.reader",
+            "bert_of.data.ofrecord",
             "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_model",
             "bert_of.converters.tf_reference_checkpoint", "bert_of.converters.tf_reference_train"]
     for mod in mods:

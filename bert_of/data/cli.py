@@ -34,7 +34,8 @@ from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, Pretrain
                                  check_output_spares_inputs, create_pretraining_data)
 from .formats import FILE_SUFFIX, FORMATS, iter_file_batches, open_record_file, record_writer
 from .ofrecord import OFRecordError
-from .reader import FEATURES, META_FILE, PretrainingDataset, list_data_files, read_meta
+from .layout import META_FILE, list_data_files, read_meta
+from .reader import FEATURES, PretrainingDataset
 from .text import MAX_LINE_CHARS
 
 # --------------------------------------------------------------------------- create-pretraining

@@ -31,7 +31,8 @@ output record for record, tested on a golden file made by running it):
 Parallelism: by default every input file is its own corpus processed by a worker process with
 its own generator, seeded from ``(random_seed, file index)``; each worker writes its records to a
 file in the staging folder and the parent deals them, in file order, into the parts: the output
-is the same bytes for any number of workers, and memory is bounded by the largest input file.
+is the same bytes for any number of workers, and memory is bounded by the largest input file
+(the processes and their pipes: :mod:`bert_of.data.pool`).
 ``combine_files=True`` treats all files as one corpus with one generator seeded by
 ``random_seed`` exactly as Google's script does (random next sentences may then come from any
 file; a single process holding the whole corpus).
@@ -39,7 +40,6 @@ file; a single process holding the whole corpus).
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import hashlib
 import os
@@ -58,13 +58,14 @@ from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing
 from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
-from bert_of.process import as_worker
-from bert_of.tokenization import FastTokenizer, FullTokenizer, vocab_size
+from bert_of.tokenization import FastTokenizer, FullTokenizer
+from bert_of.vocab import vocab_size
 
 from bert_of.options import arg
 
 from .instances import MaskingVocab, assemble, create_instances, shuffle
 from .ofrecord import OFRecordWriter, encode_records, iter_raw_records
+from .pool import run_pool
 from .text import MAX_LINE_CHARS, DataError, read_corpus
 
 DATASET_META = "bert_of_data.json"
@@ -212,25 +213,6 @@ _WORKER = {}
 _READ_SHARE, _CREATE_SHARE = 0.4, 0.4
 
 
-class _PipeProgress:
-    """Progress a worker reports to the parent's bar, sent over the worker's own pipe in chunks."""
-
-    def __init__(self, conn):
-        self.conn, self.pending, self.last = conn, 0.0, time.monotonic()
-
-    def __call__(self, amount: float) -> None:
-        self.pending += amount
-        now = time.monotonic()
-        if now - self.last > 0.1:
-            self.flush()
-            self.last = now
-
-    def flush(self) -> None:
-        if self.pending:
-            self.conn.send(("progress", self.pending))
-        self.pending = 0.0
-
-
 def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, tok=None) -> None:
     opts = PretrainingOptions(**opts_dict)
     tok = tok or make_tokenizer(vocab_file, opts.do_lower_case)
@@ -241,15 +223,16 @@ def _init_worker(vocab_file: str, opts_dict: dict, max_line_chars: int, tok=None
         is_subword[[i for t, i in vocab.items() if t.startswith("##")]] = True
     masking = MaskingVocab(vocab["[MASK]"], [vocab[t] for t in vocab], is_subword)
     _WORKER.update(encode=FastTokenizer(tok).ids, opts=opts, masking=masking, cls=vocab["[CLS]"],
-                   sep=vocab["[SEP]"], max_line_chars=max_line_chars, report=None)
+                   sep=vocab["[SEP]"], max_line_chars=max_line_chars)
 
 
-def _process(job):
+def _process(job, report=None):
     """Make one corpus's records (one file, or all files combined) into the framed OFRecord file
-    ``out``; returns (job index, out, record count, stats)."""
+    ``out``; returns (job index, out, record count, stats). ``report(amount)`` (and ``report.flush()``)
+    takes the progress, in input bytes."""
     index, paths, seed, out = job
     W = _WORKER
-    opts, report = W["opts"], W.get("report")
+    opts = W["opts"]
     t0, c0 = time.perf_counter(), time.process_time()
     on_bytes = on_document = None
     if report is not None:
@@ -412,139 +395,18 @@ def create_pretraining_data(inputs: Sequence[str], vocab_file: str, output_dir: 
 
 def _run_jobs(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
     """Job results in job order, whatever the number of workers; progress goes to ``bar``."""
-    if n_workers == 1:
-        _init_worker(vocab_file, asdict(opts), max_line_chars, tok=tok)
-        if not bar.disable:
-            _WORKER["report"] = lambda amount: bar.update(amount)
-            _WORKER["report"].flush = lambda: None
-        try:
-            for job in jobs:
-                yield _process(job)
-        finally:
-            _WORKER.clear()
-        return
-    yield from _pool(jobs, vocab_file, tok, opts, max_line_chars, n_workers, bar)
-
-
-def _serve(conn, init, progress: bool) -> None:
-    """A worker process: jobs in, results out, over its own pipe."""
-    as_worker()  # Ctrl-C is the parent's: it stops the workers
-    if init is not None:
-        _init_worker(*init)
-    _WORKER["report"] = _PipeProgress(conn) if progress else None
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if job is None:
-            return
-        try:
-            result = ("done", _process(job))
-        except Exception as e:  # noqa: BLE001 - the parent re-raises it
-            result = ("error", e)
-        try:
-            conn.send(result)
-        except Exception:  # noqa: BLE001 - an exception that does not pickle
-            conn.send(("error", DataError(f"{type(result[1]).__name__}: {result[1]}")))
-        if result[0] == "error":
-            return
-
-
-def _pool(jobs, vocab_file: str, tok, opts: PretrainingOptions, max_line_chars: int, n_workers: int, bar):
-    """``_process(job)`` for every job on ``n_workers`` processes, results in job order.
-
-    Each worker has a pipe of its own and shares no lock with the others: multiprocessing.Pool's
-    workers share one queue lock, and one that died holding it (killed at the end of a failed run)
-    left another waiting forever while Pool.terminate joined it. Here a failure or Ctrl-C kills the
-    workers outright, and a worker that dies is reported, never waited for."""
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    # fork is cheap (workers inherit the tokenizer), but not safe once OneFlow's threads exist here.
-    method = "spawn" if "oneflow" in sys.modules else "fork"
-    ctx = mp.get_context(method)
     init = (vocab_file, asdict(opts), max_line_chars)
-    if method == "fork":
-        _init_worker(*init, tok=tok)
-    jobs, workers, ok = list(jobs), [], False
     try:
-        for _ in range(n_workers):
-            mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(theirs, None if method == "fork" else init, not bar.disable),
-                            daemon=True)
-            p.start()
-            theirs.close()
-            workers.append({"proc": p, "conn": mine, "job": None, "lost": False})
-        todo, results, done, seen = iter(range(len(jobs))), {}, 0, 0.0
-
-        # A worker's pipe that breaks (EOF, or ECONNRESET / EPIPE when it died with bytes unread) means
-        # the worker died: reported below as its death, naming its input, never as an I/O error.
-        def feed(w):
-            w["job"] = next(todo, None)
-            if w["job"] is not None:
-                try:
-                    w["conn"].send(jobs[w["job"]])
-                except OSError:
-                    w["lost"] = True
-
-        def drain(w):
-            nonlocal seen
-            while w["job"] is not None and not w["lost"]:
-                try:
-                    if not w["conn"].poll():
-                        return
-                    kind, value = w["conn"].recv()
-                except (EOFError, OSError):
-                    w["lost"] = True
-                    return
-                if kind == "progress":
-                    seen += value
-                elif kind == "error":
-                    raise value  # the worker's own error (an unreadable input is an OSError too)
-                else:
-                    results[w["job"]] = value
-                    feed(w)
-
-        def died(w):
-            """The worker of an unfinished job is gone (its pipe broke or it exited): its exit status."""
-            if w["lost"]:
-                w["proc"].join(timeout=30)  # the pipe closes as the process ends: its status follows
-                if w["proc"].is_alive():  # a pipe broken under a live worker: it cannot go on
-                    w["proc"].kill()
-                    w["proc"].join()
-            return not w["proc"].is_alive()
-
-        for w in workers:
-            feed(w)
-        while done < len(jobs):
-            busy = [w for w in workers if w["job"] is not None]
-            wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy], timeout=0.2)
-            for w in busy:
-                drain(w)
-                if w["job"] is not None and (w["lost"] or not w["proc"].is_alive()):
-                    drain(w)  # what it sent just before it ended (its error) comes first
-                    if w["job"] is not None and died(w):
-                        raise DataError(f"{', '.join(jobs[w['job']][1])}: the worker process making its "
-                                        f"records died (exit status {w['proc'].exitcode})")
+        if n_workers == 1:
+            _init_worker(*init, tok=tok)
+            report = None
             if not bar.disable:
-                bar.n = min(bar.total, seen)
-                bar.refresh()
-            while done in results:
-                yield results.pop(done)
-                done += 1
-        ok = True
+                report = lambda amount: bar.update(amount)  # noqa: E731
+                report.flush = lambda: None
+            for job in jobs:
+                yield _process(job, report)
+            return
+        yield from run_pool(jobs, _process, n_workers, bar, init=(_init_worker, init),
+                            init_forked=lambda: _init_worker(*init, tok=tok), describe=lambda job: ", ".join(job[1]))
     finally:
-        for w in workers:
-            if ok:
-                with contextlib.suppress(OSError):
-                    w["conn"].send(None)
-            else:
-                w["proc"].kill()
-        for w in workers:
-            w["proc"].join(timeout=10)
-            if w["proc"].is_alive():
-                w["proc"].kill()
-                w["proc"].join()
-            w["conn"].close()
         _WORKER.clear()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from bert_of._flow import flow
 from bert_of.checkpoint import CONFIG_NAME, RUN_FINAL, WEIGHTS_NAME, run_final, SafetensorsFile, write_checkpoint_files
-from bert_of.tokenization import check_vocab_fits, lower_case_for, vocab_looks_cased
+from bert_of.vocab import check_vocab_fits, lower_case_for, vocab_looks_cased
 from bert_of.converters.convert import detect
 from bert_of.errors import BertOfError, CheckpointError, ConfigError, OutputError
 from bert_of.eval.errors import EvalDataError

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import bert_of.process as process
 from bert_of.cli_grammar import add_command
-from bert_of.data.reader import dataset_vocab
+from bert_of.data.layout import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError
 from bert_of.files.atomic import atomic_open, read_jsonl
 from bert_of.files.locks import check_unlocked, LOCK_NAME

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bert_of.data.reader import data_lengths
+from bert_of.data.layout import data_lengths
 from bert_of.errors import ConfigError
 from bert_of.options import Ranks, RunOptions, arg
-from bert_of.tokenization import vocab_size
+from bert_of.vocab import vocab_size
 
 @dataclass(kw_only=True)
 class PretrainOptions(RunOptions):

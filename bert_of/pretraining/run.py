@@ -19,7 +19,8 @@ import os
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.data.reader import PretrainingDataset, dataset_vocab
+from bert_of.data.layout import dataset_vocab
+from bert_of.data.reader import PretrainingDataset
 from bert_of.errors import ConfigError
 from bert_of.files.atomic import atomic_write, write_json
 from bert_of.files.reading import sha256_file
@@ -27,7 +28,7 @@ from bert_of.files.owned import register_own_files
 from bert_of.heads import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
 from bert_of.pretraining.options import PretrainOptions, check_vocab, with_data_lengths
-from bert_of.tokenization import check_vocab_fits
+from bert_of.vocab import check_vocab_fits
 from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite

@@ -18,7 +18,8 @@ import sys
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.data.reader import FEATURES, OneFlowPretrainingReader, PretrainingDataset
+from bert_of.data.oneflow_reader import OneFlowPretrainingReader
+from bert_of.data.reader import FEATURES, PretrainingDataset
 
 
 def digests(batch):
