@@ -5,6 +5,8 @@ libcudnn*.so.8. The pip packages nvidia-cublas-cu11 / nvidia-cudnn-cu11 ship
 them, but not on the loader path; loading them RTLD_GLOBAL first (in
 dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
 
+Before it, :mod:`bert_of.oneflow_fix` loads the guard against OneFlow 0.9's graph-launch race.
+
 This is the one module that imports OneFlow. OneFlow is the optional ``oneflow`` extra: without
 it, importing this module raises :class:`bert_of.errors.NeedsOneFlow` (an ImportError and a
 BertOfError), which a command line prints as one line naming the extra.
@@ -14,6 +16,7 @@ import ctypes
 import os
 import sys
 
+import bert_of.oneflow_fix as oneflow_fix
 from bert_of.errors import NeedsOneFlow
 from bert_of.process import oneflow_import
 
@@ -53,7 +56,9 @@ def _load():
 
 
 _preload()
+oneflow_fix.install()  # before liboneflow loads: its graph-launch race guarded (bert_of/oneflow_fix.py)
 with oneflow_import():  # leaves signals, fd 2 and os.environ as they were (bert_of.process)
     flow = _load()
+oneflow_fix.after_import()
 
 __all__ = ["flow"]

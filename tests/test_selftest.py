@@ -20,6 +20,9 @@ def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):
     assert 0 < verify["cpu"]["worst"] <= 1e-5
     kernels = checks["kernels"]["max_abs_diff"]["cpu"]
     assert checks["kernels"]["status"] == "pass" and 0 < kernels["layer_norm"] < 1e-4 and 0 < kernels["gelu_tanh"] < 1e-4
+    launch = checks["graph_launch"]  # OneFlow 0.9's graph-launch race guarded (bert_of/oneflow_fix.py)
+    assert launch["status"] == "pass" and launch["guard"]["active"] is True
+    assert launch["guard"]["launches"] >= launch["launches"] == 2000
     for name in ("amp", "throughput"):
         assert checks[name] == {"status": "skipped", "reason": "CUDA is not available"}
     assert "CUDA is not available: ran the CPU parts only" in r.stderr

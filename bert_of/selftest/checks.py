@@ -31,6 +31,7 @@ import traceback
 
 import numpy as np
 
+import bert_of.oneflow_fix as oneflow_fix
 import bert_of.process as process
 from bert_of._flow import flow
 from bert_of.align.runner import run_experiments
@@ -111,6 +112,28 @@ def check_kernels(devices: list) -> dict:
         out[device] = d
         ok = ok and all(v <= KERNEL_TOL for v in d.values())
     return {"status": "pass" if ok else "fail", "tolerance": KERNEL_TOL, "max_abs_diff": out}
+
+
+class _OneLayer(flow.nn.Graph):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def build(self, x):
+        return self.layer(x)
+
+
+def check_graph_launch(launches: int = 2000) -> dict:
+    """OneFlow 0.9's graph-launch race guarded (bert_of/oneflow_fix.py): a small CPU graph run
+    ``launches`` times through the guard gives the same output every time."""
+    guard = oneflow_fix.status()
+    if not guard["active"]:
+        return {"status": "fail", "guard": guard}
+    g = _OneLayer(flow.nn.Linear(16, 16).eval())
+    x = flow.tensor(np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32))
+    first = g(x).numpy()
+    same = all(np.array_equal(g(x).numpy(), first) for _ in range(launches))
+    return {"status": "pass" if same else "fail", "guard": oneflow_fix.status(), "launches": launches}
 
 
 def check_amp(steps: int, work: str) -> dict:
@@ -232,6 +255,7 @@ def selftest(steps: int = 50, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="bert-of-selftest-") as work:
         checks["verify"] = _run("verify", check_verify, devices, work)
         checks["kernels"] = _run("kernels", check_kernels, devices)
+        checks["graph_launch"] = _run("graph_launch", check_graph_launch)
         checks["amp"] = _run("amp", check_amp, steps, work) if cuda else skip
         if cuda and not quick:
             checks["throughput"] = _run("throughput", check_throughput, n_gpus, 10, work, tf32)
