@@ -1,8 +1,8 @@
 """OneFlow 0.9's graph-launch race and bert_of's guard (bert_of/oneflow_fix.py).
 
 OneFlow 0.9 hands a graph run to its actors before queueing it, and the run's end dequeues it: a
-run that ends first pops an empty queue (a segfault or a hang, ~1 in 10^4 launches of a small CPU
-graph on a loaded machine; bench/graph_launch_race.py measures it with the guard off and on). The
+run that ends first pops an empty queue (a segfault or a hang within a few thousand launches of a
+small CPU graph on a busy machine; bench/graph_launch_race.py measures it with the guard off and on). The
 guard is built with the system's C compiler and loaded before OneFlow by bert_of._flow; each test
 runs a fresh interpreter, since a process decides once, when it imports OneFlow."""
 
