@@ -723,6 +723,15 @@ def test_disk_space_is_checked_before_downloading(home, tmp_path, serve, server,
     assert server.gets(url[len(server.url) - 1:]) == []
 
 
+def test_a_size_estimate_gives_way_to_the_servers_length(home, tmp_path, serve, server, release):
+    # `size_estimate_bytes` is a hint (a mirror may serve another build): the response's length decides
+    url = serve()
+    z, _ = zoo_with(home, tmp_path, [registry_entry("hinted", url, release["hashes"], size_estimate_bytes=10 ** 18)])
+    path = z.download("hinted", "tf")
+    assert sorted(os.listdir(path)) == sorted(list(RELEASE_FILES) + [MANIFEST])
+    assert server.gets(url[len(server.url) - 1:]) == [(None, 200)]
+
+
 def test_flat_archive_without_published_hashes_and_file_urls(home, tmp_path, release, capsys):
     # the 2020 miniatures put the files at the top of the zip and have no published hashes
     flat = release["zips"] / "flat.zip"

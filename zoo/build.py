@@ -197,15 +197,19 @@ def _obtain_source(z, entry, fmt, stage, state, force=False):
             continue
         if z.offline and urllib.parse.urlsplit(url).scheme in ("http", "https"):
             raise OfflineError(f"{name}: offline mode forbids downloading {url}")
-        declared = f.get("size") or entry.get("size_estimate_bytes") or 0
+        # An exact registry size is checked before connecting; an estimate only stands in when the
+        # server does not say the length (a mirror may serve a different build of the same name).
+        declared = f.get("size") or 0
         part = dest + ".part"
         have = os.path.getsize(part) if os.path.exists(part) else 0
         if declared:
             _check_disk(z, name, max(0, declared - have), declared, convert)
+        estimate = entry.get("size_estimate_bytes") or 0
         z.log(f"{name}: downloading {url}" + (f" (resuming at {human_size(have)})" if have else ""))
         res = fetch(url, dest, sha256=f.get("sha256"), size=f.get("size"), opts=z.download_options,
                     label=f["filename"],
-                    on_size=lambda total, h, n=name: _check_disk(z, n, total - h, total, convert))
+                    on_size=lambda total, h, n=name: _check_disk(z, n, (total or estimate) - h, total or estimate,
+                                                                 convert) if (total or estimate) else None)
         rate = (res.size - res.resumed_from) / max(res.seconds, 1e-9)
         z.log(f"{name}: {f['filename']}: {human_size(res.size)} in {res.seconds:.1f} s "
               f"({human_size(rate)}/s)" + (f", resumed from {human_size(res.resumed_from)}" if res.resumed_from

@@ -225,9 +225,9 @@ def fetch(url: str, dest: str, *, sha256: Optional[str] = None, size: Optional[i
     """Download ``url`` to ``dest`` (resuming ``dest.part``); verify ``sha256``/``size`` if given.
 
     hashing: compute the SHA-256 while streaming (default: only when
-    ``sha256`` is given). ``on_size(total, have)`` is called once the total
-    size is known, before any new byte is written (e.g. a disk-space check);
-    it may raise. On a checksum or size mismatch nothing is kept.
+    ``sha256`` is given). ``on_size(total, have)`` is called once the response
+    arrives, before any new byte is written (e.g. a disk-space check; ``total``
+    is None when the server sends no length); it may raise. On a checksum or size mismatch nothing is kept.
     """
     opts = opts or DownloadOptions()
     label = label or os.path.basename(dest)
@@ -416,8 +416,8 @@ class _Http:
             if meta != self.meta:
                 atomic_write(self.meta_path, json.dumps(meta))
                 self.meta = meta
-            if total is not None and not self.size_checked and self.on_size:
-                self.on_size(total, self.have)
+            if not self.size_checked and self.on_size:
+                self.on_size(total, self.have)  # total None: the server did not say
                 self.size_checked = True
             self._stream(resp, total)
             return total
