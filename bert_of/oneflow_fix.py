@@ -6,7 +6,7 @@ the two, a short run ends first and pops an empty ``std::queue``. The process th
 random: 4 of 5 processes launching a small CPU graph 20,000 times crashed within 3,000 launches
 (``bench/graph_launch_race.py``; the suite's crashes in ``infer``). ``oneflow_fix.c`` takes
 the place of the two queue methods (liboneflow calls them through its PLT) and keeps the queue in
-order; this module compiles it once with the system's C compiler into bert_of's cache and loads it
+order; this module builds it once (:func:`bert_of.native.build`) and loads it
 RTLD_GLOBAL before ``import oneflow`` (:mod:`bert_of._flow`).
 
 ``BERT_OF_ONEFLOW_FIX=0`` leaves OneFlow as it is (to see the race). Without a C compiler the guard
@@ -16,61 +16,13 @@ is off and :func:`status` says why; ``bert-of selftest`` reports it.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oneflow_fix.c")
+import bert_of.native as native
+
 _lib = None
 _why_off = "not loaded (OneFlow not imported yet)"
-
-
-def _cache_dirs() -> list:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return [os.path.join(base, "bert_of", "native"),
-            os.path.join(tempfile.gettempdir(), f"bert_of-native-{os.getuid()}")]
-
-
-class _CompileError(OSError):
-    pass
-
-
-def _compile(cc: str, lib: str) -> None:
-    tmp = f"{lib}.{os.getpid()}.tmp"
-    try:
-        run = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, SOURCE, "-ldl", "-lpthread"],
-                             capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise _CompileError(f"{cc}: {e}") from None
-    if run.returncode != 0:
-        raise _CompileError(f"{cc} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
-    os.replace(tmp, lib)  # ranks building at once: each renames a whole file
-
-
-def _build(source: bytes) -> str:
-    """The shared library for ``source`` (compiled once per source and machine, then reused)."""
-    tag = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    last = "no writable cache folder"
-    for folder in _cache_dirs():
-        lib = os.path.join(folder, f"oneflow_fix-{tag}.so")
-        if os.path.isfile(lib):
-            return lib
-        if not cc:
-            raise OSError("no C compiler (cc) to build it")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            _compile(cc, lib)
-            return lib
-        except _CompileError:
-            raise
-        except OSError as e:  # this folder is not writable: the next one
-            last = f"{folder}: {e.strerror or e}"
-    raise OSError(last)
 
 
 def install() -> None:
@@ -82,8 +34,7 @@ def install() -> None:
         _why_off = "off (BERT_OF_ONEFLOW_FIX=0)"
         return
     try:
-        with open(SOURCE, "rb") as f:
-            _lib = ctypes.CDLL(_build(f.read()), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+        _lib = ctypes.CDLL(native.build("oneflow_fix"), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     except OSError as e:
         _why_off = f"off: {e}"
         return

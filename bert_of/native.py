@@ -1,0 +1,66 @@
+"""Small C shims that bert_of compiles once per machine and loads before OneFlow.
+
+OneFlow 0.9 is a binary wheel; where it needs a fix or a faster library, bert_of puts a few C
+functions in front of liboneflow's own (its calls go through the PLT, so a definition loaded
+RTLD_GLOBAL first wins): :mod:`bert_of.oneflow_fix` (its graph-launch race) and
+:mod:`bert_of.blas` (a threaded BLAS). :func:`build` compiles a source with the system's C
+compiler into bert_of's cache (``~/.cache/bert_of/native``, else the temp folder) and reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cache_dirs() -> list:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [os.path.join(base, "bert_of", "native"),
+            os.path.join(tempfile.gettempdir(), f"bert_of-native-{os.getuid()}")]
+
+
+class CompileError(OSError):
+    pass
+
+
+def _compile(cc: str, source: str, lib: str) -> None:
+    tmp = f"{lib}.{os.getpid()}.tmp"
+    try:
+        run = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, source, "-ldl", "-lpthread"],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CompileError(f"{cc}: {e}") from None
+    if run.returncode != 0:
+        raise CompileError(f"{cc} failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+    os.replace(tmp, lib)  # ranks building at once: each renames a whole file
+
+
+def build(name: str) -> str:
+    """The shared library built from ``bert_of/<name>.c`` (compiled once per source and machine,
+    then reused). Raises OSError (no compiler, no writable cache, a failed compile)."""
+    source = os.path.join(HERE, f"{name}.c")
+    with open(source, "rb") as f:
+        tag = hashlib.sha256(f.read() + platform.machine().encode()).hexdigest()[:16]
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    last = "no writable cache folder"
+    for folder in _cache_dirs():
+        lib = os.path.join(folder, f"{name}-{tag}.so")
+        if os.path.isfile(lib):
+            return lib
+        if not cc:
+            raise OSError("no C compiler (cc) to build it")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            _compile(cc, source, lib)
+            return lib
+        except CompileError:
+            raise
+        except OSError as e:  # this folder is not writable: the next one
+            last = f"{folder}: {e.strerror or e}"
+    raise OSError(last)
