@@ -5,7 +5,8 @@ libcudnn*.so.8. The pip packages nvidia-cublas-cu11 / nvidia-cudnn-cu11 ship
 them, but not on the loader path; loading them RTLD_GLOBAL first (in
 dependency order) lets ``import oneflow`` resolve them, with or without a GPU.
 
-Before it, :mod:`bert_of.oneflow_fix` loads the guard against OneFlow 0.9's graph-launch race.
+Before it, :mod:`bert_of.oneflow_fix` loads the guard against OneFlow 0.9's graph-launch race and
+:mod:`bert_of.blas` the BLAS its CPU kernels call (BERT_OF_BLAS).
 
 This is the one module that imports OneFlow. OneFlow is the optional ``oneflow`` extra: without
 it, importing this module raises :class:`bert_of.errors.NeedsOneFlow` (an ImportError and a
@@ -16,9 +17,10 @@ import ctypes
 import os
 import sys
 
+import bert_of.blas as blas
 import bert_of.oneflow_fix as oneflow_fix
 from bert_of.errors import NeedsOneFlow
-from bert_of.process import oneflow_import
+from bert_of.process import oneflow_import, signals_blocked
 
 _LIBS = (
     "nvidia/cublas/lib/libcublasLt.so.11",
@@ -57,6 +59,8 @@ def _load():
 
 _preload()
 oneflow_fix.install()  # before liboneflow loads: its graph-launch race guarded (bert_of/oneflow_fix.py)
+with signals_blocked():  # the BLAS starts its threads now: they must never take SIGINT / SIGTERM
+    blas.install()  # before liboneflow loads: its CBLAS calls go to a threaded BLAS (bert_of/blas.py)
 with oneflow_import():  # leaves signals, fd 2 and os.environ as they were (bert_of.process)
     flow = _load()
 oneflow_fix.after_import()

@@ -2,7 +2,7 @@
 
 Layers, bottom to top (docs/architecture.md); a module may import its own layer or any below:
 
-    0 base      errors, version, process, files/, oneflow_fix, config, initializers, checkpoint, tokenization, vocab, protobuf
+    0 base      errors, version, process, files/, native, oneflow_fix, blas, config, initializers, checkpoint, tokenization, vocab, protobuf
     1 model     _flow, kernels, model_io, modeling, heads
     2 formats   converters/ (bert_of.converters): readers, writers, verification
     3 training  bert_of/data/, the trainer, the rank launcher
@@ -23,7 +23,7 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|vocab|protobuf|pickles|oneflow_fix)", 0),
+    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|vocab|protobuf|pickles|native|oneflow_fix|blas)", 0),
     (r"bert_of\.(_flow|kernels|inputs|outputs|model_io|modeling|heads|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data|pretraining|finetuning)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),

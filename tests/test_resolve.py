@@ -275,7 +275,7 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
 
 
 MODEL_AND_BASE = ("errors", "version", "process", "files", "progress", "config", "resolver", "tensors", "checkpoint",
-                  "tokenization", "vocab", "initializers", "protobuf", "oneflow_fix", "_flow", "kernels", "inputs", "outputs", "model_io",
+                  "tokenization", "vocab", "initializers", "protobuf", "native", "oneflow_fix", "blas", "_flow", "kernels", "inputs", "outputs", "model_io",
                   "modeling", "heads")
 
 

@@ -3,6 +3,7 @@ checkpoint against TF's reference in eager and graph mode, the model's LayerNorm
 float64 formulas), says CUDA was not available, skips the CUDA parts with that reason and exits 0."""
 
 import json
+import os
 
 from tests.conftest import error_lines, run_cli
 
@@ -23,6 +24,12 @@ def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):
     launch = checks["graph_launch"]  # OneFlow 0.9's graph-launch race guarded (bert_of/oneflow_fix.py)
     assert launch["status"] == "pass" and launch["guard"]["active"] is True
     assert launch["guard"]["launches"] >= launch["launches"] == 2000
+    blas = checks["blas"]  # the BLAS under OneFlow's CPU GEMMs (bert_of/blas.py): its rate and its result
+    assert blas["status"] == "pass" and blas["gflops"] > 0 and blas["max_rel_diff"] <= 1e-5
+    if os.environ.get("BERT_OF_BLAS", "auto") == "auto":  # the suite also runs with BERT_OF_BLAS=oneflow
+        assert blas["choice"] == "auto" and blas["blas"] in ("mkl", "openblas") and blas["gemms"] >= 5
+    else:
+        assert blas["choice"] == blas["blas"] == os.environ["BERT_OF_BLAS"]
     for name in ("amp", "throughput"):
         assert checks[name] == {"status": "skipped", "reason": "CUDA is not available"}
     assert "CUDA is not available: ran the CPU parts only" in r.stderr

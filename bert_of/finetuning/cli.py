@@ -22,7 +22,6 @@ import dataclasses
 import os
 import types
 
-import bert_of.process as process
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError, OutputError
 from bert_of.files.locks import check_unlocked, LOCK_NAME
@@ -114,9 +113,6 @@ def cmd_task(args) -> int:
         if missing:
             raise ConfigError(f"finetune {task}: {', '.join(missing)} required (a --resume takes all but -o from "
                               "the run's record)")
-    # Fine-tuning and prediction need speed, not bit-parity with TF: OneFlow's bundled OpenBLAS gets
-    # its AVX2/FMA kernels (bert_of.process, at OneFlow's import) unless BERT_OF_BLAS=exact says otherwise.
-    process.set_environ({"BERT_OF_BLAS": "fast"}, keep_existing=True)
     _positive(opts, *POSITIVE[command])
     if command == PREDICT:
         opts = predict_output(task, opts)

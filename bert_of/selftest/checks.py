@@ -10,6 +10,8 @@ Checks, in order (each ``pass`` / ``fail`` / ``skipped`` with its numbers):
               (TF32 off: OneFlow enables it for fp32 matmuls by default)
   kernels     the model's CUDA branches (OneFlow's fused layer_norm and fast_gelu) against the CPU
               formulas in float64; on CPU the CPU formulas themselves
+  blas        which BLAS runs OneFlow's CPU GEMMs (bert_of.blas, BERT_OF_BLAS), its GEMM rate
+              (GFLOP/s of a 1024^3 matmul) and its result against NumPy in float64 (rel. <= 1e-5)
   amp         ``bert-of align amp``: 50 steps fp32 vs fp16 AMP on cuda (CUDA only)
   throughput  BERT-base, seq 128, pretraining samples/s: fp32 and AMP, eager and graph on one GPU;
               2-GPU global tensors (graph) vs eager DDP when 2 GPUs exist (CUDA only)
@@ -31,6 +33,7 @@ import traceback
 
 import numpy as np
 
+import bert_of.blas as blas
 import bert_of.oneflow_fix as oneflow_fix
 import bert_of.process as process
 from bert_of._flow import flow
@@ -134,6 +137,24 @@ def check_graph_launch(launches: int = 2000) -> dict:
     first = g(x).numpy()
     same = all(np.array_equal(g(x).numpy(), first) for _ in range(launches))
     return {"status": "pass" if same else "fail", "guard": oneflow_fix.status(), "launches": launches}
+
+
+def check_blas(n: int = 1024, reps: int = 5) -> dict:
+    """The BLAS under OneFlow's CPU GEMMs: which, how fast (the median of ``reps`` n^3 matmuls), and
+    its result against float64 NumPy."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    x, y = flow.tensor(a), flow.tensor(b)
+    got = flow.matmul(x, y).numpy()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        flow.matmul(x, y).numpy()
+        times.append(time.perf_counter() - t0)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    return {"status": "pass" if rel <= 1e-5 else "fail", **blas.status(), "description": blas.describe(),
+            "gflops": round(2 * n ** 3 / sorted(times)[reps // 2] / 1e9, 1), "max_rel_diff": rel}
 
 
 def check_amp(steps: int, work: str) -> dict:
@@ -256,6 +277,7 @@ def selftest(steps: int = 50, quick: bool = False) -> dict:
         checks["verify"] = _run("verify", check_verify, devices, work)
         checks["kernels"] = _run("kernels", check_kernels, devices)
         checks["graph_launch"] = _run("graph_launch", check_graph_launch)
+        checks["blas"] = _run("blas", check_blas)
         checks["amp"] = _run("amp", check_amp, steps, work) if cuda else skip
         if cuda and not quick:
             checks["throughput"] = _run("throughput", check_throughput, n_gpus, 10, work, tf32)

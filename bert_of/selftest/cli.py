@@ -31,7 +31,7 @@ def cmd_selftest(args) -> int:
     if args.output:
         atomic_write(args.output, text + "\n")
     if not summary["cuda"]:
-        print("selftest: CUDA is not available: ran the CPU parts only (verify, kernels)", file=sys.stderr)
+        print("selftest: CUDA is not available: ran the CPU parts only (verify, kernels, graph_launch, blas)", file=sys.stderr)
     if not summary["ok"]:
         failed = [k for k, c in summary["checks"].items() if c["status"] == "fail"]
         print(f"bert-of: error: selftest failed: {', '.join(failed)}", file=sys.stderr)
