@@ -36,12 +36,16 @@ def minilm_dir() -> str:
     return os.path.dirname(str(dist.locate_file(f)))
 
 
-def run(py, args, tmp):
+def run(py, args, tmp, blas=None):
     out = os.path.join(tmp, "row.json")
     if os.path.exists(out):
         os.remove(out)
     load = os.getloadavg()[0]
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
+    for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE"):
+        env.pop(k, None)
+    if blas:
+        env["BERT_OF_BLAS"] = blas
     p = subprocess.run([py, WORKER, *args, "--out", out], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=3600)
     if p.returncode != 0:
@@ -57,7 +61,7 @@ def _medians(rows: list) -> list:
     ratios are medians of the per-round ratios, each measured side by side)."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["impl"], r["mode"], r["model"], r["seq"], r["task"]), []).append(r)
+        groups.setdefault((r["impl"], r["mode"], r.get("blas_choice"), r["model"], r["seq"], r["task"]), []).append(r)
     out = []
     for g in groups.values():
         m = dict(g[0], rounds=len(g))
@@ -70,29 +74,37 @@ def _medians(rows: list) -> list:
 
 
 def markdown(res: dict) -> str:
-    """docs/benchmarks.md's tables from a results object."""
-    lines = ["| model | seq | task | transformers w/s | bert_of eager w/s (x) | bert_of graph w/s (x) | "
-             "transformers peak RSS | eager RSS (x) | graph RSS (x) |", "|---|---|---|---|---|---|---|---|---|"]
+    """docs/benchmarks.md's tables from a results object: one column per bert_of (mode, BERT_OF_BLAS)."""
     rows = _medians([r for r in res["rows"] if "error" not in r])
+    kinds = sorted({(r["mode"], r.get("blas_choice")) for r in rows if r["impl"] == "of"},
+                   key=lambda k: (k[0], str(k[1])))
+    name = lambda k: f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) else k[0]  # noqa: E731
+    lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
+             + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
+             "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
     for r in rows:
         if r["impl"] != "hf":
             continue
         same = lambda x: x["model"] == r["model"] and x["seq"] == r["seq"] and x["task"] == r["task"]  # noqa: E731
-        of = {x["mode"]: x for x in rows if x["impl"] == "of" and same(x)}
+        of = {(x["mode"], x.get("blas_choice")): x for x in rows if x["impl"] == "of" and same(x)}
         cell = lambda m, k, fmt: (f"{fmt(of[m][k])} ({of[m]['speed_vs_hf' if k == 'windows_per_s' else 'rss_vs_hf']:.2f})"  # noqa: E731
-                                   if m in of else "-")
+                                   if m in of and of[m].get('speed_vs_hf') is not None else "-")
         w = lambda v: f"{v:.2f}"  # noqa: E731
         mb = lambda v: f"{v} MiB"  # noqa: E731
         lines.append(f"| {r['model']} | {r['seq']} | {r['task']} (batch {r['batch']}) | {w(r['windows_per_s'])} | "
-                     f"{cell('eager', 'windows_per_s', w)} | {cell('graph', 'windows_per_s', w)} | "
-                     f"{mb(r['peak_rss_mib'])} | {cell('eager', 'peak_rss_mib', mb)} | {cell('graph', 'peak_rss_mib', mb)} |")
+                     + " | ".join(cell(k, 'windows_per_s', w) for k in kinds) + f" | {mb(r['peak_rss_mib'])} | "
+                     + " | ".join(cell(k, 'peak_rss_mib', mb) for k in kinds) + " |")
     for model, med in (res.get("profile_ms_384x4") or {}).items():
-        if "hf" in med and "of" in med:
+        ofs = [k for k in med if k != "hf"]
+        if "hf" in med and ofs:
             lines += ["", f"One {model} layer at 4 x 384 tokens, ms (median of rounds):", "",
-                      "| piece | transformers (torch, 2 threads) | bert_of (OneFlow 0.9) | bert_of / transformers |",
-                      "|---|---|---|---|"]
-            for (k, hv), (k2, ov) in zip(med["hf"].items(), med["of"].items()):
-                lines.append(f"| {k2} | {hv} | {ov} | {ov / hv:.2f} |" if hv else f"| {k2} | {hv} | {ov} | - |")
+                      "| piece | transformers (torch, 2 threads) | " + " | ".join(f"bert_of ({k})" for k in ofs)
+                      + " | " + " | ".join(f"{k} / transformers" for k in ofs) + " |",
+                      "|---|---|" + "---|" * (2 * len(ofs))]
+            for i, (piece, hv) in enumerate(med["hf"].items()):  # the same pieces in order (names differ a little)
+                vals = [list(med[k].values())[i] if i < len(med[k]) else None for k in ofs]
+                lines.append(f"| {piece} | {hv} | " + " | ".join(str(v) for v in vals) + " | "
+                             + " | ".join(f"{v / hv:.2f}" if hv and v else "-" for v in vals) + " |")
     return "\n".join(lines)
 
 
@@ -103,6 +115,9 @@ def main():
     ap.add_argument("--seqs", default="128,384")
     ap.add_argument("--tasks", default="predict,train")
     ap.add_argument("--modes", default="eager,graph")
+    ap.add_argument("--blas", default="oneflow,auto",
+                    help="BERT_OF_BLAS values for the bert_of rows (oneflow: its own single-threaded OpenBLAS; "
+                         "auto: the threaded one bert_of loads)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat each group (transformers, eager, graph) this many times; tables show medians")
     ap.add_argument("--profile-rounds", type=int, default=3,
@@ -131,8 +146,9 @@ def main():
                     for rnd in range(a.rounds):
                         hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
-                        for mode in a.modes.split(","):
-                            row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp)
+                        for mode, blas in [(m, b) for m in a.modes.split(",") for b in a.blas.split(",")]:
+                            row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
+                                      blas=blas)
                             if "error" not in row and "error" not in hf:
                                 row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
                                 row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)
@@ -143,13 +159,14 @@ def main():
                         rows_out.extend(group)
         profile = {}
         for model in a.models.split(",") if a.profile_rounds else []:
-            runs = {"hf": [], "of": []}
+            runs = {"hf": [], **{f"of:{b}": [] for b in a.blas.split(",")}}
             for _ in range(a.profile_rounds):
-                for impl, py in (("hf", HF_PY), ("of", OF_PY)):
-                    r = run(py, ["--impl", impl, "--model", model, "--seq", "384", "--batch", "4",
-                                 "--task", "profile"], tmp)
+                for key in runs:
+                    impl, _, blas = key.partition(":")
+                    r = run(HF_PY if impl == "hf" else OF_PY, ["--impl", impl, "--model", model, "--seq", "384",
+                                                              "--batch", "4", "--task", "profile"], tmp, blas=blas)
                     if "ms" in r:
-                        runs[impl].append(r["ms"])
+                        runs[key].append(r["ms"])
             med = {impl: {k: sorted(x[k] for x in v)[len(v) // 2] for k in v[0]} for impl, v in runs.items() if v}
             profile[model] = med
             print(json.dumps({"profile": model, **med}), file=sys.stderr, flush=True)

@@ -95,7 +95,7 @@ def run_hf(a, data):
 
 
 def run_of(a, data):
-    os.environ.setdefault("BERT_OF_BLAS", "fast")  # as `bert-of predict` / `finetune` ask
+    os.environ.setdefault("BERT_OF_BLAS", "auto")  # as `bert-of predict` / `finetune` run (infer_bench sets it per row)
     from bert_of._flow import flow
     from bert_of.config import BertConfig
     from bert_of.finetuning.driver import load_model
@@ -167,7 +167,7 @@ def pieces(fw, a):
         run = lambda f: f()  # noqa: E731
         ctx = torch.inference_mode
     else:
-        os.environ.setdefault("BERT_OF_BLAS", "fast")
+        os.environ.setdefault("BERT_OF_BLAS", "auto")
         from bert_of._flow import flow
         from bert_of.config import BertConfig
         from bert_of.modeling import BertLayer
@@ -241,6 +241,11 @@ def main():
         res = (run_hf if a.impl == "hf" else run_of)(a, windows(n, a.seq))
     res.update(impl=a.impl, mode="eager" if a.impl == "hf" else a.mode, model=a.model, seq=a.seq, task=a.task,
                batch=a.batch, peak_rss_mib=status("VmHWM"))
+    if a.impl == "of":
+        import bert_of.blas as blas
+
+        res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
+                   blas_choice=os.environ.get("BERT_OF_BLAS"))
     with open(a.out, "w") as f:
         json.dump(res, f)
     print(json.dumps(res))

@@ -172,14 +172,16 @@ def install() -> None:
     kind, path = found[0]
     if kind == "library" and not os.path.isfile(path):
         raise BlasError(f"BERT_OF_BLAS={path}: no such file")
-    try:
-        lib, prefix, version = _open(kind, path)
+    if kind == "library" and os.path.basename(path).startswith("libmkl_rt"):
+        kind = "mkl"  # MKL named by path: its OpenMP runtime beside it, reproducible mode
+    try:  # the shim first: MKL loads its own CBLAS layer RTLD_GLOBAL, which must not come before it
         shim = ctypes.CDLL(native.build("blas_shim"), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
-    except OSError as e:
-        if want == "auto":  # a broken install or no compiler: today's behaviour, said once
+        lib, prefix, version = _open(kind, path)
+    except (OSError, BlasError) as e:
+        if want == "auto":  # a broken install or no compiler: OneFlow's own BLAS, said once
             _state.update(name="oneflow", note=f"threaded BLAS off ({e}): OneFlow's own OpenBLAS")
             return
-        raise BlasError(f"BERT_OF_BLAS={want}: {e}") from None
+        raise e if isinstance(e, BlasError) else BlasError(f"BERT_OF_BLAS={want}: {e}") from None
     _, ptrs = _symbols(lib, (prefix,))
     shim.bert_of_blas_bind(*[ctypes.c_void_p(p) for p in ptrs])
     shim.bert_of_blas_gemms.restype = ctypes.c_long

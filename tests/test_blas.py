@@ -126,6 +126,24 @@ def test_results_do_not_depend_on_the_thread_count(tmp_path):
     assert np.array_equal(runs["2"]["eager"], runs["2"]["graph"])
 
 
+def test_auto_with_a_broken_install_falls_back_to_onefows_own(tmp_path):
+    """A scipy_openblas32 whose library is not a BLAS: auto says so once and OneFlow's own OpenBLAS
+    does the GEMMs (the shim, already loaded, hands each call to the next definition: liboneflow's)."""
+    lib = tmp_path / "fake" / "scipy_openblas32" / "lib"
+    lib.mkdir(parents=True)
+    (lib.parent / "__init__.py").write_text("")
+    (tmp_path / "empty.c").write_text("int bert_of_not_a_blas;\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libscipy_openblas.so"), str(tmp_path / "empty.c")],
+                   check=True)
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(lib.parent.parent), ROOT])
+    r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["blas"] == "oneflow" and out["rel"] < 1e-5 and out["environ_kept"]
+    assert out["note"].startswith("threaded BLAS off (BERT_OF_BLAS: ") and "has no cblas_sgemm" in out["note"]
+
+
 @pytest.mark.parametrize("value, line", [
     ("bogus", "bert-of: error: BERT_OF_BLAS='bogus': not one of auto, mkl, openblas, oneflow, exact or a library path"),
     ("/nonexistent/libcblas.so", "bert-of: error: BERT_OF_BLAS=/nonexistent/libcblas.so: no such file"),
