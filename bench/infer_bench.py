@@ -56,6 +56,17 @@ def run(py, args, tmp, blas=None):
     return row
 
 
+def wait_for_quiet(max_load: float, limit_s: float = 300.0) -> dict:
+    """Wait until the 1-minute load average is below ``max_load`` (at most ``limit_s``); what was seen."""
+    t0 = time.time()
+    while os.getloadavg()[0] >= max_load and time.time() - t0 < limit_s:
+        time.sleep(5)
+    load = round(os.getloadavg()[0], 2)
+    if load >= max_load:
+        print(f"warning: load {load} still >= {max_load} after {limit_s:.0f} s: measuring anyway", file=sys.stderr)
+    return {"load_at_group_start": load, "waited_s": round(time.time() - t0)}
+
+
 def _medians(rows: list) -> list:
     """One row per (impl, mode, model, seq, task): the median of each figure over the rounds (the
     ratios are medians of the per-round ratios, each measured side by side)."""
@@ -122,6 +133,8 @@ def main():
                     help="repeat each group (transformers, eager, graph) this many times; tables show medians")
     ap.add_argument("--profile-rounds", type=int, default=3,
                     help="rounds of the per-piece profile at 384 tokens, 4 rows (hf and bert_of alternating); 0: none")
+    ap.add_argument("--max-load", type=float, default=0.5,
+                    help="before each (model, seq, task) group, wait until the 1-minute load average is below this")
     ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and stop")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "infer.json"))
     a = ap.parse_args()
@@ -143,6 +156,7 @@ def main():
                     common = ["--model", model, "--seq", str(seq), "--task", task]
                     common += (["--rows", str(rows), "--batch", "32"] if task == "predict"
                                else ["--batch", str(train_batch), "--steps", str(steps)])
+                    quiet = wait_for_quiet(a.max_load)
                     for rnd in range(a.rounds):
                         hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
@@ -154,11 +168,12 @@ def main():
                                 row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)
                             group.append(row)
                         for row in group:
-                            row["round"] = rnd
+                            row["round"], row["group_start"] = rnd, quiet
                             print(json.dumps(row), file=sys.stderr, flush=True)
                         rows_out.extend(group)
         profile = {}
         for model in a.models.split(",") if a.profile_rounds else []:
+            wait_for_quiet(a.max_load)
             runs = {"hf": [], **{f"of:{b}": [] for b in a.blas.split(",")}}
             for _ in range(a.profile_rounds):
                 for key in runs:

@@ -40,6 +40,14 @@ _state = {"choice": None, "name": "oneflow", "library": None, "threads": 1, "not
 _keep = []  # loaded libraries stay referenced
 
 
+# A BLAS's idle threads spin for a while after each call by default (OpenBLAS ~0.1 s, Intel OpenMP
+# 200 ms). Beside OneFlow's own busy threads that takes the cores from the next kernel: BERT-base
+# 4 x 384 forward 1.81 s with OpenBLAS's default, 1.24 s with threads that sleep at once, 2.14 s on
+# OneFlow's own BLAS (2 cores, quiet; with a CPU hog beside: 2.36 / 1.78 / 3.16 s); the suite took
+# 27 min beside a hog with spinning threads, ~12 min before. The user's own setting wins.
+SPIN = {"OPENBLAS_THREAD_TIMEOUT": "4"}  # the minimum: 2^4 cycles
+
+
 class BlasError(ConfigError):
     """BERT_OF_BLAS names a library that is not installed or cannot serve OneFlow."""
 
@@ -113,10 +121,19 @@ def _symbols(lib, prefixes) -> tuple:
 def _open(kind: str, path: str):
     """(library, symbol prefix, version text) for ``path``; raises OSError / BlasError."""
     if kind == "mkl":
+        # Read when MKL / its OpenMP runtime start, so they stay set: reproducible run to run, and
+        # threads that sleep as soon as a GEMM ends (see SPIN below).
+        process.set_environ({"MKL_CBWR": "AUTO", "KMP_BLOCKTIME": "0"}, keep_existing=True)
         for omp in glob.glob(os.path.join(os.path.dirname(path), "libiomp5.so")):  # intel-openmp's runtime
             _keep.append(ctypes.CDLL(omp, mode=os.RTLD_GLOBAL))
-        process.set_environ({"MKL_CBWR": "AUTO"}, keep_existing=True)  # reproducible run to run (read at load)
-    lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    else:  # OpenBLAS reads its settings while it loads: set for the load only
+        added = {k: v for k, v in SPIN.items() if k not in os.environ}
+        process.set_environ(added)
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        finally:
+            process.set_environ({k: None for k in added})
     prefix, _ = _symbols(lib, ("", "scipy_"))
     if prefix is None:
         raise BlasError(f"BERT_OF_BLAS: {path} has no {' / '.join(_ROUTINES)} (a CBLAS library with 32-bit integers)")

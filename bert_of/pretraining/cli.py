@@ -32,7 +32,7 @@ def options(args) -> PretrainOptions:
 
 
 def _set_blas(opts) -> None:
-    if "oneflow" not in sys.modules:  # read when OneFlow loads; inherited by relaunched ranks
+    if opts.blas and "oneflow" not in sys.modules:  # read when OneFlow loads; inherited by relaunched ranks
         process.set_environ({"BERT_OF_BLAS": opts.blas})
 
 
