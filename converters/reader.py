@@ -300,8 +300,9 @@ def whole(path: str, read_pinned: Callable[[PinnedDir], Source]):
     """``read_pinned(pin)`` on ``path``'s tree held open: one whole checkpoint (see the module doc).
 
     The reader opens every file of the checkpoint through ``pin`` (``pin.real(p)`` / ``pin.hold(p)``
-    for the display path ``p``). When the tree was replaced while it was read (a file of it gone,
-    or an error while ``pin.replaced()``), the whole read starts again, up to ATTEMPTS times."""
+    for the display path ``p``); a publisher does not delete the tree meanwhile (the pin's shared
+    lock, bert_of.files.pinned). When the tree was replaced while it was read anyway (a file of it
+    gone, or an error while ``pin.replaced()``), the whole read starts again, up to ATTEMPTS times."""
     for attempt in range(ATTEMPTS):
         try:
             pin = PinnedDir.around(path)
@@ -311,6 +312,7 @@ def whole(path: str, read_pinned: Callable[[PinnedDir], Source]):
             raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
         try:
             source = read_pinned(pin)
+            pin.release()  # its files are open: the tree may now be deleted once swapped out
         except (OSError, BertOfError) as e:
             again = pin.replaced()
             err = _one_line(pin, e)

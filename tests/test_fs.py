@@ -15,6 +15,7 @@ from bert_of.checkpoint import expected_shapes, load_checkpoint, write_checkpoin
 from bert_of.config import BertConfig
 from bert_of.errors import OutputError
 from bert_of.files import atomic, publish
+from bert_of.files.pinned import PinnedDir
 from tests.conftest import ROOT
 
 HOLD = """
@@ -225,6 +226,63 @@ def test_a_reader_racing_replacements_never_sees_a_mixed_checkpoint(tmp_path):
     assert mixed == 0 and failed == 0, (ok, mixed, failed)
     assert sorted(os.listdir(tmp_path)) == ["ck"]
     assert load_checkpoint(dst).config.vocab_size in (11, 13)
+
+
+PUBLISH = """
+import sys
+from bert_of.files import pinned, publish
+pinned.RETIRE_WAIT = float(sys.argv[2])
+with publish.publishing(sys.argv[1], overwrite=True) as stage:
+    open(stage + "/part", "w").write("new")
+print("published", flush=True)
+"""
+
+
+def _old_and_pinned(tmp_path):
+    dst = tmp_path / "ck"
+    with publish.publishing(dst) as stage:
+        open(os.path.join(stage, "part"), "w").write("old")
+        open(os.path.join(stage, "weights"), "w").write("w")
+    pin = PinnedDir(str(dst))  # a reader opening the checkpoint's files (converters.reader.whole)
+    assert pin.read("part") == b"old"
+    return dst, pin
+
+
+def _until_replaced(pin, writer):
+    deadline = time.monotonic() + 120
+    while not pin.replaced():  # the event: the path names the new tree
+        assert writer.poll() is None and time.monotonic() < deadline, "the publisher never swapped"
+
+
+def test_a_tree_is_deleted_only_once_its_readers_have_their_files(tmp_path):
+    """A publisher swaps the new tree in at once but deletes the old one only when the reader
+    opening its files releases it: a slow reader is not cut off halfway (CI's lazy snapshot read
+    was, five times in a row, beside a CPU hog and a writer in a loop)."""
+    dst, pin = _old_and_pinned(tmp_path)
+    w = _child(PUBLISH, dst, 600)
+    _until_replaced(pin, w)
+    assert open(os.path.join(dst, "part")).read() == "new"
+    with pytest.raises(subprocess.TimeoutExpired):  # its publisher waits for it (the wait bounds only
+        w.wait(timeout=2)                            # how surely the code before the fix is caught)
+    assert pin.read("weights") == b"w"  # the old tree is whole while its reader reads
+    pin.release()
+    assert w.communicate(timeout=120)[0] == "published\n" and w.returncode == 0
+    with pytest.raises(FileNotFoundError):
+        pin.read("weights")  # now deleted
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    with PinnedDir(str(dst)) as again:
+        assert again.read("part") == b"new"
+    pin.close()
+
+
+def test_a_reader_that_never_releases_delays_the_delete_a_bounded_time(tmp_path):
+    dst, pin = _old_and_pinned(tmp_path)
+    w = _child(PUBLISH, dst, 0.2)
+    assert w.communicate(timeout=120)[0] == "published\n" and w.returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    with pytest.raises(FileNotFoundError):
+        pin.read("weights")
+    pin.close()
 
 
 def _umask():

@@ -1,9 +1,19 @@
-"""Several files read from one directory tree, even while its path is swapped."""
+"""Several files read from one directory tree, even while its path is swapped.
+
+A reader and a publisher cooperate through ``flock`` on the tree's directory: a reader holds a
+shared lock while it opens the checkpoint's files (:class:`PinnedDir` until :meth:`release`); a
+publisher that swapped a tree out takes the exclusive lock before deleting it
+(:func:`retire`), so a read in progress is never cut off halfway by the deletion, however slow the
+reader (a loaded machine) and however fast the writer (``convert --overwrite`` in a loop).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
+import time
 import re
 import resource
 import stat
@@ -19,7 +29,7 @@ class PinnedDir:
 
     def __init__(self, path: str):
         self.path = path = os.fspath(path)
-        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        self.fd = _open_reading(path)
         self._held = []  # files kept open for later readers (hold)
         self._shown = {}  # path that reads through this pin -> the path it stands for (messages)
         self._root = f"/proc/self/fd/{self.fd}" if os.path.isdir("/proc/self/fd") else None
@@ -95,6 +105,13 @@ class PinnedDir:
             return True
         return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
 
+    def release(self) -> None:
+        """The files are open (or the read failed): a publisher may delete this tree once it is
+        swapped out; what reads it later holds its files open or fails with ``SourceChanged``."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+
     def close(self) -> None:
         for f in self._held:
             f.close()
@@ -112,3 +129,48 @@ class PinnedDir:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_REOPEN = 200  # a tree being deleted is met again only if the path names it still (a fallback swap)
+RETIRE_WAIT = 10.0  # seconds a publisher waits for readers still opening an old tree's files
+
+
+def _open_reading(path: str) -> int:
+    """The directory ``path`` opened, with a shared lock (a reader opening its files). A tree
+    whose lock a publisher holds is being deleted (it was swapped out): open the path again."""
+    for _ in range(_REOPEN):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            os.close(fd)
+        except OSError:  # a filesystem without flock: read unlocked (a swap may then cost a retry)
+            return fd
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def retire(old: str, wait: float | None = None) -> None:
+    """Delete the tree ``old`` (swapped out by a publish) once no reader is opening its files;
+    after ``wait`` seconds it goes anyway (a reader stopped mid-read then reads the new tree)."""
+    try:
+        fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        deadline, pause = time.monotonic() + (RETIRE_WAIT if wait is None else wait), 0.001
+        while True:  # polled, not blocking: bounded, and a signal is never stuck behind a reader
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+            except OSError:
+                break
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(fd)  # the lock goes with it: readers that waited find the path swapped

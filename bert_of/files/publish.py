@@ -22,6 +22,7 @@ from bert_of.errors import OutputError
 from bert_of.files.atomic import UNFINISHED, fsync_dir, io_error
 from bert_of.files.locks import command_line
 from bert_of.files.owned import check_destination, record_files
+from bert_of.files.pinned import retire
 from bert_of.process import uninterrupted
 from bert_of.progress import log
 
@@ -68,6 +69,10 @@ class _Stage:
         except BaseException:
             self.close(remove=True)
             raise
+
+    def unlock(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self, remove: bool) -> None:
         if remove:
@@ -220,13 +225,13 @@ def publish_dir(stage: str, dst: str, overwrite: bool = False) -> None:
             raise OutputError(f"{dst}: created by another process meanwhile; not replacing it")
         if _rename2(stage, dst, _RENAME_EXCHANGE):
             fsync_dir(parent)
-            shutil.rmtree(stage, ignore_errors=True)  # the old tree
+            retire(stage)  # the old tree, once readers opening its files have them
             return
         old = _stage_path(dst)  # the old tree is deleted under a name that says whose it is
         os.rename(dst, old)
         os.rename(stage, dst)
         fsync_dir(parent)
-        shutil.rmtree(old, ignore_errors=True)
+        retire(old)
         return
     try:
         done = _rename2(stage, dst, _RENAME_NOREPLACE)
@@ -256,6 +261,7 @@ def publishing(dst: str, overwrite: bool = False, sources=()):
         yield stage.path
         record_files(stage.path)
         with uninterrupted():  # the swap and the removal of the old tree go together
+            stage.unlock()  # the tree becomes dst: readers lock it (its name still says whose it is)
             publish_dir(stage.path, dst, overwrite)
             ok = True
     except OSError as e:
