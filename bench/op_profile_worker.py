@@ -98,7 +98,7 @@ def oneflow_pieces():
     q, k, v = leaf(B, S, H, seed=1), leaf(B, S, H, seed=2), leaf(B, S, H, seed=3)
     scale = 1.0 / math.sqrt(D)
     pieces["attn scores (heads, q k^T * scale + mask)"] = (
-        L, fb(lambda: flow.matmul(heads(q), heads(k), transpose_b=True) * scale + mask_adder))
+        L, fb(lambda: flow.matmul(heads(q), heads(k), transpose_b=True, alpha=scale) + mask_adder))
     sc = leaf(B, N, S, S, seed=4)
     pieces["softmax [B,N,S,S]"] = (L, fb(lambda: flow.softmax(sc, dim=-1)))
     drop = nn.Dropout(DROP)

