@@ -36,22 +36,29 @@ def minilm_dir() -> str:
     return os.path.dirname(str(dist.locate_file(f)))
 
 
-def run(py, args, tmp, blas=None):
+def run(py, args, tmp, blas=None, ranks=1):
+    """One row in a fresh process; ``ranks`` > 1: the worker as that many ranks through bert_of's own
+    launcher (pinned one share of the CPUs each), rows split between them; peak RSS is their sum."""
     out = os.path.join(tmp, "row.json")
-    if os.path.exists(out):
-        os.remove(out)
+    for f in [out] + [f"{out}.rank{r}" for r in range(1, ranks)]:
+        if os.path.exists(f):
+            os.remove(f)
     load = os.getloadavg()[0]
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
     for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE"):
         env.pop(k, None)
     if blas:
         env["BERT_OF_BLAS"] = blas
-    p = subprocess.run([py, WORKER, *args, "--out", out], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=3600)
+    launch = ["-m", "bert_of.launch", "--job", str(ranks), "1", "0", "127.0.0.1", "0"] if ranks > 1 else []
+    p = subprocess.run([py, *launch, WORKER, *args, "--out", out], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=3600)
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "args": args}
     with open(out) as f:
         row = json.load(f)
+    for r in range(1, ranks):
+        with open(f"{out}.rank{r}") as f:
+            row["peak_rss_mib"] += json.load(f)["peak_rss_mib"]
     row["load_before"] = round(load, 2)
     return row
 
@@ -72,7 +79,8 @@ def _medians(rows: list) -> list:
     ratios are medians of the per-round ratios, each measured side by side)."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["impl"], r["mode"], r.get("blas_choice"), r["model"], r["seq"], r["task"]), []).append(r)
+        groups.setdefault((r["impl"], r["mode"], r.get("blas_choice"), r.get("ranks", 1), r["model"], r["seq"],
+                           r["task"]), []).append(r)
     out = []
     for g in groups.values():
         m = dict(g[0], rounds=len(g))
@@ -87,9 +95,10 @@ def _medians(rows: list) -> list:
 def markdown(res: dict) -> str:
     """docs/benchmarks.md's tables from a results object: one column per bert_of (mode, BERT_OF_BLAS)."""
     rows = _medians([r for r in res["rows"] if "error" not in r])
-    kinds = sorted({(r["mode"], r.get("blas_choice")) for r in rows if r["impl"] == "of"},
-                   key=lambda k: (k[0], str(k[1])))
-    name = lambda k: f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) else k[0]  # noqa: E731
+    kinds = sorted({(r["mode"], r.get("blas_choice"), r.get("ranks", 1)) for r in rows if r["impl"] == "of"},
+                   key=lambda k: (k[0], str(k[1]), k[2]))
+    name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) else k[0])  # noqa: E731
+                      + (f", {k[2]} ranks" if k[2] > 1 else ""))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
@@ -97,7 +106,7 @@ def markdown(res: dict) -> str:
         if r["impl"] != "hf":
             continue
         same = lambda x: x["model"] == r["model"] and x["seq"] == r["seq"] and x["task"] == r["task"]  # noqa: E731
-        of = {(x["mode"], x.get("blas_choice")): x for x in rows if x["impl"] == "of" and same(x)}
+        of = {(x["mode"], x.get("blas_choice"), x.get("ranks", 1)): x for x in rows if x["impl"] == "of" and same(x)}
         cell = lambda m, k, fmt: (f"{fmt(of[m][k])} ({of[m]['speed_vs_hf' if k == 'windows_per_s' else 'rss_vs_hf']:.2f})"  # noqa: E731
                                    if m in of and of[m].get('speed_vs_hf') is not None else "-")
         w = lambda v: f"{v:.2f}"  # noqa: E731
@@ -119,6 +128,20 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def of_rows(a, task: str) -> list:
+    """[(mode, BERT_OF_BLAS, ranks)] of the bert_of rows of one ``task`` group."""
+    if not a.of_rows:
+        return [(m, b, int(r)) for m in a.modes.split(",") for b in a.blas.split(",") for r in a.ranks.split(",")]
+    spec = a.of_rows
+    if "=" in spec:  # predict=eager:auto,...;train=...
+        spec = dict(part.split("=", 1) for part in spec.split(";")).get(task, "")
+    rows = []
+    for item in filter(None, spec.split(",")):
+        mode, blas, *ranks = item.split(":")
+        rows.append((mode, blas, int(ranks[0]) if ranks else 1))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="train steps of 8 windows, 32 windows predicted")
@@ -129,6 +152,12 @@ def main():
     ap.add_argument("--blas", default="oneflow,auto",
                     help="BERT_OF_BLAS values for the bert_of rows (oneflow: its own single-threaded OpenBLAS; "
                          "auto: the threaded one bert_of loads)")
+    ap.add_argument("--ranks", default="1",
+                    help="rank counts for the bert_of rows (2: data parallel over 2 pinned ranks, one BLAS thread "
+                         "each, through bert_of's launcher)")
+    ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
+                    help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
+                         "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2); predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat each group (transformers, eager, graph) this many times; tables show medians")
     ap.add_argument("--profile-rounds", type=int, default=3,
@@ -160,9 +189,9 @@ def main():
                     for rnd in range(a.rounds):
                         hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
-                        for mode, blas in [(m, b) for m in a.modes.split(",") for b in a.blas.split(",")]:
+                        for mode, blas, ranks in of_rows(a, task):
                             row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
-                                      blas=blas)
+                                      blas=blas, ranks=ranks)
                             if "error" not in row and "error" not in hf:
                                 row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
                                 row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)

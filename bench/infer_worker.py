@@ -111,6 +111,7 @@ def run_of(a, data):
     else:
         model = BertForQuestionAnswering(BertConfig(**BASE))
     rt = Runtime.create("cpu")
+    rt.place(model)  # several ranks (bench --ranks): parameters broadcast, rows split
     loaded = status("VmRSS")
     if a.task == "predict":
         # one infer() call over every window, as `bert-of predict squad` makes (a graph builds inside)
@@ -137,23 +138,24 @@ def run_of(a, data):
 def pieces(fw, a):
     """--task profile: one encoder layer's pieces at [--batch rows, --seq] for --model's shape, in
     milliseconds (median of 5 after one warm-up): GEMMs (q/k/v + attention output, FFN up and
-    down), the attention's batched matmuls and softmax, then the whole layer as each library runs
-    it. Where a prediction's time goes, side by side."""
+    down), the attention's batched matmuls and softmax, the element-wise work around them (mask add,
+    GELU, a bias add, LayerNorm, the heads' transpose), then the whole layer as each library runs it.
+    Where a prediction's time goes, side by side."""
     c = MINILM if a.model == "minilm" else BASE
     B, S, H, N, I = a.batch, a.seq, c["hidden_size"], c["num_attention_heads"], c["intermediate_size"]
     D = H // N
     rng = np.random.default_rng(0)
     arr = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
-    x, w4, w_up, w_dn = arr(B * S, H), arr(H, H), arr(I, H), arr(H, I)
+    x, w4, w_up, w_dn, b_up = arr(B * S, H), arr(H, H), arr(I, H), arr(H, I), arr(I)
     q, k, v = arr(B, N, S, D), arr(B, N, S, D), arr(B, N, S, D)
-    scores = arr(B, N, S, S)
+    scores, mask = arr(B, N, S, S), np.zeros((B, 1, 1, S), np.float32)
     if fw == "torch":
         import torch
         import transformers
 
         torch.set_num_threads(a.threads)
         T = torch.from_numpy
-        x, w4, w_up, w_dn, q, k, v, scores = map(T, (x, w4, w_up, w_dn, q, k, v, scores))
+        x, w4, w_up, w_dn, b_up, q, k, v, scores, mask = map(T, (x, w4, w_up, w_dn, b_up, q, k, v, scores, mask))
         cfg = transformers.BertConfig(**c, hidden_act="gelu_new", hidden_dropout_prob=0.0,
                                       attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
         layer = transformers.models.bert.modeling_bert.BertLayer(cfg).eval()
@@ -163,6 +165,11 @@ def pieces(fw, a):
                "gemm ffn down [BS,I]x[I,H]": lambda: torch.nn.functional.linear(u, w_dn),
                "attention q.k^T and p.v": lambda: torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v),
                "softmax [B,N,S,S]": lambda: torch.softmax(scores, -1),
+               "scores + mask [B,N,S,S]": lambda: scores + mask,
+               "GELU (tanh) [BS,I]": lambda: layer.intermediate.intermediate_act_fn(u),
+               "bias add [BS,I]": lambda: u + b_up,
+               "LayerNorm [BS,H]": lambda: layer.output.LayerNorm(hid),
+               "heads: [B,S,H] -> [B,N,S,D] copy": lambda: hid.view(B, S, N, D).transpose(1, 2).contiguous(),
                "whole layer (sdpa)": lambda: layer(hid)[0]}
         run = lambda f: f()  # noqa: E731
         ctx = torch.inference_mode
@@ -173,10 +180,10 @@ def pieces(fw, a):
         from bert_of.modeling import BertLayer
 
         F = lambda t: flow.tensor(t)  # noqa: E731
-        x, w4, w_up, w_dn, q, k, v, scores = map(F, (x, w4, w_up, w_dn, q, k, v, scores))
+        x, w4, w_up, w_dn, b_up, q, k, v, scores, mask = map(F, (x, w4, w_up, w_dn, b_up, q, k, v, scores, mask))
         layer = BertLayer(BertConfig(**c, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
         layer.eval()
-        hid, mask = x.reshape(B, S, H), flow.zeros(B, 1, 1, S)
+        hid = x.reshape(B, S, H)
         lin = lambda a_, w: flow.matmul(a_, w, transpose_b=True)  # noqa: E731
         u = lin(x, w_up)
         ops = {"gemm q/k/v/out (4x [BS,H]x[H,H])": lambda: [lin(x, w4) for _ in range(4)][-1],
@@ -184,6 +191,11 @@ def pieces(fw, a):
                "gemm ffn down [BS,I]x[I,H]": lambda: lin(u, w_dn),
                "attention q.k^T and p.v": lambda: flow.matmul(flow.matmul(q, k, transpose_b=True), v),
                "softmax [B,N,S,S]": lambda: flow.softmax(scores, dim=-1),
+               "scores + mask [B,N,S,S]": lambda: scores + mask,
+               "GELU (tanh) [BS,I]": lambda: layer.intermediate.act(u),
+               "bias add [BS,I]": lambda: u + b_up,
+               "LayerNorm [BS,H]": lambda: layer.output.LayerNorm(hid),
+               "heads: [B,S,H] -> [B,N,S,D] copy": lambda: hid.reshape(B, S, N, D).permute(0, 2, 1, 3).contiguous(),
                "whole layer": lambda: layer(hid, mask)}
         run = lambda f: f().numpy()  # noqa: E731  (numpy(): OneFlow runs asynchronously)
         ctx = flow.no_grad
@@ -220,6 +232,10 @@ def train_loop(step, a, loaded):
                 loaded_rss_mib=loaded, losses=[round(v, 4) for v in losses])
 
 
+def flow_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", choices=("hf", "of"), required=True)
@@ -246,6 +262,12 @@ def main():
 
         res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
                    blas_choice=os.environ.get("BERT_OF_BLAS"))
+    if a.impl == "of" and flow_world() > 1:
+        res.update(ranks=flow_world())
+        if os.environ.get("RANK", "0") != "0":  # rank 0 reports the job (infer() timed it across ranks)
+            with open(f"{a.out}.rank{os.environ['RANK']}", "w") as f:  # the others their peak RSS
+                json.dump({"peak_rss_mib": res["peak_rss_mib"]}, f)
+            return
     with open(a.out, "w") as f:
         json.dump(res, f)
     print(json.dumps(res))

@@ -148,7 +148,9 @@ class TrainConfig:
     bias correction, weight decay not on bias / LayerNorm, linear warmup from 0 then polynomial
     decay over the global step."""
 
-    mode: str = arg("graph", help="nn.Graph (compiled) or eager execution", choices=("graph", "eager"))
+    mode: str = arg("auto", choices=("auto", "graph", "eager"),
+                    help="nn.Graph (compiled) or eager execution; auto: graph, but eager for prediction on "
+                         "CPU (faster there) and under DDP")
     optimizer: str = arg("adamw", group=TRAINING, choices=("adamw", "lamb", "sgd"),
                          help="adamw: Google's AdamWeightDecay (no bias correction); lamb; sgd")
     lr: float = arg(1e-4, group=TRAINING, help="peak learning rate", metavar="LR")

@@ -132,6 +132,24 @@ def squad(env):
 # --------------------------------------------------------------------------- SQuAD
 
 
+def test_mode_auto_trains_a_graph_and_predicts_eager_on_cpu(squad, env):
+    """--mode unset (auto): the training steps run as nn.Graph, the prediction of --eval-data eager,
+    the faster of the two on CPU (docs/benchmarks.md); the record says which ran."""
+    recs = [json.loads(line) for line in open(env.results)]
+    rec = [r for r in recs if r["task"] == "squad-v1.1" and r["hparams"].get("steps") == 40][-1]
+    assert rec["hparams"]["mode"] == "graph" and rec["settings"]["predict_mode"] == "eager"
+
+
+def test_mode_auto_rules():
+    from bert_of.training.runtime import Runtime
+
+    cpu, gpu, ddp = Runtime("cpu"), Runtime("cuda"), Runtime("cuda", world=2, ddp=True)
+    assert [cpu.mode("auto"), cpu.mode("auto", predict=True)] == ["graph", "eager"]
+    assert [gpu.mode("auto"), gpu.mode("auto", predict=True)] == ["graph", "graph"]
+    assert ddp.mode("auto") == ddp.mode("auto", predict=True) == "eager"  # DDP has no graph
+    assert all(rt.mode(m, p) == m for rt in (cpu, gpu, ddp) for m in ("graph", "eager") for p in (False, True))
+
+
 def test_finetune_squad_lifts_em_f1_far_above_the_untrained_model(squad):
     assert squad.before["exact_match"] <= 10 and squad.before["f1"] <= 15
     assert squad.after["exact_match"] >= 35 and squad.after["f1"] >= 40

@@ -152,7 +152,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = _arrays(table, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, True), rt)
         if problem == "regression":
             preds, probs = logits.reshape(-1).astype(np.float64), None
         elif problem == "multi_label":
@@ -163,7 +163,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
             e = np.exp(z - z.max(axis=1, keepdims=True))
             probs = e / e.sum(axis=1, keepdims=True)
             preds = logits.argmax(axis=-1)
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
         if not rt.is_main:
             return None
         _write_predictions(out_file, table, problem, labels, preds, probs, opts.label_separator)

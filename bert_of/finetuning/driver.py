@@ -194,6 +194,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         raise ConfigError(f"{what}: {n_examples} examples / batch {opts.batch_size} * {epochs:g} epochs is less "
                           "than one step (lower --batch-size or set --steps)")
     cfg = TrainConfig.of(opts, steps=steps, warmup_steps=int(steps * opts.warmup_proportion)).check()
+    cfg = replace(cfg, mode=rt.mode(cfg.mode))
     if opts.batch_size % rt.world or (opts.batch_size // rt.world) % cfg.grad_accum_steps:
         raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
                           f"{cfg.grad_accum_steps} accumulation step(s)")

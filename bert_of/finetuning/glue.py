@@ -158,12 +158,12 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt, bucket=True)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, True), rt, bucket=True)
         if labels is None:
             preds = [float(v) for v in logits.reshape(-1)]
         else:
             preds = [labels[i] for i in logits.argmax(axis=-1)]
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
         if opts.language:
             settings["language"] = opts.language
         if not rt.is_main:

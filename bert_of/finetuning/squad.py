@@ -123,11 +123,11 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         arr = features_to_arrays(features)
         t0 = time.perf_counter()
         start, end = infer(model, [arr["input_ids"], arr["segment_ids"], arr["input_mask"]],
-                           ("start_logits", "end_logits"), opts.predict_batch_size, opts.mode, rt)
+                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := rt.mode(opts.mode, True), rt)
         secs = time.perf_counter() - t0
         settings = dict(lengths, n_best_size=opts.n_best_size, max_answer_length=opts.max_answer_length,
                         null_score_diff_threshold=float(opts.null_score_diff_threshold),
-                        do_lower_case=tok.do_lower_case, version_2_with_negative=v2, predict_mode=opts.mode)
+                        do_lower_case=tok.do_lower_case, version_2_with_negative=v2, predict_mode=mode)
         if not rt.is_main:
             return None
         preds = postprocess_predictions(examples, features, start, end, n_best_size=settings["n_best_size"],

@@ -141,13 +141,13 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, opts.mode, rt)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, True), rt)
         best = logits.argmax(axis=-1)  # [n, S]
         preds = []
         for i, s in enumerate(sentences):
             got = [labels[int(best[i, p])] for p in firsts[i]]
             preds.append(got + ["O"] * (len(s.tokens) - len(got)))
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": opts.mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
         if not rt.is_main:
             return None
         os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)

@@ -46,6 +46,14 @@ class Runtime:
         placement = flow.placement(device, ranks=list(range(world))) if glob else None
         return cls(device, world, rank, placement, ddp=dist == "ddp" and world > 1)
 
+    def mode(self, mode: str, predict: bool = False) -> str:
+        """``--mode auto`` made concrete. Training: nn.Graph (eager under DDP, which has no graph).
+        Prediction: nn.Graph on CUDA, eager on CPU, where OneFlow 0.9's graphs run no faster and
+        hold more memory (docs/benchmarks.md: eager 1.0-1.5x graph's windows/s, 0.6-0.8x its RSS)."""
+        if mode != "auto":
+            return mode
+        return "eager" if self.ddp or (predict and self.device == "cpu") else "graph"
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0

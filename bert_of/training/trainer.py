@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -253,8 +254,9 @@ class Trainer:
     """
 
     def __init__(self, model, cfg: TrainConfig, runtime: Runtime | None = None, ddp_world: int | None = None):
-        self.model, self.cfg = model, cfg
         self.rt = runtime or Runtime.create()
+        cfg = replace(cfg, mode=self.rt.mode(cfg.mode)) if cfg.mode == "auto" else cfg
+        self.model, self.cfg = model, cfg
         if self.rt.ddp and cfg.mode == "graph":
             raise ConfigError("DDP is eager data parallelism with local tensors: use mode eager")
         model.train()
