@@ -49,7 +49,8 @@ class Runtime:
     def mode(self, mode: str, predict: bool = False) -> str:
         """``--mode auto`` made concrete. Training: nn.Graph (eager under DDP, which has no graph).
         Prediction: nn.Graph on CUDA, eager on CPU, where OneFlow 0.9's graphs run no faster and
-        hold more memory (docs/benchmarks.md: eager 1.0-1.5x graph's windows/s, 0.6-0.8x its RSS)."""
+        hold more memory (docs/benchmarks.md, 2026-12-03: eager 1.02-1.24x graph's windows/s at
+        0.6-0.7x its RSS)."""
         if mode != "auto":
             return mode
         return "eager" if self.ddp or (predict and self.device == "cpu") else "graph"
