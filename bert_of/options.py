@@ -149,8 +149,8 @@ class TrainConfig:
     decay over the global step."""
 
     mode: str = arg("auto", choices=("auto", "graph", "eager"),
-                    help="nn.Graph (compiled) or eager execution; auto: graph, but eager for prediction on "
-                         "CPU (faster there) and under DDP")
+                    help="nn.Graph (compiled) or eager execution; auto: graph, but eager under DDP and, on "
+                         "CPU, for fine-tuning and prediction (faster there)")
     optimizer: str = arg("adamw", group=TRAINING, choices=("adamw", "lamb", "sgd"),
                          help="adamw: Google's AdamWeightDecay (no bias correction); lamb; sgd")
     lr: float = arg(1e-4, group=TRAINING, help="peak learning rate", metavar="LR")

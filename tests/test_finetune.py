@@ -132,22 +132,25 @@ def squad(env):
 # --------------------------------------------------------------------------- SQuAD
 
 
-def test_mode_auto_trains_a_graph_and_predicts_eager_on_cpu(squad, env):
-    """--mode unset (auto): the training steps run as nn.Graph, the prediction of --eval-data eager,
-    the faster of the two on CPU (docs/benchmarks.md); the record says which ran."""
+def test_mode_auto_fine_tunes_and_predicts_eager_on_cpu(squad, env):
+    """--mode unset (auto): on CPU the training steps and the prediction of --eval-data run eager,
+    the faster there (docs/benchmarks.md); the record says which ran."""
     recs = [json.loads(line) for line in open(env.results)]
     rec = [r for r in recs if r["task"] == "squad-v1.1" and r["hparams"].get("steps") == 40][-1]
-    assert rec["hparams"]["mode"] == "graph" and rec["settings"]["predict_mode"] == "eager"
+    assert rec["hparams"]["mode"] == "eager" and rec["settings"]["predict_mode"] == "eager"
 
 
 def test_mode_auto_rules():
     from bert_of.training.runtime import Runtime
 
     cpu, gpu, ddp = Runtime("cpu"), Runtime("cuda"), Runtime("cuda", world=2, ddp=True)
-    assert [cpu.mode("auto"), cpu.mode("auto", predict=True)] == ["graph", "eager"]
-    assert [gpu.mode("auto"), gpu.mode("auto", predict=True)] == ["graph", "graph"]
-    assert ddp.mode("auto") == ddp.mode("auto", predict=True) == "eager"  # DDP has no graph
-    assert all(rt.mode(m, p) == m for rt in (cpu, gpu, ddp) for m in ("graph", "eager") for p in (False, True))
+    jobs = ("pretrain", "finetune", "predict")
+    assert [cpu.mode("auto", j) for j in jobs] == ["graph", "eager", "eager"]
+    assert [gpu.mode("auto", j) for j in jobs] == ["graph", "graph", "graph"]
+    assert [ddp.mode("auto", j) for j in jobs] == ["eager"] * 3  # DDP has no graph
+    assert all(rt.mode(m, j) == m for rt in (cpu, gpu, ddp) for m in ("graph", "eager") for j in jobs)
+    with pytest.raises(ValueError, match="job 'train'"):
+        cpu.mode("auto", "train")
 
 
 def test_finetune_squad_lifts_em_f1_far_above_the_untrained_model(squad):
@@ -179,7 +182,7 @@ def test_finetuned_checkpoint_and_train_args(squad, env):
     assert (hp["max_seq_length"], hp["doc_stride"], hp["max_query_length"]) == (96, 48, 24)
     # Google's optimizer and schedule by default
     assert (hp["weight_decay"], hp["adam_eps"], hp["bias_correction"], hp["clip_grad_norm"]) == (0.01, 1e-6, False, 1.0)
-    assert hp["warmup_proportion"] == 0.1 and hp["mode"] == "graph" and hp["ranks"] == 1
+    assert hp["warmup_proportion"] == 0.1 and hp["mode"] == "eager" and hp["ranks"] == 1
     assert args["train_examples"] == 28 and args["train_features"] == 70  # long contexts: several windows
     assert args["command"].startswith("bert-of finetune squad --model")
     from bert_of.checkpoint import load_checkpoint
@@ -498,6 +501,37 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
     assert (tmp_path / "e" / "final" / "train_args.json").is_file()
     assert _one_error([*base, "--output", tmp_path / "f", "--run-dir", tmp_path / "g"]).startswith(
         f"--run-dir {tmp_path / 'g'} and -o {tmp_path / 'f'}: -o is the run folder now")
+
+
+def test_a_run_resumes_in_the_mode_it_began_in(env, tmp_path):
+    """--mode auto is made concrete once, when a run begins: a run whose record says auto and whose
+    checkpoint trained as nn.Graph (as auto chose for fine-tuning on CPU before 2026-12-03) resumes
+    as a graph, to the straight graph run's numbers, not as today's eager. (Dropout off: OneFlow 0.9
+    keeps a graph's dropout RNG inside the compiled job, so only eager resumes replay dropout.)"""
+    model = tmp_path / "no-dropout"
+    shutil.copytree(env.base, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model / "config.json").write_text(json.dumps(config))
+    base = ["finetune", "glue", "--task", "sst-2", "--model", model, "--train", SST_TRAIN, "--max-seq-length", 32,
+            "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--mode", "graph", "--no-record", "--log-every", 1,
+            "--save-every", 2]
+    ok(*base, "--output", tmp_path / "a")
+    ok(*base, "--output", tmp_path / "b", "--stop-after", 2)
+    record = tmp_path / "b" / "run.json"
+    rec = json.loads(record.read_text())
+    assert rec["mode"] == "graph"
+    rec["mode"] = "auto"  # the record an auto run wrote
+    record.write_text(json.dumps(rec))
+    _, err = ok("finetune", "glue", "-o", tmp_path / "b", "--resume")
+    assert "resuming" in err and "graph mode" in err
+    args = {k: json.load(open(tmp_path / k / "final" / "train_args.json")) for k in "ab"}
+    assert args["b"]["hparams"]["mode"] == "graph" and args["b"]["final_loss"] == args["a"]["final_loss"]
+    from bert_of.files.atomic import read_jsonl
+
+    losses = {k: [(r["step"], r["loss"], r["mode"]) for r in read_jsonl(str(tmp_path / k / "metrics.jsonl"))]
+              for k in "ab"}
+    assert len(losses["a"]) == 4 and losses["b"] == losses["a"]
 
 
 

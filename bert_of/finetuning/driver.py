@@ -194,7 +194,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         raise ConfigError(f"{what}: {n_examples} examples / batch {opts.batch_size} * {epochs:g} epochs is less "
                           "than one step (lower --batch-size or set --steps)")
     cfg = TrainConfig.of(opts, steps=steps, warmup_steps=int(steps * opts.warmup_proportion)).check()
-    cfg = replace(cfg, mode=rt.mode(cfg.mode))
+    cfg = replace(cfg, mode=rt.mode(cfg.mode, "finetune"))
     if opts.batch_size % rt.world or (opts.batch_size // rt.world) % cfg.grad_accum_steps:
         raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
                           f"{cfg.grad_accum_steps} accumulation step(s)")
@@ -208,6 +208,8 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                  record=(RUN_RECORD, options_record(opts)))
     with run.open(opts.resume, opts.overwrite):
         flow.manual_seed(cfg.seed)
+        if run.resume_from and opts.mode == "auto":  # auto was made concrete once, when the run began
+            cfg = replace(cfg, mode=run.state["train_config"]["mode"])
         if cfg.mode == "graph":  # CPU graph memory grows with the micro-batch (graph_rows): bound it
             rows = opts.batch_size // rt.world
             accum = graph_accum_steps(model.config, int(arrays["input_ids"].shape[1]), rows, rt.device,

@@ -123,7 +123,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         arr = features_to_arrays(features)
         t0 = time.perf_counter()
         start, end = infer(model, [arr["input_ids"], arr["segment_ids"], arr["input_mask"]],
-                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := rt.mode(opts.mode, True), rt)
+                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt)
         secs = time.perf_counter() - t0
         settings = dict(lengths, n_best_size=opts.n_best_size, max_answer_length=opts.max_answer_length,
                         null_score_diff_threshold=float(opts.null_score_diff_threshold),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, write_checkpoint
@@ -131,7 +132,7 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
         model.init_weights(seed=opts.seed)
     flow.manual_seed(opts.seed + rt.rank)
     cfg = TrainConfig.of(opts).check()
-    trainer = Trainer(model, cfg, rt)
+    trainer = Trainer(model, replace(cfg, mode=rt.mode(cfg.mode, "pretrain")), rt)
     data = PretrainingBatches(PretrainingDataset(
         opts.data, opts.batch_size // rt.world, opts.max_seq_length, opts.max_predictions_per_seq, rank=rt.rank,
         world_size=rt.world, shuffle=not opts.no_shuffle, seed=opts.seed, vocab_size=config.vocab_size))

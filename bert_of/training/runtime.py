@@ -46,14 +46,19 @@ class Runtime:
         placement = flow.placement(device, ranks=list(range(world))) if glob else None
         return cls(device, world, rank, placement, ddp=dist == "ddp" and world > 1)
 
-    def mode(self, mode: str, predict: bool = False) -> str:
-        """``--mode auto`` made concrete. Training: nn.Graph (eager under DDP, which has no graph).
-        Prediction: nn.Graph on CUDA, eager on CPU, where OneFlow 0.9's graphs run no faster and
-        hold more memory (docs/benchmarks.md, 2026-12-03: eager 1.02-1.24x graph's windows/s at
-        0.6-0.7x its RSS)."""
+    def mode(self, mode: str, job: str) -> str:
+        """``--mode auto`` made concrete for ``job`` (pretrain, finetune or predict): eager under DDP,
+        which has no graph; nn.Graph on CUDA; on CPU, the one measured faster there
+        (docs/benchmarks.md, 2026-12-03): nn.Graph for pretraining (1.2x eager's samples/s), eager
+        for fine-tuning (1.1-1.4x the graph, whose CPU memory bound splits steps into micro-batches,
+        at 0.7x its RSS) and prediction (1.0-1.2x the graph at 0.6-0.7x its RSS)."""
+        if job not in ("pretrain", "finetune", "predict"):
+            raise ValueError(f"job {job!r}: expected pretrain, finetune or predict")
         if mode != "auto":
             return mode
-        return "eager" if self.ddp or (predict and self.device == "cpu") else "graph"
+        if self.ddp:
+            return "eager"
+        return "graph" if self.device != "cpu" or job == "pretrain" else "eager"
 
     @property
     def is_main(self) -> bool:

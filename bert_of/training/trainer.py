@@ -246,7 +246,8 @@ class Trainer:
     clipping, when clipping), ``skipped`` / ``loss_scale`` (AMP) and ``rank_loss`` (DDP: this
     rank's own loss; ``loss`` is the mean over the ranks).
 
-    The step itself is the mode's (:class:`EagerStep` or :class:`GraphStep`); the trainer keeps
+    ``cfg.mode`` auto resolves as for fine-tuning (:meth:`Runtime.mode`); `bert-of pretrain` passes
+    its own resolution. The step itself is the mode's (:class:`EagerStep` or :class:`GraphStep`); the trainer keeps
     what both share: the step count, the dropout seed, the schedule, the reading of the outputs.
     ``model`` needs ``dropout_generator`` (the heads of :mod:`bert_of.heads` have it).
     ``ddp_world``: what a forward taking ``ddp_world`` gets (BertForPreTraining's MLM
@@ -255,7 +256,7 @@ class Trainer:
 
     def __init__(self, model, cfg: TrainConfig, runtime: Runtime | None = None, ddp_world: int | None = None):
         self.rt = runtime or Runtime.create()
-        cfg = replace(cfg, mode=self.rt.mode(cfg.mode)) if cfg.mode == "auto" else cfg
+        cfg = replace(cfg, mode=self.rt.mode(cfg.mode, "finetune"))
         self.model, self.cfg = model, cfg
         if self.rt.ddp and cfg.mode == "graph":
             raise ConfigError("DDP is eager data parallelism with local tensors: use mode eager")
