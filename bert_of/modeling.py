@@ -26,7 +26,7 @@ from typing import Optional
 from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
-from bert_of.kernels import LayerNorm, gelu_tanh
+from bert_of.kernels import LayerNorm, gelu_erf, gelu_tanh
 from bert_of.outputs import BertModelOutput
 from bert_of.model_io import PreTrained
 from bert_of.tensors import pre_ln_canonical_name
@@ -34,12 +34,6 @@ from bert_of.tensors import pre_ln_canonical_name
 nn = flow.nn
 
 # --------------------------------------------------------------------------- activations
-
-
-def gelu_erf(x):
-    """Exact GELU 0.5x(1 + erf(x/sqrt2)): HF's "gelu" and the lazy OneFlow kernel."""
-    return flow.nn.functional.gelu(x)
-
 
 ACT_FN = {
     "gelu_tanh": gelu_tanh,

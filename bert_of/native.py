@@ -3,7 +3,8 @@
 OneFlow 0.9 is a binary wheel; where it needs a fix or a faster library, bert_of puts a few C
 functions in front of liboneflow's own (its calls go through the PLT, so a definition loaded
 RTLD_GLOBAL first wins): :mod:`bert_of.oneflow_fix` (its graph-launch race) and
-:mod:`bert_of.blas` (a threaded BLAS). :func:`build` compiles a source with the system's C
+:mod:`bert_of.blas` (a threaded BLAS); :mod:`bert_of.kernels` loads one more, its own (GELU for
+inference). :func:`build` compiles a source with the system's C
 compiler into bert_of's cache (``~/.cache/bert_of/native``, else the temp folder) and reuses it.
 """
 
@@ -29,10 +30,14 @@ class CompileError(OSError):
     pass
 
 
+# no contraction: cpu_kernels.c must round each multiply and add as OneFlow's separate kernels do
+FLAGS = ("-O2", "-ffp-contract=off", "-shared", "-fPIC")
+
+
 def _compile(cc: str, source: str, lib: str) -> None:
     tmp = f"{lib}.{os.getpid()}.tmp"
     try:
-        run = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, source, "-ldl", "-lpthread"],
+        run = subprocess.run([cc, *FLAGS, "-o", tmp, source, "-ldl", "-lpthread", "-lm"],
                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
         raise CompileError(f"{cc}: {e}") from None
@@ -46,7 +51,7 @@ def build(name: str) -> str:
     then reused). Raises OSError (no compiler, no writable cache, a failed compile)."""
     source = os.path.join(HERE, f"{name}.c")
     with open(source, "rb") as f:
-        tag = hashlib.sha256(f.read() + platform.machine().encode()).hexdigest()[:16]
+        tag = hashlib.sha256(f.read() + platform.machine().encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     last = "no writable cache folder"
     for folder in _cache_dirs():

@@ -13,8 +13,7 @@ from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, B
                      BertGraph, BertModel, CheckpointError)
 from bert_of._flow import flow
 from bert_of.converters.verify import make_batch
-from bert_of.kernels import gelu_tanh
-from bert_of.modeling import gelu_erf
+from bert_of.kernels import gelu_erf, gelu_tanh
 from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 
 CFG = BertConfig.from_google_dict(TINY)
@@ -186,6 +185,53 @@ def test_cpu_layer_norm_and_gelu_equal_the_textbook_forms():
     z = flow.tensor(np.linspace(-12, 12, 2001), dtype=flow.float64)
     google = 0.5 * z * (1.0 + flow.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * flow.pow(z, 3))))
     assert float((gelu_tanh(z) - google).abs().max()) < 1e-14
+
+
+def test_cpu_inference_gelus_are_oneflows_bits_on_every_core():
+    """For inference on CPU both GELUs run in bert_of's own kernel (cpu_kernels.c): OneFlow's float
+    operations and libm calls in one pass over the cores, so OneFlow's bits (NaN payloads aside) on
+    1 or 2 threads and for a strided input; with autograd (and in a graph) OneFlow's own ops run."""
+    from bert_of.kernels import _ONEFLOW_GELU, _native_lib, native_status
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(3 * 65536 + 7) * 4).astype(np.float32)
+    x[:9] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-39, -3e38, 9.5, -9.5]
+    t = flow.tensor(x)
+    lib = _native_lib()
+    assert lib is not None and native_status()["active"], native_status()
+
+    def same(a, b):
+        return np.array_equal(a.view(np.uint32)[~np.isnan(a)], b.view(np.uint32)[~np.isnan(b)]) and \
+            np.array_equal(np.isnan(a), np.isnan(b))
+
+    for op, fn in ((0, gelu_erf), (1, gelu_tanh)):
+        want = _ONEFLOW_GELU[op](t).numpy()
+        calls = native_status()["calls"]
+        with flow.no_grad():
+            got = fn(t).numpy()
+            strided = fn(t[7:].reshape(3, 65536).transpose(0, 1)).numpy()
+        assert native_status()["calls"] == calls + 2
+        assert same(got, want) and same(strided, want[7:].reshape(3, 65536).T)
+        for threads in (1, 2):
+            y = np.empty_like(x)
+            lib.bert_of_gelu(x.ctypes.data, y.ctypes.data, x.size, threads, op)
+            assert same(y, want), (op, threads)
+        xg = flow.tensor(x[9:], requires_grad=True)
+        y = fn(xg)
+        assert native_status()["calls"] == calls + 2  # autograd: OneFlow's ops
+        y.sum().backward()
+        assert np.isfinite(xg.grad.numpy()).all()
+
+
+def test_cpu_gelu_kernels_can_be_turned_off():
+    code = ("from bert_of._flow import flow\nfrom bert_of.kernels import gelu_erf, native_status\n"
+            "with flow.no_grad():\n    y = gelu_erf(flow.tensor([1.0, -2.0])).numpy()\n"
+            "print(native_status(), [round(float(v), 4) for v in y])")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, BERT_OF_CPU_KERNELS="0"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == \
+        "{'active': False, 'why': 'off (BERT_OF_CPU_KERNELS=0)'} [0.8413, -0.0455]"
 
 
 # --------------------------------------------------------------------------- heads compute their loss

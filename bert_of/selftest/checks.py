@@ -46,7 +46,7 @@ from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining
 from bert_of.launch import Topology, child_env, run_ranks
-from bert_of.kernels import LayerNorm, gelu_tanh
+from bert_of.kernels import LayerNorm, gelu_erf, gelu_tanh, native_status
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer
@@ -92,14 +92,20 @@ def _gelu_tanh64(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _gelu_erf64(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
 def check_kernels(devices: list) -> dict:
-    """The model's LayerNorm and gelu_tanh on each device (CUDA: OneFlow's fused kernels) vs float64."""
+    """The model's LayerNorm and GELUs on each device (CUDA: OneFlow's fused kernels; CPU inference:
+    bert_of's own GELU kernels when they match OneFlow's bit for bit, ``cpu_gelu``) vs float64."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 33, 96)).astype(np.float32)
     w = (1.0 + 0.1 * rng.standard_normal(96)).astype(np.float32)
     b = (0.1 * rng.standard_normal(96)).astype(np.float32)
     want_ln = _layer_norm64(x.astype(np.float64), w, b, 1e-12)
     want_gelu = _gelu_tanh64(x.astype(np.float64))
+    want_erf = _gelu_erf64(x.astype(np.float64))
     out, ok = {}, True
     for device in devices:
         ln = LayerNorm(96, eps=1e-12)
@@ -111,10 +117,12 @@ def check_kernels(devices: list) -> dict:
         with flow.no_grad():
             got_ln = ln(t).to("cpu").numpy()
             got_gelu = gelu_tanh(t).to("cpu").numpy()
-        d = {"layer_norm": float(np.abs(got_ln - want_ln).max()), "gelu_tanh": float(np.abs(got_gelu - want_gelu).max())}
+            got_erf = gelu_erf(t).to("cpu").numpy()
+        d = {"layer_norm": float(np.abs(got_ln - want_ln).max()), "gelu_tanh": float(np.abs(got_gelu - want_gelu).max()),
+             "gelu_erf": float(np.abs(got_erf - want_erf).max())}
         out[device] = d
         ok = ok and all(v <= KERNEL_TOL for v in d.values())
-    return {"status": "pass" if ok else "fail", "tolerance": KERNEL_TOL, "max_abs_diff": out}
+    return {"status": "pass" if ok else "fail", "tolerance": KERNEL_TOL, "max_abs_diff": out, "cpu_gelu": native_status()}
 
 
 class _OneLayer(flow.nn.Graph):
