@@ -36,7 +36,7 @@ def minilm_dir() -> str:
     return os.path.dirname(str(dist.locate_file(f)))
 
 
-def run(py, args, tmp, blas=None, ranks=1):
+def run(py, args, tmp, blas=None, ranks=1, kernels=True):
     """One row in a fresh process; ``ranks`` > 1: the worker as that many ranks through bert_of's own
     launcher (pinned one share of the CPUs each), rows split between them; peak RSS is their sum."""
     out = os.path.join(tmp, "row.json")
@@ -45,8 +45,10 @@ def run(py, args, tmp, blas=None, ranks=1):
             os.remove(f)
     load = os.getloadavg()[0]
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
-    for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE"):
+    for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS"):
         env.pop(k, None)
+    if not kernels:
+        env["BERT_OF_CPU_KERNELS"] = "0"
     if blas:
         env["BERT_OF_BLAS"] = blas
     launch = ["-m", "bert_of.launch", "--job", str(ranks), "1", "0", "127.0.0.1", "0"] if ranks > 1 else []
@@ -79,8 +81,7 @@ def _medians(rows: list) -> list:
     ratios are medians of the per-round ratios, each measured side by side)."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["impl"], r["mode"], r.get("blas_choice"), r.get("ranks", 1), r["model"], r["seq"],
-                           r["task"]), []).append(r)
+        groups.setdefault((r["impl"], *_kind(r), r["model"], r["seq"], r["task"]), []).append(r)
     out = []
     for g in groups.values():
         m = dict(g[0], rounds=len(g))
@@ -92,13 +93,17 @@ def _medians(rows: list) -> list:
     return out
 
 
+def _kind(row) -> tuple:
+    """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU GELU kernels on)."""
+    return row["mode"], row.get("blas_choice"), row.get("ranks", 1), row.get("cpu_gelu", True) is not False
+
+
 def markdown(res: dict) -> str:
     """docs/benchmarks.md's tables from a results object: one column per bert_of (mode, BERT_OF_BLAS)."""
     rows = _medians([r for r in res["rows"] if "error" not in r])
-    kinds = sorted({(r["mode"], r.get("blas_choice"), r.get("ranks", 1)) for r in rows if r["impl"] == "of"},
-                   key=lambda k: (k[0], str(k[1]), k[2]))
+    kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"}, key=lambda k: (k[0], str(k[1]), k[2], not k[3]))
     name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) else k[0])  # noqa: E731
-                      + (f", {k[2]} ranks" if k[2] > 1 else ""))
+                      + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's GELU"))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
@@ -106,7 +111,7 @@ def markdown(res: dict) -> str:
         if r["impl"] != "hf":
             continue
         same = lambda x: x["model"] == r["model"] and x["seq"] == r["seq"] and x["task"] == r["task"]  # noqa: E731
-        of = {(x["mode"], x.get("blas_choice"), x.get("ranks", 1)): x for x in rows if x["impl"] == "of" and same(x)}
+        of = {_kind(x): x for x in rows if x["impl"] == "of" and same(x)}
         cell = lambda m, k, fmt: (f"{fmt(of[m][k])} ({of[m]['speed_vs_hf' if k == 'windows_per_s' else 'rss_vs_hf']:.2f})"  # noqa: E731
                                    if m in of and of[m].get('speed_vs_hf') is not None else "-")
         w = lambda v: f"{v:.2f}"  # noqa: E731
@@ -129,16 +134,16 @@ def markdown(res: dict) -> str:
 
 
 def of_rows(a, task: str) -> list:
-    """[(mode, BERT_OF_BLAS, ranks)] of the bert_of rows of one ``task`` group."""
+    """[(mode, BERT_OF_BLAS, ranks, bert_of's CPU GELU kernels on)] of the bert_of rows of one ``task`` group."""
     if not a.of_rows:
-        return [(m, b, int(r)) for m in a.modes.split(",") for b in a.blas.split(",") for r in a.ranks.split(",")]
+        return [(m, b, int(r), True) for m in a.modes.split(",") for b in a.blas.split(",") for r in a.ranks.split(",")]
     spec = a.of_rows
     if "=" in spec:  # predict=eager:auto,...;train=...
         spec = dict(part.split("=", 1) for part in spec.split(";")).get(task, "")
     rows = []
     for item in filter(None, spec.split(",")):
-        mode, blas, *ranks = item.split(":")
-        rows.append((mode, blas, int(ranks[0]) if ranks else 1))
+        mode, blas, *rest = item.split(":")
+        rows.append((mode, blas, int(rest[0]) if rest else 1, "k0" not in rest[1:]))
     return rows
 
 
@@ -157,7 +162,8 @@ def main():
                          "each, through bert_of's launcher)")
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
-                         "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2); predict=...;train=... per task")
+                         "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0); predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat each group (transformers, eager, graph) this many times; tables show medians")
     ap.add_argument("--profile-rounds", type=int, default=3,
@@ -189,9 +195,9 @@ def main():
                     for rnd in range(a.rounds):
                         hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
-                        for mode, blas, ranks in of_rows(a, task):
+                        for mode, blas, ranks, kernels in of_rows(a, task):
                             row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
-                                      blas=blas, ranks=ranks)
+                                      blas=blas, ranks=ranks, kernels=kernels)
                             if "error" not in row and "error" not in hf:
                                 row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
                                 row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)

@@ -263,8 +263,10 @@ def main():
     if a.impl == "of":
         import bert_of.blas as blas
 
+        from bert_of.kernels import native_status
+
         res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
-                   blas_choice=os.environ.get("BERT_OF_BLAS"))
+                   blas_choice=os.environ.get("BERT_OF_BLAS"), cpu_gelu=native_status()["active"])
     if a.impl == "of" and flow_world() > 1:
         res.update(ranks=flow_world())
         if os.environ.get("RANK", "0") != "0":  # rank 0 reports the job (infer() timed it across ranks)
