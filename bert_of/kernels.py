@@ -12,8 +12,8 @@ column "of", min wall ms per call):
 
 For inference, both GELUs run in :file:`cpu_kernels.c`: OneFlow's own float operations and libm
 calls, so the same bits, in one pass over every core instead of single-threaded kernels (one per
-op): a BERT-base FFN activation at 4 x 384 tokens, Google's tanh GELU 104 -> 38 ms, the exact
-GELU 177 -> 88 ms (2 CPUs). ``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's.
+op): a BERT-base FFN activation at 4 x 384 tokens, Google's tanh GELU 79-87 -> 28-34 ms, the
+exact GELU 57-76 -> 38-39 ms (2 CPUs; ``bench/gelu_bench.py``). ``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's.
 
 Shapes: T tokens (B*S), H hidden.
 """
