@@ -46,28 +46,32 @@ def gelu_tanh(x):
     """
     if is_cuda(x):
         return flow._C.fast_gelu(x)
-    y = native_gelu(x, 1)
-    return _ONEFLOW_GELU[1](x) if y is None else y
+    return _gelu(x, 1)
 
 
 def gelu_erf(x):
     """Exact GELU 0.5x(1 + erf(x/sqrt2)): HF's "gelu" and the lazy OneFlow kernel. x: any shape."""
-    y = native_gelu(x, 0)
-    return _ONEFLOW_GELU[0](x) if y is None else y
+    return _gelu(x, 0)
+
+
+def _gelu(x, op: int):
+    """GELU ``op`` (0 exact, 1 tanh): cpu_kernels.c where it applies, else OneFlow's ops."""
+    y = native_gelu(x, op)
+    return _ONEFLOW_GELU[op](x) if y is None else y
 
 
 GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
 _ONEFLOW_GELU = {0: lambda x: flow.nn.functional.gelu(x),
                  1: lambda x: x * flow.sigmoid(GELU_TANH_C * (x + 0.044715 * (x * x * x)))}
-_native = {"lib": None, "why": "not used yet", "threads": 1, "calls": 0}
+_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0}
 
 
 def _native_lib():
     """cpu_kernels.c, built and checked bit for bit against OneFlow's GELU kernels on this machine
     (its libm) once per process; None, with the reason in :func:`native_status`, if not usable."""
-    if _native["why"] != "not used yet":
+    if _native["checked"]:
         return _native["lib"]
-    _native["why"] = None
+    _native.update(checked=True, why=None)
     if os.environ.get("BERT_OF_CPU_KERNELS", "1") == "0":
         _native["why"] = "off (BERT_OF_CPU_KERNELS=0)"
         return None
