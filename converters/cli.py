@@ -19,7 +19,7 @@ from bert_of.cli import _err
 from bert_of.cli_grammar import add_command
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.source import Options, parse_size, summarize
-from bert_of.converters.verify import DEFAULT_TOL, format_report, verdict, verify, verify_source
+from bert_of.converters.verify.compare import DEFAULT_TOL, format_report, verdict, verify, verify_source
 from bert_of.errors import BertOfError
 from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args

@@ -33,7 +33,7 @@ TRANSFORMS = {
     "unsqueeze0": (lambda a: a.reshape((1,) + a.shape), lambda s: (1,) + tuple(s), "squeeze0"),
     # a single value stored as [1] (or [1, 1]) read as a scalar: step counters, loss scales
     "scalar": (lambda a: a.reshape(()), lambda s: (), "scalar"),
-    # Model Garden's einsum attention (converters/tf2.py): q/k/v kernels [in, heads, head_size], their
+    # Model Garden's einsum attention (converters/formats/tf2/): q/k/v kernels [in, heads, head_size], their
     # biases [heads, head_size], the output kernel [heads, head_size, out]. Splitting back needs the
     # head count, which only the config knows: tf2's writer does it (no inverse here).
     "heads_in": (lambda a: np.ascontiguousarray(a.reshape(a.shape[0], -1).T), lambda s: (s[1] * s[2], s[0]), None),

@@ -29,7 +29,7 @@ The API:
   ``fill`` adds tensors the file lacks as zeros (a QA model's pooler, which its head never reads).
   ``config_file``: the config the format read; with ``Source.stored`` (every kept entry's
   ``read``, checked to yield the dtype and shape the entry announced) it is what ``verify``'s reference computes from, so a new format also
-  gets a layout in ``converters/reference_np.py`` (its names, orientation and numerics, written
+  gets a layout in ``converters/verify/reference_np.py`` (its names, orientation and numerics, written
   from the format's own code, not from its TABLE).
 
 Whole checkpoints: :func:`whole` runs a format's read on one :class:`bert_of.files.pinned.PinnedDir` (the

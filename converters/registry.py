@@ -28,9 +28,9 @@ MODULES = (
     "tf2",  # before tf1: a TF2 checkpoint is a TF1 bundle too (with an object graph)
     "tf1",
     "of",
-    "libai",
-    "ofmodels",
-    "ofsd",
+    "oneflow_native.libai",
+    "oneflow_native.ofmodels",
+    "oneflow_native.ofsd",
     "lazy",
     "nvidia",
     "hf",
@@ -42,9 +42,9 @@ MODULES = (
 def _load() -> dict:
     out = {}
     for m in MODULES:
-        fmt = importlib.import_module(f"bert_of.converters.{m}").FORMAT
+        fmt = importlib.import_module(f"bert_of.converters.formats.{m}").FORMAT
         if fmt.name in out or not re.fullmatch(r"[a-z][a-z0-9]*", fmt.name):
-            raise AssertionError(f"converters/{m}.py: format name {fmt.name!r} is taken or not [a-z][a-z0-9]*")
+            raise AssertionError(f"converters/formats/{m}: format name {fmt.name!r} is taken or not [a-z][a-z0-9]*")
         register_own_files(fmt.owns, fmt.owns_patterns)
         out[fmt.name] = fmt
     return out

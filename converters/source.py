@@ -82,7 +82,7 @@ class Source:
     optimizer_meta: dict = field(default_factory=dict)
     report: list = field(default_factory=list)  # [ReportLine]
     # The model tensors as the file stores them (stored name -> producer of the stored array) and
-    # the config file read: what verify's reference (converters/reference_np.py) computes from.
+    # the config file read: what verify's reference (converters/verify/reference_np.py) computes from.
     stored: dict = field(default_factory=dict)
     config_file: Optional[str] = None
     native_numerics: Optional[str] = None  # what the file's own code computes, whatever --numerics says

@@ -2,7 +2,7 @@
 
 No real Google weights can be downloaded here, so the demo and the benchmark
 build one: Google's variable names, bert_config.json and a vocab.txt, with
-weights of realistic magnitude (see converters/tf_reference_checkpoint.py).
+weights of realistic magnitude (see converters/verify/tf_reference_checkpoint.py).
 
     python scripts/make_tf_checkpoint.py DIR [--layers 4 --hidden 256 --heads 4 --intermediate 1024]
 """
@@ -29,7 +29,7 @@ def main():
     p.add_argument("--global-step", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    from bert_of.converters import tf_reference_checkpoint as ref
+    from bert_of.converters.verify import tf_reference_checkpoint as ref
 
     cfg = dict(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
                intermediate_size=a.intermediate, hidden_act="gelu", hidden_dropout_prob=0.1,

@@ -19,7 +19,7 @@ import numpy as np
 
 from bert_of.checkpoint import expected_shapes, write_checkpoint
 from bert_of.config import BertConfig
-from bert_of.converters import sstable, tf1_bundle, tf1_bundle_proto
+from bert_of.converters.containers import sstable, tf1_bundle, tf1_bundle_proto
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert
 

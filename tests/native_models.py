@@ -2,7 +2,7 @@
 the BERTs whose flow.save folders bert_of reads: Oneflow-Inc/models ``NLP/BERT`` (current and the
 older bare-Parameter revision) and LiBai's BertModel / BertForPreTraining / BertForClassification.
 
-Written here from what those codebases compute (see converters/ofmodels.py and converters/libai.py);
+Written here from what those codebases compute (see converters/formats/oneflow_native/ofmodels.py and converters/formats/oneflow_native/libai.py);
 none of their code is in this repository. Each module's ``state_dict()`` has the keys the original
 has, so ``flow.save(module.state_dict(), dir)`` makes the folder those codebases make, and its
 forward is the reference the conversions are checked against.

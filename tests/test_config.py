@@ -102,7 +102,7 @@ YAML11 = {"010": 8, "-010": -8, "0o10": "0o10", "0x1F": 31, "+0x10": 16, "0b101"
 
 
 def test_yaml_integers_are_read_as_pyyaml_reads_them(tmp_path):
-    from bert_of.converters.native_config import libai_config, model_cfg, parse_yaml, read_config_file
+    from bert_of.converters.formats.oneflow_native.config import libai_config, model_cfg, parse_yaml, read_config_file
 
     for text, want in YAML11.items():
         got = parse_yaml(f"a: {text}\n", "c")["a"]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bert_of.converters import registry
-from bert_of.converters import tf_reference_checkpoint as ref
+from bert_of.converters.verify import tf_reference_checkpoint as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
-from bert_of.converters.verify import verify
+from bert_of.converters.verify.compare import verify
 from tests.conftest import TINY, run_cli, write_vocab
 
 # every registered format that bert_of writes; bert_of's own first (the matrix's sources are made from it)

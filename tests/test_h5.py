@@ -88,7 +88,7 @@ def of_dirs(root):
 def _run(path, batch, fmt="of", **opts):
     from bert_of.converters.source import Options
     from bert_of.converters.convert import read
-    from bert_of.converters.verify import run_bert_of
+    from bert_of.converters.verify.compare import run_bert_of
 
     return run_bert_of(read(str(path), fmt, Options(**opts)), batch)
 
@@ -282,8 +282,8 @@ def _keras_model(path):
 def test_keras_loads_h5_written_from_a_tf1_checkpoint(tmp_path):
     """tf2h5 of a Google checkpoint: Keras' load_weights takes it by topology, the values are
     the checkpoint's, and Keras' own save_weights of that model writes the same file."""
-    from bert_of.converters import tf1_bundle
-    from bert_of.converters import tf_reference_checkpoint as ref
+    from bert_of.converters.containers import tf1_bundle
+    from bert_of.converters.verify import tf_reference_checkpoint as ref
 
     d = tmp_path / "tf"
     d.mkdir()
@@ -419,8 +419,8 @@ def test_long_name_lists_split_like_keras(tmp_path):
     """Keras splits attributes past HDF5's 64 KB header limit into name0, name1, ...; we read and write that."""
     from keras.src.saving.legacy.hdf5_format import load_attributes_from_hdf5_group
 
-    from bert_of.converters import h5 as fmt
-    from bert_of.converters import h5_write
+    from bert_of.converters.formats import h5 as fmt
+    from bert_of.converters.formats.h5 import write as h5_write
 
     names = [f"tf_bert_model/bert/encoder/layer_._{i}/attention/self/query/kernel:0" for i in range(1200)]
     with h5py.File(tmp_path / "a.h5", "w") as f:
@@ -441,7 +441,7 @@ def test_model_scope_read_from_the_file(root, tmp_path):
         g.attrs["weight_names"] = [w.replace("tf_bert_model/", "tf_bert_model_1/", 1).encode()
                                    for w in g.attrs["weight_names"]]
     from bert_of.converters.source import Options
-    from bert_of.converters.h5 import read
+    from bert_of.converters.formats.h5 import read
 
     got = read(str(src), Options()).load()
     want = read(str(root / "bare"), Options()).load()

@@ -219,7 +219,7 @@ def test_numerics_override_changes_the_function(tmp_path, reference):
 
 
 def test_bin_restricted_loader_equals_safetensors(tmp_path):
-    from bert_of.converters.torch_zip import TorchZipFile
+    from bert_of.converters.containers.torch_zip import TorchZipFile
 
     f = TorchZipFile(os.path.join(TINY_BIN, "pytorch_model.bin"))
     ref = st(TINY_PT)
@@ -281,9 +281,11 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     transformers-written tiny_pt): hf2of gives a token classifier whose logits [B, S, L] equal the
     float64 NumPy reference's, computed from the HF files themselves (not bert_of's model)."""
     from bert_of._flow import flow
-    from bert_of.converters import hf, reference_forward, registry
+    from bert_of.converters.formats import hf
+    from bert_of.converters.verify import reference_forward
+    from bert_of.converters import registry
     from bert_of.converters.source import Options
-    from bert_of.converters.verify import DEFAULT_TOL, make_batch, verify
+    from bert_of.converters.verify.compare import DEFAULT_TOL, make_batch, verify
     from bert_of.heads import BertForTokenClassification
 
     src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
@@ -390,7 +392,7 @@ def test_torch_zip_views_dtypes_and_strides():
     """torch.save keeps views: strides, storage offsets, shared storages; bf16/fp16/0-d too."""
     import ml_dtypes
 
-    from bert_of.converters.torch_zip import TorchZipFile
+    from bert_of.converters.containers.torch_zip import TorchZipFile
 
     f = TorchZipFile(os.path.join(DATA, "views.pt"))
     want = {
@@ -411,7 +413,7 @@ def test_torch_zip_views_dtypes_and_strides():
 
 
 def test_inspect_helper():
-    from bert_of.converters import hf
+    from bert_of.converters.formats import hf
 
     info = hf.inspect(os.path.join(DATA, "tiny_pt_bin"))
     kinds = {t["name"]: t["kind"] for t in info["tensors"]}

@@ -130,7 +130,7 @@ def test_bin_views_are_checked_before_anything_is_read(src, tmp_path, case):
 
 def test_bin_real_stride_patterns_are_read(src, tmp_path):
     """What torch.save writes for views: a transposed weight, a slice with a step and an offset."""
-    from bert_of.converters.torch_zip import TorchZipFile
+    from bert_of.converters.containers.torch_zip import TorchZipFile
 
     w = np.arange(64, dtype=np.float32).reshape(8, 8)
     edits = [

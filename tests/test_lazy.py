@@ -2,7 +2,7 @@
 
 The snapshots are laid out here by a small writer of our own (folders with raw
 ``out`` bytes, OneFlow's text ``meta``, ``snapshot_done``), independent of
-converters/lazy.py, in each layout found in the wild: checkpoint v2 with Adam
+converters/formats/lazy/, in each layout found in the wild: checkpoint v2 with Adam
 slots, the oldest out-only layout, LAMB + fp16 loss-scale state, the output of
 OneFlow-Benchmark's convert_tf_ckpt_to_of.py, and the SQuAD/classifier heads.
 Weights have realistic magnitudes, so erf vs tanh GELU or eps 1e-5 vs 1e-12
@@ -484,7 +484,7 @@ def test_fine_tuned_heads(snaps, tmp_path, name):
 
 
 def test_lazy_tf_lazy_through_the_hub(snaps, tmp_path):
-    from bert_of.converters import tf1_bundle
+    from bert_of.converters.containers import tf1_bundle
 
     src = snaps["adam"]
     run_cli("convert", "lazy2tf", src, "-o", tmp_path / "tf", "--with-optimizer")
@@ -537,7 +537,7 @@ def test_flow_load_reads_our_snapshots(snaps, tmp_path):
 
 
 def test_detect(snaps, tmp_path):
-    from bert_of.converters import lazy
+    from bert_of.converters.formats import lazy
     from bert_of.converters.convert import detect
 
     for k in ("adam", "nometa", "tfconv", "tfheads", "lamb"):

@@ -14,10 +14,10 @@ from bert_of.checkpoint import SafetensorsFile, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.errors import InputError
 from bert_of.tensors import expected_shapes
-from bert_of.converters import hf_names
+from bert_of.converters.formats.hf import names as hf_names
 from bert_of.converters.convert import convert, read
 from bert_of.converters.source import Options
-from bert_of.converters.verify import verify
+from bert_of.converters.verify.compare import verify
 from tests.conftest import TINY, write_vocab
 
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -159,7 +159,7 @@ def test_tf2_mlm_only_pretrainer_verify_compares_prediction_logits(tmp_path):
 
 def test_onnx_names_the_mlm_only_output_logits(tmp_path):
     pytest.importorskip("onnxruntime")
-    from bert_of.converters import onnx as onnx_format
+    from bert_of.converters.formats import onnx as onnx_format
 
     of = _mlm_checkpoint(tmp_path / "of", seed=3, pooler="zeros")
     convert("of2onnx", of, str(tmp_path / "onnx"), Options())

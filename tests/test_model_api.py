@@ -14,7 +14,7 @@ from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, B
                      BertForTokenClassification, BertModel, BertOfError, InputError)
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint
-from bert_of.converters.verify import make_batch
+from bert_of.converters.verify.compare import make_batch
 from tests.conftest import ROOT, TINY, error_lines, run_cli, write_vocab
 from tests.test_finetune import DEV11, LENGTHS, build_vocab, tiny_bert
 

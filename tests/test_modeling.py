@@ -12,7 +12,7 @@ import pytest
 from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
                      BertGraph, BertModel, CheckpointError)
 from bert_of._flow import flow
-from bert_of.converters.verify import make_batch
+from bert_of.converters.verify.compare import make_batch
 from bert_of.kernels import gelu_erf, gelu_tanh
 from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 

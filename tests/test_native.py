@@ -14,11 +14,11 @@ import pytest
 from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError
-from bert_of.converters import flow_save
+from bert_of.converters.containers import flow_save
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, detect, read
 from bert_of.errors import CheckpointError, ConfigError
-from bert_of.converters.verify import make_batch, max_abs_diff, run_bert_of, verify
+from bert_of.converters.verify.compare import make_batch, max_abs_diff, run_bert_of, verify
 from bert_of.heads import BertForPreTraining, BertForQuestionAnswering
 from bert_of.modeling import BertModel
 from tests import native_models as nm
@@ -401,7 +401,7 @@ def test_pickled_data_reads_are_bounded_in_bytes_and_work(tmp_path):
 
 
 def test_a_config_yaml_with_a_long_line_is_read_in_linear_time(tmp_path):
-    from bert_of.converters.native_config import parse_yaml
+    from bert_of.converters.formats.oneflow_native.config import parse_yaml
     import time
 
     long_key = "model:\n  cfg: {a: 1}\n" + "k" + " " * 200_000 + "x\n"  # no colon: backtracked for minutes
@@ -454,7 +454,7 @@ def test_meta_is_read_exactly_as_flow_load_reads_it(tmp_path, text, loads):
 def test_yaml_subset_reads_what_yaml_dump_writes():
     """The layout LazyConfig.save's yaml.dump(default_flow_style=None) gives (checked by hand against
     PyYAML on a real LiBai run config: the same document)."""
-    from bert_of.converters.native_config import parse_yaml
+    from bert_of.converters.formats.oneflow_native.config import parse_yaml
 
     text = ("dataloader:\n  train:\n    dataset:\n    - _target_: libai.data.datasets.BertDataset\n"
             "      data_prefix: /data/loss_compara_content_sentence\n      indexed_dataset: {_target_: x, skip_warmup: false}\n"
@@ -535,7 +535,7 @@ def test_flow_save_kinds_read_through_the_one_skeleton(tmp_path):
     write_vocab(tmp_path / "vocab.txt", TINY["vocab_size"])
     cfg = dict(TINY, max_position_embeddings=40)
     google = tmp_path / "google"
-    from bert_of.converters import tf_reference_checkpoint as ref
+    from bert_of.converters.verify import tf_reference_checkpoint as ref
 
     google.mkdir()
     ref.make_checkpoint(str(google / "bert_model.ckpt"), cfg, seed=3, heads=("pretraining",))

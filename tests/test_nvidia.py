@@ -10,12 +10,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from bert_of.converters import nvidia
-from bert_of.converters import tf_reference_checkpoint as ref
+from bert_of.converters.formats import nvidia
+from bert_of.converters.verify import tf_reference_checkpoint as ref
 from bert_of.converters.convert import convert, detect, read
 from bert_of.converters.source import Options
-from bert_of.converters.torch_zip import TorchZipFile
-from bert_of.converters.verify import verify
+from bert_of.converters.containers.torch_zip import TorchZipFile
+from bert_of.converters.verify.compare import verify
 from bert_of.errors import CheckpointError
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
@@ -131,7 +131,7 @@ def test_hostile_and_foreign_files_are_one_line(made, tmp_path):
     untied = tmp_path / "untied"
     convert("of2nvidia", made["of"], str(untied))
     z = TorchZipFile(os.path.join(untied, "pytorch_model.bin"), state_dict=False)
-    from bert_of.converters.torch_zip import StateDict, Tensor, write_torch_zip
+    from bert_of.converters.containers.torch_zip import StateDict, Tensor, write_torch_zip
     sd = StateDict()
     for n in z.obj["model"]:
         arr = z.get(f"model/{n}")
@@ -147,7 +147,7 @@ def test_hostile_and_foreign_files_are_one_line(made, tmp_path):
 
 def test_older_checkpoints_master_params_are_reported(made, tmp_path):
     """An older run_pretraining.py (apex amp) also saved 'master params': fp32 copies, dropped and said."""
-    from bert_of.converters.torch_zip import StateDict, Tensor, write_torch_zip
+    from bert_of.converters.containers.torch_zip import StateDict, Tensor, write_torch_zip
 
     z = TorchZipFile(os.path.join(made["squad"], "pytorch_model.bin"), state_dict=False)
     sd = StateDict((n, Tensor(str(i), z.dtype(f"model/{n}"), z.shape(f"model/{n}"), (lambda n=n: z.get(f"model/{n}"))))

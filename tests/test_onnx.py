@@ -17,11 +17,13 @@ import pytest
 from bert_of.checkpoint import write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.tensors import SCOPES, TensorSpec, expected_shapes
-from bert_of.converters import onnx as onnx_format, onnx_graph
-from bert_of.converters import reference_forward, registry
+from bert_of.converters.formats import onnx as onnx_format
+from bert_of.converters.formats.onnx import graph as onnx_graph
+from bert_of.converters.verify import reference_forward
+from bert_of.converters import registry
 from bert_of.converters.convert import read
 from bert_of.converters.source import Options, Source
-from bert_of.converters.verify import make_batch
+from bert_of.converters.verify.compare import make_batch
 from tests.conftest import ROOT, error_lines, run_cli, write_vocab
 
 ort = pytest.importorskip("onnxruntime")
@@ -230,8 +232,8 @@ def test_a_model_beyond_protobufs_2gb_is_refused_before_anything_is_written(tmp_
 
 def _foreign_model(path, producer):
     """A valid ONNX model (an Identity graph) written with our field writer under another producer."""
-    from bert_of.converters.onnx_graph import Graph
-    from bert_of.converters.onnx_proto import FLOAT, int_field, len_field, tensor_proto, value_info
+    from bert_of.converters.formats.onnx.graph import Graph
+    from bert_of.converters.containers.onnx_proto import FLOAT, int_field, len_field, tensor_proto, value_info
     g = Graph()
     g.op("Identity", "x", out="y")
     graph = b"".join(len_field(1, n) for n in g.nodes) + len_field(2, "g") + \
@@ -260,8 +262,8 @@ def test_onnx_models_bert_of_did_not_write_are_refused_in_one_line(models, tmp_p
 
 def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
     model = open(os.path.join(models["qa"][1], "model.onnx"), "rb").read()
-    from bert_of.converters.onnx import CONFIG_KEY
-    from bert_of.converters.onnx_proto import len_field
+    from bert_of.converters.formats.onnx import CONFIG_KEY
+    from bert_of.converters.containers.onnx_proto import len_field
     config = read(models["qa"][1], "onnx").config
     entry = len_field(14, len_field(1, CONFIG_KEY) + len_field(2, config.to_json_string()))
     pre = BertConfig.from_dict({**config.to_dict(), "layernorm_placement": "pre"})

@@ -72,7 +72,7 @@ def test_wheel_holds_only_the_bert_of_namespace(wheel):
         names = z.namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"bert_of"}, tops
-    for f in ("bert_of/zoo/registry.json", "bert_of/eval/published.json", "bert_of/converters/tf1.py",
+    for f in ("bert_of/zoo/registry.json", "bert_of/eval/published.json", "bert_of/converters/formats/tf1.py",
               *(f"bert_of/align/default-corpus/{n}" for n in ("sample_text.txt", "classics.txt", "vocab.txt"))):
         assert f in names, f
     assert not [n for n in names if n.endswith("serve.py") or "/tests/" in n]  # test servers stay in tests/

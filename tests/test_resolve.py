@@ -17,7 +17,7 @@ import time
 import pytest
 
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint
-from bert_of.converters import tf_reference_checkpoint as ref
+from bert_of.converters.verify import tf_reference_checkpoint as ref
 from bert_of.converters.convert import convert
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.files.locks import locked

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from bert_of.errors import CheckpointError
-from bert_of.converters import sstable, tf1_bundle_proto
-from bert_of.converters.tf1_bundle import (
+from bert_of.converters.containers import sstable, tf1_bundle_proto
+from bert_of.converters.containers.tf1_bundle import (
     iter_tensors,
     read_index,
     read_tensor,
     resolve_prefix,
 )
-from bert_of.converters.tf1_bundle_proto import TensorEntry
-from bert_of.converters.tf1_bundle_writer import write_bundle
+from bert_of.converters.containers.tf1_bundle_proto import TensorEntry
+from bert_of.converters.containers.tf1_bundle_writer import write_bundle
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -317,7 +317,7 @@ def test_failed_write_leaves_nothing_and_keeps_old(tmp_path):
 
 def test_import_is_light():
     code = (
-        "import sys, bert_of.converters.tf1_bundle;"
+        "import sys, bert_of.converters.containers.tf1_bundle;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('tensorflow','oneflow','ml_dtypes')];"
         "assert not bad, bad"
     )

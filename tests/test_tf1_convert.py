@@ -11,9 +11,9 @@ import os
 import numpy as np
 import pytest
 
-from bert_of.converters import tf1_bundle, tf1_bundle_writer
-from bert_of.converters import tf_reference as ref
-from bert_of.converters import tf_reference_checkpoint as ref_ckpt
+from bert_of.converters.containers import tf1_bundle, tf1_bundle_writer
+from bert_of.converters.verify import tf_reference as ref
+from bert_of.converters.verify import tf_reference_checkpoint as ref_ckpt
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
 CONFIGS = {
@@ -234,7 +234,7 @@ def test_shape_errors_show_tf_layout():
     from bert_of.config import BertConfig
     from bert_of.errors import CheckpointError
     from bert_of.converters.reader import check, zeros
-    from bert_of.converters.tf1 import TABLE
+    from bert_of.converters.formats.tf1 import TABLE
 
     cfg = BertConfig.from_google_dict(TINY)
     shapes = expected_shapes(cfg)

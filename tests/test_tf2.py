@@ -1,4 +1,4 @@
-"""TensorFlow 2 Model Garden checkpoints and TF Hub SavedModels (converters/tf2.py): written by our
+"""TensorFlow 2 Model Garden checkpoints and TF Hub SavedModels (converters/formats/tf2/): written by our
 writer and read back bit for bit, the object graph deciding which variable is which, verify's
 reference in Model Garden's own layout, controls that must fail; TensorFlow itself is the oracle
 where it restores our files and writes checkpoints and SavedModels we read."""
@@ -14,10 +14,12 @@ from bert_of.config import BertConfig
 from bert_of.checkpoint import write_checkpoint
 from bert_of.errors import CheckpointError
 from bert_of.tensors import expected_shapes
-from bert_of.converters import tf1_bundle, tf1_bundle_writer, tf2, tf2_object_graph
+from bert_of.converters.containers import tf1_bundle, tf1_bundle_writer
+from bert_of.converters.formats import tf2
+from bert_of.converters.formats.tf2 import object_graph as tf2_object_graph
 from bert_of.converters.convert import convert, detect, read
 from bert_of.converters.source import Options
-from bert_of.converters.verify import verify
+from bert_of.converters.verify.compare import verify
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
 HEADS = {"pretraining": ("cls.predictions.", "cls.seq_relationship."), "squad": ("qa_outputs.",)}

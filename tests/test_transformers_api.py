@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 from bert_of import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 from bert_of._flow import flow
-from bert_of.converters.hf import read as hf_read
+from bert_of.converters.formats.hf import read as hf_read
 from bert_of.converters.source import Options
 from tests.conftest import TINY, run_cli, write_vocab
 

@@ -1,4 +1,4 @@
-"""verify's reference (converters/reference_forward.py on converters/reference_np.py's layouts) is
+"""verify's reference (converters/verify/reference_forward.py on converters/verify/reference_np.py's layouts) is
 independent and has teeth, for every format.
 
 A realistic-magnitude BERT (trained-BERT weight scales, where tanh- and erf-GELU differ by ~5e-4)
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from bert_of.checkpoint import SafetensorsFile, load_safetensors, save_safetensors
-from bert_of.converters import hf_torch, reference_forward, registry
-from bert_of.converters import tf_reference_checkpoint as ref
+from bert_of.converters.verify import transformers_run as hf_torch, reference_forward
+from bert_of.converters import registry
+from bert_of.converters.verify import tf_reference_checkpoint as ref
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
-from bert_of.converters.verify import DEFAULT_TOL, SENTENCES, token_batch, verify
+from bert_of.converters.verify.compare import DEFAULT_TOL, SENTENCES, token_batch, verify
 
 CONFIG = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
           "intermediate_size": 37, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,

@@ -22,7 +22,8 @@ import pytest
 from bert_of.checkpoint import expected_shapes, load_checkpoint, load_safetensors, write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters import convert as conv
-from bert_of.converters import hf, lazy, reader
+from bert_of.converters.formats import hf, lazy
+from bert_of.converters import reader
 from bert_of.converters.source import Options
 from bert_of.files.publish import publishing, _rename2, _RENAME_EXCHANGE
 from bert_of.vocab import read_vocab_lines

@@ -15,7 +15,7 @@ import shutil
 import time
 import urllib.parse
 
-from bert_of.converters.verify import verify as forward_verify
+from bert_of.converters.verify.compare import verify as forward_verify
 from bert_of.errors import BertOfError
 from bert_of.files.home import utc_now
 from bert_of.files.publish import publishing

@@ -12,7 +12,7 @@ import numpy as np
 
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert
-from bert_of.converters.verify import tf_reference_module
+from bert_of.converters.verify.compare import tf_reference_module
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
 from bert_of.data.cli import reshard
@@ -211,7 +211,7 @@ def prepare_tf_checkpoint(d: str, gcfg: dict, vocab: str, seed: int, global_step
     """(TF prefix, converted bert_of folder), cached in ``d``: a Google-layout TF checkpoint with
     realistic weights, adam_m / adam_v slots and ``global_step``, and its ``tf2of --with-optimizer``."""
     # TensorFlow (the tf extra): only this needs it
-    ref = tf_reference_module("tf_reference_checkpoint", "align's TF experiment")
+    ref = tf_reference_module("bert_of.converters.verify.tf_reference_checkpoint", "align's TF experiment")
 
     prefix, of_dir, marker = (os.path.join(d, n) for n in ("bert_model.ckpt", "converted-of", "done.json"))
     want = {"config": gcfg, "global_step": global_step, "seed": seed}

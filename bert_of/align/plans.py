@@ -9,7 +9,7 @@ import os
 
 from bert_of.align.data import AlignError, _json_default, prepare_tf_checkpoint
 from bert_of.config import BertConfig
-from bert_of.converters.verify import tf_reference_module
+from bert_of.converters.verify.compare import tf_reference_module
 from bert_of.vocab import vocab_size
 
 # --------------------------------------------------------------------------- constants
@@ -282,7 +282,7 @@ def _tf_google_config(ctx):
 def plan_tf_checkpoint(ctx):
     """A Google-layout TF checkpoint (weights + adam_m/adam_v + global_step), converted by
     ``convert tf2of --with-optimizer``; TF and bert_of continue it on the same batches."""
-    google_learning_rate = tf_reference_module("tf_reference_train", "align's TF experiment").google_learning_rate
+    google_learning_rate = tf_reference_module("bert_of.align.tf_reference_train", "align's TF experiment").google_learning_rate
 
     n = min(ctx.steps, TF_STEPS)
     g0, total, warmup, lr = 200, 1000, 100, 1e-4
@@ -300,7 +300,7 @@ def plan_tf_checkpoint(ctx):
     return {
         "description": f"A TF1 checkpoint in Google's layout (realistic weights, adam_m / adam_v slots, "
                        f"global_step {g0}) is converted by `bert-of convert tf2of --with-optimizer`. TF "
-                       f"(converters/tf_reference_train.py: Google's model, loss, clip_by_global_norm 1.0, "
+                       f"(bert_of/align/tf_reference_train.py: Google's model, loss, clip_by_global_norm 1.0, "
                        f"AdamWeightDecayOptimizer without bias correction, eps 1e-6, weight decay 0.01 not on "
                        f"LayerNorm/bias, warmup {warmup} + linear decay to step {total}, lr {lr:g}) and bert_of "
                        f"(eager and graph, Adam m / v loaded from the converted optimizer.safetensors) continue "

@@ -23,7 +23,7 @@ from bert_of.align.plans import BATCH, BY_NAME, SIZES, Ctx, _perturb, _run_key, 
 from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, plot_skipped, summary_markdown
 from bert_of.checkpoint import load_checkpoint
 from bert_of.config import BertConfig
-from bert_of.converters.verify import tf_reference_module
+from bert_of.converters.verify.compare import tf_reference_module
 from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining
@@ -59,8 +59,8 @@ def _nudge(model, rel: float) -> None:
 
 
 def _tf_reference_run(spec: dict) -> dict:
-    """Google's training in TF (converters/tf_reference_train.py) on the run's batches."""
-    train_reference = tf_reference_module("tf_reference_train", "align's TF experiment").train_reference
+    """Google's training in TF (bert_of/align/tf_reference_train.py) on the run's batches."""
+    train_reference = tf_reference_module("bert_of.align.tf_reference_train", "align's TF experiment").train_reference
 
     t0, c0 = time.perf_counter(), time.process_time()
     stream = BatchStream(spec["data"])
@@ -134,8 +134,8 @@ def code_fingerprint() -> str:
             "bert_of.heads",
             "bert_of.config", "bert_of.checkpoint", "bert_of.data.layout", "bert_of.data.reader",
             "bert_of.data.ofrecord",
-            "bert_of.converters.tf_reference", "bert_of.converters.tf_reference_model",
-            "bert_of.converters.tf_reference_checkpoint", "bert_of.converters.tf_reference_train"]
+            "bert_of.converters.verify.tf_reference", "bert_of.converters.verify.tf_reference_model",
+            "bert_of.converters.verify.tf_reference_checkpoint", "bert_of.align.tf_reference_train"]
     for mod in mods:
         with open(util.find_spec(mod).origin, "rb") as f:
             h.update(f.read())

@@ -41,7 +41,7 @@ from bert_of.align.runner import run_experiments
 from bert_of.checkpoint import write_checkpoint
 from bert_of.config import BertConfig
 from bert_of.converters.convert import convert
-from bert_of.converters.verify import verify
+from bert_of.converters.verify.compare import verify
 from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining

@@ -47,7 +47,8 @@ def outputs(out: str) -> dict:
     for fmt in FORMATS:
         run("convert", f"hf2{fmt}", HF_TINY, "-o", os.path.join(out, fmt))
         table.update(tree(os.path.join(out, fmt), fmt))
-    from bert_of.converters import reference_forward, registry, verify
+    from bert_of.converters import registry
+    from bert_of.converters.verify import compare as verify, reference_forward
     from bert_of.converters.convert import read
 
     refs = {}

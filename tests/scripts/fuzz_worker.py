@@ -129,7 +129,7 @@ def mutate_field(rng, src, fmt):
         return "header " + desc
     if fmt == "tf" and rng.random() < 0.7:
         prefix = os.path.join(src, "bert_model.ckpt")
-        names = sorted(tf1 for tf1 in __import__("bert_of.converters.tf1_bundle", fromlist=["x"])
+        names = sorted(tf1 for tf1 in __import__("bert_of.converters.containers.tf1_bundle", fromlist=["x"])
                        ._read_index_uncached(prefix)[0])
         target, field = rng.choice(names), rng.choice(["dtype_enum", "shape", "offset", "size", "crc"])
         value = rng.choice(SPECIAL_INTS + [3, 7, 9, 14, 19, 99])
@@ -274,7 +274,7 @@ def main():
     import logging
 
     logging.disable(logging.WARNING)  # bert_of's warnings are not errors; this worker checks errors
-    from bert_of.converters.verify import verify
+    from bert_of.converters.verify.compare import verify
 
     signal.signal(signal.SIGALRM, _alarm)
     os.makedirs(work, exist_ok=True)

@@ -2,7 +2,7 @@
 
 A release zip holds ``<folder>/bert_config.json``, ``vocab.txt`` and
 ``bert_model.ckpt.{data-00000-of-00001,index,meta}`` written by TensorFlow's own
-Saver (converters.tf_reference_checkpoint), exactly the file set of Google's zips.
+Saver (converters.verify.tf_reference_checkpoint), exactly the file set of Google's zips.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def sha256(path) -> str:
 
 def make_release_dir(root, config: dict, seed: int = 3) -> str:
     """A folder with Google's five files for ``config`` (a Google bert_config dict)."""
-    from bert_of.converters import tf_reference_checkpoint
+    from bert_of.converters.verify import tf_reference_checkpoint
     from tests.conftest import write_vocab
 
     os.makedirs(root, exist_ok=True)

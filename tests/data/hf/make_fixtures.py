@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
 def realistic_(model, seed=0):
-    """Weights of trained-model magnitude (the same recipe as converters/tf_reference_checkpoint.py)."""
+    """Weights of trained-model magnitude (the same recipe as converters/verify/tf_reference_checkpoint.py)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

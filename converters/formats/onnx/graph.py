@@ -1,0 +1,178 @@
+"""BERT's forward as an ONNX graph: the nodes, inputs and outputs of2onnx writes for a
+config and a set of heads, and what onnx2of checks a file's graph against.
+
+The graph (opset 14; every op in the default domain; docs/formats-onnx.md):
+
+- inputs ``input_ids``, ``attention_mask``, ``token_type_ids``: int64 [batch, sequence] (both axes
+  named, so any batch and any length up to max_position_embeddings run);
+- embeddings: Gather of the word and token-type tables plus the first ``sequence`` rows of the
+  position table (Slice by the input's Shape), then LayerNorm;
+- the mask adder ``(1 - mask) * -10000`` [batch, 1, 1, sequence], bert_of's (Google's) constant;
+- per layer: q, k, v as MatMul + Add, heads by Reshape [0, 0, N, d] + Transpose, scores
+  ``q k^T / sqrt(d) + adder``, Softmax over the last axis, context back to [batch, sequence, H],
+  the output dense, ``LN(x + attention)``, the FFN with the config's activation, ``LN(x + ffn)``;
+- LayerNorm decomposed (ReduceMean, Sub, Mul, ReduceMean, Add eps, Sqrt, Div, Mul gamma, Add
+  beta; LayerNormalization is opset 17), with the config's epsilon (the MLM head's own epsilon
+  when the config has one); GELU decomposed exactly as the config names it (``gelu_erf``:
+  ``0.5 x (1 + erf(x / sqrt 2))``; ``gelu_tanh``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``),
+  ``relu``, ``tanh``, ``silu`` (``x sigmoid(x)``), ``linear``;
+- outputs named as transformers names them: ``last_hidden_state`` [batch, sequence, H],
+  ``pooler_output`` [batch, H] (when the checkpoint has a pooler: not the zeros a reader filled
+  in for transformers' QA, token-classifier and MLM classes, which have none), ``prediction_logits``
+  [batch, sequence, V] and ``seq_relationship_logits`` [batch, 2] (MLM / NSP heads; the decoder is
+  the word embeddings, transposed in the graph, one initializer; an MLM head alone, transformers'
+  BertForMaskedLM, names its output ``logits``), ``start_logits`` /
+  ``end_logits`` [batch, sequence] (QA), ``logits`` [batch, L] (sequence classifier, on the
+  pooled output) or [batch, sequence, L] (token classifier).
+
+The weights are the graph's initializers, named as converters/formats/onnx/'s TABLE spells them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bert_of.config import BertConfig
+from bert_of.errors import ConfigError
+from bert_of.tensors import SCOPES
+from bert_of.converters.containers.onnx_proto import FLOAT, INT64, attribute, len_field, value_info
+
+OPSET = 14
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MASK_VALUE = -10000.0
+
+
+class Graph:
+    """Nodes of a graph under construction: ``op`` appends one and returns its output's name."""
+
+    def __init__(self):
+        self.nodes, self._count = [], 0
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        """NodeProto: input (1), output (2), name (3), op_type (4), attribute (5)."""
+        self._count += 1
+        name = f"{op_type}_{self._count}"
+        out = out or name
+        self.nodes.append(b"".join(len_field(1, i) for i in inputs) + len_field(2, out) + len_field(3, name) + len_field(4, op_type)
+                          + b"".join(len_field(5, attribute(k, v)) for k, v in attrs.items()))
+        return out
+
+    def const(self, value, dtype=np.float32) -> str:
+        return self.op("Constant", value=np.asarray(value, dtype))
+
+    def dense(self, x: str, scope: str, out: str | None = None) -> str:
+        return self.op("Add", self.op("MatMul", x, scope + ".kernel"), scope + ".bias", out=out)
+
+    def layer_norm(self, x: str, scope: str, eps: float, out: str | None = None) -> str:
+        """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis (biased variance)."""
+        centred = self.op("Sub", x, self.op("ReduceMean", x, axes=[-1], keepdims=1))
+        var = self.op("ReduceMean", self.op("Mul", centred, centred), axes=[-1], keepdims=1)
+        normed = self.op("Div", centred, self.op("Sqrt", self.op("Add", var, self.const(eps))))
+        return self.op("Add", self.op("Mul", normed, scope + ".LayerNorm.weight"), scope + ".LayerNorm.bias", out=out)
+
+    def activation(self, x: str, act: str) -> str:
+        if act == "gelu_erf":
+            erf = self.op("Erf", self.op("Div", x, self.const(math.sqrt(2.0))))
+            return self.op("Mul", self.op("Mul", x, self.op("Add", erf, self.const(1.0))), self.const(0.5))
+        if act == "gelu_tanh":
+            cube = self.op("Mul", self.op("Mul", x, x), x)
+            inner = self.op("Mul", self.op("Add", x, self.op("Mul", cube, self.const(0.044715))),
+                            self.const(math.sqrt(2.0 / math.pi)))
+            return self.op("Mul", self.op("Mul", x, self.op("Add", self.op("Tanh", inner), self.const(1.0))),
+                           self.const(0.5))
+        if act == "relu":
+            return self.op("Relu", x)
+        if act == "tanh":
+            return self.op("Tanh", x)
+        if act == "silu":
+            return self.op("Mul", x, self.op("Sigmoid", x))
+        if act == "linear":
+            return x
+        raise ConfigError(f"config: hidden_act {act!r} has no ONNX graph")
+
+
+def heads_of(names) -> dict:
+    """{group: True} of the head groups (pooler, mlm, nsp, qa, classifier) a checkpoint's
+    canonical names have."""
+    names = set(names)
+    return {group: any(n.startswith(scope + ".") for n in names for scope, _, _, g in SCOPES if g == group)
+            for group in ("pooler", "mlm", "nsp", "qa", "classifier")}
+
+
+MLM_ONLY_OUTPUT = "logits"
+
+
+def mlm_only(heads: dict) -> bool:
+    """An MLM head and no other (transformers' BertForMaskedLM, whose output is ``logits``)."""
+    return heads["mlm"] and not (heads["nsp"] or heads["qa"] or heads["classifier"])
+
+
+def build_graph(config: BertConfig, heads: dict) -> tuple:
+    """(Graph, [(output name, dims)]): BERT's forward on the weights' initializer names."""
+    g = Graph()
+    H, N = config.hidden_size, config.num_attention_heads
+    d = H // N
+    act, eps = config.hidden_act, float(config.layer_norm_eps)
+    ids, mask, types = INPUTS
+    length = g.op("Slice", g.op("Shape", ids), g.const([1], np.int64), g.const([2], np.int64))  # [S]
+    positions = g.op("Slice", "bert.embeddings.position_embeddings.weight", g.const([0], np.int64), length,
+                     g.const([0], np.int64))  # the first S rows [S, H]
+    x = g.op("Add", g.op("Add", g.op("Gather", "bert.embeddings.word_embeddings.weight", ids),
+                         g.op("Gather", "bert.embeddings.token_type_embeddings.weight", types)), positions)
+    x = g.layer_norm(x, "bert.embeddings", eps)
+    keep = g.op("Cast", mask, to=FLOAT)
+    adder = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(MASK_VALUE))
+    adder = g.op("Unsqueeze", adder, g.const([1, 2], np.int64))  # [B, 1, 1, S]
+    split, merge, scale = g.const([0, 0, N, d], np.int64), g.const([0, 0, H], np.int64), g.const(math.sqrt(d))
+    outputs = [("last_hidden_state", ("batch", "sequence", H))]
+    for i in range(config.num_hidden_layers):
+        s = f"bert.encoder.layer.{i}."
+        q, k, v = (g.op("Reshape", g.dense(x, s + "attention.self." + n), split) for n in ("query", "key", "value"))
+        q, k, v = g.op("Transpose", q, perm=[0, 2, 1, 3]), g.op("Transpose", k, perm=[0, 2, 3, 1]), \
+            g.op("Transpose", v, perm=[0, 2, 1, 3])  # [B, N, S, d], k as [B, N, d, S]
+        scores = g.op("Add", g.op("Div", g.op("MatMul", q, k), scale), adder)
+        context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+        context = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), merge)  # [B, S, H]
+        x = g.layer_norm(g.op("Add", g.dense(context, s + "attention.output.dense"), x), s + "attention.output", eps)
+        inter = g.activation(g.dense(x, s + "intermediate.dense"), act)
+        last = i == config.num_hidden_layers - 1
+        x = g.layer_norm(g.op("Add", g.dense(inter, s + "output.dense"), x), s + "output", eps,
+                         out="last_hidden_state" if last else None)
+    if config.num_hidden_layers == 0:  # no layer produced it
+        x = g.op("Identity", x, out="last_hidden_state")
+    pooled = None
+    if heads["pooler"]:
+        first = g.op("Gather", x, g.const(0, np.int64), axis=1)  # [B, H]
+        pooled = g.op("Tanh", g.dense(first, "bert.pooler.dense"), out="pooler_output")
+        outputs.append(("pooler_output", ("batch", H)))
+    if heads["mlm"]:
+        h = g.activation(g.dense(x, "cls.predictions.transform.dense"), act)
+        h = g.layer_norm(h, "cls.predictions.transform", float(config.head_eps))
+        decoder = g.op("Transpose", "bert.embeddings.word_embeddings.weight", perm=[1, 0])  # tied: [H, V]
+        name = MLM_ONLY_OUTPUT if mlm_only(heads) else "prediction_logits"  # transformers' BertForMaskedLM: logits
+        g.op("Add", g.op("MatMul", h, decoder), "cls.predictions.bias", out=name)
+        outputs.append((name, ("batch", "sequence", config.vocab_size)))
+    if heads["nsp"] and pooled:
+        g.dense(pooled, "cls.seq_relationship", out="seq_relationship_logits")
+        outputs.append(("seq_relationship_logits", ("batch", 2)))
+    if heads["qa"]:
+        logits = g.dense(x, "qa_outputs")  # [B, S, 2]
+        for j, name in enumerate(("start_logits", "end_logits")):
+            g.op("Gather", logits, g.const(j, np.int64), axis=2, out=name)
+            outputs.append((name, ("batch", "sequence")))
+    if heads["classifier"] and config.classifier_kind == "token":
+        g.dense(x, "classifier", out="logits")
+        outputs.append(("logits", ("batch", "sequence", config.num_labels)))
+    elif heads["classifier"] and pooled:
+        g.dense(pooled, "classifier", out="logits")
+        outputs.append(("logits", ("batch", config.num_labels)))
+    return g, outputs
+
+
+def graph_io(config: BertConfig, heads: dict) -> tuple:
+    """(nodes, inputs, outputs) as of2onnx writes them, each a list of serialized messages."""
+    graph, outputs = build_graph(config, heads)
+    return (graph.nodes, [value_info(n, INT64, ("batch", "sequence")) for n in INPUTS],
+            [value_info(n, FLOAT, dims) for n, dims in outputs])
