@@ -1,4 +1,4 @@
-"""The BLAS under OneFlow's CPU GEMMs (bert_of/blas.py): each BERT_OF_BLAS choice beside torch.
+"""The BLAS under OneFlow's CPU GEMMs (bert_of/runtime/blas.py): each BERT_OF_BLAS choice beside torch.
 
     .venv/bin/python bench/blas_bench.py [--rounds 3] [--mkl PATH/libmkl_rt.so.3] [--out bench/results/blas.json]
 
@@ -60,7 +60,7 @@ def worker(fw: str, threads: int) -> dict:
                 "threads": threads}
     sys.path.insert(0, ROOT)
     from bert_of._flow import flow
-    import bert_of.blas as blas
+    import bert_of.runtime.blas as blas
     from bert_of.config import BertConfig
     from bert_of.modeling import BertModel
 

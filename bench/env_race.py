@@ -1,4 +1,4 @@
-"""Why bert_of writes os.environ only through bert_of.process.set_environ (issue 30).
+"""Why bert_of writes os.environ only through bert_of.runtime.process.set_environ (issue 30).
 
 OneFlow 0.9's worker threads call getenv for every kernel they launch (DNNL_DEFAULT_FPMATH_MODE,
 ONEFLOW_ENABLE_ONEDNN_OPTS, ONEFLOW_KERNEL_*: counted with an LD_PRELOAD getenv logger, tens of

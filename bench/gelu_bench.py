@@ -1,4 +1,4 @@
-"""GELU on CPU for inference: OneFlow 0.9's own kernels against bert_of's (bert_of/cpu_kernels.c),
+"""GELU on CPU for inference: OneFlow 0.9's own kernels against bert_of's (bert_of/runtime/cpu_kernels.c),
 at a BERT-base FFN's activation (4 x 384 tokens x 3072), both GELUs, inputs ~N(0, 1) and ~N(0, 9).
 
     .venv/bin/python bench/gelu_bench.py [--reps 7] [--out bench/results/gelu.json]
@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_of._flow import flow  # noqa: E402
-from bert_of.kernels import _ONEFLOW_GELU, _native_lib, native_status  # noqa: E402
+from bert_of.runtime.kernels import _ONEFLOW_GELU, _native_lib, native_status  # noqa: E402
 
 SHAPE = (4 * 384, 3072)
 

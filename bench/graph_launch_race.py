@@ -1,4 +1,4 @@
-"""OneFlow 0.9's graph-launch race, with and without bert_of's guard (bert_of/oneflow_fix.py).
+"""OneFlow 0.9's graph-launch race, with and without bert_of's guard (bert_of/runtime/oneflow_fix.py).
 
 Each trial is a fresh process that runs one small CPU nn.Graph (a Linear layer) LAUNCHES times,
 reading each output, as inference's layer-by-layer graph and a training loop do. Without the guard
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import json, sys, numpy as np
 from bert_of._flow import flow
-import bert_of.oneflow_fix as fix
+import bert_of.runtime.oneflow_fix as fix
 class G(flow.nn.Graph):
     def __init__(self, m): super().__init__(); self.m = m
     def build(self, x): return self.m(x)

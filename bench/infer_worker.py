@@ -261,9 +261,9 @@ def main():
     res.update(impl=a.impl, mode="eager" if a.impl == "hf" else a.mode, model=a.model, seq=a.seq, task=a.task,
                batch=a.batch, peak_rss_mib=status("VmHWM"))
     if a.impl == "of":
-        import bert_of.blas as blas
+        import bert_of.runtime.blas as blas
 
-        from bert_of.kernels import native_status
+        from bert_of.runtime.kernels import native_status
 
         res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
                    blas_choice=os.environ.get("BERT_OF_BLAS"), cpu_gelu=native_status()["active"])

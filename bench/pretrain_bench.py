@@ -26,7 +26,7 @@ thread pool, ...: bench/threads.py). Only ratios measured side by side mean
 anything on a shared machine; the load average at each run's start is recorded.
 
 OneFlow rows run bert_of as `bert-of pretrain` runs it: BERT_OF_BLAS=auto (a threaded
-BLAS under OneFlow's GEMMs: bert_of/blas.py); rows *_ownblas with BERT_OF_BLAS=oneflow
+BLAS under OneFlow's GEMMs: bert_of/runtime/blas.py); rows *_ownblas with BERT_OF_BLAS=oneflow
 (OneFlow's own single-threaded OpenBLAS, AVX2/FMA kernels: bert_of before). Where the time goes inside
 a step: bench/pretrain_profile.py -> bench/results/pretrain_profile.md.
 

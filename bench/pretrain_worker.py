@@ -162,7 +162,7 @@ def main():
                "samples_per_s": round(n * a.steps / wall, 3), "step_s": [round(t, 4) for t in times],
                "step_median_s": round(float(np.median(times)), 4), "first_step_s": round(first, 2),
                "warmup_s": round(warm, 2), "startup_s": round(t0 - t_import, 2), "loss_first_last": [losses[0], losses[-1]],
-               "used": per_rank, "blas": __import__("bert_of.blas").blas.status()}
+               "used": per_rank, "blas": __import__("bert_of.runtime.blas").blas.status()}
         with open(a.out, "w") as f:
             json.dump(res, f)
     barrier()

@@ -4,7 +4,7 @@ Importing ``bert_of`` is cheap: OneFlow (~1 s, ~400 MB) loads only when a model
 class is first touched, so converters and ``bert-of inspect`` stay light, and run without OneFlow
 installed (it is the ``oneflow`` extra: a model class without it raises ImportError naming it). Importing it (and
 OneFlow through it) leaves the process as it was: no signal handler, mask, file descriptor or
-environment variable changes; a command line sets its process up explicitly (bert_of.process).
+environment variable changes; a command line sets its process up explicitly (bert_of.runtime.process).
 """
 
 from bert_of.config import BertConfig

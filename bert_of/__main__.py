@@ -1,9 +1,9 @@
 """``bert-of`` and ``python -m bert_of``: the process is set up for a command before anything loads a
-native library (signals, NumPy's threads: bert_of.process), then the command line runs."""
+native library (signals, NumPy's threads: bert_of.runtime.process), then the command line runs."""
 
 import sys
 
-import bert_of.process as process
+import bert_of.runtime.process as process
 
 
 def main() -> int:

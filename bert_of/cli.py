@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 
-import bert_of.process as process
+import bert_of.runtime.process as process
 
 if __name__ == "__main__":  # python -m bert_of.cli: set up before the imports below load native libraries
     process.setup()
@@ -80,7 +80,7 @@ def _debug(args) -> bool:
 
 def dispatch(args) -> int:
     """Run a parsed subcommand. bert_of's errors and I/O errors become one line on stderr and exit
-    status 1; Ctrl-C / SIGTERM one line and 130 / 143 (see :mod:`bert_of.process`); a
+    status 1; Ctrl-C / SIGTERM one line and 130 / 143 (see :mod:`bert_of.runtime.process`); a
     reader leaving the pipe (`bert-of ... | head`) is not an error. Anything else is a bug in
     bert_of: one line says so and how to see the traceback (``--debug`` or ``BERT_OF_DEBUG=1``,
     which re-raise)."""
@@ -166,7 +166,7 @@ def parse(parser: argparse.ArgumentParser, argv=None):
 
 
 def main(argv=None) -> int:
-    """``bert-of``: the process is set up for a command (bert_of.process), then the command line runs."""
+    """``bert-of``: the process is set up for a command (bert_of.runtime.process), then the command line runs."""
     process.setup()
     argv, debug = _take_debug(argv)
     try:

@@ -17,12 +17,11 @@ from typing import Optional
 
 import numpy as np
 
-from bert_of._flow import flow
+from bert_of._flow import LayerNorm, flow
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
 from bert_of.inputs import (IGNORE_INDEX, as_input, check_classifier_targets, check_pretraining_targets,
                             check_span_targets)
-from bert_of.kernels import LayerNorm
 from bert_of.model_io import PreTrained
 from bert_of.modeling import ACT_FN, BertModel
 from bert_of.outputs import (MaskedLMOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,

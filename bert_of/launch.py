@@ -23,9 +23,9 @@ variables), because that launcher
 
 Here every rank dies with this process (``PR_SET_PDEATHSIG``: even SIGKILL of the parent stops
 them), Ctrl-C / SIGTERM stop the ranks and end the job by that signal as they end one rank (130 /
-143; the handler is the command's, bert_of.process), the first rank to fail ends the job, and its
+143; the handler is the command's, bert_of.runtime.process), the first rank to fail ends the job, and its
 last error line is printed once, naming the rank. Every rank is set up as a command's process
-(:func:`bert_of.process.setup`) before its target runs.
+(:func:`bert_of.runtime.process.setup`) before its target runs.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import bert_of.process as process
+import bert_of.runtime.process as process
 from bert_of.errors import BertOfError, ConfigError
 
 # The package's parent: children import the same bert_of as this process.
@@ -115,7 +115,7 @@ def topology(args, nproc: int | None = None) -> Topology:
 def in_rank() -> bool:
     """True in a process started as one rank of several (by this module or any launcher that sets
     OneFlow's variables). WORLD_SIZE=1 / RANK=-1 (what OneFlow's start-up puts in the environment of
-    a single process; bert_of.process takes it back out) is not a rank of several."""
+    a single process; bert_of.runtime.process takes it back out) is not a rank of several."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "-1")) >= 0
     except ValueError:
@@ -278,7 +278,7 @@ def run_ranks(target: list, topo: Topology, grace: float = GRACE_S) -> int:
     """Run ``python TARGET...`` (``["-m", "bert_of.cli", ...]``) as this node's ranks of ``topo``
     and wait: 0 when every rank succeeded. Otherwise the first failure ends the job and raises
     :class:`RankFailed` naming that rank and its last error. Ctrl-C / SIGTERM of this process (the
-    command's handler raises KeyboardInterrupt / Terminated: bert_of.process) stop the ranks and go
+    command's handler raises KeyboardInterrupt / Terminated: bert_of.runtime.process) stop the ranks and go
     on up, so the job ends as one rank would (130 / 143)."""
     envs = rank_envs(topo)
     ranks = []

@@ -12,7 +12,7 @@ created inside ``forward`` and nothing slices a split tensor, so with
 parameters broadcast and a batch split(0) no S->B conversion creeps in.
 The task heads (pretraining, MLM, SQuAD, classifiers) are in :mod:`bert_of.heads`; the output
 classes and the heads' losses in :mod:`bert_of.outputs`. Loading and saving are
-:mod:`bert_of.model_io`; the CPU kernel workarounds :mod:`bert_of.kernels`.
+:mod:`bert_of.model_io`; the CPU kernel workarounds :mod:`bert_of.runtime.kernels`.
 
 Shapes: B batch, S sequence, H hidden, N heads, D = H/N, I intermediate, V vocab.
 """
@@ -23,10 +23,9 @@ import contextlib
 import math
 from typing import Optional
 
-from bert_of._flow import flow
+from bert_of._flow import LayerNorm, flow, gelu_erf, gelu_tanh
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
-from bert_of.kernels import LayerNorm, gelu_erf, gelu_tanh
 from bert_of.outputs import BertModelOutput
 from bert_of.model_io import PreTrained
 from bert_of.tensors import pre_ln_canonical_name

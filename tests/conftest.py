@@ -10,7 +10,7 @@ import traceback
 
 import pytest
 
-from bert_of.process import drain_oneflow, set_environ
+from bert_of.runtime.process import drain_oneflow, set_environ
 from bert_of.progress import allow_bars, setup_logging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_he
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_setup(item):
     """Each test starts with OneFlow idle: a test's own environment writes (monkeypatch.setenv, a
-    fixture's os.environ) then meet no kernel reading the environment (bert_of.process.set_environ)."""
+    fixture's os.environ) then meet no kernel reading the environment (bert_of.runtime.process.set_environ)."""
     drain_oneflow()
     yield
 
@@ -137,7 +137,7 @@ def _run_in_process(args, extra_env):
             os.chdir(cwd)
             sys.argv = argv
             # through bert_of's one writer: OneFlow's threads call getenv for every kernel, and a
-            # setenv under them crashed the test process (bert_of.process.set_environ)
+            # setenv under them crashed the test process (bert_of.runtime.process.set_environ)
             set_environ({**dict.fromkeys(set(os.environ) - set(env)), **env})
             for s, h in handlers.items():
                 signal.signal(s, h)

@@ -23,8 +23,8 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 
 # (regex over the module name, layer); first match wins
 LAYERS = [
-    (r"bert_of\.(errors|version|process|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|vocab|protobuf|pickles|native|oneflow_fix|blas)", 0),
-    (r"bert_of\.(_flow|kernels|inputs|outputs|model_io|modeling|heads|tokenizer)", 1),
+    (r"bert_of\.(errors|version|runtime|runtime\.(process|native|oneflow_fix|blas)|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|vocab|protobuf|pickles)", 0),
+    (r"bert_of\.(_flow|runtime\.(kernels|flow_import)|inputs|outputs|model_io|modeling|heads|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data|pretraining|finetuning)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
     (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),
@@ -202,8 +202,8 @@ def _environ_writes(path: str) -> list:
 
 def test_only_the_process_module_writes_the_environment():
     """OneFlow's worker threads call getenv for every kernel; a setenv of a new name under them is a
-    segfault. bert_of.process.set_environ drains OneFlow before it writes: no other module writes."""
-    writes = {m: lines for m, p in MODULES.items() if m != "bert_of.process" and (lines := _environ_writes(p))}
+    segfault. bert_of.runtime.process.set_environ drains OneFlow before it writes: no other module writes."""
+    writes = {m: lines for m, p in MODULES.items() if m != "bert_of.runtime.process" and (lines := _environ_writes(p))}
     assert writes == {}, writes
 
 

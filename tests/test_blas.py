@@ -1,4 +1,4 @@
-"""The BLAS under OneFlow's CPU GEMMs (bert_of/blas.py, blas_shim.c): chosen by BERT_OF_BLAS before
+"""The BLAS under OneFlow's CPU GEMMs (bert_of/runtime/blas.py, blas_shim.c): chosen by BERT_OF_BLAS before
 OneFlow loads, each choice in a fresh process (the choice is made once per process)."""
 
 import json
@@ -20,7 +20,7 @@ import ctypes, json, os, sys
 import numpy as np
 before = dict(os.environ)
 from bert_of._flow import flow
-import bert_of.blas as blas
+import bert_of.runtime.blas as blas
 lib = ctypes.CDLL(next(l.split()[-1] for l in open('/proc/self/maps') if 'liboneflow' in l))
 lib.gotoblas_corename.restype = ctypes.c_char_p
 rng = np.random.default_rng(0)
@@ -40,7 +40,7 @@ from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.heads import BertForPreTraining
 from bert_of.modeling import BertGraph
-import bert_of.blas as blas
+import bert_of.runtime.blas as blas
 flow.manual_seed(0)
 cfg = BertConfig(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=1024, max_position_embeddings=128, hidden_dropout_prob=0.0,
@@ -83,7 +83,7 @@ def _avx2_fma() -> bool:
 
 
 def test_each_choice_runs_onefows_gemms_where_it_says():
-    import bert_of.blas as blas
+    import bert_of.runtime.blas as blas
 
     openblas = blas.find_openblas()
     assert openblas, "the oneflow extra installs scipy-openblas32"

@@ -228,8 +228,8 @@ def test_verbose_lists_every_tensor(tmp_path):
 
 @pytest.mark.oneflow
 def test_oneflow_start_up_line_is_gone():
-    """In a command's process (bert_of.process.setup: the library alone touches no fd)."""
-    r = subprocess.run([sys.executable, "-c", "from bert_of import process; process.setup(); import bert_of._flow; "
+    """In a command's process (bert_of.runtime.process.setup: the library alone touches no fd)."""
+    r = subprocess.run([sys.executable, "-c", "from bert_of.runtime import process; process.setup(); import bert_of._flow; "
                         "import sys; print('real error', file=sys.stderr)"],
                        capture_output=True, text=True, env=_env(), cwd=ROOT)
     assert r.returncode == 0 and "libibverbs" not in r.stderr and "real error" in r.stderr

@@ -1,4 +1,4 @@
-"""OneFlow 0.9's graph-launch race and bert_of's guard (bert_of/oneflow_fix.py).
+"""OneFlow 0.9's graph-launch race and bert_of's guard (bert_of/runtime/oneflow_fix.py).
 
 OneFlow 0.9 hands a graph run to its actors before queueing it, and the run's end dequeues it: a
 run that ends first pops an empty queue (a segfault or a hang within a few thousand launches of a
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.oneflow
 CHILD = r"""
 import json, sys, numpy as np
 from bert_of._flow import flow
-import bert_of.oneflow_fix as fix
+import bert_of.runtime.oneflow_fix as fix
 class G(flow.nn.Graph):
     def __init__(self, m): super().__init__(); self.m = m
     def build(self, x): return self.m(x)

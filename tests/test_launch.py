@@ -283,9 +283,9 @@ def _accepted(s) -> int:
 def test_a_rank_joins_only_once_rank_0_listens(monkeypatch):
     """OneFlow 0.9 puts a rank that reaches the rendezvous before rank 0 listens to sleep a fixed 10 s
     (RpcClient::LoadServer), which cost about every other launch 10 s: ranks other than 0 wait for
-    rank 0's port before importing OneFlow (bert_of.process, in a set-up process); rank 0 and single
+    rank 0's port before importing OneFlow (bert_of.runtime.process, in a set-up process); rank 0 and single
     processes never wait."""
-    from bert_of import process
+    from bert_of.runtime import process
 
     port = free_port()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

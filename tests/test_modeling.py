@@ -13,7 +13,7 @@ from bert_of import (BertConfig, BertForPreTraining, BertForQuestionAnswering, B
                      BertGraph, BertModel, CheckpointError)
 from bert_of._flow import flow
 from bert_of.converters.verify.compare import make_batch
-from bert_of.kernels import gelu_erf, gelu_tanh
+from bert_of.runtime.kernels import gelu_erf, gelu_tanh
 from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 
 CFG = BertConfig.from_google_dict(TINY)
@@ -163,7 +163,7 @@ def test_cpu_layer_norm_and_gelu_equal_the_textbook_forms():
     import math
 
     from bert_of._flow import flow
-    from bert_of.kernels import LayerNorm
+    from bert_of.runtime.kernels import LayerNorm
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 5, 24)).astype(np.float32) * 3 + 1
@@ -191,7 +191,7 @@ def test_cpu_inference_gelus_are_oneflows_bits_on_every_core():
     """For inference on CPU both GELUs run in bert_of's own kernel (cpu_kernels.c): OneFlow's float
     operations and libm calls in one pass over the cores, so OneFlow's bits (NaN payloads aside) on
     1 or 2 threads and for a strided input; with autograd (and in a graph) OneFlow's own ops run."""
-    from bert_of.kernels import _ONEFLOW_GELU, _native_lib, native_status
+    from bert_of.runtime.kernels import _ONEFLOW_GELU, _native_lib, native_status
 
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(3 * 65536 + 7) * 4).astype(np.float32)
@@ -224,7 +224,7 @@ def test_cpu_inference_gelus_are_oneflows_bits_on_every_core():
 
 
 def test_cpu_gelu_kernels_can_be_turned_off():
-    code = ("from bert_of._flow import flow\nfrom bert_of.kernels import gelu_erf, native_status\n"
+    code = ("from bert_of._flow import flow\nfrom bert_of.runtime.kernels import gelu_erf, native_status\n"
             "with flow.no_grad():\n    y = gelu_erf(flow.tensor([1.0, -2.0])).numpy()\n"
             "print(native_status(), [round(float(v), 4) for v in y])")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, BERT_OF_CPU_KERNELS="0"), cwd=ROOT,

@@ -3,7 +3,7 @@
 ``import bert_of``, ``from bert_of import BertModel`` and a first model (which imports OneFlow)
 leave the process as they found it: the signal dispositions as the kernel has them (OneFlow's
 liboneflow installs a C SIGINT handler that Python's ``signal.getsignal`` does not see), the
-signal mask, fds 0-2 and os.environ. ``bert_of.process.setup()`` is what a command line does."""
+signal mask, fds 0-2 and os.environ. ``bert_of.runtime.process.setup()`` is what a command line does."""
 
 import json
 import os
@@ -89,7 +89,7 @@ def test_importing_bert_of_and_using_a_model_leaves_the_process_as_it_was():
 
 
 def test_oneflow_import_in_a_set_up_process_keeps_the_environment_and_drops_only_its_start_up_line():
-    out, err = _run("from bert_of import process\nprocess.setup()\nout['set up'] = snapshot()\n"
+    out, err = _run("from bert_of.runtime import process\nprocess.setup()\nout['set up'] = snapshot()\n"
                     "import bert_of._flow\nout['oneflow'] = snapshot()\n"
                     "print('a real error', file=sys.stderr)\n")
     start, set_up, after = out["start"], out["set up"], out["oneflow"]

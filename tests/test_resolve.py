@@ -274,8 +274,8 @@ def test_hook_handles_bert_of_dirs_itself_and_delegates_the_rest(formats, tmp_pa
         BertModel.from_pretrained(str(broken))
 
 
-MODEL_AND_BASE = ("errors", "version", "process", "files", "progress", "config", "resolver", "tensors", "checkpoint",
-                  "tokenization", "vocab", "initializers", "protobuf", "native", "oneflow_fix", "blas", "_flow", "kernels", "inputs", "outputs", "model_io",
+MODEL_AND_BASE = ("errors", "version", "runtime", "files", "progress", "config", "resolver", "tensors", "checkpoint",
+                  "tokenization", "vocab", "initializers", "protobuf", "_flow", "inputs", "outputs", "model_io",
                   "modeling", "heads")
 
 

@@ -21,10 +21,10 @@ def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):
     assert 0 < verify["cpu"]["worst"] <= 1e-5
     kernels = checks["kernels"]["max_abs_diff"]["cpu"]
     assert checks["kernels"]["status"] == "pass" and 0 < kernels["layer_norm"] < 1e-4 and 0 < kernels["gelu_tanh"] < 1e-4
-    launch = checks["graph_launch"]  # OneFlow 0.9's graph-launch race guarded (bert_of/oneflow_fix.py)
+    launch = checks["graph_launch"]  # OneFlow 0.9's graph-launch race guarded (bert_of/runtime/oneflow_fix.py)
     assert launch["status"] == "pass" and launch["guard"]["active"] is True
     assert launch["guard"]["launches"] >= launch["launches"] == 2000
-    blas = checks["blas"]  # the BLAS under OneFlow's CPU GEMMs (bert_of/blas.py): its rate and its result
+    blas = checks["blas"]  # the BLAS under OneFlow's CPU GEMMs (bert_of/runtime/blas.py): its rate and its result
     assert blas["status"] == "pass" and blas["gflops"] > 0 and blas["max_rel_diff"] <= 1e-5
     if os.environ.get("BERT_OF_BLAS", "auto") == "auto":  # the suite also runs with BERT_OF_BLAS=oneflow
         assert blas["choice"] == "auto" and blas["blas"] in ("mkl", "openblas") and blas["gemms"] >= 5

@@ -2,7 +2,7 @@
 
 import sys
 
-import bert_of.process as process
+import bert_of.runtime.process as process
 
 process.setup()  # before the command's imports load native libraries
 

@@ -10,7 +10,7 @@ import contextlib
 import sys
 import time
 
-from bert_of.process import as_worker
+from bert_of.runtime.process import as_worker
 
 from .text import DataError
 

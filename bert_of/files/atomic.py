@@ -17,7 +17,7 @@ import shutil
 import tempfile
 
 from bert_of.errors import BertOfError, OutputError
-from bert_of.process import at_abrupt_end, uninterrupted
+from bert_of.runtime.process import at_abrupt_end, uninterrupted
 from bert_of.progress import log
 
 
@@ -52,7 +52,7 @@ def writes_to(path: str):
 # What this process is writing and has not published yet: staging folders and temp files. Normally
 # the with-blocks remove them as an exception unwinds; a process that must end at once (a signal
 # while OneFlow's C++ is on the stack, where an exception can abort the process) runs
-# ``abandon_writes`` instead (bert_of.process.at_abrupt_end).
+# ``abandon_writes`` instead (bert_of.runtime.process.at_abrupt_end).
 UNFINISHED: dict = {}  # path -> "dir" | "file"
 
 

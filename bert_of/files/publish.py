@@ -23,7 +23,7 @@ from bert_of.files.atomic import UNFINISHED, fsync_dir, io_error
 from bert_of.files.locks import command_line
 from bert_of.files.owned import check_destination, record_files
 from bert_of.files.pinned import retire
-from bert_of.process import uninterrupted
+from bert_of.runtime.process import uninterrupted
 from bert_of.progress import log
 
 

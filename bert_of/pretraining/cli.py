@@ -9,7 +9,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-import bert_of.process as process
+import bert_of.runtime.process as process
 from bert_of.cli_grammar import add_command
 from bert_of.data.layout import dataset_vocab
 from bert_of.errors import BertOfError, ConfigError

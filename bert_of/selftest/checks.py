@@ -10,7 +10,7 @@ Checks, in order (each ``pass`` / ``fail`` / ``skipped`` with its numbers):
               (TF32 off: OneFlow enables it for fp32 matmuls by default)
   kernels     the model's CUDA branches (OneFlow's fused layer_norm and fast_gelu) against the CPU
               formulas in float64; on CPU the CPU formulas themselves
-  blas        which BLAS runs OneFlow's CPU GEMMs (bert_of.blas, BERT_OF_BLAS), its GEMM rate
+  blas        which BLAS runs OneFlow's CPU GEMMs (bert_of.runtime.blas, BERT_OF_BLAS), its GEMM rate
               (GFLOP/s of a 1024^3 matmul) and its result against NumPy in float64 (rel. <= 1e-5)
   amp         ``bert-of align amp``: 50 steps fp32 vs fp16 AMP on cuda (CUDA only)
   throughput  BERT-base, seq 128, pretraining samples/s: fp32 and AMP, eager and graph on one GPU;
@@ -33,9 +33,9 @@ import traceback
 
 import numpy as np
 
-import bert_of.blas as blas
-import bert_of.oneflow_fix as oneflow_fix
-import bert_of.process as process
+import bert_of.runtime.blas as blas
+import bert_of.runtime.oneflow_fix as oneflow_fix
+import bert_of.runtime.process as process
 from bert_of._flow import flow
 from bert_of.align.runner import run_experiments
 from bert_of.checkpoint import write_checkpoint
@@ -46,7 +46,7 @@ from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining
 from bert_of.launch import Topology, child_env, run_ranks
-from bert_of.kernels import LayerNorm, gelu_erf, gelu_tanh, native_status
+from bert_of.runtime.kernels import LayerNorm, gelu_erf, gelu_tanh, native_status
 from bert_of.training.optim import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer
@@ -135,7 +135,7 @@ class _OneLayer(flow.nn.Graph):
 
 
 def check_graph_launch(launches: int = 2000) -> dict:
-    """OneFlow 0.9's graph-launch race guarded (bert_of/oneflow_fix.py): a small CPU graph run
+    """OneFlow 0.9's graph-launch race guarded (bert_of/runtime/oneflow_fix.py): a small CPU graph run
     ``launches`` times through the guard gives the same output every time."""
     guard = oneflow_fix.status()
     if not guard["active"]:

@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-import bert_of.process as process
+import bert_of.runtime.process as process
 from bert_of.errors import BertOfError, CheckpointError, NeedsOneFlow
 from bert_of.tokenization import FullTokenizer
 from bert_of.converters.verify import transformers_run as hf_torch, reference_forward, reference_np

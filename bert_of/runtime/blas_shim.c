@@ -3,10 +3,10 @@
  * liboneflow carries a single-threaded OpenBLAS and calls exactly four of its routines through the
  * PLT: cblas_sgemm, cblas_dgemm, cblas_sdot, cblas_ddot (objdump of liboneflow-*.so). These
  * definitions, loaded RTLD_GLOBAL before liboneflow, take their place and call the routines that
- * bert_of.blas binds (a threaded OpenBLAS from the scipy-openblas32 wheel, MKL, or a library the
+ * bert_of.runtime.blas binds (a threaded OpenBLAS from the scipy-openblas32 wheel, MKL, or a library the
  * user names), whatever their symbols are called there. CBLAS's C interface, 32-bit integers.
  * The shim loads first (a library loaded after it, MKL's own layers included, cannot come before
- * it); until bert_of.blas binds a library, each routine is the next definition (liboneflow's). */
+ * it); until bert_of.runtime.blas binds a library, each routine is the next definition (liboneflow's). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>

@@ -1,5 +1,5 @@
 /* GELU for inference on CPU, the float operations OneFlow 0.9's CPU kernels perform, in the same
- * order and with the same libm calls, so the result is the same to the last bit (bert_of/kernels.py
+ * order and with the same libm calls, so the result is the same to the last bit (bert_of/runtime/kernels.py
  * checks that on first use and otherwise stays with OneFlow's kernels). What differs is the pass:
  * OneFlow runs each op as its own single-threaded loop over the tensor (gelu_tanh takes seven); this
  * does one pass, split over the process's cores.
@@ -8,7 +8,7 @@
  * op 1, Google's tanh GELU as bert_of writes it for OneFlow (kernels.gelu_tanh):
  *       x * sigmoid(c * (x + 0.044715f * (x * x * x))), c = 2 sqrt(2/pi) as a float, and
  *       OneFlow's CPU sigmoid computes in double: (float)(1.0 / (1.0 + exp(-(double)u))).
- * Built without floating-point contraction (bert_of/native.py): a fused multiply-add would round
+ * Built without floating-point contraction (bert_of/runtime/native.py): a fused multiply-add would round
  * differently from OneFlow's separate kernels. */
 #include <math.h>
 #include <pthread.h>

@@ -28,8 +28,8 @@ import importlib.util
 import os
 import sys
 
-import bert_of.native as native
-import bert_of.process as process
+import bert_of.runtime.native as native
+import bert_of.runtime.process as process
 from bert_of.errors import ConfigError
 
 CHOICES = ("auto", "mkl", "openblas", "oneflow", "exact")

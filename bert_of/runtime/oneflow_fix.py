@@ -6,7 +6,7 @@ the two, a short run ends first and pops an empty ``std::queue``. The process th
 random: 4 of 5 processes launching a small CPU graph 20,000 times crashed within 3,000 launches
 (``bench/graph_launch_race.py``; the suite's crashes in ``infer``). ``oneflow_fix.c`` takes
 the place of the two queue methods (liboneflow calls them through its PLT) and keeps the queue in
-order; this module builds it once (:func:`bert_of.native.build`) and loads it
+order; this module builds it once (:func:`bert_of.runtime.native.build`) and loads it
 RTLD_GLOBAL before ``import oneflow`` (:mod:`bert_of._flow`).
 
 ``BERT_OF_ONEFLOW_FIX=0`` leaves OneFlow as it is (to see the race). Without a C compiler the guard
@@ -19,7 +19,7 @@ import ctypes
 import os
 import sys
 
-import bert_of.native as native
+import bert_of.runtime.native as native
 
 _lib = None
 _why_off = "not loaded (OneFlow not imported yet)"

@@ -26,9 +26,9 @@ import os
 
 import numpy as np
 
-import bert_of.native as native
-from bert_of._flow import flow
-from bert_of.blas import default_threads
+import bert_of.runtime.native as native
+from bert_of.runtime.flow_import import flow
+from bert_of.runtime.blas import default_threads
 
 nn = flow.nn
 

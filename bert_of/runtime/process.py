@@ -17,7 +17,7 @@ bert_of.cli``, the sub-CLIs) and every rank the launcher starts call :func:`setu
 :func:`oneflow_import` wraps ``import oneflow`` in every process, set up or not: signals blocked
 around it, Python's SIGINT handler put back over the C one liboneflow installs, the environment
 variables it adds removed (WORLD_SIZE, RANK, MASTER_*, ...), its own OpenBLAS given its AVX2/FMA
-kernels unless BERT_OF_BLAS=exact (:mod:`bert_of.blas` chooses the BLAS its GEMMs call). Only this module handles, blocks or sends signals (:func:`uninterrupted` keeps short
+kernels unless BERT_OF_BLAS=exact (:mod:`bert_of.runtime.blas` chooses the BLAS its GEMMs call). Only this module handles, blocks or sends signals (:func:`uninterrupted` keeps short
 steps whole; :func:`stop_groups` stops child process groups, :func:`as_worker` and
 :func:`die_with_parent` set up children).
 """
@@ -281,7 +281,7 @@ def _import_environment() -> dict:
     insufficient" on CPU-only machines is noise. OneFlow 0.9's bundled DYNAMIC_ARCH OpenBLAS does not
     recognise recent Xeons and runs its SSE3 "Prescott" kernels; its Haswell (AVX2+FMA) kernels do the
     same GEMMs 3x faster, so they run unless BERT_OF_BLAS=exact (they serve the GEMMs only with
-    BERT_OF_BLAS=oneflow, or when no threaded BLAS is installed: bert_of.blas). An OPENBLAS_CORETYPE
+    BERT_OF_BLAS=oneflow, or when no threaded BLAS is installed: bert_of.runtime.blas). An OPENBLAS_CORETYPE
     the user set always wins; the threaded BLAS has loaded by now and detected the CPU itself."""
     extra = {}
     if "GLOG_minloglevel" not in os.environ:
