@@ -238,7 +238,10 @@ def test_predict_squad_writes_the_official_files(squad, env, tmp_path):
 
 
 def test_zoo_list_shows_measured_squad_scores(squad, env):
-    from bert_of.zoo.cli import main as zoo_main
+    from bert_of.cli import main
+
+    def zoo_main(args):
+        return main(["zoo", *args])
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -495,12 +498,6 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
             assert np.array_equal(t, ck.tensors[name]), (k, name)
     assert _one_error([*base, "--output", tmp_path / "d", "--resume"]) == \
         f"{tmp_path / 'd'}: nothing to resume (no run.json: not a run of bert-of finetune glue)"
-    # the older spelling: --run-dir alone is -o (with a note); beside another -o it is refused in one line
-    _, err = ok(*base, "--run-dir", tmp_path / "e", "--steps", 2)
-    assert "--run-dir is deprecated: -o is the run folder" in err
-    assert (tmp_path / "e" / "final" / "train_args.json").is_file()
-    assert _one_error([*base, "--output", tmp_path / "f", "--run-dir", tmp_path / "g"]).startswith(
-        f"--run-dir {tmp_path / 'g'} and -o {tmp_path / 'f'}: -o is the run folder now")
 
 
 def test_a_run_resumes_in_the_mode_it_began_in(env, tmp_path):
@@ -556,12 +553,9 @@ def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path)
     assert "the loss is not finite at step" in line and "training stopped, nothing published" in line, line
     assert not os.path.exists(run / "final") and not os.path.exists(tmp_path / "nan-run" / "final")
     assert all(r["loss"] is not None for r in _metrics(tmp_path / "nan-run"))  # strict JSON lines
-    # --overwrite starts a run folder again, and replaces a checkpoint an older `finetune -o` wrote there
-    old = tmp_path / "old"
-    shutil.copytree(env.base, old)
-    for out in (run, old):
-        ok(*base, "--output", out, "--overwrite", "--steps", 2)
-        assert sorted(n for n in os.listdir(out) if n != LOCK_NAME) == ["final", "metrics.jsonl", "run.json"]
+    # --overwrite starts a run folder again
+    ok(*base, "--output", run, "--overwrite", "--steps", 2)
+    assert sorted(n for n in os.listdir(run) if n != LOCK_NAME) == ["final", "metrics.jsonl", "run.json"]
 
 
 @pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")

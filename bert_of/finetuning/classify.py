@@ -19,6 +19,7 @@ import csv
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,17 +29,56 @@ from bert_of.eval.glue_data import InputExample
 from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
                                     problem_of, read_table, regression_metrics)
 from bert_of.files.atomic import atomic_open
-from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
-                                       finish_finetuning, load_model, make_tokenizer, model_display_name,
-                                       model_folder, read_train_args, record, train)
-from bert_of.finetuning.glue import check_head, glue_arrays, glue_seq_len, percent
-from bert_of.finetuning.options import ClassifyOptions
-from bert_of.heads import BertForSequenceClassification
-from bert_of.training.inference import infer
-from bert_of.training.loop import note
-from bert_of.training.runtime import Runtime
+from bert_of.finetuning.glue import glue_arrays
+from bert_of.finetuning.task import Help, ModelRun, Task
+from bert_of.options import TRAINING, arg
+from bert_of.eval.user_data import LABEL_SEPARATOR
+from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
 
-TASK = "classify"
+if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+    from bert_of.training.runtime import Runtime
+
+
+YOUR_DATA = "your data"
+CLASSIFY_PROBLEMS = ("auto", "single_label", "regression", "multi_label")
+
+
+@dataclass(kw_only=True)
+class ClassifyOptions(TaskOptions):
+    """``bert-of finetune classify`` / ``predict classify`` / ``eval classify``: a user's CSV, TSV or
+    JSON Lines file with named columns (run_classifier.py's defaults, transformers' run_glue columns)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True, path=True,
+                           help="CSV, TSV or JSON Lines with a text column (labels not needed)",
+                           helps={EVAL: "labeled CSV, TSV or JSON Lines"})
+    output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
+                             help="folder for predictions.csv, or the predictions file itself: CSV when it ends "
+                                  ".csv, JSON Lines when .jsonl",
+                             helps={TRAIN: RUN_FOLDER,
+                                    EVAL: "folder for predictions.csv (unset: $BERT_OF_HOME/eval/MODEL/"
+                                          "classify-DATA-TIME/)"})
+    lr: float = arg(2e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
+    text_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA,
+                                  help="the text (unset: text, sentence, sentence1, premise, question, review or "
+                                       "content)")
+    text_pair_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA,
+                                       help="the second text of a pair (unset: text_pair, sentence2, hypothesis or "
+                                            "passage when present)")
+    label_column: str | None = arg(None, metavar="NAME", group=YOUR_DATA, commands=(TRAIN, EVAL),
+                                   help="the label (unset: label, labels, target, or the only other column)")
+    problem: str = arg("auto", choices=CLASSIFY_PROBLEMS, group=YOUR_DATA, commands=(TRAIN,),
+                       help="auto: regression when the labels are real numbers, else classes; multi_label: "
+                            "each row holds a set of classes (sigmoid per class, binary cross-entropy)")
+    label_separator: str = arg(LABEL_SEPARATOR, metavar="SEP", group=YOUR_DATA,
+                               help="multi_label: what separates a row's classes in a CSV/TSV cell (JSON Lines "
+                                    "may hold a list); the predictions file joins them with it")
+    max_seq_length: int | None = arg(None, metavar="N", group=YOUR_DATA,
+                                     help=f"tokens per example (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as the "
+                                          "model was trained)")
+
+
+NAME = "classify"
 PREDICTIONS_FILE = "predictions.csv"
 OUTPUT_KINDS = (".csv", ".jsonl")
 THRESHOLD = 0.5  # multi-label: a class is predicted when its sigmoid reaches this
@@ -77,6 +117,10 @@ def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "a
 def finetune_classify(opts: ClassifyOptions) -> dict:
     """Fine-tune on ``opts.train`` in the run folder ``opts.output``, publish its final/ (checkpoint +
     train_args.json with the class order), evaluate each ``opts.eval_data``."""
+    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, base_args,
+                                            check_eval_data, check_head, check_output, check_seq_len,
+                                            finish_finetuning, glue_seq_len, load_model, make_tokenizer,
+                                            model_folder, train)  # loads OneFlow: only when the task runs
     rt = Runtime.create(opts.device)
     check_output(opts)
     table = _read(opts, opts.train, True, opts.problem)
@@ -90,7 +134,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
     check_eval_data(opts, lambda d: encode_labels(_read(opts, d, True, problem), problem, labels))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
-        check_head(path, num_labels, TASK, name)
+        check_head(path, num_labels, NAME, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels,
                               id2label=dict(enumerate(labels)) if labels else None,  # travels in config.json
@@ -100,8 +144,8 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
             model.vocab_file = opts.vocab  # saved with the fine-tuned checkpoint
         arrays = _arrays(table, max_seq, tok, targets)
         n = len(table.rows)
-        cfg, summary, finished = train(model, arrays, n, opts, opts.epochs, rt, f"finetune {TASK}")
-        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok)
+        cfg, summary, finished = train(model, arrays, n, opts, opts.epochs, rt, f"finetune {NAME}")
+        args = base_args(NAME, opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(problem=problem, labels=labels, id2label={str(i): k for i, k in enumerate(labels)},
                     label2id={k: i for i, k in enumerate(labels)}, train_examples=n,
@@ -114,7 +158,7 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
 def _model_labels(train_args: dict, name: str) -> tuple:
     problem = train_args.get("problem")
     labels = train_args.get("labels")
-    if train_args.get("task") != TASK or problem not in PROBLEM_TYPE or not isinstance(labels, list):
+    if train_args.get("task") != NAME or problem not in PROBLEM_TYPE or not isinstance(labels, list):
         raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune classify` (its train_args.json records no "
                           "classify problem and labels)")
     return problem, [str(k) for k in labels]
@@ -130,6 +174,9 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
     """Predictions for every row of ``opts.data``; rank 0 writes them to ``out_file`` (default
     ``opts.output``): per row, in input order, the label and every class's probability (or the
     regression value)."""
+    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, check_head, check_seq_len,
+                                            glue_seq_len, infer, load_model, make_tokenizer, model_folder,
+                                            note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     out_file = out_file or opts.output
     if not out_file:
@@ -145,7 +192,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:
-            check_head(path, num_labels, TASK, name)
+            check_head(path, num_labels, NAME, name)
             model, missing = load_model(BertForSequenceClassification, path, num_labels=num_labels)
             new_head = bool(missing)
             rt.place(model)
@@ -211,9 +258,10 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> dict | None:
     """Predict a labeled file, score it (accuracy, macro-F1, MCC; Pearson, Spearman, MSE; or for
     multi-label micro-F1, macro-F1 and subset accuracy), print the scores as JSON and record them."""
+    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, percent, record)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
-        opts.output = default_eval_dir(model_display_name(opts.model), opts.data, TASK)
+        opts.output = default_eval_dir(model_display_name(opts.model), opts.data, NAME)
     run = predict_classify(opts, trained=trained, model=model, rt=rt, need_labels=True,
                            out_file=os.path.join(opts.output, PREDICTIONS_FILE))
     if run is None:
@@ -224,7 +272,50 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
         metrics = percent(multi_label_metrics(run.targets, run.predictions), rt)
     else:
         metrics = percent(classification_metrics(run.targets, run.predictions, len(run.labels)), rt)
-    print(json.dumps({"task": TASK, "problem": run.problem, "examples": len(run.table.rows), **metrics}, indent=2),
+    print(json.dumps({"task": NAME, "problem": run.problem, "examples": len(run.table.rows), **metrics}, indent=2),
           flush=True)
-    record(opts, rt, TASK, metrics, run, pred_path=run.path, tool="bert-of eval classify")
+    record(opts, rt, NAME, metrics, run, pred_path=run.path, tool="bert-of eval classify")
     return metrics
+
+
+class ClassifyTask(Task):
+    name = "classify"
+    options = ClassifyOptions
+    predictions_file = PREDICTIONS_FILE
+    file_kinds = OUTPUT_KINDS
+    helps = {
+        TRAIN: Help(
+            'your own CSV / TSV / JSON Lines: classes or a regression target',
+            'Fine-tune a classifier on a file with named columns (a text, optionally a second text, a '
+            'label): string or integer labels are classes (sorted, recorded in the model), real numbers a '
+            "regression target (MSE). run_classifier.py's defaults.",
+            ('bert-of finetune classify --model bert-base-uncased --train train.csv -o sentiment-model/ '
+             '--eval-data dev.csv',
+             'bert-of finetune classify --model bert-base-uncased --train pairs.jsonl --text-column q1 '
+             '--text-pair-column q2 --label-column same -o pairs-model/')),
+        PREDICT: Help(
+            "per row: the label and every class's probability (CSV / JSON Lines)",
+            'Run a model from `bert-of finetune classify` over every row of a CSV / TSV / JSON Lines file '
+            "(no labels needed); writes, in input order, each row's label and every class's probability "
+            '(regression: the value) to OUTPUT (.csv or .jsonl).',
+            ('bert-of predict classify --model sentiment-model/ --data new.csv -o preds.csv',
+             'bert-of predict classify --model sentiment-model/ --data new.jsonl -o preds.jsonl')),
+        EVAL: Help(
+            'predict your own labeled CSV / TSV / JSON Lines file, score it and record it',
+            'Classify DATA with a model from `bert-of finetune classify` (its classes, in its order), write '
+            'OUTPUT/predictions.csv, score it (accuracy, macro-F1, MCC; regression: Pearson, Spearman, MSE), '
+            'print that JSON and append it to the results store.',
+            ('bert-of eval classify --model sentiment-model/ --data dev.csv',)),
+    }
+
+    def finetune(self, opts):
+        return finetune_classify(opts)
+
+    def predict(self, opts, trained=None, model=None, rt=None):
+        return predict_classify(opts, trained, model, rt)
+
+    def evaluate(self, opts, trained=None, model=None, rt=None):
+        return eval_classify(opts, trained, model, rt)
+
+
+TASK = ClassifyTask()

@@ -1,6 +1,11 @@
 """What every task (SQuAD, GLUE, classify, tag) shares: models and tokenizers,
 training on the shared :class:`~bert_of.training.Trainer`, prediction batches, publishing the
-fine-tuned checkpoint, and records in the results store."""
+fine-tuned checkpoint, and records in the results store.
+
+This is the tasks' one door to the model layer (it loads OneFlow): a task's methods import what
+they run with from here when they run (:mod:`bert_of.finetuning.task`), so building the command
+line needs no OneFlow. The head classes, ``infer``, ``note`` and ``Runtime`` are named here for
+that reason."""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ import json
 import math
 import os
 import shlex
-import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
 
 from bert_of._flow import flow
 from bert_of.checkpoint import CONFIG_NAME, RUN_FINAL, WEIGHTS_NAME, run_final, SafetensorsFile, write_checkpoint_files
@@ -22,11 +27,13 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.results import append_result, checkpoint_identity, file_identity, hardware_info, make_record
 from bert_of.files.atomic import read_jsonl, write_json
 from bert_of.files.home import bert_of_home, utc_now
-from bert_of.files.locks import LOCK_NAME, check_unlocked
 from bert_of.files.owned import check_destination, check_sources
 from bert_of.files.publish import publishing
 from bert_of.files.reading import read_json
-from bert_of.finetuning.options import TaskOptions
+from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, TaskOptions
+from bert_of.finetuning.task import ModelRun
+from bert_of.heads import (BertForQuestionAnswering, BertForSequenceClassification,  # noqa: F401 - the tasks'
+                           BertForTokenClassification)  # heads, imported from here when a task runs
 from bert_of.files.owned import register_own_files
 from bert_of.config import BertConfig
 from bert_of.inputs import check_inputs
@@ -34,7 +41,7 @@ from bert_of.options import RUN_RECORD, TrainConfig
 from bert_of.options import record as options_record
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
-from bert_of.training.inference import graph_accum_steps
+from bert_of.training.inference import graph_accum_steps, infer  # noqa: F401 - infer: the tasks'
 from bert_of.training.loop import ShuffledRows, StopAfter, fit, note
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
@@ -43,20 +50,6 @@ from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
 register_own_files((TRAIN_ARGS, RUN_RECORD))  # a fine-tuning's run folder: --overwrite may replace it
-
-
-@dataclass
-class ModelRun:
-    """What every task's predict step returns besides its own results: the model it ran (its bert_of
-    folder, display name, identity path, train_args.json, whether its head was newly initialised)
-    and the settings it ran with."""
-
-    model_path: str
-    model_name: str
-    identity_path: str
-    train_args: dict
-    new_head: bool
-    settings: dict
 
 
 def check_train(opts: TaskOptions, epochs: float) -> None:
@@ -175,6 +168,20 @@ def check_seq_len(model_config, max_seq_length: int, path: str, rt: Runtime | No
     return max_seq_length
 
 
+def glue_seq_len(opts: TaskOptions, train_args: dict) -> int:
+    v = opts.max_seq_length
+    glue_trained = train_args.get("task") and not str(train_args["task"]).startswith("squad")
+    saved = (train_args.get("hparams") or {}).get("max_seq_length") if glue_trained else None
+    return int(v if v is not None else (saved or GLUE_MAX_SEQ_LENGTH))
+
+
+def check_head(path: str, num_labels: int, task: str, name: str) -> None:
+    have = checkpoint_head_labels(path)
+    if have is not None and have != num_labels:
+        raise CheckpointError(f"{name}: its classifier head has {have} output(s) but {task} needs {num_labels} "
+                              "(a checkpoint fine-tuned for another task?)")
+
+
 # --------------------------------------------------------------------------- training and prediction
 
 
@@ -198,11 +205,6 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
     if opts.batch_size % rt.world or (opts.batch_size // rt.world) % cfg.grad_accum_steps:
         raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
                           f"{cfg.grad_accum_steps} accumulation step(s)")
-    if opts.overwrite and not opts.resume and rt.is_main and os.path.isdir(opts.output) and \
-            not os.path.isfile(os.path.join(opts.output, RUN_RECORD)):
-        # a checkpoint -o held before -o was the run folder (check_output found only bert_of's files)
-        check_unlocked(os.path.join(opts.output, LOCK_NAME), os.path.abspath(opts.output))
-        shutil.rmtree(opts.output)
     rt.barrier()
     run = RunDir(opts.output, rt, outputs=(RUN_FINAL,), what=what, sources=train_sources(opts),
                  record=(RUN_RECORD, options_record(opts)))
@@ -337,6 +339,19 @@ def finish_finetuning(model, opts: TaskOptions, rt: Runtime, args: dict, summary
         evaluate(replace(opts, data=data, output=None, model=opts.output, name=None), trained=final,
                  model=model, rt=rt)
     return args
+
+
+def percent(scores: dict, rt: Runtime, keep=()) -> dict:
+    """Scores (fractions) as percent, as the results store keeps them (``keep``: names left as they
+    are, e.g. an MSE); an undefined score (NaN) is null, with a note."""
+    out = {}
+    for k, v in scores.items():
+        if math.isnan(v):
+            note(rt, f"note: {k} is undefined for these predictions (constant values); reported as null")
+            out[k] = None
+        else:
+            out[k] = v if k in keep else 100.0 * v
+    return out
 
 
 def _command_line() -> str | None:

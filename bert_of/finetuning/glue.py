@@ -9,27 +9,50 @@ loss from ``labels``: cross-entropy, or the mean squared error of STS-B's one-ou
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bert_of.errors import CheckpointError, ConfigError
+from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import (convert_example_to_features, get_labels, read_examples, result_task_name,
                                     task_spec)
 from bert_of.eval.glue_metrics import compute_metrics
 from bert_of.files.atomic import atomic_open
-from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, checkpoint_head_labels,
-                                       default_eval_dir, finish_finetuning, load_model, make_tokenizer,
-                                       model_display_name, model_folder, read_train_args, record, train)
-from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, GlueOptions
-from bert_of.heads import BertForSequenceClassification
+from bert_of.finetuning.task import Help, ModelRun, Task
+from bert_of.options import TRAINING, arg
+from bert_of.eval.glue_data import TASK_CHOICES
+from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, TRAIN, TaskOptions
 from bert_of.progress import progress_iter
-from bert_of.training.inference import infer
-from bert_of.training.loop import note
-from bert_of.training.runtime import Runtime
+
+if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+    from bert_of.training.runtime import Runtime
+
+
+GLUE = "GLUE / XNLI"
+
+
+@dataclass(kw_only=True)
+class GlueOptions(TaskOptions):
+    """``bert-of finetune glue`` / ``predict glue`` / ``eval glue`` (run_classifier.py's defaults)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True,
+                           help="TSV in the task's official layout (train, dev or test)",
+                           helps={EVAL: "labeled TSV in the task's official layout"})
+    lr: float = arg(2e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
+    task: str | None = arg(None, metavar="T", group=GLUE,  # fine-tuning: required (finetune_glue says so)
+                           help=f"one of {', '.join(TASK_CHOICES)} (unset: the task the model was fine-tuned for)",
+                           helps={TRAIN: f"one of {', '.join(TASK_CHOICES)}"})
+    language: str | None = arg(None, help="XNLI: only this language's rows (e.g. de)", metavar="LANG", group=GLUE)
+    max_seq_length: int | None = arg(None, metavar="N", group=GLUE,
+                                     help=f"tokens per example (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as the "
+                                          "model was trained)")
+    skip_malformed: bool = arg(False, help="skip training lines with too few columns (QQP's train file has a few)",
+                               group=GLUE, commands=(TRAIN,))
+
 
 PREDICTIONS_FILE = "predictions.tsv"
 
@@ -52,23 +75,9 @@ def glue_arrays(examples, labels, max_seq_length, tok) -> dict:
     return out
 
 
-def glue_seq_len(opts: GlueOptions, train_args: dict) -> int:
-    v = opts.max_seq_length
-    glue_trained = train_args.get("task") and not str(train_args["task"]).startswith("squad")
-    saved = (train_args.get("hparams") or {}).get("max_seq_length") if glue_trained else None
-    return int(v if v is not None else (saved or GLUE_MAX_SEQ_LENGTH))
-
-
 def _classifier_labels(task: str):
     labels = get_labels(task)
     return labels, (1 if labels is None else len(labels))
-
-
-def check_head(path: str, num_labels: int, task: str, name: str) -> None:
-    have = checkpoint_head_labels(path)
-    if have is not None and have != num_labels:
-        raise CheckpointError(f"{name}: its classifier head has {have} output(s) but {task} needs {num_labels} "
-                              "(a checkpoint fine-tuned for another task?)")
 
 
 def _labeled(opts: GlueOptions, path: str) -> None:
@@ -80,6 +89,10 @@ def _labeled(opts: GlueOptions, path: str) -> None:
 def finetune_glue(opts: GlueOptions) -> dict:
     """Fine-tune in the run folder ``opts.output``, publish its final/ (checkpoint + train_args.json),
     evaluate ``opts.eval_data``."""
+    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, base_args,
+                                            check_eval_data, check_head, check_output, check_seq_len,
+                                            finish_finetuning, glue_seq_len, load_model, make_tokenizer,
+                                            model_folder, train)  # loads OneFlow: only when the task runs
     rt = Runtime.create(opts.device)
     if not opts.task:
         raise ConfigError("--task is required")
@@ -106,19 +119,6 @@ def finetune_glue(opts: GlueOptions) -> dict:
         return finish_finetuning(model, opts, rt, args, summary, finished, path, eval_glue)
 
 
-def percent(scores: dict, rt: Runtime, keep=()) -> dict:
-    """Scores (fractions) as percent, as the results store keeps them (``keep``: names left as they
-    are, e.g. an MSE); an undefined score (NaN) is null, with a note."""
-    out = {}
-    for k, v in scores.items():
-        if math.isnan(v):
-            note(rt, f"note: {k} is undefined for these predictions (constant values); reported as null")
-            out[k] = None
-        else:
-            out[k] = v if k in keep else 100.0 * v
-    return out
-
-
 def _glue_task(opts: GlueOptions, train_args: dict) -> str:
     task = opts.task or train_args.get("task")
     if not task:
@@ -131,6 +131,9 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
     """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
     file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output``.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
+    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, check_head,
+                                            check_seq_len, glue_seq_len, infer, load_model, make_tokenizer,
+                                            model_folder, note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict glue: no --output folder")
@@ -180,6 +183,8 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
 
 def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict + score (eval.glue_metrics, percent) + record; prints the scores as JSON."""
+    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, percent,
+                                            read_train_args, record)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
@@ -200,3 +205,44 @@ def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Run
     print(json.dumps({"task": name, "examples": len(run.examples), **metrics}, indent=2), flush=True)
     record(opts, rt, name, metrics, run, pred_path=run.path, tool="bert-of eval glue")
     return metrics
+
+
+class GlueTask(Task):
+    name = "glue"
+    options = GlueOptions
+    predictions_file = PREDICTIONS_FILE
+    helps = {
+        TRAIN: Help(
+            'GLUE / XNLI classification (run_classifier.py)',
+            "Fine-tune a classifier on a GLUE / XNLI train file, with run_classifier.py's defaults (each "
+            'option shows its own). STS-B trains a one-output regression head (MSE).',
+            ('bert-of finetune glue --task mrpc --model bert-base-uncased --train MRPC/train.tsv -o '
+             'mrpc-model/ --eval-data MRPC/dev.tsv',
+             'bert-of finetune glue --task sts-b --model bert-base-uncased --train STS-B/train.tsv -o stsb/ '
+             '--epochs 5')),
+        PREDICT: Help(
+            'GLUE submission file (index<TAB>prediction)',
+            'Classify every row of a GLUE / XNLI TSV (train, dev or test layout) into OUTPUT/predictions.tsv '
+            '(index<TAB>prediction).',
+            ('bert-of predict glue --model mrpc-model/ --data MRPC/test.tsv -o preds/',
+             'bert-of eval glue-score --task mrpc --data MRPC/dev.tsv --predictions preds/predictions.tsv')),
+        EVAL: Help(
+            'predict a labeled GLUE / XNLI file with a model, score it and record it',
+            'Classify DATA, write the predictions (GLUE submission format), score them (CoLA Matthews; '
+            'MRPC/QQP F1 + accuracy; STS-B Pearson/Spearman; accuracy) and append the result to the results '
+            'store.',
+            ('bert-of eval glue --model mrpc-model/ --data MRPC/dev.tsv',
+             'bert-of eval glue --model xnli-model/ --task xnli --language de --data xnli.dev.tsv')),
+    }
+
+    def finetune(self, opts):
+        return finetune_glue(opts)
+
+    def predict(self, opts, trained=None, model=None, rt=None):
+        return predict_glue(opts, trained, model, rt)
+
+    def evaluate(self, opts, trained=None, model=None, rt=None):
+        return eval_glue(opts, trained, model, rt)
+
+
+TASK = GlueTask()

@@ -13,20 +13,54 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import convert_examples_to_features, features_to_arrays, load_squad, read_squad_examples
 from bert_of.eval.squad_metrics import squad_score
 from bert_of.eval.squad_predictions import postprocess_predictions, write_prediction_files
-from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
-                                       finish_finetuning, load_model, make_tokenizer, model_display_name,
-                                       model_folder, read_train_args, record, train)
-from bert_of.finetuning.options import SQUAD_EPOCHS, SQUAD_LENGTHS, SQUAD_V2_EPOCHS, SquadOptions
-from bert_of.heads import BertForQuestionAnswering
-from bert_of.training.inference import infer
-from bert_of.training.loop import note
-from bert_of.training.runtime import Runtime
+from bert_of.finetuning.task import Help, ModelRun, Task
+from bert_of.options import TRAINING, arg
+from bert_of.finetuning.options import EVAL, PREDICT, RUNS, TRAIN, TaskOptions
+
+if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+    from bert_of.training.runtime import Runtime
+
+
+SQUAD_EPOCHS, SQUAD_V2_EPOCHS = 3.0, 2.0  # run_squad.py's default; Google's README trains SQuAD 2.0 for 2
+SQUAD_LENGTHS = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64}  # run_squad.py's
+
+SQUAD_FEATURES, SQUAD_ANSWERS = "SQuAD features", "SQuAD predictions"
+
+
+@dataclass(kw_only=True)
+class SquadOptions(TaskOptions):
+    """``bert-of finetune squad`` / ``predict squad`` / ``eval squad`` (run_squad.py's defaults)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True,
+                           help="SQuAD v1.1 / v2.0 json (answers not needed)",
+                           helps={EVAL: "labeled SQuAD v1.1 / v2.0 file"})
+    lr: float = arg(5e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float | None = arg(None, metavar="E", group=TRAINING, commands=(TRAIN,),
+                               help=f"epochs (unset: {SQUAD_EPOCHS:g}, or {SQUAD_V2_EPOCHS:g} for SQuAD 2.0)")
+    max_seq_length: int | None = arg(None, metavar="N", group=SQUAD_FEATURES,
+                                     help=f"window length in WordPieces (unset: {SQUAD_LENGTHS['max_seq_length']} "
+                                          "for training; prediction: as the model was trained)")
+    doc_stride: int | None = arg(None, metavar="N", group=SQUAD_FEATURES,
+                                 help=f"distance between windows (unset: {SQUAD_LENGTHS['doc_stride']}, or as the "
+                                      "model was trained)")
+    max_query_length: int | None = arg(None, metavar="N", group=SQUAD_FEATURES,
+                                       help=f"question WordPieces kept (unset: {SQUAD_LENGTHS['max_query_length']}, "
+                                            "or as the model was trained)")
+    squad_version: str | None = arg(None, choices=("1.1", "2.0"), group=SQUAD_FEATURES,
+                                    help="treat the data as SQuAD 1.1 or 2.0 (unset: the file's version / "
+                                         "is_impossible)")
+    n_best_size: int = arg(20, help="n-best list length", metavar="N", group=SQUAD_ANSWERS)
+    max_answer_length: int = arg(30, help="longest answer in WordPieces", metavar="N", group=SQUAD_ANSWERS)
+    null_score_diff_threshold: float = arg(0.0, metavar="T", group=SQUAD_ANSWERS,
+                                           help='v2.0: predict "" when null score - best span score > T')
+
 
 @dataclass
 class SquadRun(ModelRun):
@@ -61,6 +95,9 @@ def _squad_version(opts: SquadOptions, sd) -> bool:
 def finetune_squad(opts: SquadOptions) -> dict:
     """Fine-tune in the run folder ``opts.output``, publish its final/ (checkpoint + train_args.json),
     evaluate ``opts.eval_data``."""
+    from bert_of.finetuning.driver import (BertForQuestionAnswering, Runtime, base_args, check_eval_data,
+                                            check_output, check_seq_len, finish_finetuning, load_model,
+                                            make_tokenizer, model_folder, note, train)  # loads OneFlow: only when the task runs
     rt = Runtime.create(opts.device)
     check_output(opts)
     sd = load_squad(opts.train)
@@ -99,6 +136,8 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> SquadRun | None:
     """Predictions for a SQuAD file; rank 0 writes them into ``opts.output`` and returns them.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
+    from bert_of.finetuning.driver import (BertForQuestionAnswering, Runtime, check_seq_len, infer,
+                                            load_model, make_tokenizer, model_folder, note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict squad: no --output folder")
@@ -144,6 +183,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
 def eval_squad(opts: SquadOptions, trained: str | None = None, model=None,
                rt: Runtime | None = None) -> dict | None:
     """Predict + score (official-equivalent) + record; prints the official script's JSON."""
+    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, note, record)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, "squad")
@@ -161,3 +201,46 @@ def eval_squad(opts: SquadOptions, trained: str | None = None, model=None,
     record(opts, rt, f"squad-v{score.version}", dict(score.result), run, pred_path=run.paths["predictions"],
            tool="bert-of eval squad", settings=dict(run.settings, output_dir=os.path.abspath(opts.output)))
     return dict(score.result)
+
+
+class SquadTask(Task):
+    name = "squad"
+    options = SquadOptions
+    predictions_file = "predictions.json"
+    helps = {
+        TRAIN: Help(
+            'SQuAD v1.1 / v2.0 (run_squad.py)',
+            'Fine-tune a span-prediction head on a SQuAD train file (v2.0 when the file says so), with '
+            "run_squad.py's defaults (each option shows its own).",
+            ('bert-of finetune squad --model bert-base-uncased --train train-v1.1.json -o squad-model/ '
+             '--eval-data dev-v1.1.json',
+             'bert-of finetune squad --model cased_L-12_H-768_A-12/ --no-lower-case --train train-v2.0.json '
+             '-o sq2/ --nproc 2',
+             'bert-of finetune squad --model mini/ --train small.json -o run/ --steps 100 --save-every 50',
+             'bert-of finetune squad -o run/ --resume')),
+        PREDICT: Help(
+            'predictions.json, nbest_predictions.json (+ null_odds.json for v2.0)',
+            'run_squad.py prediction: windows with doc_stride, max-context tokens, n-best list, longest '
+            'answer, v2.0 null score threshold; official file formats.',
+            ('bert-of predict squad --model squad-model/ --data dev-v1.1.json -o preds/',
+             'bert-of eval squad-score --data dev-v1.1.json --predictions preds/predictions.json')),
+        EVAL: Help(
+            'predict a SQuAD file with a model, score it (official) and record it',
+            'Run the model over DATA (run_squad.py features and post-processing), write predictions.json / '
+            'nbest_predictions.json (/ null_odds.json), score them as the official evaluate script of the '
+            "file's version does, print that JSON, and append the result to the results store.",
+            ('bert-of eval squad --model squad-model/ --data dev-v1.1.json',
+             'bert-of eval squad --model squad-model/ --data dev-v2.0.json -o preds/ --name my-bert-v2')),
+    }
+
+    def finetune(self, opts):
+        return finetune_squad(opts)
+
+    def predict(self, opts, trained=None, model=None, rt=None):
+        return predict_squad(opts, trained, model, rt)
+
+    def evaluate(self, opts, trained=None, model=None, rt=None):
+        return eval_squad(opts, trained, model, rt)
+
+
+TASK = SquadTask()

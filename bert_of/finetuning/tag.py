@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,19 +23,40 @@ from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
 from bert_of.files.atomic import atomic_open
-from bert_of.finetuning.driver import (ModelRun, base_args, check_eval_data, check_output, check_seq_len, default_eval_dir,
-                                       finish_finetuning, load_model, make_tokenizer, model_display_name,
-                                       model_folder, read_train_args, record, train)
-from bert_of.finetuning.glue import check_head, glue_seq_len, percent
-from bert_of.finetuning.options import TagOptions
-from bert_of.heads import BertForTokenClassification
-from bert_of.inputs import IGNORE_INDEX
+from bert_of.finetuning.task import Help, ModelRun, Task
+from bert_of.options import TRAINING, arg
+from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
 from bert_of.progress import progress_iter
-from bert_of.training.inference import infer
-from bert_of.training.loop import note
-from bert_of.training.runtime import Runtime
 
-TASK = "tag"
+if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+    from bert_of.training.runtime import Runtime
+
+
+TAGGING = "tagging"
+
+
+@dataclass(kw_only=True)
+class TagOptions(TaskOptions):
+    """``bert-of finetune tag`` / ``predict tag`` / ``eval tag``: CoNLL-2003-style files or JSON Lines
+    with ``tokens`` and ``tags`` (a tag on each word's first WordPiece, as transformers' NER example)."""
+
+    data: str | None = arg(None, metavar="FILE", commands=RUNS, required=True, path=True,
+                           help="CoNLL file (token first, tag last) or JSON Lines with tokens (tags not needed)",
+                           helps={EVAL: "tagged CoNLL file or JSON Lines with tokens and tags"})
+    output: str | None = arg(None, short="-o", metavar="PATH", required=(PREDICT,), path=True,
+                             help="folder for predictions.jsonl (tokens, tags), or the predictions file itself: "
+                                  "JSON Lines when it ends .jsonl, CoNLL (token TAB tag) when .conll, .txt or .tsv",
+                             helps={TRAIN: RUN_FOLDER,
+                                    EVAL: "folder for predictions.jsonl (unset: $BERT_OF_HOME/eval/MODEL/"
+                                          "tag-DATA-TIME/)"})
+    lr: float = arg(5e-5, help="peak learning rate", metavar="LR", group=TRAINING, commands=(TRAIN,))
+    epochs: float = arg(3.0, help="epochs", metavar="E", group=TRAINING, commands=(TRAIN,))
+    max_seq_length: int | None = arg(None, metavar="N", group=TAGGING,
+                                     help=f"WordPieces per sentence (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as "
+                                          "the model was trained); words past it are tagged O")
+
+
+NAME = "tag"
 PREDICTIONS_FILE = "predictions.jsonl"
 JSONL = (".jsonl", ".ndjson", ".json")  # read_tagged reads these as JSON Lines
 
@@ -51,6 +73,7 @@ def tag_features(sentences, labels, max_seq: int, tok, path: str) -> tuple:
     """(arrays named like the model's forward arguments, first-sub-token positions per sentence).
 
     ``labels``: the tag order, or None (no tags: every label IGNORE_INDEX)."""
+    from bert_of.inputs import IGNORE_INDEX  # loads OneFlow: only when the task runs
     index = {t: i for i, t in enumerate(labels or [])}
     n = len(sentences)
     ids = np.zeros((n, max_seq), np.int64)
@@ -90,6 +113,9 @@ def _known_tags(path: str, labels: list) -> None:
 
 
 def finetune_tag(opts: TagOptions) -> dict:
+    from bert_of.finetuning.driver import (BertForTokenClassification, Runtime, base_args, check_eval_data,
+                                            check_head, check_output, check_seq_len, finish_finetuning,
+                                            glue_seq_len, load_model, make_tokenizer, model_folder, train)  # loads OneFlow: only when the task runs
     rt = Runtime.create(opts.device)
     check_output(opts)
     sentences = read_tagged(opts.train)
@@ -99,7 +125,7 @@ def finetune_tag(opts: TagOptions) -> dict:
     check_eval_data(opts, lambda d: _known_tags(d, labels))
     max_seq = glue_seq_len(opts, {})
     with model_folder(opts) as (path, name, ident):
-        check_head(path, len(labels), TASK, name)
+        check_head(path, len(labels), NAME, name)
         tok = make_tokenizer(path, opts.do_lower_case, opts.vocab, rt, ident)
         model, _ = load_model(BertForTokenClassification, path, seed=opts.seed, num_labels=len(labels),
                               id2label=dict(enumerate(labels)))  # the tag names travel in config.json
@@ -107,8 +133,8 @@ def finetune_tag(opts: TagOptions) -> dict:
         if opts.vocab:
             model.vocab_file = opts.vocab
         arrays, _ = tag_features(sentences, labels, max_seq, tok, opts.train)
-        cfg, summary, finished = train(model, arrays, len(sentences), opts, opts.epochs, rt, f"finetune {TASK}")
-        args = base_args(TASK, opts, cfg, opts.epochs, rt, ident, name, tok)
+        cfg, summary, finished = train(model, arrays, len(sentences), opts, opts.epochs, rt, f"finetune {NAME}")
+        args = base_args(NAME, opts, cfg, opts.epochs, rt, ident, name, tok)
         args["hparams"].update(max_seq_length=max_seq)
         args.update(labels=labels, id2label={str(i): t for i, t in enumerate(labels)},
                     label2id={t: i for i, t in enumerate(labels)}, train_examples=len(sentences))
@@ -119,6 +145,9 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
                 need_tags: bool = False, out_file: str | None = None) -> TagRun | None:
     """A tag per word of every sentence of ``opts.data``; rank 0 writes them to ``out_file``
     (default ``opts.output``): JSON Lines ``{"tokens", "tags"}`` or CoNLL ``token<TAB>tag`` lines."""
+    from bert_of.finetuning.driver import (BertForTokenClassification, Runtime, check_head, check_seq_len,
+                                            glue_seq_len, infer, load_model, make_tokenizer, model_folder,
+                                            note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     out_file = out_file or opts.output
     if not out_file:
@@ -126,7 +155,7 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
     with model_folder(opts, trained) as (path, name, ident):
         train_args = read_train_args(path)
         labels = train_args.get("labels")
-        if train_args.get("task") != TASK or not isinstance(labels, list):
+        if train_args.get("task") != NAME or not isinstance(labels, list):
             raise ConfigError(f"{name}: not fine-tuned by `bert-of finetune tag` (its train_args.json records no "
                               "tagging labels)")
         sentences = read_tagged(opts.data, need_tags=need_tags)
@@ -134,7 +163,7 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         max_seq = glue_seq_len(opts, train_args)
         new_head = False
         if model is None:
-            check_head(path, len(labels), TASK, name)
+            check_head(path, len(labels), NAME, name)
             model, missing = load_model(BertForTokenClassification, path, num_labels=len(labels))
             new_head = bool(missing)
             rt.place(model)
@@ -166,14 +195,54 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
 def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict a tagged file, score it (entity precision / recall / F1, token accuracy), print the
     scores as JSON and record them."""
+    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, percent, record)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
-        opts.output = default_eval_dir(model_display_name(opts.model), opts.data, TASK)
+        opts.output = default_eval_dir(model_display_name(opts.model), opts.data, NAME)
     run = predict_tag(opts, trained=trained, model=model, rt=rt, need_tags=True,
                       out_file=os.path.join(opts.output, PREDICTIONS_FILE))
     if run is None:
         return None
     metrics = percent(entity_scores([s.tags for s in run.sentences], run.predictions), rt)
-    print(json.dumps({"task": TASK, "examples": len(run.sentences), **metrics}, indent=2), flush=True)
-    record(opts, rt, TASK, metrics, run, pred_path=run.path, tool="bert-of eval tag")
+    print(json.dumps({"task": NAME, "examples": len(run.sentences), **metrics}, indent=2), flush=True)
+    record(opts, rt, NAME, metrics, run, pred_path=run.path, tool="bert-of eval tag")
     return metrics
+
+
+class TagTask(Task):
+    name = "tag"
+    options = TagOptions
+    predictions_file = PREDICTIONS_FILE
+    file_kinds = ()
+    helps = {
+        TRAIN: Help(
+            'token tagging (NER) on CoNLL-2003-style or JSON Lines files',
+            "Fine-tune a token classifier: each word's tag on its first WordPiece (transformers' NER "
+            'example); tags sorted (O first) and recorded in the model.',
+            ('bert-of finetune tag --model bert-base-cased --no-lower-case --train train.conll -o ner-model/ '
+             '--eval-data dev.conll',)),
+        PREDICT: Help(
+            'a tag per word (CoNLL or JSON Lines)',
+            'Tag every word of a CoNLL / JSON Lines file (tags not needed) with a model from `bert-of '
+            'finetune tag`; writes OUTPUT as JSON Lines (tokens, tags) when it ends .jsonl, else CoNLL '
+            '(token TAB tag, a blank line between sentences).',
+            ('bert-of predict tag --model ner-model/ --data new.conll -o tagged.conll',)),
+        EVAL: Help(
+            'tag a labeled CoNLL / JSON Lines file with a model, score it (entities) and record it',
+            'Tag DATA with a model from `bert-of finetune tag`, write OUTPUT/predictions.jsonl, score it '
+            '(entity-level precision, recall, F1 as conlleval / seqeval; token accuracy), print that JSON '
+            'and append it to the results store.',
+            ('bert-of eval tag --model ner-model/ --data dev.conll',)),
+    }
+
+    def finetune(self, opts):
+        return finetune_tag(opts)
+
+    def predict(self, opts, trained=None, model=None, rt=None):
+        return predict_tag(opts, trained, model, rt)
+
+    def evaluate(self, opts, trained=None, model=None, rt=None):
+        return eval_tag(opts, trained, model, rt)
+
+
+TASK = TagTask()
