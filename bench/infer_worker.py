@@ -101,7 +101,7 @@ def run_of(a, data):
     from bert_of.finetuning.driver import load_model
     from bert_of.training.inference import graph_accum_steps, infer
     from bert_of.heads import BertForQuestionAnswering
-    from bert_of.training.optim import TrainConfig
+    from bert_of.options import TrainConfig
     from bert_of.training.runtime import Runtime
     from bert_of.training.trainer import Trainer
 

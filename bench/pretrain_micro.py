@@ -4,7 +4,7 @@
 
 - GEMM: one [2048, 1024] @ [1024, 256] fp32 matmul (an FFN-out forward at the benchmark's
   batch 16 x seq 128), best of 10, in OneFlow 0.9 with OpenBLAS's detected kernels
-  (BERT_OF_BLAS=exact) and with its Haswell kernels (BERT_OF_BLAS=fast, what `bert-of pretrain`
+  (BERT_OF_BLAS=exact) and with its Haswell kernels (BERT_OF_BLAS=auto, what `bert-of pretrain`
   uses), and in PyTorch (MKL) on 1 and 2 threads (.venv-anchor). Each in a fresh process.
 - all-reduce: flow.comm.all_reduce of 11.2M fp32 (the benchmark model's gradients, 45 MB) over
   2 CPU ranks (python -m oneflow.distributed.launch), best of 5.
@@ -100,7 +100,7 @@ def main():
     res = {"matmul_shape": [[M, K], [K, N]], "gflop": round(gflop, 3), "matmul": {}}
     for name, cmd, extra in (
             ("oneflow, BERT_OF_BLAS=exact", [OF_PY, me, "--worker", "of-matmul"], {"BERT_OF_BLAS": "exact"}),
-            ("oneflow, BERT_OF_BLAS=fast", [OF_PY, me, "--worker", "of-matmul"], {"BERT_OF_BLAS": "fast"}),
+            ("oneflow, BERT_OF_BLAS=auto", [OF_PY, me, "--worker", "of-matmul"], {"BERT_OF_BLAS": "auto"}),
             ("pytorch, 1 thread", [PT_PY, me, "--worker", "pt-matmul", "--threads", "1"], {}),
             ("pytorch, 2 threads", [PT_PY, me, "--worker", "pt-matmul", "--threads", "2"], {})):
         if cmd[0] == PT_PY and not os.path.exists(PT_PY):

@@ -5,7 +5,7 @@
 Writes bench/results/pretrain_profile.json (everything measured) and
 bench/results/pretrain_profile.md (the tables). Runs, each in a fresh process:
 
-  bench/op_profile_worker.py --fw oneflow  BERT_OF_BLAS=fast     bert_of as `bert-of pretrain` runs it
+  bench/op_profile_worker.py --fw oneflow  BERT_OF_BLAS=auto     bert_of as `bert-of pretrain` runs it
   bench/op_profile_worker.py --fw oneflow  BERT_OF_BLAS=exact    OpenBLAS's detected (SSE3) kernels
   bench/op_profile_worker.py --fw torch --threads 2 / 1         HF transformers
   bench/op_profile_worker.py --dnnl-step  with DNNL_VERBOSE=1   oneDNN's own per-primitive times in one step
@@ -36,7 +36,7 @@ WORKER = os.path.join(BENCH, "op_profile_worker.py")
 RESULTS = os.path.join(BENCH, "results")
 
 COLUMNS = [  # (key, header, interpreter, worker args, extra env)
-    ("of", "bert_of (as pretrain runs it)", OF_PY, ["--fw", "oneflow"], {"BERT_OF_BLAS": "fast"}),
+    ("of", "bert_of (as pretrain runs it)", OF_PY, ["--fw", "oneflow"], {"BERT_OF_BLAS": "auto"}),
     ("of_exact", "bert_of, BERT_OF_BLAS=exact", OF_PY, ["--fw", "oneflow"], {"BERT_OF_BLAS": "exact"}),
     ("pt2", "PyTorch 2 threads", PT_PY, ["--fw", "torch", "--threads", "2"], {}),
     ("pt1", "PyTorch 1 thread", PT_PY, ["--fw", "torch", "--threads", "1"], {}),
@@ -166,7 +166,7 @@ def main():
             res["columns"][key] = run_column(key, py, args, extra, a.reps, tmp)
     if not a.no_dnnl:
         print("profiling: oneDNN verbose step ...", file=sys.stderr)
-        res["onednn"]["bert_of as pretrain runs it"] = dnnl_breakdown({"BERT_OF_BLAS": "fast"})
+        res["onednn"]["bert_of as pretrain runs it"] = dnnl_breakdown({"BERT_OF_BLAS": "auto"})
     res["load_avg_end"] = round(os.getloadavg()[0], 2)
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "pretrain_profile.json"), "w") as f:

@@ -40,7 +40,8 @@ def run(cmd):
 
 def make_large(path):
     """A BERT-large-shaped bert_of checkpoint, written tensor by tensor from a seeded RNG."""
-    from bert_of.checkpoint import TensorSpec, expected_shapes, write_checkpoint
+    from bert_of.checkpoint import write_checkpoint
+    from bert_of.tensors import TensorSpec, expected_shapes
     from bert_of.config import BertConfig
 
     cfg = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,

@@ -33,12 +33,10 @@ from bert_of.files.pinned import PinnedDir
 from bert_of.files.publish import publishing, publishing_into
 from bert_of.files.reading import read_json
 from bert_of.files.owned import register_own_files
-from bert_of.tensors import (TensorSpec, backbone_names, check_optimizer, check_shape, check_tensors,
-                             expected_shapes, nbytes)
+from bert_of.tensors import TensorSpec, check_optimizer, check_shape, check_tensors, nbytes
 
-__all__ = ["TensorSpec", "SafetensorsFile", "Checkpoint", "load_checkpoint", "write_checkpoint",
-           "write_checkpoint_files", "write_safetensors", "save_safetensors", "load_safetensors",
-           "expected_shapes", "backbone_names", "is_checkpoint_dir", "resolve_checkpoint"]
+__all__ = ["SafetensorsFile", "Checkpoint", "load_checkpoint", "write_checkpoint", "write_checkpoint_files",
+           "write_safetensors", "save_safetensors", "load_safetensors", "is_checkpoint_dir", "resolve_checkpoint"]
 
 CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.txt"

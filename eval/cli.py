@@ -13,15 +13,12 @@ and appends a record to the results store (``--no-record`` skips it); notes go t
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 
-from bert_of.cli import run_command
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import BertOfError
 from bert_of.eval.errors import EvalDataError
@@ -253,18 +250,3 @@ def add_parser(subparsers):
                 example_lines=("bert-of results", "bert-of results --task squad-v1.1 --format csv",
                                "bert-of results --measured-only --format json"))
     return esub
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of", description="bert_of evaluation commands")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_parser(sub)
-    return p
-
-
-def main(argv=None) -> int:
-    return run_command(build_parser(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

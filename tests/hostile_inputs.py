@@ -17,7 +17,8 @@ import zipfile
 
 import numpy as np
 
-from bert_of.checkpoint import expected_shapes, write_checkpoint
+from bert_of.checkpoint import write_checkpoint
+from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
 from bert_of.converters.containers import sstable, tf1_bundle, tf1_bundle_proto
 from bert_of.converters.source import Options

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from bert_of.checkpoint import (SafetensorsFile, TensorSpec, expected_shapes, load_checkpoint, load_safetensors,
-                                save_safetensors, write_checkpoint)
+from bert_of.checkpoint import SafetensorsFile, load_checkpoint, load_safetensors, save_safetensors, write_checkpoint
+from bert_of.tensors import TensorSpec, expected_shapes
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, OutputError
 from tests.conftest import write_vocab

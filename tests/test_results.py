@@ -23,7 +23,7 @@ HW = {"cpu": "Test CPU", "cpus": 2, "machine": "x86_64", "os": "Linux", "python"
 
 def run_eval(*args, env=None):
     e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "bert_of.eval", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=e, timeout=60)
 
 
@@ -141,7 +141,7 @@ def test_every_evaluation_appends_a_record(tmp_path):
     ck.mkdir()
     (ck / "model.safetensors").write_bytes(b"\x00" * 64)
     env = {"BERT_OF_HOME": str(home)}
-    # the official scripts' positional order and the old --checkpoint still work
+    # the official scripts' flags, with the model that made the predictions
     r = run_eval("eval", "squad-score", "--data", V11, "--predictions", P11, "--model", ck, "--hparam", "learning_rate=3e-5",
                  "--hparam", "note=first run", env=env)
     assert r.returncode == 0, r.stderr

@@ -79,7 +79,7 @@ def straight(setup):
 def straight_process(setup):
     """The uninterrupted run as its own process, as the soak's runs are. Inside this test process
     the BLAS kernels are whichever OneFlow was imported with first: `pretrain` asks for OpenBLAS's
-    Haswell kernels (BERT_OF_BLAS=fast -> OPENBLAS_CORETYPE), which apply only to an import after
+    Haswell kernels (BERT_OF_BLAS=auto -> OPENBLAS_CORETYPE), which apply only to an import after
     it, so after a full suite an in-process run differed from a fresh process in the 7th digit."""
     run = setup / "straight-process"
     run_cli(*_args(setup, run), process=True)

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_of.checkpoint import expected_shapes, write_checkpoint
+from bert_of.checkpoint import write_checkpoint
+from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from tests.conftest import ROOT, error_lines, run_cli

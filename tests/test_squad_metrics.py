@@ -23,7 +23,7 @@ V20, P20, NA20 = (os.path.join(D, n) for n in ("dev-v2.0-mini.json", "prediction
 
 def run_eval(*args, env=None):
     e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "bert_of.eval", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
                            cwd=ROOT, env=e, timeout=60)
 
 

@@ -230,7 +230,7 @@ def test_bad_input_one_line_nonzero_no_output(tf_dirs, tmp_path, case):
 
 def test_shape_errors_show_tf_layout():
     """Kernels are [in, out] on disk; the message must show them that way, not transposed."""
-    from bert_of.checkpoint import expected_shapes
+    from bert_of.tensors import expected_shapes
     from bert_of.config import BertConfig
     from bert_of.errors import CheckpointError
     from bert_of.converters.reader import check, zeros

@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bert_of.checkpoint import expected_shapes, load_checkpoint, load_safetensors, write_checkpoint
+from bert_of.checkpoint import load_checkpoint, load_safetensors, write_checkpoint
+from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
 from bert_of.converters import convert as conv
 from bert_of.converters.formats import hf, lazy

@@ -98,7 +98,7 @@ def zoo_with(home, tmp_path, entries, **kw):
 
 
 def run_zoo(*args, env=None, timeout=120):
-    """``bert-of zoo ARGS`` (the same commands as ``python -m bert_of.zoo ARGS``)."""
+    """``bert-of zoo ARGS``."""
     return run_cli("zoo", *args, check=False, timeout=timeout, env={"no_proxy": "127.0.0.1,localhost", **(env or {})})
 
 

@@ -1,7 +1,6 @@
 """``bert-of zoo ...``: the model zoo's command line.
 
-``add_parser(subparsers)`` adds ``zoo`` to the ``bert-of`` parser; ``main(argv)``
-runs the same commands standalone (``python -m bert_of.zoo list``). Every command's
+``add_parser(subparsers)`` adds ``zoo`` to the ``bert-of`` parser. Every command's
 function takes the parsed ``args`` and returns an exit code; zoo errors are
 bert_of errors, printed as one ``bert-of: error:`` line by ``bert_of.cli.dispatch``.
 """
@@ -11,10 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 
-from bert_of.cli import run_command
 from bert_of.cli_grammar import add_command, examples
 from bert_of.options import arg, from_args
 from bert_of.progress import log
@@ -430,17 +427,3 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=DESCRIPTION, epilog=EPILOG)
     _fill(p)
     return p
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of zoo", description=DESCRIPTION, epilog=EPILOG)
-    _fill(p)
-    return p
-
-
-def main(argv=None) -> int:
-    return run_command(build_parser(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

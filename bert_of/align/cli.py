@@ -1,15 +1,13 @@
-"""``bert-of align``: the command line (``python -m bert_of.align`` runs it alone). Cheap to import
+"""``bert-of align``: the command line. Cheap to import
 (no OneFlow): the runs import :mod:`bert_of.align.runner` when they start."""
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
 
 from bert_of.align.plans import CONTROL_STEPS, EXPERIMENTS, SIZES, TF_STEPS
 from bert_of.align.report import format_summary, plot_report, plot_skipped
-from bert_of.cli import run_command
 from bert_of.cli_grammar import add_options, examples
 from bert_of.errors import BertOfError
 from bert_of.files.reading import read_json
@@ -113,13 +111,3 @@ def add_parser(subparsers):
                               "summary table.", epilog=EXAMPLES)
     _add_arguments(p)
     return p
-
-
-def build_parser():
-    p = argparse.ArgumentParser(prog="bert-of align", description=_DOC, epilog=EXAMPLES)
-    _add_arguments(p)
-    return p
-
-
-def main(argv=None) -> int:
-    return run_command(build_parser(), argv)

@@ -28,7 +28,7 @@ from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining
 from bert_of.launch import Topology, run_ranks, spawn
-from bert_of.training.optim import TrainConfig
+from bert_of.options import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer, state_names
 

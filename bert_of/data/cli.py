@@ -8,8 +8,7 @@
 Datasets are OFRecord part files, TFRecords of tf.train.Example (Google's) or NVIDIA HDF5 shards,
 detected by content (bert_of.data.formats).
 
-``add_parser(subparsers)`` registers ``data`` on the ``bert-of`` command line;
-``main(argv)`` runs the same commands standalone (``python -m bert_of.data ...``).
+``add_parser(subparsers)`` registers ``data`` on the ``bert-of`` command line.
 """
 
 from __future__ import annotations
@@ -18,14 +17,13 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, fields
 from typing import Optional
 
 import numpy as np
 
-from bert_of.cli_grammar import add_command, add_options, examples, finish
+from bert_of.cli_grammar import add_command, add_options, examples
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing
 from bert_of.options import arg, from_args
@@ -326,20 +324,3 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description="Pretraining data: OFRecord, TFRecord (tf.train.Example) or NVIDIA HDF5.", epilog=EPILOG)
     _add_commands(d.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
     return d
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bert-of data", description="Pretraining data: OFRecord, TFRecord (tf.train.Example) or NVIDIA HDF5.",
-                                epilog=EPILOG)
-    _add_commands(p.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
-    return p
-
-
-def main(argv=None) -> int:
-    from bert_of.cli import dispatch
-
-    return dispatch(finish(build_parser()).parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,11 +29,10 @@ class PretrainOptions(RunOptions):
                                      metavar="N")
     max_predictions_per_seq: int | None = arg(None, help="masked positions per sequence (unset: the data's)",
                                               metavar="N")
-    blas: str | None = arg(None, choices=("auto", "mkl", "openblas", "oneflow", "exact", "fast"),
+    blas: str | None = arg(None, choices=("auto", "mkl", "openblas", "oneflow", "exact"),
                            help="the BLAS under OneFlow's CPU GEMMs (unset: BERT_OF_BLAS, else auto): auto = a "
                                 "threaded one (MKL, else OpenBLAS from scipy-openblas32), oneflow = OneFlow's own with "
-                                "AVX2/FMA kernels (1 thread), exact = OneFlow's own as it detects the CPU; fast = auto "
-                                "(its old name)")
+                                "AVX2/FMA kernels (1 thread), exact = OneFlow's own as it detects the CPU")
     no_shuffle: bool = arg(False, help="read the records in order")
     no_dropout: bool = arg(False, help="dropout off (e.g. to compare runs step by step)")
     overwrite: bool = arg(False, help="replace an existing run directory", on_resume="not kept")

@@ -12,7 +12,6 @@ them to a threaded library. ``BERT_OF_BLAS`` chooses:
     oneflow    OneFlow's own OpenBLAS, single-threaded, with its AVX2/FMA kernels where the CPU has them
     exact      OneFlow's own OpenBLAS as it detects the CPU (no FMA on recent Xeons)
     PATH       a shared library exporting ``cblas_sgemm`` (or ``scipy_cblas_sgemm``) and friends
-    fast       the old name of ``auto``
 
 Threads: ``BERT_OF_BLAS_THREADS``, else the CPUs this process may run on (a rank the launcher
 pinned gets its share; an unpinned rank an equal part). Results do not depend on the thread count:
@@ -33,7 +32,7 @@ import bert_of.runtime.process as process
 from bert_of.errors import ConfigError
 
 CHOICES = ("auto", "mkl", "openblas", "oneflow", "exact")
-ALIASES = {"": "auto", "fast": "auto"}
+ALIASES = {"": "auto"}
 _ROUTINES = ("cblas_sgemm", "cblas_dgemm", "cblas_sdot", "cblas_ddot")
 _state = {"choice": None, "name": "oneflow", "library": None, "threads": 1, "note": None,
           "version": None, "shim": None}

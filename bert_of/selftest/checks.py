@@ -47,7 +47,7 @@ from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining
 from bert_of.launch import Topology, child_env, run_ranks
 from bert_of.runtime.kernels import LayerNorm, gelu_erf, gelu_tanh, native_status
-from bert_of.training.optim import TrainConfig
+from bert_of.options import TrainConfig
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer
 

@@ -13,8 +13,8 @@ Inside the library, import from those modules; this package namespace is for use
 """
 
 from bert_of.training.loop import Callback, FitResult, ShuffledRows, StopAfter, fit
-from bert_of.training.optim import (DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler,
-                                    clip_by_global_norm)
+from bert_of.options import TrainConfig
+from bert_of.training.optim import DynamicLossScaler, build_optimizer, build_scheduler, clip_by_global_norm
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, latest_checkpoint, restore, save_checkpoint
 from bert_of.training.trainer import Trainer, TrainGraph

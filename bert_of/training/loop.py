@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_of.files.atomic import append_jsonl
 from bert_of.progress import Progress, log
-from bert_of.training.state import METRICS_NAME, NonFiniteError, RunDir  # noqa: F401 - METRICS_NAME re-exported
+from bert_of.training.state import NonFiniteError, RunDir
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
-from bert_of.options import TrainConfig  # noqa: F401 - the trainer's config, defined with the options
+from bert_of.options import TrainConfig
 
 
 # --------------------------------------------------------------------------- optimizer and schedule

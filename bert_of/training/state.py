@@ -34,8 +34,8 @@ import sys
 import numpy as np
 
 from bert_of._flow import flow
-from bert_of.checkpoint import (CONFIG_NAME, OPTIMIZER_NAME, RUN_CHECKPOINTS, RUN_METRICS, WEIGHTS_NAME, TensorSpec,
-                                load_checkpoint, write_checkpoint_files)
+from bert_of.checkpoint import CONFIG_NAME, OPTIMIZER_NAME, RUN_CHECKPOINTS, RUN_METRICS, WEIGHTS_NAME, load_checkpoint, write_checkpoint_files
+from bert_of.tensors import TensorSpec
 from bert_of.errors import BertOfError, CheckpointError, ConfigError
 from bert_of.files.atomic import filter_jsonl, write_json
 from bert_of.files.locks import LOCK_NAME, locked

@@ -32,7 +32,8 @@ import numpy as np
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
 from bert_of.outputs import SCALAR_OUTPUTS
-from bert_of.training.optim import DynamicLossScaler, TrainConfig, build_optimizer, build_scheduler, clip_by_global_norm
+from bert_of.options import TrainConfig
+from bert_of.training.optim import DynamicLossScaler, build_optimizer, build_scheduler, clip_by_global_norm
 from bert_of.training.runtime import Runtime, scalar, to_numpy
 from bert_of.training.state import NonFiniteError
 

@@ -8,7 +8,8 @@ import os
 
 import numpy as np
 
-from bert_of.checkpoint import TensorSpec, copy_file, write_safetensors
+from bert_of.checkpoint import copy_file, write_safetensors
+from bert_of.tensors import TensorSpec
 from bert_of.files.atomic import write_json, writes_to
 from bert_of.errors import CheckpointError
 from bert_of.tokenizer import hf_tokenizer_files

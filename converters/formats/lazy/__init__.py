@@ -60,7 +60,7 @@ import os
 
 import numpy as np
 
-from bert_of.checkpoint import expected_shapes
+from bert_of.tensors import expected_shapes
 from bert_of.config import PROVENANCE_LN_EPS, BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.files.reading import read_bounded
