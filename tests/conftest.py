@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,49 +156,40 @@ def error_lines(stderr):
     return [l for l in stderr.splitlines() if l.strip() and not l.startswith(noise) and "tensorflow/core" not in l]
 
 
-# --------------------------------------------------------------------------- the core suite
+# --------------------------------------------------------------------------- tiers and the core suite
+# Tiers by place: tests/unit/ (no subprocess, no ranks, each well under a second), tests/integration/
+# (the CLI in process on small models), tests/e2e/ (subprocesses, ranks, soaks, TensorFlow). Each test
+# is marked with its folder's tier (`-m unit`, ...); `make test-fast` runs tests/unit.
+#
 # `make test` runs the suite twice: in .venv (Python 3.10, OneFlow, TensorFlow) and, with --core, in
 # .venv-core (the newest Python here, NumPy 2, neither OneFlow nor TensorFlow: `pip install bert_of`).
-# --core collects CORE_FILES (the interop core: formats, verify, tokenizer, data, scoring, packaging)
-# minus every test marked `oneflow` or `tf`. Files below are marked whole (their modules import
-# OneFlow or TensorFlow, or every test in them runs bert_of's model); single tests carry
-# @pytest.mark.oneflow / @pytest.mark.tf. A test --core collects that needs OneFlow fails there: it
-# is never skipped (OneFlow cannot be imported there).
-ONEFLOW_FILES = {
-    "test_align.py", "test_classify.py", "test_finetune.py", "test_infer.py", "test_model_api.py",
-    "test_modeling.py", "test_native.py", "test_pretrain.py", "test_resolve.py", "test_resume.py",
-    "test_runs.py", "test_selftest.py", "test_training.py", "test_verify_reference.py", "test_launch.py",
-    "test_process.py", "test_stress.py",
-}
-TF_FILES = {"test_format_matrix.py", "test_tf1_convert.py", "test_tf_reference.py", "test_zoo.py"}
-CORE_FILES = {
-    "test_core.py", "test_config.py", "test_checkpoint.py", "test_h5.py", "test_lazy.py", "test_hf.py",
-    "test_tf1_bundle.py", "test_tokenization.py", "test_tokenizer.py", "test_tokenizer_api.py", "test_protobuf.py",
-    "test_pretraining_data.py", "test_data_formats.py", "test_glue.py", "test_squad_data.py", "test_squad_metrics.py",
-    "test_user_data.py", "test_eval_faults.py", "test_results.py", "test_packaging.py",
-}
+# --core runs every test not marked `oneflow` or `tf`: a file whose module needs OneFlow or TensorFlow
+# says so with `pytestmark = pytest.mark.oneflow` (or tf), a single test with the decorator. A test
+# --core collects that needs OneFlow fails there: it is never skipped (OneFlow cannot be imported).
+TIERS = ("unit", "integration", "e2e")
 
 
 def pytest_addoption(parser):
     parser.addoption("--core", action="store_true",
-                     help="the core suite: CORE_FILES without the tests marked oneflow or tf (tests/conftest.py)")
+                     help="the core suite: every test not marked oneflow or tf (tests/conftest.py)")
 
 
-def _marks_of_file(name: str) -> tuple:
-    return tuple(m for m, files in (("oneflow", ONEFLOW_FILES), ("tf", TF_FILES)) if name in files)
+_FILE_MARK = re.compile(r"^pytestmark = .*\bpytest\.mark\.(oneflow|tf)\b", re.M)
 
 
 def pytest_ignore_collect(collection_path, config):
+    """--core does not import a file marked whole oneflow or tf (its imports need them)."""
     if config.getoption("--core") and collection_path.suffix == ".py" and collection_path.name.startswith("test_") \
-            and (collection_path.name not in CORE_FILES or _marks_of_file(collection_path.name)):
+            and _FILE_MARK.search(collection_path.read_text(encoding="utf-8")):
         return True
     return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for mark in _marks_of_file(item.path.name):
-            item.add_marker(mark)
+        tier = next((t for t in TIERS if t in item.path.parts[-3:-1]), None)
+        if tier:
+            item.add_marker(tier)
     if config.getoption("--core"):
         dropped = [i for i in items if i.get_closest_marker("oneflow") or i.get_closest_marker("tf")]
         if dropped:

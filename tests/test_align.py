@@ -16,6 +16,8 @@ from bert_of.align import cli, plans, report
 from bert_of.align import data as align_data
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.oneflow
+
 STEPS = 12
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

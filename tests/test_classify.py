@@ -7,7 +7,6 @@ metrics `eval classify` reports equal the textbook formulas recomputed here from
 file. Accuracy itself is not the point (a few steps of a tiny model).
 """
 
-import csv
 import json
 import math
 import os
@@ -16,38 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, error_lines, run_cli
-from tests.test_finetune import tiny_bert
+from tests.conftest import error_lines, run_cli
+from tests.helpers.models import FAST, S_DEV, S_NEW, S_TRAIN, USER, tiny_bert, user_rows as _rows, user_vocab as _vocab
 
-USER = os.path.join(ROOT, "tests", "data", "user")
-S_TRAIN, S_DEV, S_NEW = (os.path.join(USER, f"sentiment-{s}.csv") for s in ("train", "dev", "new"))
+pytestmark = pytest.mark.oneflow
+
 R_TRAIN, R_DEV = (os.path.join(USER, f"ratings-{s}.csv") for s in ("train", "dev"))
 CLASSES = ["negative", "neutral", "positive"]
-FAST = ["--max-seq-length", 32, "--batch-size", 8, "--mode", "eager", "--log-every", 100]
-
-
-def _rows(path):
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _vocab(path):
-    from bert_of.tokenization import BasicTokenizer
-
-    bt = BasicTokenizer(do_lower_case=True)
-    words = set()
-    for name in os.listdir(USER):
-        if name.endswith(".csv"):
-            for row in _rows(os.path.join(USER, name)):
-                for v in row.values():
-                    words.update(bt.tokenize(v))
-    for name in ("ner-train.conll", "ner-dev.conll"):
-        words.update(w for line in open(os.path.join(USER, name), encoding="utf-8") for w in bt.tokenize(line))
-    chars = sorted({c for w in words for c in w})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words)
-    vocab += [c for c in chars if c not in words] + ["##" + c for c in chars]
-    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    return str(path), len(vocab)
 
 
 @pytest.fixture(scope="module")

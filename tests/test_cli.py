@@ -245,7 +245,7 @@ def test_results_with_an_unknown_task_is_an_error(tmp_path):
 def test_ctrl_c_leaves_nothing_partial(tmp_path):
     """SIGINT while `convert --verify` checks the staged files: one line, nothing at DST, no staging
     folder left behind."""
-    from tests.test_hf import minilm_dir
+    from tests.helpers.models import minilm_dir
 
     out = tmp_path / "out"
     out.mkdir()

@@ -21,14 +21,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, error_lines, run_cli, run_ranks
+from tests.conftest import error_lines, run_cli, run_ranks
+from tests.helpers.models import (DEV11, DEV20, GL, LENGTHS, SQ, SST_TRAIN, TRAIN11, TRAIN20, build_vocab,
+                                   tiny_bert)
 
-SQ = os.path.join(ROOT, "tests", "data", "squad")
-GL = os.path.join(ROOT, "tests", "data", "glue")
-TRAIN11, DEV11 = os.path.join(SQ, "train-v1.1-finetune.json"), os.path.join(SQ, "dev-v1.1-finetune.json")
-TRAIN20, DEV20 = os.path.join(SQ, "train-v2.0-finetune.json"), os.path.join(SQ, "dev-v2.0-finetune.json")
-SST_TRAIN = os.path.join(GL, "sst-2-train.tsv")
-LENGTHS = ["--max-seq-length", "96", "--doc-stride", "48", "--max-query-length", "24"]
+pytestmark = pytest.mark.oneflow
+
 NBEST_KEYS = ["text", "probability", "start_logit", "end_logit"]
 V2_KEYS = ["exact", "f1", "total", "HasAns_exact", "HasAns_f1", "HasAns_total", "NoAns_exact", "NoAns_f1",
            "NoAns_total", "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"]
@@ -53,48 +51,6 @@ def ok(*args):
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-
-
-def fixture_texts():
-    out = []
-    for path in (TRAIN11, DEV11, TRAIN20, DEV20):
-        with open(path, encoding="utf-8") as f:
-            for article in json.load(f)["data"]:
-                for p in article["paragraphs"]:
-                    out.append(p["context"])
-                    out += [qa["question"] for qa in p["qas"]]
-    for name in ("sst-2-train.tsv", "sst-2-test.tsv", "sts-b-dev.tsv", "sts-b-test.tsv"):
-        with open(os.path.join(GL, name), encoding="utf-8") as f:
-            out += f.read().splitlines()
-    return out
-
-
-def build_vocab(path):
-    """Specials, every lower-cased word of the fixtures, and single characters (plain and ##) so any
-    other word still splits into WordPieces instead of [UNK]."""
-    from bert_of.tokenization import BasicTokenizer
-
-    bt = BasicTokenizer(do_lower_case=True)
-    words = sorted({w for t in fixture_texts() for w in bt.tokenize(t)})
-    chars = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz0123456789"))
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
-    vocab += [c for c in chars if c not in words] + ["##" + c for c in chars]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(vocab) + "\n")
-    return str(path), len(vocab)
-
-
-def tiny_bert(path, vocab_file, vocab_size, dropout=0.1):
-    from bert_of.config import BertConfig
-    from bert_of.heads import BertForPreTraining
-
-    cfg = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
-                     attention_probs_dropout_prob=dropout)
-    model = BertForPreTraining(cfg)
-    model.init_weights(seed=0)
-    model.save_pretrained(str(path), vocab_file=vocab_file)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

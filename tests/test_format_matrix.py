@@ -14,6 +14,8 @@ from bert_of.converters.convert import convert, read
 from bert_of.converters.verify.compare import verify
 from tests.conftest import TINY, run_cli, write_vocab
 
+pytestmark = pytest.mark.tf
+
 # every registered format that bert_of writes; bert_of's own first (the matrix's sources are made from it)
 FORMATS = ("of",) + tuple(n for n in registry.names(writable=True) if n != "of")
 # formats that can hold each dtype (declared by each format: h5py has no bfloat16; the lazy meta has
@@ -146,7 +148,9 @@ def test_the_registry_is_the_one_list_of_formats():
     from bert_of.zoo import cache, registry as zoo_registry
     from tests.conftest import ROOT
 
-    declared = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "converters", "*.py"))
+    formats = os.path.join(ROOT, "converters", "formats")
+    declared = sorted(os.path.relpath(p, formats)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                      for p in glob.glob(os.path.join(formats, "**", "*.py"), recursive=True)
                       if _re.search(r"^FORMAT = Format\(", open(p, encoding="utf-8").read(), _re.M))
     assert declared == sorted(registry.MODULES)
     assert conv.FORMATS is registry.FORMATS and list(conv.DESCRIPTIONS) == list(registry.FORMATS)

@@ -18,6 +18,8 @@ import pytest
 from tests import hostile_inputs as hi
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.oneflow
+
 SEED = 12
 # 300 cases, weighted by what a case costs (h5: a probe process per read; tf: TF's reference in verify)
 COUNTS = {"of": 60, "hf": 60, "bin": 60, "lazy": 50, "tf": 40, "h5": 30}

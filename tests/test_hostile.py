@@ -3,7 +3,7 @@
 Attacks and broken files end in one ``bert-of: error:`` line naming what is wrong, exit 1, no
 traceback and nothing written; valid files that the reference tools (torch.save, the safetensors
 library, TF, the official SQuAD scripts, run_classifier, Google's and HF's vocab and config
-readers) accept are accepted. The small checkpoints come from tests/hostile_inputs.py.
+readers) accept are accepted. The small checkpoints come from tests/helpers/hostile_inputs.py.
 """
 
 import json
@@ -21,6 +21,8 @@ import pytest
 from bert_of.errors import CheckpointError
 from tests import hostile_inputs as hi
 from tests.conftest import ROOT, error_lines, run_cli
+
+pytestmark = pytest.mark.oneflow
 
 LN_GAMMA = "bert.embeddings.LayerNorm.weight"
 

@@ -10,6 +10,8 @@ from bert_of.heads import BertForQuestionAnswering, BertForSequenceClassificatio
 from bert_of.training.inference import LENGTH_STEP, graph_rows, infer
 from bert_of.training.runtime import Runtime
 
+pytestmark = pytest.mark.oneflow
+
 TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=96, num_labels=3)
 

@@ -13,6 +13,8 @@ from bert_of._flow import flow
 from bert_of.errors import InputTypeError
 from tests.conftest import ROOT, TINY
 
+pytestmark = pytest.mark.oneflow
+
 CFG = BertConfig.from_google_dict(TINY)  # vocab 99, 2 labels
 B, S = 2, 6
 

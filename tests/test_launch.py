@@ -25,6 +25,8 @@ from bert_of.data.ofrecord import OFRecordWriter, RecordFile
 from bert_of.launch import free_port
 from tests.conftest import ROOT, error_lines, run_cli
 
+pytestmark = pytest.mark.oneflow
+
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 VOCAB = os.path.join(TEXT, "vocab.txt")
 CONFIG = {"vocab_size": 966, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,

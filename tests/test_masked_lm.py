@@ -20,6 +20,8 @@ from bert_of.converters.source import Options
 from bert_of.converters.verify.compare import verify
 from tests.conftest import TINY, write_vocab
 
+pytestmark = pytest.mark.oneflow
+
 CONFIG = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
               max_position_embeddings=40, type_vocab_size=2)
 

@@ -16,7 +16,9 @@ from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint
 from bert_of.converters.verify.compare import make_batch
 from tests.conftest import ROOT, TINY, error_lines, run_cli, write_vocab
-from tests.test_finetune import DEV11, LENGTHS, build_vocab, tiny_bert
+from tests.helpers.models import DEV11, LENGTHS, build_vocab, tiny_bert
+
+pytestmark = pytest.mark.oneflow
 
 CFG = BertConfig.from_google_dict(TINY)
 L, N, H = CFG.num_hidden_layers, CFG.num_attention_heads, CFG.hidden_size

@@ -16,6 +16,8 @@ from bert_of.converters.verify.compare import make_batch
 from bert_of.runtime.kernels import gelu_erf, gelu_tanh
 from tests.conftest import ROOT, TINY, run_ranks, write_vocab
 
+pytestmark = pytest.mark.oneflow
+
 CFG = BertConfig.from_google_dict(TINY)
 
 

@@ -1,6 +1,6 @@
 """OneFlow's own checkpoints: flow.save folders of bert_of's modules, the Oneflow-Inc/models BERT and
 LiBai's BERT (post-LN and pre-LN), made here with OneFlow 0.9 from modules with those models'
-names and math (tests/native_models.py), converted, verified against those modules' own forward,
+names and math (tests/helpers/native_models.py), converted, verified against those modules' own forward,
 written back and loaded by flow.load + load_state_dict(strict=True); hostile pickled_data refused."""
 
 import json
@@ -23,6 +23,8 @@ from bert_of.heads import BertForPreTraining, BertForQuestionAnswering
 from bert_of.modeling import BertModel
 from tests import native_models as nm
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
+
+pytestmark = pytest.mark.oneflow
 
 MODELS_ARGS = dict(vocab_size=TINY["vocab_size"], seq_length=16, hidden_size=32, hidden_layers=3, atten_heads=4,
                    intermediate_size=37, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,

@@ -19,6 +19,8 @@ from bert_of.converters.verify.compare import verify
 from bert_of.errors import CheckpointError
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
+pytestmark = pytest.mark.tf
+
 PADDED = dict(TINY, vocab_size=104)  # a multiple of 8 beyond vocab.txt's 99 lines, as NVIDIA's configs
 
 

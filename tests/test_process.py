@@ -10,7 +10,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, TINY
+
+pytestmark = pytest.mark.oneflow
 
 # What the process looks like, printed as JSON: each signal's disposition as sigaction() reports it
 # (handler address and flags), the blocked set, what fds 0-2 are, the environment.

@@ -28,6 +28,8 @@ from bert_of.zoo.resolve import content_key, source_key
 from tests.conftest import ROOT, TINY, run_cli, write_vocab
 from tests.zoo_support.release import make_release_dir, registry_entry, write_registry, zip_release
 
+pytestmark = pytest.mark.oneflow
+
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory):

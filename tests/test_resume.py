@@ -22,6 +22,8 @@ from bert_of.checkpoint import load_checkpoint
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from tests.conftest import RANK_VARS, ROOT, error_lines, run_cli
 
+pytestmark = pytest.mark.oneflow
+
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 VOCAB = os.path.join(TEXT, "vocab.txt")
 CONFIG = {"vocab_size": 966, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -5,7 +5,11 @@ float64 formulas), says CUDA was not available, skips the CUDA parts with that r
 import json
 import os
 
+import pytest
+
 from tests.conftest import error_lines, run_cli
+
+pytestmark = pytest.mark.oneflow
 
 
 def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):

@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, run_cli
-from tests.test_classify import FAST, S_NEW, S_TRAIN, _vocab
-from tests.test_finetune import tiny_bert
-from tests.test_tf1_convert import make_tf_dir
+from tests.helpers.models import FAST, S_NEW, S_TRAIN, make_tf_dir, tiny_bert, user_vocab as _vocab
+
+pytestmark = pytest.mark.oneflow
 
 
 def test_graphs_built_and_dropped_beside_environment_writes_do_not_crash(tmp_path):

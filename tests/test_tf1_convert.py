@@ -14,30 +14,10 @@ import pytest
 from bert_of.converters.containers import tf1_bundle, tf1_bundle_writer
 from bert_of.converters.verify import tf_reference as ref
 from bert_of.converters.verify import tf_reference_checkpoint as ref_ckpt
-from tests.conftest import TINY, error_lines, run_cli, write_vocab
+from tests.conftest import TINY, error_lines, run_cli
+from tests.helpers.models import CONFIGS, make_tf_dir
 
-CONFIGS = {
-    # odd sizes, 3 layers, 3 token types, Google GELU; a training checkpoint with Adam slots
-    "tiny3": (dict(TINY), ("pretraining",), True),
-    # relu, 4 layers, 5 token types, 3 heads of 16; SQuAD fine-tuned
-    "relu_squad": (dict(TINY, hidden_act="relu", num_hidden_layers=4, hidden_size=48, num_attention_heads=3,
-                        intermediate_size=64, vocab_size=131, type_vocab_size=5, max_position_embeddings=24),
-                   ("squad",), False),
-    # a single layer, type_vocab 1, classifier with 3 labels
-    "cls1": (dict(TINY, num_hidden_layers=1, type_vocab_size=1, num_labels=3), ("classifier",), False),
-}
-
-
-def make_tf_dir(root, name, with_optimizer=None):
-    cfg, heads, opt = CONFIGS[name]
-    d = root / name
-    d.mkdir()
-    ref_ckpt.make_checkpoint(str(d / "bert_model.ckpt"), cfg, seed=11, heads=heads, realistic=True,
-                        with_optimizer=opt if with_optimizer is None else with_optimizer, global_step=1234)
-    (d / "bert_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "num_labels"}))
-    write_vocab(d / "vocab.txt", cfg["vocab_size"])
-    return d
-
+pytestmark = pytest.mark.tf
 
 @pytest.fixture(scope="module")
 def tf_dirs(tmp_path_factory):

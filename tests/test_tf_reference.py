@@ -18,6 +18,8 @@ tf = pytest.importorskip("tensorflow")
 from bert_of.converters.verify import tf_reference as ref  # noqa: E402
 from bert_of.converters.verify import tf_reference_checkpoint as ref_ckpt  # noqa: E402
 
+pytestmark = pytest.mark.tf
+
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
             intermediate_size=37, max_position_embeddings=40, type_vocab_size=3,
             hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,

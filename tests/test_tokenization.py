@@ -16,7 +16,7 @@ import pytest
 
 from bert_of.tokenization import BasicTokenizer, FastTokenizer, FullTokenizer, WordpieceTokenizer
 from tests.conftest import ROOT
-from tests.test_hf import DATA, minilm_dir
+from tests.helpers.models import HF_DATA as DATA, minilm_dir
 
 SMALL_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "want", "##want", "##ed",
                "wa", "runn", "##ing", ",", "!", ".", "$", "^", "`", "中", "the", "cafe", "é"]

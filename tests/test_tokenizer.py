@@ -17,7 +17,7 @@ from bert_of.errors import BertOfError
 from bert_of.tokenization import FastTokenizer, FullTokenizer
 from bert_of.tokenizer import BertTokenizer
 from tests.conftest import ROOT
-from tests.test_hf import DATA, minilm_dir
+from tests.helpers.models import HF_DATA as DATA, minilm_dir
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 
@@ -146,7 +146,7 @@ def test_decode_and_ids_outside_the_vocabulary(tok):
 
 
 def test_from_pretrained_reads_the_checkpoints_own_case(tmp_path):
-    from tests.test_hf import minilm_dir as mini
+    from tests.helpers.models import minilm_dir as mini
 
     t = BertTokenizer.from_pretrained(mini())  # an HF folder: tokenizer_config.json says lower-case
     assert t.do_lower_case is True and t.model_max_length == 512

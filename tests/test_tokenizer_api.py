@@ -11,7 +11,7 @@ import pytest
 
 from bert_of.errors import InputError
 from bert_of.tokenizer import BertTokenizer
-from tests.test_hf import minilm_dir
+from tests.helpers.models import minilm_dir
 
 
 @pytest.fixture()

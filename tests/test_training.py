@@ -15,6 +15,8 @@ from bert_of.training import TrainConfig, Trainer
 from tests.conftest import ROOT, run_ranks
 from tests.scripts.train_fixture import CONFIG, STEPS, TRAIN, global_batch
 
+pytestmark = pytest.mark.oneflow
+
 
 def _train(steps=STEPS, **kw):
     model = BertForPreTraining(BertConfig(**CONFIG))

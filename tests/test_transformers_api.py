@@ -15,6 +15,8 @@ from bert_of.converters.formats.hf import read as hf_read
 from bert_of.converters.source import Options
 from tests.conftest import TINY, run_cli, write_vocab
 
+pytestmark = pytest.mark.oneflow
+
 CFG = BertConfig.from_google_dict(TINY)  # vocab 99, hidden 32, 3 layers, 4 heads
 
 

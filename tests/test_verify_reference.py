@@ -22,6 +22,8 @@ from bert_of.converters.source import Options
 from bert_of.converters.convert import convert, read
 from bert_of.converters.verify.compare import DEFAULT_TOL, SENTENCES, token_batch, verify
 
+pytestmark = pytest.mark.oneflow
+
 CONFIG = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
           "intermediate_size": 37, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
           "attention_probs_dropout_prob": 0.1, "max_position_embeddings": 64, "type_vocab_size": 2,
@@ -148,7 +150,7 @@ def test_the_reference_reads_each_layout_itself(made):
 def test_real_minilm_hf2of_verify(tmp_path):
     """The real all-MiniLM-L6-v2 weights and vocabulary: hf2of --verify within 1e-5 of the reference."""
     from tests.conftest import run_cli
-    from tests.test_hf import minilm_dir
+    from tests.helpers.models import minilm_dir
 
     r = run_cli("convert", "hf2of", minilm_dir(), "-o", tmp_path / "of", "--verify")
     report = json.loads(r.stdout[r.stdout.index("{"):])

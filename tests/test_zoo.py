@@ -36,6 +36,8 @@ from bert_of.zoo.errors import (ChecksumError, DiskSpaceError, DownloadError, No
                         UnknownEntryError, UnsafeArchiveError, ZooError)
 from tests.zoo_support.serve import MirrorServer
 
+pytestmark = pytest.mark.tf
+
 GOOGLE = "https://storage.googleapis.com/"
 REAL_PATH = "bert_models/2018_10_18/uncased_L-12_H-768_A-12.zip"
 FOLDER = "uncased_L-2_H-32_A-4"
