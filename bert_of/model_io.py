@@ -12,7 +12,7 @@ import bert_of.resolver as _resolver
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig, check_override_names
-from bert_of.errors import CheckpointError, ConfigError
+from bert_of.errors import CheckpointError, ConfigError, MissingVocab
 from bert_of.files.publish import publishing_into
 from bert_of.initializers import truncated_normal
 from bert_of.progress import log
@@ -180,7 +180,10 @@ class PreTrained(nn.Module):
             vocab = os.fspath(vocab)
             if not os.path.isfile(vocab):
                 raise CheckpointError(f"{who}: vocab={vocab!r}: no such file")
-        path = resolve_checkpoint(name_or_path, vocab=vocab)
+        try:
+            path = resolve_checkpoint(name_or_path, vocab=vocab)
+        except MissingVocab as e:
+            raise e.spelled("pass vocab='path/to/vocab.txt'") from None
         ckpt = load_checkpoint(path)
         config = (config or ckpt.config).updated(who, **overrides)  # a new, re-validated config
         model = cls(config)
