@@ -105,11 +105,14 @@ def span(x) -> tuple:
         return a.min().item(), a.max().item()
     if x.dtype == flow.bool:
         x = x.to(flow.int8)
-    lo_hi = flow.stack([x.min(), x.max()])
+    parts = [x.min(), x.max()]
+    if x.dtype in _FLOAT_DTYPES:  # OneFlow 0.9's min/max skip NaN (max of [1, nan, 0] is 0): count them
+        parts.append(flow.isnan(x).sum().to(x.dtype))
+    lo_hi = flow.stack(parts)
     if lo_hi.is_global:
         lo_hi = lo_hi.to_global(sbp=flow.sbp.broadcast).to_local()
-    lo, hi = lo_hi.numpy().tolist()
-    return lo, hi
+    lo, hi, *nans = lo_hi.numpy().tolist()
+    return (float("nan"),) * 2 if nans and nans[0] else (lo, hi)
 
 
 def _shown(v) -> str:
