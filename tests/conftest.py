@@ -174,7 +174,7 @@ CORE_FILES = {
     "test_core.py", "test_config.py", "test_checkpoint.py", "test_h5.py", "test_lazy.py", "test_hf.py",
     "test_tf1_bundle.py", "test_tokenization.py", "test_tokenizer.py", "test_tokenizer_api.py", "test_protobuf.py",
     "test_pretraining_data.py", "test_data_formats.py", "test_glue.py", "test_squad_data.py", "test_squad_metrics.py",
-    "test_user_data.py", "test_eval_faults.py", "test_results.py", "test_packaging.py",
+    "test_user_data.py", "test_eval_faults.py", "test_results.py", "test_packaging.py", "test_tokenizer_json.py",
 }
 
 
