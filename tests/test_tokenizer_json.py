@@ -127,3 +127,16 @@ def test_convert_of_a_folder_with_a_bad_tokenizer_json_is_one_line(tmp_path):
         f"bert-of: error: {folder / 'tokenizer.json'}: not a WordPiece tokenizer (model type 'Unigram'); "
         "bert_of reads BERT's"], r.stderr
     assert not (tmp_path / "of").exists()
+
+
+def test_against_transformers_in_process_where_installed():
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    theirs = transformers.AutoTokenizer.from_pretrained(FAST)
+    ours = BertTokenizer.from_pretrained(FAST)
+    with open(os.path.join(DATA, "tokenizer_json_cases.json"), encoding="utf-8") as f:
+        cases = json.load(f)
+    for text, _ in cases["single"]:
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"], text
+    for a, b, _, _ in cases["pairs"]:
+        assert ours(a, b)["token_type_ids"] == theirs(a, b)["token_type_ids"], (a, b)

@@ -266,3 +266,11 @@ def test_against_transformers_in_process_where_installed(model, ref):
     close(run(model, **{k: ref[k] for k in t}).last_hidden_state.numpy(), want)
     close(run(model, inputs_embeds=ref["inputs_embeds"], token_type_ids=ref["token_type_ids"],
               attention_mask=ref["attention_mask"]).last_hidden_state.numpy(), want_embeds)
+    pt = transformers.BertForPreTraining.from_pretrained(TINY_PT).eval()
+    pt.resize_token_embeddings(105, mean_resizing=False)
+    ours = BertForPreTraining.from_pretrained(TINY_PT)
+    ours.resize_token_embeddings(105, mean_resizing=False)
+    assert ours.config.vocab_size == pt.config.vocab_size == 105
+    assert np.array_equal(ours.cls.predictions.bias.numpy(), pt.cls.predictions.bias.detach().numpy())
+    assert np.array_equal(ours.get_input_embeddings().weight.numpy()[:99],
+                          pt.get_input_embeddings().weight.detach().numpy()[:99])
