@@ -212,6 +212,10 @@ def vocab_from_tokenizer_json(path: str) -> tuple:
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
     out = os.path.join(bert_of_home(), "vocab", f"{digest}.txt")
     if not os.path.isfile(out):
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        atomic_write(out, text)
+        try:
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            atomic_write(out, text)
+        except OSError as e:  # a read-only home: say where, not a traceback
+            raise BertOfError(f"{out}: cannot keep the vocabulary of {path} there ({e.strerror or e}; "
+                              f"set BERT_OF_HOME to a writable folder)") from None
     return out, spec
