@@ -28,11 +28,12 @@ __all__ = ["BertConfig", "BertOfError", "CheckpointError", "ConfigError", "Input
            *_LAZY]
 
 
-def _resolve_with_zoo(name_or_path: str) -> str:
-    """Zoo names and checkpoints in other formats, for ``from_pretrained`` (bert_of.checkpoint.resolve_checkpoint)."""
+def _resolve_with_zoo(name_or_path: str, vocab=None) -> str:
+    """Zoo names and checkpoints in other formats, for ``from_pretrained`` (bert_of.checkpoint.resolve_checkpoint);
+    ``vocab``: for a source without a vocab.txt."""
     from bert_of.zoo import resolve  # the zoo loads on the first name or foreign format, not with bert_of
 
-    return resolve(name_or_path)
+    return resolve(name_or_path, vocab=vocab)
 
 
 register_resolver(_resolve_with_zoo)

@@ -340,10 +340,11 @@ def run_final(path: str) -> str:
     return path
 
 
-def resolve_checkpoint(name_or_path) -> str:
+def resolve_checkpoint(name_or_path, vocab: Optional[str] = None) -> str:
     """A bert_of checkpoint directory for ``name_or_path``: such a directory as it is; anything else
     (a zoo name, a checkpoint in another format) through the resolver an upper layer registered
-    (bert_of.resolver.register_resolver: the package facade registers the zoo's)."""
+    (bert_of.resolver.register_resolver: the package facade registers the zoo's). ``vocab``: the
+    vocabulary of a checkpoint in another format that holds none (``from_pretrained(vocab=...)``)."""
     path = os.fspath(name_or_path)
     if is_checkpoint_dir(path):
         try:
@@ -355,7 +356,7 @@ def resolve_checkpoint(name_or_path) -> str:
     if _resolver.resolver is None:
         raise CheckpointError(f"{path}: not a bert_of checkpoint directory (zoo names and other formats "
                               "resolve once bert_of registers its resolver: import bert_of)")
-    return _resolver.resolver(path)
+    return _resolver.resolver(path) if vocab is None else _resolver.resolver(path, vocab=vocab)
 
 
 def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:

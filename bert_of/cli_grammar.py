@@ -210,8 +210,8 @@ def _add_common(p, top: bool) -> None:
         g.add_argument("--debug", action="store_true", help=DEBUG_HELP, **unset)
 
 
-# The anchors' spellings (google-research/bert's run_*.py flags, transformers' TrainingArguments and
-# examples) -> ours, in order of preference; the first the command has is suggested. A spelling that
+# The anchors' spellings (google-research/bert's run_*.py flags, NVIDIA's DeepLearningExamples BERT
+# scripts, transformers' TrainingArguments and examples) -> ours, in order of preference; the first the command has is suggested. A spelling that
 # is ours with "_" for "-" (--max_seq_length, --do_lower_case) needs no entry.
 ANCHOR_FLAGS = {
     "--learning_rate": ("--lr",), "--num_train_epochs": ("--epochs",), "--output_dir": ("--output",),
@@ -222,7 +222,7 @@ ANCHOR_FLAGS = {
     "--train_batch_size": ("--batch-size",), "--per_device_train_batch_size": ("--batch-size",),
     "--per_gpu_train_batch_size": ("--batch-size",), "--predict_batch_size": ("--predict-batch-size",),
     "--eval_batch_size": ("--predict-batch-size",), "--per_device_eval_batch_size": ("--predict-batch-size",),
-    "--vocab_file": ("--vocab",), "--bert_config_file": ("--config",), "--config_name": ("--config",),
+    "--vocab_file": ("--vocab",), "--bert_config_file": ("--config", "--model"), "--config_name": ("--config",),
     "--config_file": ("--config",), "--num_train_steps": ("--steps",), "--max_steps": ("--steps",),
     "--num_warmup_steps": ("--warmup-steps", "--warmup-proportion"), "--warmup_ratio": ("--warmup-proportion",),
     "--warmup_steps": ("--warmup-steps", "--warmup-proportion"),
@@ -233,6 +233,11 @@ ANCHOR_FLAGS = {
     "--version_2_with_negative": ("--squad-version",), "--random_seed": ("--random-seed", "--seed"),
     "--weight_decay_rate": ("--weight-decay",), "--adam_epsilon": ("--adam-eps",),
     "--max_grad_norm": ("--clip-grad-norm",), "--tokenizer_name": ("--vocab",),
+    # run_classifier's task folder; NVIDIA's pretraining shards (its --input_dir too)
+    "--data_dir": ("--data", "--train"), "--input_dir": ("--data", "--input"),
+    "--num_steps_per_checkpoint": ("--save-every",), "--resume_from_checkpoint": ("--resume",),
+    # NVIDIA's run_pretraining.py warms up by a proportion; pretrain counts steps
+    "--warmup_proportion": ("--warmup-proportion", "--warmup-steps"),
 }
 # Google's and transformers' "what to do" switches: here the command says it.
 ANCHOR_SWITCHES = {"--do_train": "bert-of finetune trains", "--do_eval": "bert-of eval evaluates",
@@ -241,7 +246,7 @@ ANCHOR_SWITCHES = {"--do_train": "bert-of finetune trains", "--do_eval": "bert-o
 
 def anchors_markdown() -> str:
     """ANCHOR_FLAGS as the table docs/command-line.md shows."""
-    rows = ["| google-research/bert, transformers | bert-of |", "|---|---|"]
+    rows = ["| google-research/bert, NVIDIA, transformers | bert-of |", "|---|---|"]
     for flag, ours in sorted(ANCHOR_FLAGS.items()):
         rows.append(f"| `{flag}` | {' or '.join(f'`{o}`' for o in ours)} |")
     for flag, what in sorted(ANCHOR_SWITCHES.items()):

@@ -18,6 +18,20 @@ class SourceChanged(CheckpointError):
     again gives one whole checkpoint."""
 
 
+class MissingVocab(CheckpointError):
+    """A checkpoint that needs a vocabulary and holds none (an HF folder of model files only). The
+    message names the command line's ``--vocab``; the Python API re-raises it with
+    :meth:`spelled` naming its own keyword (``vocab=``)."""
+
+    def __init__(self, where: str, how: str = "pass --vocab"):
+        super().__init__(f"{where}: no vocab.txt; a bert_of checkpoint needs one (HuggingFace and Keras "
+                         f"directories often lack it: {how})")
+        self.where = where
+
+    def spelled(self, how: str) -> "MissingVocab":
+        return MissingVocab(self.where, how)
+
+
 class ConfigError(BertOfError):
     """A config that is missing, malformed, or does not fit the tensors."""
 

@@ -22,7 +22,7 @@ from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
 from bert_of.inputs import (IGNORE_INDEX, as_input, check_classifier_targets, check_pretraining_targets,
                             check_span_targets)
-from bert_of.model_io import PreTrained
+from bert_of.model_io import PreTrained, placed_like, to_local_full
 from bert_of.modeling import ACT_FN, BertModel
 from bert_of.outputs import (MaskedLMOutput, PreTrainingOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                              masked_lm_loss, next_sentence_loss)
@@ -69,6 +69,16 @@ class BertLMPredictionHead(nn.Module):
         self.transform = BertPredictionHeadTransform(config)
         self.bias = nn.Parameter(flow.zeros(config.vocab_size))
 
+    def resize_vocab(self, n: int, mean_resizing: bool = True) -> None:
+        """The bias [n] for a word table of ``n`` rows (:meth:`PreTrained.resize_token_embeddings`):
+        its first entries kept; new ones the old bias' mean with ``mean_resizing`` (transformers
+        draws them from N(mean, (1e-9 std)^2): the mean itself in float32), else 0 (its init)."""
+        keep = to_local_full(self.bias.detach()).numpy()[:n]
+        if n > keep.shape[0]:
+            fill = keep.mean(dtype=np.float64) if mean_resizing else 0.0
+            keep = np.concatenate([keep, np.full(n - keep.shape[0], fill, keep.dtype)])
+        self.bias = nn.Parameter(placed_like(keep, self.bias), requires_grad=self.bias.requires_grad)
+
     def forward(self, hidden, word_embeddings):
         """hidden [B, S, H] (or [M, H]), word_embeddings [V, H] -> logits [..., V]."""
         h = self.transform(hidden)
@@ -92,10 +102,11 @@ class BertForPreTraining(_WithBert):
         super().__init__(config)
         self.cls = BertPreTrainingHeads(config)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, masked_lm_positions=None,
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, masked_lm_positions=None,
                 masked_lm_ids=None, masked_lm_weights=None, next_sentence_labels=None, labels=None,
                 next_sentence_label=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None, ddp_world: int = 1) -> PreTrainingOutput:
+                return_dict=None, ddp_world: int = 1, *, position_ids=None,
+                head_mask=None, inputs_embeds=None) -> PreTrainingOutput:
         """int64 [B, S] inputs -> sequence [B,S,H], pooled [B,H], MLM logits, NSP logits [B,2].
 
         MLM logits are [B, S, V], or [B, P, V] at ``masked_lm_positions`` (int64 [B, P]) as in
@@ -107,7 +118,8 @@ class BertForPreTraining(_WithBert):
         ``ddp_world``: under eager DDP over N ranks with local tensors, N: the MLM denominator is
         the weight sum over all ranks / N, so the mean of the ranks' losses is the global-batch loss.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        position_ids=position_ids, head_mask=head_mask, inputs_embeds=inputs_embeds)
         like = self.bert.embeddings.word_embeddings.weight
         masked_lm_positions, masked_lm_ids, labels, next_sentence_labels, next_sentence_label = (
             as_input(x, n, like, ids=False) for x, n in ((masked_lm_positions, "masked_lm_positions"),
@@ -171,8 +183,9 @@ class BertForMaskedLM(_WithBert):
         super().__init__(config)
         self.cls = BertOnlyMLMHead(config)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
-                output_attentions=None, return_dict=None) -> MaskedLMOutput:
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, *, position_ids=None, head_mask=None,
+                inputs_embeds=None) -> MaskedLMOutput:
         """int64 [B, S] inputs -> prediction_logits [B, S, V] (transformers' ``logits``, the same
         tensor) plus sequence [B, S, H] / pooled [B, H].
 
@@ -180,7 +193,8 @@ class BertForMaskedLM(_WithBert):
         also transformers' loss: the mean cross-entropy over the labelled positions (no +1e-5 in
         the denominator, unlike pretraining's; no labelled position gives NaN, as in transformers).
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        position_ids=position_ids, head_mask=head_mask, inputs_embeds=inputs_embeds)
         word = self.bert.embeddings.word_embeddings.weight
         labels = as_input(labels, "labels", word, ids=False)
         check_pretraining_targets(self.config, *out.sequence_output.shape[:2], labels=labels)
@@ -201,15 +215,17 @@ class BertForQuestionAnswering(_WithBert):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, start_positions=None,
                 end_positions=None, output_hidden_states=None, output_attentions=None,
-                return_dict=None) -> QuestionAnsweringOutput:
+                return_dict=None, *, position_ids=None, head_mask=None,
+                inputs_embeds=None) -> QuestionAnsweringOutput:
         """-> start_logits, end_logits [B, S] (plus sequence/pooled).
 
         With ``start_positions`` and ``end_positions`` (int64 [B]) also run_squad's loss
         (CE(start) + CE(end)) / 2 over all S positions.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        position_ids=position_ids, head_mask=head_mask, inputs_embeds=inputs_embeds)
         like = self.qa_outputs.weight
         start_positions = as_input(start_positions, "start_positions", like, ids=False)
         end_positions = as_input(end_positions, "end_positions", like, ids=False)
@@ -233,8 +249,9 @@ class BertForSequenceClassification(_WithBert):
         self.dropout = nn.Dropout(config.hidden_dropout_prob, generator=self.bert.dropout_generator)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
-                output_attentions=None, return_dict=None) -> SequenceClassifierOutput:
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, *, position_ids=None, head_mask=None,
+                inputs_embeds=None) -> SequenceClassifierOutput:
         """-> logits [B, num_labels] (plus sequence/pooled).
 
         With ``labels`` also the loss: cross-entropy over int64 class ids [B]; for a one-output
@@ -242,7 +259,8 @@ class BertForSequenceClassification(_WithBert):
         ``config.problem_type`` "multi_label_classification", the mean binary cross-entropy of the
         sigmoid to 0/1 targets [B, num_labels] (transformers' BCEWithLogitsLoss).
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        position_ids=position_ids, head_mask=head_mask, inputs_embeds=inputs_embeds)
         labels = as_input(labels, "labels", self.classifier.weight, ids=False)
         check_classifier_targets(self.config, "sequence", *out.sequence_output.shape[:2], labels)
         res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,
@@ -269,14 +287,16 @@ class BertForTokenClassification(_WithBert):
         self.dropout = nn.Dropout(config.hidden_dropout_prob, generator=self.bert.dropout_generator)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
-                output_attentions=None, return_dict=None) -> SequenceClassifierOutput:
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, labels=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, *, position_ids=None, head_mask=None,
+                inputs_embeds=None) -> SequenceClassifierOutput:
         """-> logits [B, S, num_labels] (plus sequence/pooled).
 
         With ``labels`` [B, S] (int64 tag ids, IGNORE_INDEX where no loss) also the mean
         cross-entropy over the labelled positions.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        position_ids=position_ids, head_mask=head_mask, inputs_embeds=inputs_embeds)
         labels = as_input(labels, "labels", self.classifier.weight, ids=False)
         check_classifier_targets(self.config, "token", *out.sequence_output.shape[:2], labels)
         res = SequenceClassifierOutput(sequence_output=out.sequence_output, pooled_output=out.pooled_output,

@@ -17,6 +17,10 @@ What passes, and why:
   transformers' ``get_extended_attention_mask``) or [B, 1, S, S] (transformers' prepared 4-D
   mask in its boolean form); values in [0, 1]. A 1-D mask is refused: it would broadcast along
   the keys of every row alike.
+- transformers' ``position_ids``: integers [B, S] or [1, S] in [0, max_position_embeddings)
+  (then S itself may exceed the table: the positions are what is looked up); ``head_mask``:
+  numbers in [0, 1] shaped [N] or [L, N]; ``inputs_embeds``: floats [B, S, H] in place of
+  ``input_ids`` (exactly one of the two, as transformers says).
 - labels, per head: class ids in [0, num_labels) or transformers' ignore index -100 where its
   loss ignores it (sequence and token classification, ``labels`` of the MLM head); regression
   targets finite; multi-label targets [B, num_labels] in [0, 1]; ``masked_lm_ids`` in
@@ -101,11 +105,14 @@ def span(x) -> tuple:
         return a.min().item(), a.max().item()
     if x.dtype == flow.bool:
         x = x.to(flow.int8)
-    lo_hi = flow.stack([x.min(), x.max()])
+    parts = [x.min(), x.max()]
+    if x.dtype in _FLOAT_DTYPES:  # OneFlow 0.9's min/max skip NaN (max of [1, nan, 0] is 0): count them
+        parts.append(flow.isnan(x).sum().to(x.dtype))
+    lo_hi = flow.stack(parts)
     if lo_hi.is_global:
         lo_hi = lo_hi.to_global(sbp=flow.sbp.broadcast).to_local()
-    lo, hi = lo_hi.numpy().tolist()
-    return lo, hi
+    lo, hi, *nans = lo_hi.numpy().tolist()
+    return (float("nan"),) * 2 if nans and nans[0] else (lo, hi)
 
 
 def _shown(v) -> str:
@@ -135,21 +142,45 @@ def check_range(name: str, x, low, high, what: str, ignore: Optional[int] = None
 # --------------------------------------------------------------------------- the gate
 
 
-def check_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_mask=None) -> None:
+def check_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_mask=None, *, position_ids=None,
+                 head_mask=None, inputs_embeds=None) -> None:
     """Refuse what the model cannot compute on, as one :class:`InputError` (dtype problems:
     :class:`InputTypeError`): ids not integers [B, S] with B, S >= 1, a sequence longer than
     ``max_position_embeddings``, a token id outside [0, vocab_size), a token type outside
     [0, type_vocab_size), a mask of another shape than [B, S], [B, S, S] or [B, 1, S, S] or with
-    values outside [0, 1]. Inputs: int NumPy arrays or tensors (see the module doc)."""
-    shape = dims(input_ids)
+    values outside [0, 1]; transformers' ``position_ids``, ``head_mask`` and ``inputs_embeds`` as
+    the module doc says. Inputs: int NumPy arrays or tensors (see the module doc)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise InputError("pass exactly one of input_ids or inputs_embeds" +
+                         (" (not both)" if input_ids is not None else ""))
+    if inputs_embeds is not None:
+        shape = dims(inputs_embeds)
+        H = config.hidden_size
+        if len(shape) != 3 or shape[2] != H:
+            raise InputError(f"inputs_embeds: expected [batch, sequence, {H}] (hidden_size {H}), got shape "
+                             f"{list(shape)}")
+        if isinstance(inputs_embeds, flow.Tensor) and inputs_embeds.dtype not in _FLOAT_DTYPES:
+            raise InputTypeError(f"inputs_embeds: expected floats, got {inputs_embeds.dtype}")
+        shape = shape[:2]
+    else:
+        shape = dims(input_ids)
+    given = "input_ids" if inputs_embeds is None else "inputs_embeds"
     if len(shape) != 2:
         raise InputError(f"input_ids: expected [batch, sequence], got shape {list(shape)}"
                          + (" (one text? wrap it in a list: [ids])" if len(shape) == 1 else ""))
     B, S = shape
     if B == 0 or S == 0:
-        raise InputError(f"input_ids: an empty batch (shape {list(shape)}): the model needs at least one "
+        raise InputError(f"{given}: an empty batch (shape {list(shape)}): the model needs at least one "
                          f"sequence of at least one token")
-    if S > config.max_position_embeddings:
+    if position_ids is not None:
+        if not _is_int(position_ids):
+            raise InputTypeError(f"position_ids: expected integers, got "
+                                 f"{getattr(position_ids, 'dtype', None) or np.asarray(position_ids).dtype}")
+        if dims(position_ids) not in ((B, S), (1, S)):
+            raise InputError(f"position_ids: shape {list(dims(position_ids))}, expected [{B}, {S}] or [1, {S}]")
+        check_range("position_ids", position_ids, 0, config.max_position_embeddings,
+                    f"the model's max_position_embeddings is {config.max_position_embeddings}")
+    elif S > config.max_position_embeddings:
         raise InputError(f"input of {S} tokens is longer than the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")
     for name, x in (("input_ids", input_ids), ("token_type_ids", token_type_ids)):
@@ -170,6 +201,17 @@ def check_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_m
             if not (0 <= lo and hi <= 1):  # NaN fails too
                 raise InputError(f"attention_mask holds {_shown(lo if not 0 <= lo else hi)}: a mask holds 1 (attend) "
                                  f"and 0 (padding), not an additive mask")
+    if head_mask is not None:
+        L, N = config.num_hidden_layers, config.num_attention_heads
+        if dims(head_mask) not in ((N,), (L, N)):
+            raise InputError(f"head_mask: shape {list(dims(head_mask))}, expected [{N}] (every layer) or [{L}, {N}] "
+                             f"(num_attention_heads {N}, num_hidden_layers {L})")
+        if isinstance(head_mask, flow.Tensor) and head_mask.dtype not in _INT_DTYPES | _FLOAT_DTYPES | {flow.bool}:
+            raise InputTypeError(f"head_mask: expected numbers, got {head_mask.dtype}")
+        if not _lazy(head_mask):
+            lo, hi = span(head_mask)
+            if not (0 <= lo and hi <= 1):  # NaN fails too
+                raise InputError(f"head_mask holds {_shown(lo if not 0 <= lo else hi)}: 1 keeps a head, 0 silences it")
     check_range("input_ids", input_ids, 0, config.vocab_size, f"the model's vocab_size is {config.vocab_size}")
     check_range("token_type_ids", token_type_ids, 0, config.type_vocab_size,
                 f"the model's type_vocab_size is {config.type_vocab_size}")

@@ -3,6 +3,7 @@ directory, the canonical state in and out, Google's init."""
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -11,11 +12,12 @@ import bert_of.resolver as _resolver
 from bert_of._flow import flow
 from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig, check_override_names
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, ConfigError, MissingVocab
 from bert_of.files.publish import publishing_into
 from bert_of.initializers import truncated_normal
 from bert_of.progress import log
 from bert_of.tensors import check_fit, check_role
+from bert_of.vocab import check_vocab_fits
 
 nn = flow.nn
 
@@ -40,7 +42,73 @@ class PreTrained(nn.Module):
         """{canonical name: numpy array}; tied decoder weight appears once."""
         return {self.canonical_name(k): v.numpy() for k, v in local_state(self).items()}
 
-    def load_canonical(self, state: dict, strict_heads: bool = False) -> dict:
+    # ---------------------------------------------------------------- transformers' embedding API
+    def get_input_embeddings(self):
+        """The word embedding table, an ``nn.Embedding`` [V, H] (the MLM head's decoder is it, tied)."""
+        return self.base_model.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value) -> None:
+        """Use ``value`` (an ``nn.Embedding`` [V', H]) as the word table. ``config.vocab_size``
+        follows its rows, so the input gate checks ids against the table in use; a model with an
+        MLM head keeps a bias per word: change its size with :meth:`resize_token_embeddings`."""
+        H = self.config.hidden_size
+        if not isinstance(value, nn.Embedding) or value.embedding_dim != H:
+            raise ConfigError(f"set_input_embeddings: expected an nn.Embedding of width {H} (hidden_size), got "
+                              f"{type(value).__name__}{list(value.weight.shape) if hasattr(value, 'weight') else ''}")
+        n = value.num_embeddings
+        for m in self.modules():
+            resize = getattr(m, "resize_vocab", None)
+            if resize is not None and tuple(m.bias.shape) != (n,):
+                raise ConfigError(f"set_input_embeddings: a table of {n} words under an MLM head of "
+                                  f"{m.bias.shape[0]}: use resize_token_embeddings({n})")
+        self.base_model.embeddings.word_embeddings = value
+        self._set_vocab_size(n)
+
+    def resize_token_embeddings(self, new_num_tokens: Optional[int] = None, pad_to_multiple_of: Optional[int] = None,
+                                mean_resizing: bool = True, seed: int = 0):
+        """transformers' resize: a word table of ``new_num_tokens`` rows (rounded up to a multiple
+        of ``pad_to_multiple_of``), its first rows kept, ``config.vocab_size`` and the MLM head's
+        bias following. New rows: with ``mean_resizing``, the old rows' mean (transformers draws
+        them from N(mean, 1e-9 cov), within ~3e-5 of their spread of it) and the bias' mean; else
+        N(0, initializer_range) drawn with NumPy from ``seed`` and bias 0. Returns the table;
+        None and None: the table as it is."""
+        table = self.get_input_embeddings()
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return table
+        n = table.num_embeddings if new_num_tokens is None else new_num_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"resize_token_embeddings: new_num_tokens {n!r} is not a positive integer")
+        if pad_to_multiple_of is not None:
+            if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+                raise ConfigError(f"resize_token_embeddings: pad_to_multiple_of {pad_to_multiple_of!r} is not a "
+                                  f"positive integer")
+            n = -(-n // pad_to_multiple_of) * pad_to_multiple_of
+        old = to_local_full(table.weight.detach()).numpy()
+        rows = old[:n]
+        if n > old.shape[0]:
+            extra = n - old.shape[0]
+            if mean_resizing:
+                fresh = np.broadcast_to(old.mean(axis=0, dtype=np.float64), (extra, old.shape[1]))
+            else:
+                fresh = np.random.default_rng(seed).normal(0.0, self.config.initializer_range, (extra, old.shape[1]))
+            rows = np.concatenate([old, fresh.astype(old.dtype)])
+        new = nn.Embedding(n, old.shape[1])
+        new.weight = nn.Parameter(placed_like(rows, table.weight), requires_grad=table.weight.requires_grad)
+        for m in self.modules():
+            if getattr(m, "resize_vocab", None) is not None:
+                m.resize_vocab(n, mean_resizing)
+        self.base_model.embeddings.word_embeddings = new
+        self._set_vocab_size(n)
+        return new
+
+    def _set_vocab_size(self, n: int) -> None:
+        """``config.vocab_size`` = n in this model and every module under it holding the config."""
+        config = self.config.updated(f"{type(self).__name__}", vocab_size=n)
+        for m in self.modules():
+            if getattr(m, "config", None) is not None:
+                m.config = config
+
+    def load_canonical(self, state: dict, strict_heads: bool = False, ignore_mismatched_sizes: bool = False) -> dict:
         """Copy {canonical name: array} into the parameters.
 
         Every tensor first passes the gate the converters use (bert_of.tensors): floating
@@ -49,7 +117,11 @@ class PreTrained(nn.Module):
         not fit its tensors is an error here exactly as in ``bert-of convert``. Tensors of task
         heads this class does not have are accepted (and returned as "unexpected"); task heads
         missing from ``state`` keep their fresh init (as when fine-tuning from a pretraining
-        checkpoint) unless ``strict_heads``. Returns ``{"missing": [...], "unexpected": [...]}``.
+        checkpoint) unless ``strict_heads``. A head tensor of another shape than the model's (a
+        2-label classifier under ``num_labels=3``) is an error naming ``ignore_mismatched_sizes``;
+        with it, transformers' behaviour: the head keeps its fresh init and is listed under
+        "mismatched" as (name, checkpoint shape, model shape). Returns ``{"missing": [...],
+        "unexpected": [...], "mismatched": [...]}``.
         """
         own = {self.canonical_name(k): p for k, p in self.state_dict().items()}
         arrays = {k: np.asarray(v) for k, v in state.items()}
@@ -60,10 +132,18 @@ class PreTrained(nn.Module):
         bad_missing = [k for k in missing if strict_heads or k.startswith("bert.")]
         if bad_missing:
             raise CheckpointError(f"checkpoint lacks {len(bad_missing)} tensor(s) the model needs, first: {bad_missing[0]}")
+        mismatched = []
         for name, param in own.items():
             if name in arrays and tuple(arrays[name].shape) != tuple(param.shape):
-                raise CheckpointError(f"tensor {name}: checkpoint shape {list(arrays[name].shape)} != model shape "
-                                      f"{list(param.shape)}")
+                ckpt, want = list(arrays[name].shape), list(param.shape)
+                if not ignore_mismatched_sizes or name.startswith("bert."):  # the backbone is the config's
+                    hint = "" if name.startswith("bert.") else \
+                        " (ignore_mismatched_sizes=True initializes it anew, as transformers)"
+                    raise CheckpointError(f"tensor {name}: checkpoint shape {ckpt} != model shape {want}{hint}")
+                mismatched.append((name, tuple(ckpt), tuple(want)))
+        if mismatched:
+            arrays = {k: a for k, a in arrays.items() if k not in {m[0] for m in mismatched}}
+            missing += [m[0] for m in mismatched]
         # The rest must fit this config too; a head this class lacks may come from a config with
         # another label count, so its shape is not ours to check.
         check_fit({k: a.shape for k, a in arrays.items()}, self.config, "checkpoint", require_backbone=False,
@@ -73,11 +153,11 @@ class PreTrained(nn.Module):
                 if name not in arrays:
                     continue
                 copy_in(param, arrays[name])
-        return {"missing": missing, "unexpected": unexpected}
+        return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
 
     @classmethod
-    def from_pretrained(cls, name_or_path, config: Optional[BertConfig] = None, strict_heads: bool = False,
-                        **overrides):
+    def from_pretrained(cls, name_or_path, config: Optional[BertConfig] = None, strict_heads: bool = False, *,
+                        vocab: Optional[str] = None, ignore_mismatched_sizes: bool = False, **overrides):
         """Load a model the way HF's ``from_pretrained`` does, from
 
         - a zoo name or alias ("bert-base": downloaded, verified and converted on first use),
@@ -89,19 +169,36 @@ class PreTrained(nn.Module):
         (``num_labels=3``, ``hidden_dropout_prob=0.0``, ``output_hidden_states=True``; transformers'
         ``label2id`` too), validated again; any other keyword is a TypeError naming it. Heads
         missing from the checkpoint are newly initialised (see ``load_canonical``);
-        ``loading_info`` says which.
+        ``loading_info`` says which. ``ignore_mismatched_sizes``: a head of another shape (a
+        2-label classifier read with ``num_labels=3``) is initialised anew too, with a note.
+        ``vocab``: the vocab.txt for a checkpoint without one (an HF folder with model files only,
+        as ``--vocab`` on the command line); it must define the model's vocab_size ids.
         """
         who = f"{cls.__name__}.from_pretrained()"
         check_override_names(who, overrides)  # before any loading
-        path = resolve_checkpoint(name_or_path)
+        if vocab is not None:
+            vocab = os.fspath(vocab)
+            if not os.path.isfile(vocab):
+                raise CheckpointError(f"{who}: vocab={vocab!r}: no such file")
+        try:
+            path = resolve_checkpoint(name_or_path, vocab=vocab)
+        except MissingVocab as e:
+            raise e.spelled("pass vocab='path/to/vocab.txt'") from None
         ckpt = load_checkpoint(path)
         config = (config or ckpt.config).updated(who, **overrides)  # a new, re-validated config
         model = cls(config)
-        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads)
-        if info["missing"]:
-            log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(info['missing'])}")
+        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads,
+                                    ignore_mismatched_sizes=ignore_mismatched_sizes)
+        fresh = [n for n in info["missing"] if n not in {m[0] for m in info["mismatched"]}]
+        if fresh:
+            log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(fresh)}")
+        for name, ckpt_shape, shape in info["mismatched"]:
+            log.warning(f"note: {name} newly initialised: the checkpoint's is {list(ckpt_shape)}, the model's "
+                        f"{list(shape)} (ignore_mismatched_sizes=True)")
         model.loading_info = info
-        model.vocab_file = ckpt.vocab_file
+        if vocab is not None:
+            check_vocab_fits(vocab, config.vocab_size)
+        model.vocab_file = vocab if vocab is not None else ckpt.vocab_file  # the one given wins
         model.eval()
         return model
 
@@ -171,14 +268,18 @@ class PreTrained(nn.Module):
                 copy_in(own[key], value)
 
 
+def placed_like(arr, like):
+    """A numpy array as a tensor of ``like``'s dtype where ``like`` is (its device, or its
+    placement and sbp when global)."""
+    arr = np.ascontiguousarray(arr)
+    if like.is_global:
+        return flow.tensor(arr, dtype=like.dtype).to_global(placement=like.placement, sbp=like.sbp)
+    return flow.tensor(arr, dtype=like.dtype, device=like.device)
+
+
 def copy_in(param, arr) -> None:
     """Copy a numpy array into a (local or global) parameter of the same shape; under no_grad."""
-    arr = np.ascontiguousarray(arr)
-    if param.is_global:
-        src = flow.tensor(arr, dtype=param.dtype).to_global(placement=param.placement, sbp=param.sbp)
-    else:
-        src = flow.tensor(arr, dtype=param.dtype, device=param.device)
-    param.copy_(src)
+    param.copy_(placed_like(arr, param))
 
 
 def to_local_full(t):

@@ -57,12 +57,17 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = None if config.pre_ln else LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids):
-        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H]."""
-        seq_len = input_ids.shape[1]
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        # Positions 0..S-1 are a slice of the (broadcast) table: no index tensor to place.
-        x = x + self.position_embeddings.weight.narrow(0, 0, seq_len).unsqueeze(0)
+    def forward(self, input_ids, token_type_ids, position_ids=None, inputs_embeds=None):
+        """input_ids, token_type_ids: int64 [B, S] -> [B, S, H]. transformers' ``inputs_embeds``
+        [B, S, H] stands for the word vectors (``input_ids`` None), ``position_ids`` int64 [B, S] or
+        [1, S] for the positions 0..S-1, summed in the same order."""
+        words = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        x = words + self.token_type_embeddings(token_type_ids)
+        if position_ids is None:
+            # Positions 0..S-1 are a slice of the (broadcast) table: no index tensor to place.
+            x = x + self.position_embeddings.weight.narrow(0, 0, token_type_ids.shape[1]).unsqueeze(0)
+        else:
+            x = x + self.position_embeddings(position_ids)
         if self.LayerNorm is None:
             return self.dropout(x)
         return self.dropout(self.LayerNorm(x))
@@ -86,9 +91,10 @@ class BertSelfAttention(nn.Module):
         B, S, _ = x.shape
         return x.reshape(B, S, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
 
-    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None, head_mask=None):
         """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]. ``probs_out`` (a list)
-        receives the attention probabilities [B, N, S, S] (before dropout, as transformers')."""
+        receives the attention probabilities [B, N, S, S] (before dropout, as transformers');
+        ``head_mask`` [1, N, 1, 1] multiplies them (transformers' head_mask: 0 silences a head)."""
         q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
         # The scale rides in the GEMM's alpha (the same single rounding as a separate multiply, bit
         # for bit on CPU with either BLAS): one pass over [B, N, S, S] fewer, ~4% of a layer on CPU.
@@ -97,6 +103,8 @@ class BertSelfAttention(nn.Module):
         else:
             scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale) + mask_adder  # [B, N, S, S]
         probs = flow.softmax(scores, dim=-1)
+        if head_mask is not None:  # before dropout: the same product as transformers' after it
+            probs = probs * head_mask
         if probs_out is not None:
             probs_out.append(probs)
         ctx = flow.matmul(self.dropout(probs), v)  # [B, N, S, D]
@@ -121,8 +129,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config, layer_index)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
-        return self.output(self.self(hidden, mask_adder, probs_out), hidden)
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None, head_mask=None):
+        return self.output(self.self(hidden, mask_adder, probs_out, head_mask), hidden)
 
 
 class BertIntermediate(nn.Module):
@@ -155,9 +163,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None, head_mask=None):
         """hidden [B, S, H], mask_adder [B, 1, 1, S] -> [B, S, H]."""
-        attn = self.attention(hidden, mask_adder, probs_out)
+        attn = self.attention(hidden, mask_adder, probs_out, head_mask)
         return self.output(self.intermediate(attn), attn)
 
 
@@ -193,24 +201,27 @@ class BertEncoder(nn.Module):
         finally:
             self.layer_runner = run_layers
 
-    def _layers(self, hidden, mask_adder, states: Optional[list], probs_out: Optional[list]):
-        """hidden [B, S, H] through every layer; ``states`` receives the input and each layer's output."""
-        if states is None and probs_out is None:
+    def _layers(self, hidden, mask_adder, states: Optional[list], probs_out: Optional[list], head_mask=None):
+        """hidden [B, S, H] through every layer; ``states`` receives the input and each layer's output;
+        ``head_mask``: one [1, N, 1, 1] per layer (or None)."""
+        if states is None and probs_out is None and head_mask is None:
             return self.layer_runner(self.layer, hidden, mask_adder)
         if states is not None:
             states.append(hidden)
-        for layer in self.layer:
-            hidden = layer(hidden, mask_adder, probs_out)
+        for i, layer in enumerate(self.layer):
+            hidden = layer(hidden, mask_adder, probs_out, None if head_mask is None else head_mask[i])
             if states is not None:
                 states.append(hidden)
         return hidden
 
-    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None):
+    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None,
+                head_mask=None):
         """hidden [B, S, H] -> [B, S, H].
 
         ``states`` (a list) receives the input and each layer's output, L + 1 tensors [B, S, H],
-        the last being the result; ``probs_out`` each layer's attention probabilities [B, N, S, S]."""
-        return self._layers(hidden, mask_adder, states, probs_out)
+        the last being the result; ``probs_out`` each layer's attention probabilities [B, N, S, S];
+        ``head_mask`` one [1, N, 1, 1] per layer."""
+        return self._layers(hidden, mask_adder, states, probs_out, head_mask)
 
 
 # --------------------------------------------------------------------------- pre-LN
@@ -241,9 +252,9 @@ class BertPreLNAttention(nn.Module):
         self.self = BertSelfAttention(config, layer_index)
         self.output = BertProjection(config.hidden_size, config.hidden_size, config.hidden_dropout_prob)
 
-    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None, head_mask=None):
         """normalised hidden [B, S, H] -> the attention's contribution to the residual [B, S, H]."""
-        return self.output(self.self(hidden, mask_adder, probs_out))
+        return self.output(self.self(hidden, mask_adder, probs_out, head_mask))
 
 
 class BertPreLNLayer(nn.Module):
@@ -257,9 +268,9 @@ class BertPreLNLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertProjection(config.intermediate_size, config.hidden_size, config.hidden_dropout_prob)
 
-    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None):
+    def forward(self, hidden, mask_adder, probs_out: Optional[list] = None, head_mask=None):
         """hidden [B, S, H], mask_adder [B, 1, 1, S] -> [B, S, H] (not normalised)."""
-        hidden = hidden + self.attention(self.input_layer_norm(hidden), mask_adder, probs_out)
+        hidden = hidden + self.attention(self.input_layer_norm(hidden), mask_adder, probs_out, head_mask)
         return hidden + self.output(self.intermediate(self.post_attention_layer_norm(hidden)))
 
 
@@ -272,10 +283,11 @@ class BertPreLNEncoder(BertEncoder):
         super().__init__(config)
         self.final_layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None):
+    def forward(self, hidden, mask_adder, states: Optional[list] = None, probs_out: Optional[list] = None,
+                head_mask=None):
         """hidden [B, S, H] -> [B, S, H]; ``states`` as :class:`BertEncoder`'s, the last one the
         result normalised (as transformers' Megatron-BERT)."""
-        hidden = self.final_layer_norm(self._layers(hidden, mask_adder, states, probs_out))
+        hidden = self.final_layer_norm(self._layers(hidden, mask_adder, states, probs_out, head_mask))
         if states is not None:
             states[-1] = hidden
         return hidden
@@ -308,6 +320,16 @@ def _mask_adder(attention_mask, dtype):
     return (1.0 - m) * -10000.0
 
 
+def _per_layer(head_mask, layers: int, dtype):
+    """transformers' head_mask, [N] (every layer) or [L, N], as one [1, N, 1, 1] per layer."""
+    if head_mask is None:
+        return None
+    m = head_mask.to(dtype)
+    if m.ndim == 1:
+        return [m.reshape(1, -1, 1, 1)] * layers
+    return [m.narrow(0, i, 1).reshape(1, -1, 1, 1) for i in range(layers)]
+
+
 class BertModel(PreTrained):
     """Embeddings, encoder, pooler. Loads from any checkpoint's ``bert.*`` tensors.
 
@@ -335,9 +357,15 @@ class BertModel(PreTrained):
         """The model itself (a head's ``base_model`` is its BertModel)."""
         return self
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=None,
-                output_attentions=None, return_dict=None) -> BertModelOutput:
+    def forward(self, input_ids=None, token_type_ids=None, attention_mask=None, output_hidden_states=None,
+                output_attentions=None, return_dict=None, *, position_ids=None, head_mask=None,
+                inputs_embeds=None) -> BertModelOutput:
         """input_ids, token_type_ids, attention_mask: int64 [B, S] (tensors, NumPy arrays or lists).
+
+        transformers' keywords, with its meaning: ``position_ids`` int64 [B, S] or [1, S] (default
+        0..S-1); ``head_mask`` [N] or [L, N] of 1 (keep) / 0 (silence), multiplying each layer's
+        attention probabilities; ``inputs_embeds`` float [B, S, H] in place of ``input_ids`` (the
+        word vectors; exactly one of the two).
 
         Returns sequence_output [B, S, H] and pooled_output [B, H]; as transformers' BertModel,
         with ``output_hidden_states`` also hidden_states (the embeddings' output and each layer's,
@@ -354,15 +382,22 @@ class BertModel(PreTrained):
         input_ids = as_input(input_ids, "input_ids", like)
         token_type_ids = as_input(token_type_ids, "token_type_ids", like)
         attention_mask = as_input(attention_mask, "attention_mask", like, ids=False)  # 1/0, or 1.0/0.0
-        check_inputs(self.config, input_ids, token_type_ids, attention_mask)
+        position_ids = as_input(position_ids, "position_ids", like)
+        head_mask = as_input(head_mask, "head_mask", like, ids=False)
+        inputs_embeds = as_input(inputs_embeds, "inputs_embeds", like, ids=False)
+        check_inputs(self.config, input_ids, token_type_ids, attention_mask, position_ids=position_ids,
+                     head_mask=head_mask, inputs_embeds=inputs_embeds)
+        ids_like = input_ids if inputs_embeds is None else \
+            flow.zeros_like(inputs_embeds.narrow(2, 0, 1).squeeze(2)).to(flow.int64)  # [B, S], its placement
         if token_type_ids is None:
-            token_type_ids = flow.zeros_like(input_ids)
+            token_type_ids = flow.zeros_like(ids_like)
         if attention_mask is None:
-            attention_mask = flow.ones_like(input_ids)
-        hidden = self.embeddings(input_ids, token_type_ids)
+            attention_mask = flow.ones_like(ids_like)
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         states = [] if output_hidden_states else None
         probs = [] if output_attentions else None
-        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype), states=states, probs_out=probs)
+        seq = self.encoder(hidden, _mask_adder(attention_mask, hidden.dtype), states=states, probs_out=probs,
+                           head_mask=_per_layer(head_mask, self.config.num_hidden_layers, hidden.dtype))
         out = BertModelOutput(sequence_output=seq, pooled_output=self.pooler(seq),
                               hidden_states=None if states is None else tuple(states),
                               attentions=None if probs is None else tuple(probs))

@@ -20,7 +20,8 @@ resolver: Optional[Callable[[str], str]] = None
 
 
 def register_resolver(fn: Optional[Callable[[str], str]]) -> None:
-    """Install ``fn(name_or_path) -> checkpoint directory`` (None removes it)."""
+    """Install ``fn(name_or_path, vocab=None) -> checkpoint directory`` (None removes it); ``vocab``
+    is passed only when a caller gives one."""
     global resolver
     resolver = fn
 

@@ -23,13 +23,13 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
-from bert_of.checkpoint import resolve_checkpoint
+from bert_of.checkpoint import resolve_checkpoint, run_final
 from bert_of.errors import BertOfError, InputError
 from bert_of.files.atomic import write_json
 from bert_of.files.publish import publishing_into
 from bert_of.files.reading import read_json
 from bert_of.tokenization import FastTokenizer, FullTokenizer
-from bert_of.vocab import lower_case_for, read_vocab_lines
+from bert_of.vocab import TOKENIZER_JSON, lower_case_for, read_vocab_lines, vocab_from_tokenizer_json
 
 TextInput = Union[str, Sequence[str]]
 
@@ -97,17 +97,24 @@ class BertTokenizer:
     @classmethod
     def from_pretrained(cls, name_or_path: str, do_lower_case: Optional[bool] = None,
                         model_max_length: Optional[int] = None, **kwargs) -> "BertTokenizer":
-        """The tokenizer of a checkpoint: a zoo name, a bert_of folder, or a folder (TF prefix)
-        in any format bert_of reads. A folder holding ``vocab.txt`` is read in place; anything
-        else goes through the resolver (downloaded or converted once, as ``from_pretrained`` of
-        a model). ``do_lower_case`` None: what the checkpoint records, else its vocabulary's case."""
+        """The tokenizer of a checkpoint, read from its tokenizer files only: ``vocab.txt``, else a
+        BERT ``tokenizer.json`` (transformers' BertTokenizerFast's, see
+        :func:`bert_of.vocab.read_tokenizer_json`), in the folder given, the folder of a file or TF
+        prefix given, or a training run's final checkpoint; no weight is read. A zoo name goes
+        through the resolver (downloaded once, as ``from_pretrained`` of a model).
+        ``do_lower_case`` None: what the checkpoint records (tokenizer_config.json, then
+        tokenizer.json's normalizer), else its vocabulary's case."""
         path = os.fspath(name_or_path)
-        folder = path if os.path.isdir(path) else os.path.dirname(path) if os.path.exists(path + ".index") else None
-        if folder is None or not os.path.isfile(os.path.join(folder, "vocab.txt")):
+        folder = _tokenizer_folder(path)
+        if folder is None:
             folder = resolve_checkpoint(path)
-        vocab = os.path.join(folder, "vocab.txt")
+        vocab = os.path.join(folder, VOCAB_FILE)
         if not os.path.isfile(vocab):
-            raise BertOfError(f"{name_or_path}: no vocab.txt (a tokenizer needs the checkpoint's vocabulary)")
+            if not os.path.isfile(os.path.join(folder, TOKENIZER_JSON)):
+                raise BertOfError(f"{name_or_path}: no vocab.txt or tokenizer.json (a tokenizer needs the "
+                                  f"checkpoint's vocabulary)")
+            vocab, spec = vocab_from_tokenizer_json(os.path.join(folder, TOKENIZER_JSON))
+            kwargs.setdefault("max_input_chars_per_word", spec.max_input_chars_per_word)
         do_lower_case, _ = lower_case_for(folder, vocab, do_lower_case)  # the rule finetune/predict follow
         recorded = _recorded_settings(folder)
         if model_max_length is None:
@@ -459,6 +466,18 @@ def _as_tensor(key: str, rows: list, kind: str):
 
         return flow.tensor(arr, dtype=flow.int64)
     raise InputError(f"return_tensors={kind!r}: bert_of returns 'np' (NumPy) or 'of' (OneFlow) tensors")
+
+
+def _tokenizer_folder(path: str) -> Optional[str]:
+    """The folder whose tokenizer files serve ``path``: ``path`` (a training run's: its final
+    checkpoint), the folder of a file or TF prefix; None for what is not on disk (a zoo name).
+    A folder without tokenizer files is still the answer: its error says so, no weight is read."""
+    if os.path.isdir(path):
+        folder = run_final(path)
+        return folder if os.path.isdir(folder) else path
+    if os.path.isfile(path) or os.path.exists(path + ".index"):
+        return os.path.dirname(os.path.abspath(path))
+    return None
 
 
 def _recorded_settings(folder: str) -> dict:

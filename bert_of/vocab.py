@@ -7,14 +7,23 @@ The tokenizers that use it are :mod:`bert_of.tokenization`'s.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
+from dataclasses import dataclass
 from typing import List, Optional
 
 from bert_of.errors import BertOfError, ConfigError
+from bert_of.files.atomic import atomic_write
+from bert_of.files.home import bert_of_home
 from bert_of.files.reading import MAX_TEXT, read_bounded, read_json
 
 __all__ = ["read_vocab_lines", "vocab_size", "check_vocab_fits", "load_vocab", "vocab_looks_cased",
-           "recorded_lower_case", "lower_case_for"]
+           "recorded_lower_case", "lower_case_for", "TOKENIZER_JSON", "WordPieceJson", "read_tokenizer_json",
+           "vocab_from_tokenizer_json"]
+
+TOKENIZER_JSON = "tokenizer.json"  # the tokenizers library's file (transformers' *TokenizerFast)
+MAX_TOKENIZER_JSON = 256 << 20  # multilingual BERTs' are ~2-10 MB
+MAX_VOCAB = 10_000_000
 
 
 def read_vocab_lines(vocab_file: str) -> List[str]:
@@ -67,8 +76,9 @@ def vocab_looks_cased(vocab) -> bool:
 
 def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool]:
     """``do_lower_case`` as a checkpoint folder records it: HF's ``tokenizer_config.json``, a
-    fine-tuned run's ``train_args.json``, or a ``do_lower_case`` key in ``config.json``; None when
-    none does."""
+    fine-tuned run's ``train_args.json``, a ``do_lower_case`` key in ``config.json``, or a BERT
+    ``tokenizer.json``'s normalizer (transformers' fast tokenizer follows tokenizer_config.json's
+    setting over it too); None when none does."""
     for name in ("tokenizer_config.json", "train_args.json", "config.json"):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
@@ -78,6 +88,12 @@ def recorded_lower_case(folder: str, error: type = BertOfError) -> Optional[bool
                 value = d["extra"].get("do_lower_case")  # bert_of's config.json keeps a source's keys there
             if isinstance(value, bool):
                 return value
+    path = os.path.join(folder, TOKENIZER_JSON)
+    if os.path.isfile(path):  # a fast tokenizer's own file: its normalizer's lowercase
+        try:
+            return read_tokenizer_json(path).lowercase
+        except BertOfError:
+            return None  # not BERT's WordPiece: it records nothing bert_of's tokenizer reads
     return None
 
 
@@ -99,3 +115,107 @@ def lower_case_for(folder: str, vocab_file: Optional[str] = None, given: Optiona
     if vocab_file and os.path.isfile(vocab_file):
         return not vocab_looks_cased(read_vocab_lines(vocab_file)), "vocabulary"
     return True, "default"
+
+
+# --------------------------------------------------------------------------- tokenizer.json
+
+
+@dataclass(frozen=True)
+class WordPieceJson:
+    """What a BERT ``tokenizer.json`` (as transformers' BertTokenizerFast saves it) says: the
+    WordPiece tokens in id order, whether it lower-cases (and strips accents with it, Google's rule),
+    the longest word it splits."""
+
+    tokens: tuple
+    lowercase: bool
+    max_input_chars_per_word: int
+
+
+def _setting(d: dict, key: str, default, kinds, path: str, where: str):
+    value = d.get(key, default)
+    if value is not None and (isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds)):
+        raise BertOfError(f"{path}: {where}.{key} is {str(value)[:40]!r}, not a {kinds[0].__name__}")
+    return value
+
+
+def read_tokenizer_json(path: str) -> WordPieceJson:
+    """A BERT WordPiece ``tokenizer.json`` read as data (size-bounded JSON, every field checked):
+    model WordPiece with the ``##`` prefix and ``[UNK]``, ids 0..V-1 each once, a BertNormalizer
+    (lowercase, strip_accents following it or equal to it, clean_text and CJK handling on) and the
+    BertPreTokenizer; added tokens must be vocabulary tokens (bert_of's tokenizer adds none). What
+    bert_of's WordPiece would compute otherwise is refused in one line naming the file and field,
+    never tokenized another way."""
+    raw = read_bounded(path, MAX_TOKENIZER_JSON, TOKENIZER_JSON, BertOfError)
+    try:
+        d = read_json(path, TOKENIZER_JSON, BertOfError, raw=raw)
+    except ValueError:  # an integer of thousands of digits
+        raise BertOfError(f"{path}: a number too long to read in {TOKENIZER_JSON}") from None
+    model = d.get("model")
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise BertOfError(f"{path}: not a WordPiece tokenizer (model type {str(kind)[:40]!r}); bert_of reads BERT's")
+    if model.get("continuing_subword_prefix", "##") != "##" or model.get("unk_token", "[UNK]") != "[UNK]":
+        raise BertOfError(f"{path}: a WordPiece with prefix {str(model.get('continuing_subword_prefix'))[:20]!r} and "
+                          f"unknown token {str(model.get('unk_token'))[:20]!r}; BERT's are '##' and '[UNK]'")
+    chars = _setting(model, "max_input_chars_per_word", 100, (int,), path, "model")
+    if chars is None or not 0 < chars <= 1 << 20:
+        raise BertOfError(f"{path}: model.max_input_chars_per_word {chars!r} is not a positive word length")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise BertOfError(f"{path}: model.vocab is not a map of tokens to ids")
+    if len(vocab) > MAX_VOCAB:
+        raise BertOfError(f"{path}: {len(vocab)} tokens; more than {MAX_VOCAB} is not a vocabulary")
+    tokens = [None] * len(vocab)
+    for token, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(vocab) or tokens[i] is not None:
+            raise BertOfError(f"{path}: model.vocab gives {token[:40]!r} the id {str(i)[:20]}; ids must be "
+                              f"0..{len(vocab) - 1}, each once")
+        if not token or token != token.strip() or any(c in token for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
+            raise BertOfError(f"{path}: token {i} {token[:40]!r} is empty or holds a line break or surrounding "
+                              f"space (not a WordPiece token)")
+        tokens[i] = token
+    norm = d.get("normalizer")
+    if not isinstance(norm, dict) or norm.get("type") != "BertNormalizer":
+        kind = norm.get("type") if isinstance(norm, dict) else norm
+        raise BertOfError(f"{path}: normalizer {str(kind)[:40]!r}; bert_of's WordPiece computes BERT's "
+                          f"(BertNormalizer)")
+    lower = _setting(norm, "lowercase", True, (bool,), path, "normalizer")
+    strip = _setting(norm, "strip_accents", None, (bool,), path, "normalizer")
+    if strip is not None and strip != lower:
+        raise BertOfError(f"{path}: normalizer.strip_accents {str(strip).lower()} with lowercase "
+                          f"{str(lower).lower()}; bert_of strips accents exactly when it lower-cases (Google's rule)")
+    for key in ("clean_text", "handle_chinese_chars"):
+        if _setting(norm, key, True, (bool,), path, "normalizer") is not True:
+            raise BertOfError(f"{path}: normalizer.{key} false; bert_of's WordPiece always does it (Google's rule)")
+    pre = d.get("pre_tokenizer")
+    if not isinstance(pre, dict) or pre.get("type") != "BertPreTokenizer":
+        kind = pre.get("type") if isinstance(pre, dict) else pre
+        raise BertOfError(f"{path}: pre_tokenizer {str(kind)[:40]!r}; bert_of splits words as BERT's "
+                          f"(BertPreTokenizer)")
+    added = d.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise BertOfError(f"{path}: added_tokens is not a list")
+    for a in added:
+        content = a.get("content") if isinstance(a, dict) else None
+        if not isinstance(content, str) or vocab.get(content) != a.get("id"):
+            raise BertOfError(f"{path}: added token {str(content)[:40]!r} (id {str(a.get('id') if isinstance(a, dict) else None)[:20]}) "
+                              f"is not the vocabulary's; bert_of's tokenizer has no added tokens")
+    return WordPieceJson(tuple(tokens), lower, chars)
+
+
+def vocab_from_tokenizer_json(path: str) -> tuple:
+    """(a vocab.txt of ``path``'s tokens, its WordPieceJson): the tokens one per line, kept under
+    ``$BERT_OF_HOME/vocab/`` by their hash (written once, atomically), so everything that reads a
+    vocab.txt reads this one; never written beside the user's file."""
+    spec = read_tokenizer_json(path)
+    text = "\n".join(spec.tokens) + "\n"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    out = os.path.join(bert_of_home(), "vocab", f"{digest}.txt")
+    if not os.path.isfile(out):
+        try:
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            atomic_write(out, text)
+        except OSError as e:  # a read-only home: say where, not a traceback
+            raise BertOfError(f"{out}: cannot keep the vocabulary of {path} there ({e.strerror or e}; "
+                              f"set BERT_OF_HOME to a writable folder)") from None
+    return out, spec

@@ -58,12 +58,42 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
     return _read(fmt or detect(path), path, opts or Options())
 
 
-def _read(fmt: str, path: str, opts: Options) -> Source:
-    """The format's reader; a vocabulary passed in ``opts`` must fit the model it is attached to."""
-    source = module(fmt).read(path, opts)
+def _read(fmt: str, path: str, opts: Options, target: str | None = None) -> Source:
+    """The format's reader; a vocabulary passed in ``opts`` must fit the model it is attached to.
+
+    A path that is not ``fmt`` at all (its detector says no) but another format's checkpoint is
+    refused naming that format and the direction that reads it (``target``: the direction's
+    destination), instead of the reader's complaint about files a ``fmt`` checkpoint would hold."""
+    try:
+        source = module(fmt).read(path, opts)
+    except SourceChanged:
+        raise
+    except BertOfError:
+        other = _other_format(path, fmt)
+        if other is None:
+            raise
+        hint = (f"{other}2{target} reads it" if target and target != other else f"it is {other} already"
+                if target else f"read it as format {other}")
+        raise CheckpointError(f"{path}: this is {_article(other)} {other} checkpoint, not {fmt}: {hint}") from None
     if opts.vocab:
         check_vocab_fits(opts.vocab, source.config.vocab_size)
     return source
+
+
+def _other_format(path: str, fmt: str) -> str | None:
+    """The format the registry's detectors find at ``path`` when ``fmt``'s does not; else None
+    (the path is ``fmt`` as far as its detector says, or nothing known: the reader's error stands)."""
+    try:
+        if module(fmt).detect(path):
+            return None
+        found = detect(path)
+    except (BertOfError, OSError):
+        return None
+    return found if found != fmt else None
+
+
+def _article(fmt: str) -> str:
+    return "an" if fmt[0] in "aeiohn" else "a"  # spelled-out letters: an hf, an h5, an of; a tf, a lazy
 
 
 def load(path: str, fmt: str | None = None, opts: Options | None = None) -> tuple:
@@ -131,7 +161,7 @@ def convert(direction: str, src: str, dst: str, opts: Options | None = None, che
 
 
 def _convert(a, b, direction, src, dst, opts, check, sources) -> tuple:
-    source = _read(a, src, opts)
+    source = _read(a, src, opts, target=b)
     target = module(b)
     why = source.config.original_bert_mismatch()
     if why and not target.pre_ln:

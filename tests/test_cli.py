@@ -301,6 +301,15 @@ ANCHOR_SPELLINGS = [  # (command line, the flag the one error line must name)
     (["pretrain", "--bert_config_file", "c.json"], "--config"),
     (["predict", "classify", "--do_lower_case"], "--do-lower-case"),
     (["convert", "tf2of", "a", "-o", "b", "--verfy"], "--verify"),
+    # NVIDIA's run_pretraining.py and Google's run_classifier.py
+    (["pretrain", "--data_dir", "d"], "--data"),
+    (["pretrain", "--input_dir", "d"], "--data"),
+    (["pretrain", "--num_steps_per_checkpoint", "200"], "--save-every"),
+    (["pretrain", "--resume_from_checkpoint"], "--resume"),
+    (["pretrain", "--warmup_proportion", "0.01"], "--warmup-steps"),
+    (["finetune", "glue", "--warmup_proportion", "0.1"], "--warmup-proportion"),
+    (["finetune", "glue", "--bert_config_file", "c.json"], "--model"),
+    (["finetune", "classify", "--data_dir", "d"], "--train"),
 ]
 
 

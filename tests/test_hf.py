@@ -650,7 +650,7 @@ def test_skip_unknown_drops_and_reports(tmp_path):
 
 def test_of_dir_is_not_read_as_hf(tiny_of, tmp_path):
     (tmp_path / "out").mkdir()
-    fails("convert", "hf2of", tiny_of, "-o", tmp_path / "out" / "x", needle="this is a bert_of config.json",
+    fails("convert", "hf2of", tiny_of, "-o", tmp_path / "out" / "x", needle="this is an of checkpoint, not hf: it is of already",
           out_parent=tmp_path / "out")
 
 

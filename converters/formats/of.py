@@ -7,7 +7,7 @@ import os
 from bert_of.checkpoint import CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile, is_checkpoint_dir, load_checkpoint, write_checkpoint_files
 from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, MissingVocab
 from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.reader import whole
 from bert_of.converters.descriptor import Format
@@ -70,8 +70,7 @@ def _read(pin, path: str, opts: Options) -> Source:
 def write_files(source: Source, d: str, opts: Options) -> list:
     """config.json, model.safetensors (+ optimizer.safetensors), vocab.txt into the directory ``d``."""
     if source.vocab_file is None:
-        raise CheckpointError(f"{source.path}: no vocab.txt; a bert_of checkpoint needs one "
-                              f"(HuggingFace and Keras directories often lack it: pass --vocab)")
+        raise MissingVocab(source.path)
     optimizer = None
     if opts.with_optimizer and source.optimizer:
         optimizer = (list(source.optimizer), source.optimizer_meta)

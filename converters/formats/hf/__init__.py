@@ -57,6 +57,7 @@ from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit,
                                        sort, whole)
 from bert_of.converters.descriptor import Format
 from bert_of.converters.verify import reference_np
+from bert_of.vocab import TOKENIZER_JSON, vocab_from_tokenizer_json
 from bert_of.converters.formats.hf.config import config_from_hf, read_hf_json
 from bert_of.converters.formats.hf.names import (ARCH, BARE_ROOTS, CLASSIFIER_KIND, CONFIG_FILE, DECODER_B, DECODER_W,
                                          MLM_BIAS, NAME, POSITION_IDS, SAFETENSORS, SAFETENSORS_INDEX, TABLE,
@@ -118,6 +119,8 @@ def _read(pin, path: str, opts: Options) -> Source:
         vocab = pin.hold(_side_path(path, opts.vocab, VOCAB_FILE, "vocab", pin))
     elif os.path.isfile(pin.real(os.path.join(path, VOCAB_FILE))):
         vocab = pin.hold(os.path.join(path, VOCAB_FILE))
+    elif os.path.isfile(pin.real(os.path.join(path, TOKENIZER_JSON))):  # a fast tokenizer's only file
+        vocab = vocab_from_tokenizer_json(pin.real(os.path.join(path, TOKENIZER_JSON)))[0]  # read now, whole
     config = config_from_hf(raw_cfg, cfg_path, opts.numerics)
     weights = Weights(path, pin)
     names = weights.names()
