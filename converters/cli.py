@@ -166,8 +166,13 @@ def inspect_path(path: str, config: str | None = None) -> dict:
     if FORMATS[fmt].inspect is not None:  # a format listing its file as stored (tf: its index, no config needed)
         info.update(FORMATS[fmt].inspect(path, config))
     else:  # any other format: what it reads as, through its converter
-        source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True))
+        source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True, describe=True))
         info["config"] = source.config.to_dict()
+        if source.numerics_unknown:  # never shown as a guess
+            info["config"]["hidden_act"] = "unknown"
+            info["numerics"] = source.numerics_unknown
+        elif source.numerics_from:
+            info["numerics"] = f"{source.config.hidden_act} from {source.numerics_from}"
         for kind, items in (("model", source.tensors), ("optimizer", source.optimizer)):
             for spec, _ in items:
                 info["tensors"].append({"name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
@@ -207,6 +212,8 @@ def cmd_inspect(args) -> int:
               f"I={cfg['intermediate_size']} V={cfg['vocab_size']} P={cfg['max_position_embeddings']} "
               f"T={cfg['type_vocab_size']} act={cfg['hidden_act']} ln_eps={cfg['layer_norm_eps']:g} "
               f"(provenance {cfg['provenance']})")
+    if info.get("numerics"):
+        print(f"  numerics: {info['numerics']}")
     if cfg and any(t["name"].startswith("classifier.") for t in info["tensors"]):
         names = cfg.get("id2label") or {}
         shown = ", ".join(str(names[k]) for k in sorted(names, key=int)[:8]) + (", ..." if len(names) > 8 else "")

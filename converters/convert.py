@@ -61,8 +61,10 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
 def _read(fmt: str, path: str, opts: Options) -> Source:
     """The format's reader; a vocabulary passed in ``opts`` must fit the model it is attached to."""
     source = module(fmt).read(path, opts)
+    if source.numerics_unknown and not opts.describe:
+        raise CheckpointError(source.numerics_unknown)
     if opts.vocab:
-        check_vocab_fits(opts.vocab, source.config.vocab_size)
+        check_vocab_fits(opts.vocab, source.config.vocab_size, source.vocab_pad)
     return source
 
 
