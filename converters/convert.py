@@ -58,8 +58,19 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
     return _read(fmt or detect(path), path, opts or Options())
 
 
+def numerics_gate(fmt: str, opts: Options) -> None:
+    """``--numerics`` applies where the format's reader applies it, and is refused everywhere else
+    (accepted and ignored is never an answer): one line saying what the format's files record."""
+    f = module(fmt)
+    if opts.numerics and opts.numerics not in f.numerics_flag:
+        takes = f" (it takes {' or '.join(f.numerics_flag)})" if f.numerics_flag else ""
+        raise CheckpointError(f"--numerics {opts.numerics} does not apply to a {fmt} checkpoint: "
+                              f"{f.numerics_recorded}{takes}")
+
+
 def _read(fmt: str, path: str, opts: Options) -> Source:
     """The format's reader; a vocabulary passed in ``opts`` must fit the model it is attached to."""
+    numerics_gate(fmt, opts)
     source = module(fmt).read(path, opts)
     if source.numerics_unknown and not opts.describe:
         raise CheckpointError(source.numerics_unknown)

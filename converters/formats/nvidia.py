@@ -207,6 +207,7 @@ def _read(pin, path: str, opts: Options) -> Source:
     act, numerics_from = _numerics(obj, raw_cfg, cfg_path, f, opts.numerics)
     if act:
         config.hidden_act = act
+        config.provenance = "hf" if act == "gelu_erf" else "tf1"  # erf / tanh GELU, eps 1e-12
     vocab = opts.vocab or (os.path.join(d, VOCAB_FILE) if os.path.isfile(pin.real(os.path.join(d, VOCAB_FILE)))
                            else None)
     if vocab and not os.path.isfile(pin.real(vocab)):
@@ -277,8 +278,9 @@ def _read(pin, path: str, opts: Options) -> Source:
     vocab = vocab and pin.hold(vocab)
     meta = dict(OPTIMIZER_META)
     if kind != "lamb":
-        meta = {"optimizer": kind, "source": f"NVIDIA DeepLearningExamples run_pretraining.py with torch.optim "
-                                              f"{'AdamW' if kind == 'adamw' else 'Adam'}"}
+        meta = {"optimizer": kind, "exclude_from_weight_decay": ",".join(NO_DECAY),
+                "source": f"NVIDIA DeepLearningExamples run_pretraining.py with torch.optim "
+                          f"{'AdamW' if kind == 'adamw' else 'Adam'}"}
     if groups and isinstance(groups[0], dict):
         g = groups[0]
         meta.update({k: str(g[k]).lower() if isinstance(g[k], bool) else repr(g[k]) for k in
@@ -315,8 +317,12 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         obj, name = _with_optimizer(source, sd, storage), f"ckpt_{int(np.asarray(step())) if step else 0}.pt"
     write_torch_zip(os.path.join(d, name), obj)
     cfg = os.path.join(d, CONFIG_FILES[0])
+    google = source.config.to_google_dict()
+    # NVIDIA's "gelu" was erf, then tanh (a9e2c1d5): the exact one is recorded beside, always
+    if google["hidden_act"] == "gelu":
+        google.setdefault("bert_of_hidden_act", source.config.hidden_act)
     with writes_to(cfg), open(cfg, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(source.config.to_google_dict(), indent=2) + "\n")
+        fh.write(json.dumps(google, indent=2) + "\n")
     if source.vocab_file:
         copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
     reason = source.config.google_mismatch()
@@ -391,4 +397,5 @@ class Reference(reference_np.HuggingFace):
 FORMAT = Format(
     NAME, "NVIDIA DeepLearningExamples PyTorch BERT (ckpt_N.pt or pytorch_model.bin + config.json)", detect, read,
     write_files, Reference, owns=(WEIGHTS, *CONFIG_FILES, VOCAB_FILE), owns_patterns=(r"ckpt_\d+\.pt",),
-    table=TABLE)
+    table=TABLE, numerics_flag=tuple(NUMERICS_FLAG),
+    numerics_recorded=f"NVIDIA's modeling.py computes LayerNorm eps 1e-12 always, its \"gelu\" the {ERAS}")

@@ -244,6 +244,9 @@ PATCHES = {
     ("new", "run_squad.py"): _SQUAD,
     ("old", "run_squad.py"): _SQUAD,
 }
+# modeling.py at 729963dd calls F.gelu(x, approximate=True): the NGC container's torch took a bool there,
+# torch 2.x takes the string "tanh" for the same function (the tanh form); the text is set to that.
+MODELING = {"old": [], "new": [("gelu(x, approximate=True)", 'gelu(x, approximate="tanh")', 1)]}
 ADAMW = {
     "new": [("optimizer = FusedLAMBAMP(optimizer_grouped_parameters,\n                             lr=args.learning_rate)",
              "optimizer = torch.optim.AdamW(optimizer_grouped_parameters, lr=args.learning_rate, foreach=False)", 1),
@@ -261,7 +264,16 @@ import json, os, sys, numpy as np, torch
 import torch._dynamo
 ckpt, config_file, out, bert = sys.argv[1:5]
 sys.path.insert(0, bert)
-import modeling
+import types
+path = os.path.join(bert, "modeling.py")
+msrc = open(path).read()
+for old, new, count in json.loads(os.environ.get("MODELING_PATCHES", "[]")):
+    assert msrc.count(old) == count, (path, old)
+    msrc = msrc.replace(old, new)
+modeling = types.ModuleType("modeling")
+modeling.__file__ = path
+sys.modules["modeling"] = modeling
+exec(compile(msrc, path, "exec"), modeling.__dict__)
 config = modeling.BertConfig.from_json_file(config_file)
 if config.vocab_size % 8 != 0:  # as run_pretraining.py / run_squad.py
     config.vocab_size += 8 - (config.vocab_size % 8)
@@ -286,6 +298,18 @@ import os, sys, torch
 import torch._dynamo  # before the BERT folder joins sys.path: its triton/ (Triton server files) shadows the package
 script, patches = sys.argv[1], __import__("json").loads(sys.argv[2])
 sys.path.insert(0, os.path.dirname(script))
+modeling_patches = __import__("json").loads(os.environ.get("MODELING_PATCHES", "[]"))
+if modeling_patches:  # modeling.py with the same kind of exact-once edits, imported as 'modeling'
+    import types
+    path = os.path.join(os.path.dirname(script), "modeling.py")
+    msrc = open(path).read()
+    for old, new, count in modeling_patches:
+        assert msrc.count(old) == count, (path, old)
+        msrc = msrc.replace(old, new)
+    mod = types.ModuleType("modeling")
+    mod.__file__ = path
+    sys.modules["modeling"] = mod
+    exec(compile(msrc, path, "exec"), mod.__dict__)
 # FusedLAMBAMP (lamb_amp_opt) puts its lr/step tensors on torch.cuda.current_device(): the CPU here.
 torch.cuda.current_device = lambda: "cpu"
 src = open(script).read()
@@ -349,7 +373,7 @@ def run(checkout, work, era, script, args, extra=()):
     bert = os.path.join(checkout, COMMITS[era], "PyTorch/LanguageModeling/BERT")
     stand = os.path.join(work, "standins")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([stand, os.path.join(bert, "lamb_amp_opt")]),
-               CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+               CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MODELING_PATCHES=json.dumps(MODELING[era]))
     patches = PATCHES.get((era, script), []) + list(extra)
     cmd = [sys.executable, os.path.join(work, "launch.py"), os.path.join(bert, script), json.dumps(patches)] + args
     print("$", " ".join(cmd[:2] + [cmd[2], "<patches>"] + args), flush=True)
@@ -358,7 +382,8 @@ def run(checkout, work, era, script, args, extra=()):
 
 def forward(checkout, work, era, ckpt, config, out):
     bert = os.path.join(checkout, COMMITS[era], "PyTorch/LanguageModeling/BERT")
-    env = dict(os.environ, PYTHONPATH=os.path.join(work, "standins"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.path.join(work, "standins"), OMP_NUM_THREADS="1",
+               MODELING_PATCHES=json.dumps(MODELING[era]))
     subprocess.run([sys.executable, os.path.join(work, "forward.py"), ckpt, config, out, bert], cwd=work, env=env,
                    check=True)
 
@@ -412,11 +437,15 @@ def main():
         dst = os.path.join(out, f"squad_{era}")
         os.makedirs(dst, exist_ok=True)
         for n in os.listdir(sq):
-            if n in ("pytorch_model.bin", "config.json", "predictions.json"):
+            if n in ("pytorch_model.bin", "bert_config.json", "config.json", "predictions.json"):
                 shutil.copy(os.path.join(sq, n), dst)
-        forward(checkout, work, era, os.path.join(dst, "pytorch_model.bin"), os.path.join(dst, "config.json"),
-                os.path.join(dst, "nvidia_outputs.npz"))
+        # modeling.CONFIG_NAME: bert_config.json at 482fe9ac, config.json at 729963dd
+        cfg = next(os.path.join(dst, n) for n in ("bert_config.json", "config.json") if os.path.isfile(os.path.join(dst, n)))
+        forward(checkout, work, era, os.path.join(dst, "pytorch_model.bin"), cfg, os.path.join(dst, "nvidia_outputs.npz"))
     shutil.copy(os.path.join(data, "vocab.txt"), out)
+    os.makedirs(os.path.join(out, "hdf5"), exist_ok=True)  # the pretraining data both eras trained on
+    for n in sorted(os.listdir(os.path.join(data, "hdf5"))):
+        shutil.copy(os.path.join(data, "hdf5", n), os.path.join(out, "hdf5"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,109 @@
+"""NVIDIA DeepLearningExamples' own runs (tests/data/nvidia_real/, made by make_fixtures.py there:
+run_pretraining.py with its LAMB and with AdamW, run_squad.py, at 482fe9ac (erf GELU) and 729963dd
+(tanh GELU)) read as their maker meant: optimizer state, the vocabulary padded to 8, the GELU read
+from evidence and checked against the outputs NVIDIA's own modeling.py computed on them."""
+
+import os
+
+import numpy as np
+import pytest
+
+from bert_of.converters.convert import read
+from bert_of.converters.formats import nvidia
+from bert_of.converters.source import Options
+from bert_of.converters.verify.reference_forward import forward
+from bert_of.errors import CheckpointError
+from tests.conftest import error_lines, run_cli
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "nvidia_real")
+PRETRAIN = [f"pretrain_{era}_{opt}" for era in ("old", "new") for opt in ("lamb", "adamw")]
+ERA_ACT = {"old": "gelu_erf", "new": "gelu_tanh"}
+
+
+def _maker(name, act=None, numerics=None):
+    """(the reference forward of the read checkpoint, NVIDIA's own outputs for the same inputs)."""
+    source = read(os.path.join(DATA, name), "nvidia", Options(numerics=numerics))
+    layout = nvidia.Reference.from_source(source)
+    if act:
+        layout.act = act
+    saved = np.load(os.path.join(DATA, name, "nvidia_outputs.npz"))
+    out = forward(layout, {k: saved[k] for k in ("input_ids", "token_type_ids", "attention_mask")},
+                  source.config.num_attention_heads)
+    return out["sequence_output"], saved["sequence_output"]
+
+
+@pytest.mark.parametrize("name", PRETRAIN)
+def test_pretraining_run_reads_with_its_eras_gelu(name):
+    """The checkpoint's keys say its era; the GELU read from them gives NVIDIA's outputs (<= 1e-5),
+    the other GELU does not (the control)."""
+    era = name.split("_")[1]
+    source = read(os.path.join(DATA, name), "nvidia", Options(with_optimizer=True))
+    assert source.config.hidden_act == ERA_ACT[era]
+    assert "a9e2c1d5" in source.numerics_from
+    assert source.config.vocab_size == 112  # bert_config.json says 110: run time pads to 112
+    names = {s.name for s, _ in source.optimizer}
+    assert "step" in names and any(n.startswith("m/") for n in names) and any(n.startswith("v/") for n in names)
+    assert source.optimizer_meta["optimizer"] == name.split("_")[2]
+    ours, theirs = _maker(name)
+    assert np.abs(ours - theirs).max() <= 1e-5
+    wrong = {"gelu_erf": "gelu_tanh", "gelu_tanh": "gelu_erf"}[ERA_ACT[era]]
+    ours, theirs = _maker(name, act=wrong)
+    assert np.abs(ours - theirs).max() > 1e-5
+
+
+@pytest.mark.parametrize("name", PRETRAIN)
+def test_pretraining_run_inspects(name):
+    r = run_cli("inspect", os.path.join(DATA, name))
+    assert r.returncode == 0, r.stderr
+    assert "numerics: " + ERA_ACT[name.split("_")[1]] in r.stdout
+
+
+def test_squad_output_has_no_evidence_and_asks():
+    """run_squad.py saves {'model': state_dict} only: nothing says the GELU, so bert_of asks; with
+    --numerics the maker's GELU matches NVIDIA's outputs, the other fails."""
+    for era in ("old", "new"):
+        folder = os.path.join(DATA, f"squad_{era}")
+        with pytest.raises(CheckpointError, match="--numerics hf .erf. or --numerics tf1"):
+            read(folder, "nvidia", Options())
+        r = run_cli("inspect", folder)
+        assert r.returncode == 0 and "act=unknown" in r.stdout, r.stderr
+        flag = {"old": "hf", "new": "tf1"}[era]
+        ours, theirs = _maker(f"squad_{era}", numerics=flag)
+        assert np.abs(ours - theirs).max() <= 1e-5
+        ours, theirs = _maker(f"squad_{era}", numerics={"hf": "tf1", "tf1": "hf"}[flag])
+        assert np.abs(ours - theirs).max() > 1e-5
+
+
+def test_squad_vocab_passed_or_beside_same_answer(tmp_path):
+    """bert_config.json says the padded 112, the run's vocab.txt has 110: --vocab and beside agree."""
+    vocab = os.path.join(DATA, "vocab.txt")
+    passed = read(os.path.join(DATA, "squad_old"), "nvidia", Options(vocab=vocab, numerics="hf"))
+    beside = tmp_path / "squad"
+    beside.mkdir()
+    for n in os.listdir(os.path.join(DATA, "squad_old")):
+        (beside / n).write_bytes(open(os.path.join(DATA, "squad_old", n), "rb").read())
+    (beside / "vocab.txt").write_bytes(open(vocab, "rb").read())
+    found = read(str(beside), "nvidia", Options(numerics="hf"))
+    assert passed.config.vocab_size == found.config.vocab_size == 112
+    assert [r.note for r in passed.report if r.target.endswith("word_embeddings.weight")] == \
+        [r.note for r in found.report if r.target.endswith("word_embeddings.weight")]
+
+
+def test_numerics_refused_where_contradicted_or_recorded():
+    with pytest.raises(CheckpointError, match="contradicts"):
+        read(os.path.join(DATA, "pretrain_old_lamb"), "nvidia", Options(numerics="tf1"))
+    with pytest.raises(CheckpointError, match="does not apply to a nvidia"):
+        read(os.path.join(DATA, "squad_old"), "nvidia", Options(numerics="lazy"))
+
+
+@pytest.mark.oneflow
+@pytest.mark.parametrize("name", PRETRAIN + ["squad_old", "squad_new"])
+def test_real_runs_convert_with_verify(name, tmp_path):
+    extra = ["--numerics", "hf" if name.endswith("old") else "tf1"] if name.startswith("squad") else []
+    if name.startswith("squad"):
+        extra += ["--vocab", os.path.join(DATA, "vocab.txt")]
+    r = run_cli("convert", "nvidia2of", os.path.join(DATA, name), "-o", tmp_path / "of", "--verify", *extra)
+    assert r.returncode == 0, error_lines(r.stderr)
+    if name.startswith("pretrain"):
+        r = run_cli("convert", "nvidia2of", os.path.join(DATA, name), "-o", tmp_path / "of2", "--with-optimizer")
+        assert r.returncode == 0, error_lines(r.stderr)
