@@ -107,3 +107,34 @@ def test_real_runs_convert_with_verify(name, tmp_path):
     if name.startswith("pretrain"):
         r = run_cli("convert", "nvidia2of", os.path.join(DATA, name), "-o", tmp_path / "of2", "--with-optimizer")
         assert r.returncode == 0, error_lines(r.stderr)
+
+
+@pytest.mark.oneflow
+def test_verify_checks_the_makers_gelu_not_an_assumption(tmp_path):
+    """The control through `verify`: an erf run_squad.py output, converted with its maker's GELU, is
+    verified when A is read as erf and fails when A is read as tanh."""
+    src = os.path.join(DATA, "squad_old")
+    vocab = os.path.join(DATA, "vocab.txt")
+    run_cli("convert", "nvidia2of", src, "-o", tmp_path / "of", "--numerics", "hf", "--vocab", vocab)
+    run_cli("verify", src, tmp_path / "of", "--numerics", "hf", "--vocab", vocab)
+    r = run_cli("verify", src, tmp_path / "of", "--numerics", "tf1", "--vocab", vocab, check=False)
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1 and len(lines) == 1 and "forward outputs differ" in lines[0], r.stderr
+    r = run_cli("verify", src, tmp_path / "of", "--vocab", vocab, check=False)  # nothing says: asked, not guessed
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1 and len(lines) == 1 and "--numerics hf (erf) or --numerics tf1" in lines[0], r.stderr
+
+
+@pytest.mark.oneflow
+@pytest.mark.parametrize("name", ["pretrain_old_adamw", "pretrain_new_lamb"])
+def test_real_runs_continue_pretraining_and_load(name, tmp_path):
+    """pretrain --init-checkpoint on the HDF5 data the run trained on, with its 110-token vocabulary
+    passed (the model has 112 rows); from_pretrained computes the era's GELU."""
+    from bert_of import BertForPreTraining
+
+    r = run_cli("pretrain", "--data", os.path.join(DATA, "hdf5"), "-o", tmp_path / "run", "--init-checkpoint",
+                os.path.join(DATA, name), "--vocab", os.path.join(DATA, "vocab.txt"), "--steps", "2",
+                "--batch-size", "8", "--mode", "eager")
+    assert r.returncode == 0 and os.path.isdir(tmp_path / "run" / "final")
+    model = BertForPreTraining.from_pretrained(os.path.join(DATA, name))
+    assert model.config.hidden_act == ERA_ACT[name.split("_")[1]] and model.config.vocab_size == 112
