@@ -138,3 +138,34 @@ def test_real_runs_continue_pretraining_and_load(name, tmp_path):
     assert r.returncode == 0 and os.path.isdir(tmp_path / "run" / "final")
     model = BertForPreTraining.from_pretrained(os.path.join(DATA, name))
     assert model.config.hidden_act == ERA_ACT[name.split("_")[1]] and model.config.vocab_size == 112
+
+
+def test_state_of_other_groupings_is_dropped_with_its_reason(tmp_path):
+    """A ckpt_N.pt whose optimizer groups its parameters otherwise (one group, as a user's own loop
+    would): its weights convert; its state, which no index names, is reported dropped with the
+    reason, in inspect and convert alike (never "unknown tensor", never guessed)."""
+    import shutil
+
+    from bert_of.converters.containers.torch_zip import StateDict, Tensor, TorchZipFile, write_torch_zip
+
+    z = TorchZipFile(os.path.join(DATA, "pretrain_new_adamw", "ckpt_6.pt"), state_dict=False)
+    keys = list(z.obj["model"])
+    sd = StateDict((k, Tensor(str(i), z.tensors["model/" + k].dtype, tuple(z.tensors["model/" + k].shape),
+                              (lambda k=k: z.get("model/" + k)))) for i, k in enumerate(keys))
+    n = len(keys) - 1  # named_parameters(): the tied decoder once
+    state = {0: {"step": Tensor("s", np.dtype("<f4"), (), lambda: np.array(6, np.float32)),
+                 "exp_avg": sd[keys[0]], "exp_avg_sq": sd[keys[0]]}}
+    obj = {"model": sd, "optimizer": {"state": state, "param_groups": [
+        {"params": list(range(n)), "lr": 0.01, "initial_lr": 0.01, "amsgrad": False}]}, "epoch": 0}
+    d = tmp_path / "run"
+    d.mkdir()
+    write_torch_zip(str(d / "ckpt_6.pt"), obj)
+    z.close()
+    for f in ("bert_config.json", "vocab.txt"):
+        shutil.copy(os.path.join(DATA, "pretrain_new_adamw", f), d)
+    source = read(str(d), "nvidia", Options(with_optimizer=True, numerics="tf1"))
+    dropped = {r.source: r.note for r in source.report if r.action == "dropped"}
+    assert "not run_pretraining.py's" in dropped["optimizer/state/0/exp_avg"]
+    assert [s.name for s, _ in source.optimizer] == ["step"] and len(source.tensors) == n
+    r = run_cli("inspect", d, "--json")
+    assert r.returncode == 0, r.stderr

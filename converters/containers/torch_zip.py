@@ -447,6 +447,8 @@ def write_torch_zip(path: str, obj, root: str = "archive") -> None:
         z.writestr(f"{root}/byteorder", b"little")
         for key, t in tensors.items():
             arr = np.ascontiguousarray(np.asarray(t.produce()), dtype=t.dtype)
+            if tuple(t.shape) == () and arr.shape == (1,):  # NumPy 1's ascontiguousarray makes a scalar 1-d
+                arr = arr.reshape(())
             if arr.shape != tuple(t.shape):
                 raise CheckpointError(f"{path}: tensor of storage {key} is {list(arr.shape)}, not {list(t.shape)}")
             z.writestr(f"{root}/data/{key}", arr.astype(arr.dtype.newbyteorder("<")).tobytes()

@@ -1,23 +1,29 @@
 """NVIDIA DeepLearningExamples' PyTorch BERT (PyTorch/LanguageModeling/BERT): its checkpoints, read
 as data and written as its scripts write them.
 
-- ``run_pretraining.py`` saves ``ckpt_<step>.pt`` = ``torch.save({'model': state_dict, 'optimizer':
-  FusedLAMBAMP state, 'grad_scaler': {...}, 'epoch': N})``; ``run_squad.py`` saves
-  ``pytorch_model.bin`` = ``{'model': state_dict}`` beside a ``config.json``. Both are torch zip
-  pickles, parsed as data (:mod:`converters.containers.torch_zip` through :mod:`bert_of.pickles`): nothing
-  in them is executed.
+- ``run_pretraining.py`` saves ``ckpt_<step>.pt``: since a9e2c1d5 (2022-03) ``{'model', 'optimizer':
+  FusedLAMBAMP state, 'grad_scaler', 'epoch'}``, before it ``{'model', 'optimizer': apex FusedLAMB
+  state, 'master params': [nn.Parameter], 'files', 'epoch', 'data_loader'}``; ``run_squad.py`` saves
+  ``pytorch_model.bin`` = ``{'model': state_dict}`` beside ``bert_config.json`` / ``config.json``.
+  Torch zip pickles, parsed as data (:mod:`converters.containers.torch_zip` through
+  :mod:`bert_of.pickles`): nothing in them is executed.
 - Names are HF's BERT names except its fused bias+activation layers (``LinearActivation``):
   ``intermediate.dense_act``, ``pooler.dense_act``, ``cls.predictions.transform.dense_act``;
   ``cls.predictions.decoder.weight`` is stored and IS the word embeddings (checked equal, dropped;
   written back sharing its storage, as torch.save does).
-- Its configs pad ``vocab_size`` to a multiple of 8 beyond ``vocab.txt`` (30522 -> 30528): the rows
-  are kept (the model's vocabulary is the tensor's) and the report says how many pad.
-- Numerics (modeling.py): ``"gelu"`` is ``F.gelu(approximate=True)``, the tanh form, as Google's;
-  LayerNorm eps 1e-12 everywhere; mask ``(1 - mask) * -10000``. Its config.json is Google's keys,
-  read and written as Google's bert_config.json (an activation it cannot name is recorded beside).
-- ``--with-optimizer``: FusedLAMBAMP's ``exp_avg``/``exp_avg_sq`` per parameter index (the
-  indices run over run_pretraining.py's two parameter groups: weights with decay, then biases and
-  LayerNorm without) as ``m/<name>``/``v/<name>``, its group ``step`` as ``step``.
+- Vocabulary: its scripts round ``vocab_size`` up to a multiple of 8 at run time (110 -> 112, 30522 ->
+  30528). A config saying the unpadded size of a padded embedding is read padded; a vocab.txt
+  (beside or ``--vocab``) of fewer lines fits when the rows are its size so rounded (``vocab_pad``).
+- Numerics: LayerNorm eps 1e-12 everywhere, mask ``(1 - mask) * -10000``; ``"gelu"`` was the erf
+  GELU before a9e2c1d5 and the tanh form since, with the same config. The checkpoint's keys say its
+  era (the same commit changed them); where nothing says (run_squad.py's output), ``--numerics hf``
+  (erf) or ``tf1`` (tanh) is required, and is refused where it contradicts the keys or the config
+  names its activation. The writer records the exact GELU beside the label (``bert_of_hidden_act``).
+- Optimizer state of any optimizer over run_pretraining.py's two parameter groups (weights with
+  decay, then biases and LayerNorm): FusedLAMB(AMP)'s or AdamW's ``exp_avg``/``exp_avg_sq`` per
+  parameter index as ``m/<name>``/``v/<name>``, the step (group 0's, or AdamW's per-parameter one)
+  as ``step``; schedule fields (``lr``, ``initial_lr``, hyper-parameters as tensors), ``grad_scaler``
+  and amp's master copies are dropped with their reason, as is state whose groups are not those two.
 
 A path is a ``.pt``/``.bin`` file or a folder holding ``pytorch_model.bin`` or ``ckpt_<N>.pt`` (the
 largest N); the config is ``--config``, else ``config.json`` / ``bert_config.json`` beside.
