@@ -89,11 +89,23 @@ def test_squad_vocab_passed_or_beside_same_answer(tmp_path):
         [r.note for r in found.report if r.target.endswith("word_embeddings.weight")]
 
 
-def test_numerics_refused_where_contradicted_or_recorded():
+def test_numerics_refused_where_contradicted_or_recorded(tmp_path):
+    """--numerics never overrides evidence (the keys of an erf-era run) nor a named activation."""
+    import json
+    import shutil
+
     with pytest.raises(CheckpointError, match="contradicts"):
         read(os.path.join(DATA, "pretrain_old_lamb"), "nvidia", Options(numerics="tf1"))
     with pytest.raises(CheckpointError, match="does not apply to a nvidia"):
         read(os.path.join(DATA, "squad_old"), "nvidia", Options(numerics="lazy"))
+    relu = tmp_path / "relu"
+    shutil.copytree(os.path.join(DATA, "squad_old"), relu)
+    cfg = json.loads((relu / "bert_config.json").read_text())
+    cfg["hidden_act"] = "relu"
+    (relu / "bert_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="records hidden_act 'relu'"):
+        read(str(relu), "nvidia", Options(numerics="hf"))
+    assert read(str(relu), "nvidia", Options()).config.hidden_act == "relu"
 
 
 @pytest.mark.oneflow
