@@ -145,8 +145,9 @@ ERAS = "erf GELU before a9e2c1d5 (2022-03), tanh since"
 
 
 def _numerics(obj: dict, raw_cfg: dict, cfg_path: str, where: str, flag) -> tuple:
-    """(activation, where it was read from) of NVIDIA's modeling.py for this checkpoint; activation
-    None when nothing says which GELU made it. A recorded activation (``relu``, or the exact one
+    """(activation, where it was read from) of NVIDIA's modeling.py for this checkpoint: activation
+    None when the config names it (read as Google's config reads), "" (with why) when nothing says
+    which GELU made it. A recorded activation (``relu``, or the exact one
     bert_of wrote as ``bert_of_hidden_act``) is never overridden by ``--numerics``; the checkpoint's
     era (its keys) is evidence ``--numerics`` may not contradict."""
     label, exact = raw_cfg.get("hidden_act", "gelu"), raw_cfg.get("bert_of_hidden_act")
