@@ -269,7 +269,7 @@ def _read(pin, path: str, opts: Options) -> Source:
 
     entries = [entry(k) for k in z.tensors]
     g0 = groups[0] if groups and isinstance(groups[0], dict) else {}
-    if type(g0.get("step")) is int and g0["step"] >= 0:  # apex FusedLAMB counts in a Python int
+    if type(g0.get("step")) is int and 0 <= g0["step"] < 2 ** 63:  # apex FusedLAMB counts in a Python int
         entries.append(Entry("optimizer/param_groups/0/step", (1,), np.dtype("<i8"),
                              (lambda n=g0["step"]: np.array([n], np.int64))))
     where = f
