@@ -51,11 +51,12 @@ def vocab_size(vocab_file: str) -> int:
     return len(read_vocab_lines(vocab_file))
 
 
-def check_vocab_fits(vocab_file: str, model_vocab_size: int) -> None:
+def check_vocab_fits(vocab_file: str, model_vocab_size: int, pad: int = 1) -> None:
     """A vocabulary attached to a model must define exactly the ids of its embedding table: more
-    would look up rows that do not exist, fewer means it belongs to another model."""
+    would look up rows that do not exist, fewer means it belongs to another model, unless the
+    model's maker pads its vocabulary to a multiple of ``pad`` (NVIDIA: 8) and these are those rows."""
     n = vocab_size(vocab_file)
-    if n != model_vocab_size:
+    if n != model_vocab_size and not (n < model_vocab_size == -(-n // pad) * pad):
         raise ConfigError(f"{vocab_file} has {n} tokens but the model's vocab_size is {model_vocab_size}: "
                           "not this model's vocabulary")
 

@@ -63,7 +63,9 @@ class ConvertOptions(CheckOptions):
     dtype: str | None = arg(None, choices=("float32", "float16", "bfloat16"),
                             help="cast floating tensors (unset: keep each tensor's dtype)")
     numerics: str | None = arg(None, choices=("tf1", "lazy", "hf"),
-                               help="override the activation/LayerNorm-eps provenance recorded for the source")
+                               help="what the source's \"gelu\" computed (tf1: tanh, hf: erf, lazy: erf + eps "
+                                    "1e-5), where its files leave it open (nvidia, hf, h5, lazy); refused where "
+                                    "they record it")
     no_meta: bool = arg(False, help="of2lazy: oldest snapshot layout (no meta files)")
     max_shard_size: str | None = arg(None, metavar="SIZE",
                                      help="X2hf: weights in shards of at most SIZE (5GB, 200MB, 1GiB) with "
@@ -134,6 +136,9 @@ class VerifyOptions(CheckOptions):
                                           "max_position_embeddings)")
     config: str | None = arg(None, metavar="FILE", help="config for A if not beside it")
     vocab: str | None = arg(None, metavar="FILE", help="vocab for A if not beside it")
+    numerics: str | None = arg(None, choices=("tf1", "lazy", "hf"),
+                               help="what A's \"gelu\" computed, where A's files leave it open (nvidia, hf, h5, "
+                                    "lazy); refused where they record it")
     output: str | None = arg(None, short="-o", metavar="FILE", help="also write the JSON report to this file")
     json: bool = arg(False, help="print the whole report as JSON on stdout instead of the one-line verdict")
 
@@ -142,7 +147,8 @@ def cmd_verify(args) -> int:
     o = from_args(VerifyOptions, args)
     modes = tuple(m for item in o.modes or ["eager,graph"] for m in item.split(",") if m)
     report = verify(o.a, o.b, tol=o.tol, modes=modes, batch_size=o.batch_size, seq_len=o.max_seq_length,
-                    opts=Options(config=o.config, vocab=o.vocab), reference_dtype=o.reference_dtype,
+                    opts=Options(config=o.config, vocab=o.vocab, numerics=o.numerics),
+                    reference_dtype=o.reference_dtype,
                     torch_python=o.torch_python)
     text = format_report(report)
     print(text if o.json else verdict(report))
@@ -166,8 +172,13 @@ def inspect_path(path: str, config: str | None = None) -> dict:
     if FORMATS[fmt].inspect is not None:  # a format listing its file as stored (tf: its index, no config needed)
         info.update(FORMATS[fmt].inspect(path, config))
     else:  # any other format: what it reads as, through its converter
-        source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True))
+        source = read(path, fmt, Options(config=config, with_optimizer=True, skip_unknown=True, describe=True))
         info["config"] = source.config.to_dict()
+        if source.numerics_unknown:  # never shown as a guess
+            info["config"]["hidden_act"] = "unknown"
+            info["numerics"] = source.numerics_unknown
+        elif source.numerics_from:
+            info["numerics"] = f"{source.config.hidden_act} from {source.numerics_from}"
         for kind, items in (("model", source.tensors), ("optimizer", source.optimizer)):
             for spec, _ in items:
                 info["tensors"].append({"name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
@@ -207,6 +218,8 @@ def cmd_inspect(args) -> int:
               f"I={cfg['intermediate_size']} V={cfg['vocab_size']} P={cfg['max_position_embeddings']} "
               f"T={cfg['type_vocab_size']} act={cfg['hidden_act']} ln_eps={cfg['layer_norm_eps']:g} "
               f"(provenance {cfg['provenance']})")
+    if info.get("numerics"):
+        print(f"  numerics: {info['numerics']}")
     if cfg and any(t["name"].startswith("classifier.") for t in info["tensors"]):
         names = cfg.get("id2label") or {}
         shown = ", ".join(str(names[k]) for k in sorted(names, key=int)[:8]) + (", ..." if len(names) > 8 else "")

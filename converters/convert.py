@@ -58,12 +58,23 @@ def read(path: str, fmt: str | None = None, opts: Options | None = None) -> Sour
     return _read(fmt or detect(path), path, opts or Options())
 
 
+def numerics_gate(fmt: str, opts: Options) -> None:
+    """``--numerics`` applies where the format's reader applies it, and is refused everywhere else
+    (accepted and ignored is never an answer): one line saying what the format's files record."""
+    f = module(fmt)
+    if opts.numerics and opts.numerics not in f.numerics_flag:
+        takes = f" (it takes {' or '.join(f.numerics_flag)})" if f.numerics_flag else ""
+        raise CheckpointError(f"--numerics {opts.numerics} does not apply to a {fmt} checkpoint: "
+                              f"{f.numerics_recorded}{takes}")
+
+
 def _read(fmt: str, path: str, opts: Options, target: str | None = None) -> Source:
     """The format's reader; a vocabulary passed in ``opts`` must fit the model it is attached to.
 
     A path that is not ``fmt`` at all (its detector says no) but another format's checkpoint is
     refused naming that format and the direction that reads it (``target``: the direction's
     destination), instead of the reader's complaint about files a ``fmt`` checkpoint would hold."""
+    numerics_gate(fmt, opts)
     try:
         source = module(fmt).read(path, opts)
     except SourceChanged:
@@ -75,8 +86,10 @@ def _read(fmt: str, path: str, opts: Options, target: str | None = None) -> Sour
         hint = (f"{other}2{target} reads it" if target and target != other else f"it is {other} already"
                 if target else f"read it as format {other}")
         raise CheckpointError(f"{path}: this is {_article(other)} {other} checkpoint, not {fmt}: {hint}") from None
+    if source.numerics_unknown and not opts.describe:
+        raise CheckpointError(source.numerics_unknown)
     if opts.vocab:
-        check_vocab_fits(opts.vocab, source.config.vocab_size)
+        check_vocab_fits(opts.vocab, source.config.vocab_size, source.vocab_pad)
     return source
 
 

@@ -23,6 +23,9 @@ class Format:
     "tf-weights" (TensorFlow fed the weights, as A only), "transformers" (PyTorch, A and B),
     "onnxruntime" (the written graph; A and B).
     ``read_reference_side``: how ``verify`` reads the file as its A side, when not ``read``.
+    ``numerics_flag``: the ``--numerics`` values its reader applies, where its files can leave the
+    activation/epsilon open (any other is refused, never ignored); ``numerics_recorded``: why its
+    files leave nothing to choose, for that refusal.
     ``dtypes``: the float dtypes its files hold. ``shards``: its writer honours ``--max-shard-size``.
     """
 
@@ -36,6 +39,8 @@ class Format:
     owns_patterns: tuple = ()
     pre_ln: bool = False
     records_numerics: bool = False
+    numerics_flag: tuple = ()
+    numerics_recorded: str = "its files record the numerics its code computes"
     token_classifier: bool = False
     table: object = None
     ecosystem: Optional[str] = None

@@ -46,6 +46,7 @@ class Options:
     overwrite: bool = False
     dtype: Optional[str] = None  # cast floating tensors ("float32", "float16", "bfloat16")
     numerics: Optional[str] = None  # override provenance numerics: "tf1" | "lazy" | "hf"
+    describe: bool = False  # inspect: a Source whose numerics are unknown is described, not refused
     no_meta: bool = False  # lazy writer: oldest layout (out files only, no meta)
     max_shard_size: Optional[int] = None  # bytes per weights file, for a format that shards (hf)
 
@@ -86,6 +87,11 @@ class Source:
     stored: dict = field(default_factory=dict)
     config_file: Optional[str] = None
     native_numerics: Optional[str] = None  # what the file's own code computes, whatever --numerics says
+    # where the numerics were read from when the config alone does not say (NVIDIA: the checkpoint's
+    # era, or --numerics), and, when nothing says, why (convert/verify/load refuse such a Source)
+    numerics_from: str = ""
+    numerics_unknown: str = ""
+    vocab_pad: int = 1  # the maker rounds vocab_size up to a multiple of this (NVIDIA: 8)
     # The tree the tensors stream from (bert_of.files.pinned.PinnedDir), held open while the Source lives
     # (converters/reader.py whole): every producer reads the checkpoint that was read, or fails.
     pinned: object = field(default=None, repr=False, compare=False)

@@ -160,3 +160,65 @@ def test_the_registry_is_the_one_list_of_formats():
     assert zoo_registry.SOURCE_FORMATS == registry.names() and cache.FORMATS == registry.names(writable=True)
     shown = run_cli("convert", "--help").stdout
     assert all(f"{n} = " in " ".join(shown.split()) for n in registry.FORMATS), shown
+
+
+# what --numerics says a "gelu" was computed as: (activation, LayerNorm epsilon)
+NUMERICS = {"tf1": ("gelu_tanh", 1e-12), "lazy": ("gelu_erf", 1e-5), "hf": ("gelu_erf", 1e-12)}
+
+
+def test_numerics_flag_applies_or_is_refused_for_every_format(sources, tmp_path):
+    """Every format x every --numerics: the reader computes what the flag says, or refuses it in one
+    line naming the flag; never accepted and ignored. HF's and Keras's files are walked twice: as
+    written from this (tanh) model ("gelu_new" names its GELU: refused) and relabelled "gelu" (the
+    label a converted Google model keeps: applied)."""
+    import shutil
+
+    from bert_of.errors import BertOfError
+
+    paths = [(fmt, sources["float32"][fmt]) for fmt in DTYPE_FORMATS["float32"]]
+    for fmt in ("hf", "h5"):
+        relabelled = tmp_path / fmt
+        shutil.copytree(sources["float32"][fmt], relabelled)
+        cfg = json.loads((relabelled / "config.json").read_text())
+        cfg["hidden_act"] = "gelu"
+        (relabelled / "config.json").write_text(json.dumps(cfg))
+        paths.append((fmt, str(relabelled)))
+    applied = set()
+    for fmt, path in paths:
+        for flag, (act, eps) in NUMERICS.items():
+            try:
+                src = read(path, fmt, Options(numerics=flag))
+            except BertOfError as e:
+                assert f"--numerics {flag}" in str(e) and "\n" not in str(e), (fmt, flag, e)
+                continue
+            assert (src.config.hidden_act, src.config.layer_norm_eps) == (act, eps), (fmt, flag, src.config)
+            applied.add(fmt)
+    assert applied == {"hf", "h5", "lazy"}  # the formats whose files leave a "gelu" open
+
+
+def test_numerics_flag_on_model_garden_and_google_is_refused(sources, tmp_path):
+    """tf2 / tf record their numerics (Model Garden's and Google's "gelu" is tanh): --numerics hf is
+    one line, nothing written."""
+    for fmt in ("tf2", "tf"):
+        r = run_cli("convert", f"{fmt}2of", sources["float32"][fmt], "-o", tmp_path / fmt, "--numerics", "hf",
+                    check=False)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("bert-of:")]
+        assert r.returncode == 1 and len(lines) == 1 and "--numerics hf does not apply" in lines[0], r.stderr
+        assert not (tmp_path / fmt).exists()
+
+
+def test_numerics_flag_never_overrides_an_explicit_activation(sources, tmp_path):
+    """An HF config saying relu is computed as relu: --numerics is refused, not applied over it."""
+    import shutil
+
+    from bert_of.errors import BertOfError
+
+    hf = tmp_path / "hf"
+    shutil.copytree(sources["float32"]["hf"], hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["hidden_act"] = "relu"
+    (hf / "config.json").write_text(json.dumps(cfg))
+    for flag in NUMERICS:
+        with pytest.raises(BertOfError, match=f"--numerics {flag}: .* 'relu'"):
+            read(str(hf), "hf", Options(numerics=flag))
+    assert read(str(hf), "hf", Options()).config.hidden_act == "relu"

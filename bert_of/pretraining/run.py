@@ -29,7 +29,7 @@ from bert_of.files.owned import register_own_files
 from bert_of.heads import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
 from bert_of.pretraining.options import PretrainOptions, check_vocab, with_data_lengths
-from bert_of.vocab import check_vocab_fits
+from bert_of.vocab import check_vocab_fits, vocab_size
 from bert_of.training.loop import StopAfter, fit
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
@@ -97,7 +97,10 @@ def _model_config(opts: PretrainOptions, run: RunDir) -> tuple:
     if not os.path.isfile(vocab):
         raise ConfigError(f"{vocab}: vocab file not found")
     if opts.init_checkpoint and opts.vocab:  # attached to a model that exists: exactly its ids
-        check_vocab_fits(opts.vocab, config.vocab_size)
+        # or the padded rows its own vocabulary leaves (NVIDIA's multiple of 8): the same answer as beside it
+        own = vocab_size(ck.vocab_file) if ck.vocab_file else None
+        check_vocab_fits(opts.vocab, config.vocab_size,
+                         8 if own is not None and own < config.vocab_size == -(-own // 8) * 8 else 1)
     check_vocab(vocab, config.vocab_size)
     if run.rt.is_main:  # the run owns what it reads from here on
         with open(vocab, "rb") as f:

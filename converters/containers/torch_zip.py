@@ -97,7 +97,11 @@ class _Callable(NamedTuple):
 
 _REBUILD = _Callable("torch._utils._rebuild_tensor_v2")
 _ORDERED_DICT = _Callable("collections.OrderedDict")
+# nn.Parameter: (tensor, requires_grad, backward_hooks); torch.load(weights_only=True) admits it, and
+# NVIDIA's older run_pretraining.py saves its amp 'master params' as a list of them
+_PARAMETER = _Callable("torch._utils._rebuild_parameter")
 ADMITTED = {("torch._utils", "_rebuild_tensor_v2"): _REBUILD, ("collections", "OrderedDict"): _ORDERED_DICT,
+            ("torch._utils", "_rebuild_parameter"): _PARAMETER,
             **{("torch", name): st for name, st in _STORAGE_TYPES.items()}}
 
 
@@ -159,6 +163,11 @@ def _handlers():
             return _rebuild_tensor_v2(*args)
         if fn is _ORDERED_DICT and args == ():
             return {}
+        if fn is _PARAMETER:  # the tensor itself (its requires_grad flag is training state, not data)
+            if len(args) != 3 or type(args[0]) is not TensorRef or not isinstance(args[1], bool) \
+                    or not (args[2] is None or (type(args[2]) is dict and not args[2])):
+                raise _BadPickle("malformed parameter record")
+            return args[0]
         raise pickles.Refused(f"REDUCE of {pickles.show(fn)} with {len(args)} arguments")
 
     def build(obj, state):  # an OrderedDict's _metadata (a module's versions): not needed, dropped
@@ -438,6 +447,8 @@ def write_torch_zip(path: str, obj, root: str = "archive") -> None:
         z.writestr(f"{root}/byteorder", b"little")
         for key, t in tensors.items():
             arr = np.ascontiguousarray(np.asarray(t.produce()), dtype=t.dtype)
+            if tuple(t.shape) == () and arr.shape == (1,):  # NumPy 1's ascontiguousarray makes a scalar 1-d
+                arr = arr.reshape(())
             if arr.shape != tuple(t.shape):
                 raise CheckpointError(f"{path}: tensor of storage {key} is {list(arr.shape)}, not {list(t.shape)}")
             z.writestr(f"{root}/data/{key}", arr.astype(arr.dtype.newbyteorder("<")).tobytes()

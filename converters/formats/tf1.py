@@ -193,4 +193,6 @@ FORMAT = Format(
     NAME, "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)", detect, read, write_files,
     reference_np.Google, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"), owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"),
     token_classifier=True,  # bert_config.json's bert_of key
-    table=TABLE, ecosystem="tf-checkpoint", read_reference_side=_read_reference_side, inspect=inspect)
+    table=TABLE, ecosystem="tf-checkpoint", read_reference_side=_read_reference_side, inspect=inspect,
+    numerics_recorded="google-research/bert computes bert_config.json's \"gelu\" as the tanh GELU, LayerNorm "
+                      "eps 1e-12 (and a bert_config.json bert_of wrote names its exact activation)")

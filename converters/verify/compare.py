@@ -34,7 +34,7 @@ from bert_of.converters.verify import transformers_run as hf_torch, reference_fo
 from bert_of.converters import registry
 from bert_of.converters.formats import onnx as onnx_format
 from bert_of.converters.source import Options, lower_case_of
-from bert_of.converters.convert import detect, read
+from bert_of.converters.convert import detect, numerics_gate, read
 from bert_of.progress import Progress, log
 
 DEFAULT_TOL = 1e-5
@@ -269,8 +269,9 @@ def _diffs(ref: dict, run: dict, batches: dict) -> dict:
 def _read_side(path: str, fmt: str, opts: Options):
     read_side = registry.get(fmt).read_reference_side  # e.g. TF's side needs no vocabulary
     if read_side is not None:
+        numerics_gate(fmt, opts)
         return read_side(path, opts)
-    return read(path, fmt, Options(vocab=opts.vocab, config=opts.config))
+    return read(path, fmt, Options(vocab=opts.vocab, config=opts.config, numerics=opts.numerics))
 
 
 def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,

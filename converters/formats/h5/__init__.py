@@ -271,4 +271,5 @@ def _read(f, h5: str, opts: Options, side: dict) -> Source:
 FORMAT = Format(NAME, "HuggingFace Keras weights (tf_model.h5 + config.json)", detect, read, write_files,
                 reference_np.Keras, owns=(WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE),
                 token_classifier=True,  # config.json's architectures
-                table=TABLE, ecosystem="tf-weights", dtypes=("float32", "float16"))  # h5py has no bfloat16
+                table=TABLE, ecosystem="tf-weights", dtypes=("float32", "float16"),
+                numerics_flag=("tf1", "lazy", "hf"))  # config.json as hf's  # h5py has no bfloat16

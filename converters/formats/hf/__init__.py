@@ -257,4 +257,7 @@ FORMAT = Format(NAME, "HuggingFace directory (config.json + model.safetensors)",
                 reference_np.HuggingFace, owns=(CONFIG_FILE, SAFETENSORS, SAFETENSORS_INDEX, VOCAB_FILE),
                 owns_patterns=(r"model-\d{5}-of-\d{5}\.safetensors",), shards=True,
                 token_classifier=True,  # config.json's architectures
-                table=TABLE, ecosystem="transformers")
+                table=TABLE, ecosystem="transformers",
+                # "gelu" is erf in transformers, but a Google model converted keeps the label it was
+                # trained under (tanh): --numerics says which the weights were made for
+                numerics_flag=("tf1", "lazy", "hf"))

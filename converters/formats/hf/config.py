@@ -53,6 +53,9 @@ def config_from_hf(d: dict, where: str, numerics=None) -> BertConfig:
     if isinstance(d.get("num_labels"), int):
         num_labels = d["num_labels"]
     kw.update(pop_task_fields(d))
+    if numerics and label != "gelu":  # only Google's label, kept by a conversion, is open to question
+        raise ConfigError(f"--numerics {numerics}: {where} says hidden_act {label!r}, which transformers computes "
+                          f"one way only (--numerics reads a \"gelu\" as the weights' maker computed it)")
     if numerics == "tf1":
         act, kw["layer_norm_eps"] = "gelu_tanh", 1e-12
     elif numerics == "lazy":

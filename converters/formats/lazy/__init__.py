@@ -369,4 +369,5 @@ def _resolve_shapes(snap, vars_, config, variant):
 FORMAT = Format(NAME, "legacy lazy OneFlow snapshot (one folder per variable, out [+ meta])", detect, read, write_files,
                 reference_np.Lazy, owns=(DATA_FILE, META_FILE, SNAPSHOT_DONE, CONFIG_FILE, VOCAB_FILE),
                 token_classifier=True,  # bert_config.json's bert_of key
-                table=TABLE, dtypes=("float32", "float16"))  # the meta record has no bfloat16 code here
+                table=TABLE, dtypes=("float32", "float16"),
+                numerics_flag=("tf1", "lazy", "hf"))  # a snapshot does not say whose weights it holds  # the meta record has no bfloat16 code here

@@ -460,4 +460,6 @@ FORMAT = Format(
     NAME, "TensorFlow 2 Model Garden checkpoint (object-based tf.train.Checkpoint) or TF Hub SavedModel",
     detect, read, write_files, reference_np.ModelGarden, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"),
     owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"), table=TABLE,
-    ecosystem="tf-weights")  # verify also runs Google's modeling.py in TensorFlow on these weights
+    ecosystem="tf-weights",
+    numerics_recorded="Model Garden's BertEncoder computes its config's \"gelu\" as the tanh GELU with LayerNorm "
+                      "eps 1e-12 (measured on tf-models-official 2.15), a Hub SavedModel computes the graph it holds")  # verify also runs Google's modeling.py in TensorFlow on these weights
