@@ -10,7 +10,7 @@ CORE_VENV  := .venv-core
 CORE_PY    := $(CORE_VENV)/bin/python
 CORE_STAMP := $(CORE_VENV)/.bert_of-installed
 
-.PHONY: env core-env demo test test-core bench bench-pretrain bench-env clean-env
+.PHONY: env core-env demo test test-fast test-core bench bench-pretrain bench-env clean-env
 
 env: $(STAMP)
 
@@ -55,6 +55,10 @@ test: env core-env
 	@$(PY) -m pytest -q tests; full=$$?; \
 	$(MAKE) --no-print-directory test-core; core=$$?; \
 	exit $$(( full || core ))
+
+# The inner loop: the unit tier (tests/unit/: no subprocess, no ranks), a few minutes.
+test-fast: env
+	@$(PY) -m pytest -q tests/unit
 
 # The core suite (tests/conftest.py --core): no test marked oneflow or tf is collected there.
 test-core: core-env

@@ -13,6 +13,11 @@ class CheckpointError(BertOfError):
     """A checkpoint that cannot be read, written or mapped as asked."""
 
 
+class UnsafeContent(CheckpointError):
+    """A file that asks for code to run (a pickle naming a global outside the admitted data types):
+    refused, nothing executed. Never reported as anything else (not "another format's file")."""
+
+
 class SourceChanged(CheckpointError):
     """A checkpoint replaced by another one (``--overwrite``) while it was being read: reading it
     again gives one whole checkpoint."""

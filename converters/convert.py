@@ -10,7 +10,7 @@ import contextlib
 import difflib
 import os
 
-from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged
+from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged, UnsafeContent
 from bert_of.files.owned import check_destination
 from bert_of.files.publish import publishing
 from bert_of.converters.source import Options, Source, summarize
@@ -77,7 +77,7 @@ def _read(fmt: str, path: str, opts: Options, target: str | None = None) -> Sour
     numerics_gate(fmt, opts)
     try:
         source = module(fmt).read(path, opts)
-    except SourceChanged:
+    except (SourceChanged, UnsafeContent):  # the file's own fault, whatever format it is
         raise
     except BertOfError:
         other = _other_format(path, fmt)

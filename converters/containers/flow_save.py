@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 import bert_of.pickles as pickles
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, UnsafeContent
 from bert_of.files.atomic import writes_to
 from bert_of.files.reading import read_bounded
 from bert_of.tensors import nbytes
@@ -88,8 +88,8 @@ def parse_pickled_data(raw: bytes, where: str) -> dict:
         obj = pickles.parse(raw, {k: _Global(v) for k, v in ADMITTED.items()}, reduce=_reduce,
                             newobj=_newobj(), build=_build)
     except pickles.Refused as e:
-        raise CheckpointError(f"{where}: refused: {e} (only a flow.save'd state dict is admitted; nothing was run)") \
-            from None
+        error = UnsafeContent if str(e).startswith("global ") else CheckpointError
+        raise error(f"{where}: refused: {e} (only a flow.save'd state dict is admitted; nothing was run)") from None
     if not isinstance(obj, dict) or set(obj) != {"protocol_version", "data"}:
         raise CheckpointError(f"{where}: refused: not flow.save's {{protocol_version, data}} record")
     if obj["protocol_version"] != PROTOCOL_VERSION:

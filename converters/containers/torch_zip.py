@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 import bert_of.pickles as pickles
-from bert_of.errors import CheckpointError
+from bert_of.errors import CheckpointError, UnsafeContent
 from bert_of.tensors import MAX_DIMS
 
 _LEGACY_HINT = ("re-save it as safetensors in a PyTorch you trust: "
@@ -255,7 +255,7 @@ class TorchZipFile:
             tensors = _flatten(obj, 4 * len(raw) + 64) if not state_dict else None
         except pickles.Refused as e:
             if str(e).startswith("global "):
-                raise CheckpointError(f"{self.path}: refusing to unpickle {e} (only tensor data is admitted; "
+                raise UnsafeContent(f"{self.path}: refusing to unpickle {e} (only tensor data is admitted; "
                                       f"nothing was executed)") from None
             raise CheckpointError(f"{self.path}: not a PyTorch state dict pickle ({e})") from None
         except _BadPickle as e:
