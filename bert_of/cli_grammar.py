@@ -5,7 +5,7 @@ A command's parser is generated from its options dataclass (:func:`add_options`,
 with :func:`bert_of.options.arg`); :class:`HelpFormatter` shows the defaults and :func:`examples`
 writes the epilog. :func:`finish` walks the finished parser tree and adds the common options to every
 command; :func:`configure` applies them before a command runs. ``GRAMMAR`` is the table the
-docs/command-line.md shows and ``tests/test_cli.py`` enforces.
+docs/command-line.md shows and ``tests/integration/test_cli.py`` enforces.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def add_options(p, cls, command: str | None = None, _group_of=None) -> None:
     ``SUPPRESS``): :func:`bert_of.options.from_args` takes the field's default and a command can tell
     what the user said (``--resume`` compares only those). The help shows the field's default."""
     if _group_of is None:
-        p.options = (cls, command)  # what the parser was made from (tests/test_cli.py checks the two agree)
+        p.options = (cls, command)  # what the parser was made from (tests/integration/test_cli.py checks the two agree)
     hints = typing.get_type_hints(cls)
     own = cls.__dict__.get("__annotations__", {})  # a command's own options first, then what it extends
     for f in sorted(fields(cls), key=lambda f: f.name not in own):

@@ -370,7 +370,7 @@ class FastTokenizer:
     4. ``str.split()`` is ``whitespace_tokenize``; each word goes through the reference WordPiece
        once and its ids are cached (at most ``cache_size`` words; the cache restarts when full).
 
-    tests/test_tokenization.py proves equality with :class:`FullTokenizer` on every code point, on
+    tests/unit/test_tokenization.py proves equality with :class:`FullTokenizer` on every code point, on
     the shipped corpora and on long, unknown-heavy and mixed-script text.
     """
 

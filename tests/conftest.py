@@ -106,7 +106,7 @@ def _run_in_process(args, extra_env):
 
     env, cwd, argv = dict(os.environ), os.getcwd(), sys.argv
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    set_environ({**dict.fromkeys(RANK_VARS), **extra_env})  # with OneFlow drained (tests/test_stress.py)
+    set_environ({**dict.fromkeys(RANK_VARS), **extra_env})  # with OneFlow drained (tests/e2e/test_stress.py)
     os.chdir(ROOT)
     sys.argv = [os.path.join(ROOT, "bert_of", "cli.py"), *args]
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:

@@ -15,7 +15,7 @@ them to a threaded library. ``BERT_OF_BLAS`` chooses:
 
 Threads: ``BERT_OF_BLAS_THREADS``, else the CPUs this process may run on (a rank the launcher
 pinned gets its share; an unpinned rank an equal part). Results do not depend on the thread count:
-both libraries split a GEMM's rows and columns, never its sums (tests/test_blas.py checks 1 vs 2
+both libraries split a GEMM's rows and columns, never its sums (tests/e2e/test_blas.py checks 1 vs 2
 threads bit for bit). :func:`status` says what runs; ``bert-of selftest`` reports it with a GEMM rate.
 """
 

@@ -140,7 +140,7 @@ def set_environ(values: dict, keep_existing: bool = False) -> None:
     OneFlow's worker threads call getenv for every kernel they launch (DNNL_DEFAULT_FPMATH_MODE,
     ONEFLOW_KERNEL_*), and setenv of a new name reallocates the C environment array under them: a
     segfault within seconds when a thread writes the environment while kernels run, none in 20 s of
-    the same writes with OneFlow idle (tests/test_stress.py). So OneFlow is drained first.
+    the same writes with OneFlow idle (tests/e2e/test_stress.py). So OneFlow is drained first.
     ``keep_existing``: only names not set yet are written (``os.environ.setdefault``)."""
     todo = {k: v for k, v in values.items()
             if os.environ.get(k) != v and not (keep_existing and k in os.environ)}

@@ -1,7 +1,7 @@
 """What the interop core writes and computes from the repository's fixtures: ``python -m
 tests.scripts.core_outputs OUT`` prints {name: sha256} of every file it wrote under OUT and writes
 OUT/reference.npz. In one environment (NumPy 1.x, Python 3.10) and another (NumPy 2, the newest
-Python) the tables must be equal and the reference's outputs agree (tests/test_core.py).
+Python) the tables must be equal and the reference's outputs agree (tests/e2e/test_core.py).
 
 Covered: every writable format converted from the tiny HF checkpoint (every file's bytes), the
 float64 NumPy reference's outputs in every format's layout, pretraining data (every part file)

@@ -107,7 +107,7 @@ def mutate_json(rng, obj):
 
 def mutate_field(rng, src, fmt):
     """Format-aware: change one field of a header/config/meta/index/pickle, leaving checksums valid."""
-    from tests import hostile_inputs as hi
+    from tests.helpers import hostile_inputs as hi
 
     if fmt in ("of", "hf") and rng.random() < 0.7:
         path = os.path.join(src, "model.safetensors")

@@ -1,5 +1,5 @@
 """Build, run and drop OneFlow graphs many times in one process while the environment is written
-between calls, as a long-lived user process or a test harness does (tests/test_stress.py).
+between calls, as a long-lived user process or a test harness does (tests/e2e/test_stress.py).
 
 Each round: ``bert-of convert tf2of --verify`` (eager, nn.Graph and TensorFlow in this process),
 ``bert-of predict classify --mode graph``, and BertGraph built, run and dropped through the Python

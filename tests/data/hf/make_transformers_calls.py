@@ -1,4 +1,4 @@
-"""Regenerate transformers' answers to the calls tests/test_transformers_calls.py makes
+"""Regenerate transformers' answers to the calls tests/e2e/test_transformers_calls.py makes
 (developer tool, not run by the tests).
 
 Needs torch + transformers, outside the repository's venvs: made with torch 2.13.0 (CPU) and

@@ -1,6 +1,6 @@
 """Regenerate google_golden.npz: the output of google-research/bert's own
 create_pretraining_data.py on the fixture texts, the reference that
-tests/test_pretraining_data.py compares `bert-of data create-pretraining --combine-files`
+tests/e2e/test_pretraining_data.py compares `bert-of data create-pretraining --combine-files`
 against, record for record.
 
 Needs TensorFlow (tensorflow-cpu 2.15 in .venv) and a checkout of google-research/bert

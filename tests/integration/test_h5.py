@@ -17,9 +17,9 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import TINY, error_lines, run_cli, write_vocab
+from tests.conftest import ROOT, TINY, error_lines, run_cli, write_vocab
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "h5")
+DATA = os.path.join(ROOT, "tests", "data", "h5")
 FIXTURES = ("pretraining", "bare", "qa", "classifier")
 SCOPES = {"pretraining": "tf_bert_for_pre_training", "bare": "tf_bert_model", "qa": "tf_bert_for_question_answering",
           "classifier": "tf_bert_for_sequence_classification"}

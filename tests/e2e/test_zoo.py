@@ -761,7 +761,7 @@ def test_endpoint_rule_and_resolve(home):
                               "http://m/") == "http://m/x.zip"
     from bert_of import zoo
     with pytest.raises(CheckpointError, match="not a checkpoint in any known format"):
-        zoo.resolve(ROOT)  # a directory, but no checkpoint (tests/test_resolve.py: the ones that are)
+        zoo.resolve(ROOT)  # a directory, but no checkpoint (tests/integration/test_resolve.py: the ones that are)
     with pytest.raises(UnknownEntryError, match="no such file or directory, and not a zoo name"):
         zoo.resolve("no/such/dir-or-name")
 

@@ -5,26 +5,20 @@ Expected numbers are worked out by hand in the comments (not by calling the scor
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from bert_of.eval.errors import EvalDataError, PredictionsError
+from tests.conftest import ROOT
+from bert_of.eval.errors import PredictionsError
 from bert_of.eval.squad_data import load_squad
 from bert_of.eval.squad_metrics import (exact_match_v1, exact_v2, f1_v1, f1_v2, normalize_answer, score_v1, score_v2,
                                 squad_score)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D = os.path.join(ROOT, "tests", "data", "squad")
 V11, P11 = os.path.join(D, "dev-v1.1-mini.json"), os.path.join(D, "predictions-v1.1.json")
 V20, P20, NA20 = (os.path.join(D, n) for n in ("dev-v2.0-mini.json", "predictions-v2.0.json", "na-probs-v2.0.json"))
 
 
-def run_eval(*args, env=None):
-    e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
-                           cwd=ROOT, env=e, timeout=60)
 
 
 def write_json(path, obj):
@@ -84,23 +78,6 @@ def test_article_only_answers_v1_vs_v2():
 # --------------------------------------------------------------------------- v1.1
 
 
-def test_v1_fixture_by_hand(capsys):
-    # q1 "france." = France (EM 1, F1 1); q2 "the 10th and 11th centuries" = gold 1 after
-    # normalisation (1, 1); q3 F1 6/7; q4 "The" -> "" (0, 0); q5 no prediction (0, 0, still
-    # counted); q6 "about 260 km": vs "roughly 260 kilometres" F1 1/3, vs "260 kilometres"
-    # P 1/3 R 1/2 F1 0.4 -> max 0.4; q7 "  WARSAW  " (1, 1).
-    r = run_eval("eval", "squad-score", "--data", V11, "--predictions", P11, "--no-record")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert list(out) == ["exact_match", "f1"]
-    assert out["exact_match"] == pytest.approx(100 * 3 / 7, abs=1e-12)
-    assert out["f1"] == pytest.approx(100 * (1 + 1 + 6 / 7 + 0 + 0 + 0.4 + 1) / 7, abs=1e-12)
-    # stdout is exactly the official one-line JSON; the missing question is reported on stderr.
-    assert r.stdout == json.dumps(out) + "\n"
-    assert "Unanswered question q5 will receive score 0." in r.stderr
-    assert "1 of 7 questions have no prediction" in r.stderr
-
-
 def test_v1_max_over_golds_and_missing(tmp_path):
     data = squad_file(tmp_path, [("x", ["quick brown fox", "fox"]), ("y", ["lazy dog"]), ("z", ["river bank"])])
     preds = write_json(tmp_path / "p.json", {"x": "fox", "y": "the lazy dog"})
@@ -152,14 +129,6 @@ def test_v2_na_prob_threshold_and_best_thresholds():
     assert squad_score(V20, P20, NA20).result["exact"] == pytest.approx(40.0)
 
 
-def test_v2_cli_output_format():
-    r = run_eval("eval", "squad-score", "--data", V20, "--predictions", P20, "--na-prob-file", NA20, "--no-record")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert r.stdout == json.dumps(out, indent=2) + "\n"  # evaluate-v2.0.py prints indent=2
-    assert out["best_f1_thresh"] == 0.3
-
-
 def test_v2_gold_that_normalises_to_empty_is_dropped(tmp_path):
     # Gold answers "the" (-> "") are dropped; with none left the gold is [""], so "" is right.
     context = "the end of the story"
@@ -172,19 +141,6 @@ def test_v2_gold_that_normalises_to_empty_is_dropped(tmp_path):
     # a: gold [""] vs "" -> 1/1 (but it still counts as HasAns: it has answers in the file);
     # b: gold ["end"] vs "the end" -> 1/1.
     assert s.result["exact"] == 100.0 and s.result["HasAns_total"] == 2 and "NoAns_total" not in s.result
-
-
-def test_v2_missing_predictions_are_skipped_and_reported(tmp_path):
-    preds = json.load(open(P20))
-    del preds["a4"]
-    p = write_json(tmp_path / "p.json", preds)
-    r = run_eval("eval", "squad-score", "--data", V20, "--predictions", p, "--no-record")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    # a4 leaves every total: exact (a1 + a3) / 4, NoAns over a3 only.
-    assert out["total"] == 4 and out["exact"] == 50.0 and out["NoAns_total"] == 1 and out["NoAns_exact"] == 100.0
-    assert "Missing prediction for a4" in r.stderr
-    assert "1 of 5 questions have no prediction and are not scored" in r.stderr
 
 
 def test_version_comes_from_the_data_file(tmp_path):
@@ -201,26 +157,6 @@ def test_version_comes_from_the_data_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize("data, preds, extra, message", [
-    ("malformed.json", "predictions-v1.1.json", [], "malformed.json: malformed JSON at line 7 column 1"),
-    ("empty.json", "predictions-v1.1.json", [], "empty.json: empty file"),
-    ("dev-v1.1-mini.json", "predictions-unknown-id.json", [],
-     "prediction id 'zz-not-a-question' is not a question in"),
-    ("dev-v1.1-mini.json", "empty.json", [], "empty.json: empty file (expected a predictions JSON object)"),
-    ("dev-v1.1-mini.json", "missing-file.json", [], "missing-file.json: predictions JSON object not found"),
-    ("dev-v1.1-mini.json", "predictions-v1.1.json", ["--na-prob-file", "na-probs-v2.0.json"],
-     "--na-prob-file applies to SQuAD v2.0 data"),
-])
-def test_bad_input_one_line_error(data, preds, extra, message):
-    extra = [os.path.join(D, x) if x.endswith(".json") else x for x in extra]
-    r = run_eval("eval", "squad-score", "--data", os.path.join(D, data), "--predictions", os.path.join(D, preds), *extra, "--no-record")
-    assert r.returncode == 1
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("bert-of: error: ") and message in lines[0], lines[0]
-    assert r.stdout == ""
 
 
 def test_bad_predictions_and_na_probs(tmp_path):

@@ -1,20 +1,17 @@
 """GLUE / XNLI: readers on every official TSV layout, numpy metrics vs hand-computed values,
 `bert-of eval glue-score`."""
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.conftest import ROOT
 from bert_of.eval.errors import EvalDataError, PredictionsError
 from bert_of.eval.glue_data import convert_example_to_features, get_labels, read_examples, truncate_seq_pair
 from bert_of.eval.glue_metrics import (accuracy, compute_metrics, f1_binary, glue_score, matthews_corrcoef, pearson,
                                        rankdata, read_predictions, spearman)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G = os.path.join(ROOT, "tests", "data", "glue")
 
 
@@ -22,10 +19,6 @@ def g(name):
     return os.path.join(G, name)
 
 
-def run_eval(*args, env=None):
-    e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True, text=True,
-                           cwd=ROOT, env=e, timeout=60)
 
 
 # --------------------------------------------------------------------------- readers
@@ -213,36 +206,6 @@ def test_prediction_formats(tmp_path):
     p.write_text("4.5\nnan\n")
     with pytest.raises(PredictionsError, match="line 2: 'nan' is not a finite number"):
         read_predictions(str(p), "sts-b", 2)
-
-
-def test_glue_score_cli(tmp_path):
-    res = tmp_path / "results.jsonl"
-    r = run_eval("eval", "glue-score", "--task", "mnli", "--data", g("mnli-dev_matched.tsv"),
-                 "--predictions", g("mnli-m-preds.tsv"), "--results", res, "--model", "bert-mini-test")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["task"] == "mnli-m" and out["examples"] == 3 and out["accuracy"] == pytest.approx(100 * 2 / 3)
-    rec = json.loads(res.read_text())
-    assert rec["task"] == "mnli-m" and rec["checkpoint"]["name"] == "bert-mini-test"
-    assert rec["metrics"] == {"accuracy": out["accuracy"]}
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--task", "cola", "--data", "cola-test.tsv", "--predictions", "cola-preds.txt"],
-     "cola-test.tsv: has no labels (a test file?)"),
-    (["--task", "cola", "--data", "cola-dev.tsv", "--predictions", "mrpc-preds.tsv"],
-     "mrpc-preds.tsv: no prediction for index 5"),
-    (["--task", "mrpc", "--data", "mrpc-dev.tsv", "--predictions", "cola-preds.txt"],
-     "cola-preds.txt: 6 predictions for 5 examples"),
-    (["--task", "nope", "--data", "mrpc-dev.tsv", "--predictions", "cola-preds.txt"], "unknown task 'nope'"),
-    (["--task", "rte", "--data", "missing.tsv", "--predictions", "cola-preds.txt"], "missing.tsv: No such file"),
-])
-def test_glue_score_cli_errors(args, message):
-    args = [g(a) if a.endswith((".tsv", ".txt")) else a for a in args]
-    r = run_eval("eval", "glue-score", *args, "--no-record")
-    assert r.returncode == 1
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bert-of: error: ") and message in lines[0], r.stderr
 
 
 # --------------------------------------------------------------------------- features

@@ -21,7 +21,7 @@ from bert_of.errors import CheckpointError, ConfigError
 from bert_of.converters.verify.compare import make_batch, max_abs_diff, run_bert_of, verify
 from bert_of.heads import BertForPreTraining, BertForQuestionAnswering
 from bert_of.modeling import BertModel
-from tests import native_models as nm
+from tests.helpers import native_models as nm
 from tests.conftest import TINY, error_lines, run_cli, write_vocab
 
 pytestmark = pytest.mark.oneflow

@@ -8,12 +8,13 @@ import unicodedata
 import numpy as np
 import pytest
 
+from tests.conftest import ROOT
+
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.squad_data import (DocSpan, check_is_max_context, convert_examples_to_features, features_to_arrays,
                                      load_squad, make_doc_spans, read_squad_examples, split_doc_tokens)
 from bert_of.eval.squad_predictions import get_final_text, postprocess_predictions, write_prediction_files
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TinyWordPiece:

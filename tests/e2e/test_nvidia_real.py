@@ -13,9 +13,9 @@ from bert_of.converters.formats import nvidia
 from bert_of.converters.source import Options
 from bert_of.converters.verify.reference_forward import forward
 from bert_of.errors import CheckpointError
-from tests.conftest import error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "nvidia_real")
+DATA = os.path.join(ROOT, "tests", "data", "nvidia_real")
 PRETRAIN = [f"pretrain_{era}_{opt}" for era in ("old", "new") for opt in ("lamb", "adamw")]
 ERA_ACT = {"old": "gelu_erf", "new": "gelu_tanh"}
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from bert_of.errors import CheckpointError
-from tests import hostile_inputs as hi
+from tests.helpers import hostile_inputs as hi
 from tests.conftest import ROOT, error_lines, run_cli
 
 pytestmark = pytest.mark.oneflow

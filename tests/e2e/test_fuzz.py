@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests import hostile_inputs as hi
+from tests.helpers import hostile_inputs as hi
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.oneflow

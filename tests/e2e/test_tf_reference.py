@@ -12,7 +12,6 @@ from math import erf, pi, sqrt
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 tf = pytest.importorskip("tensorflow")
 from bert_of.converters.verify import tf_reference as ref  # noqa: E402
