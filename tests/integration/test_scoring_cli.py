@@ -136,10 +136,11 @@ def test_damaged_store_degrades_not_dies(tmp_path, caplog):
         f"{store}: skipped 2 unreadable line(s) (line 2, ...)",
         f'{store}: skipped 1 line(s) that are not result records (no "task" and "metrics")']
     # the command shows the good records and says what it skipped, one line each, exit 0
+    said = ["warning: " + l.getMessage() for l in caplog.records]
     r = run_eval("results", "--results", store, "--measured-only", "--format", "csv")
     assert r.returncode == 0, r.stderr
     assert [row[0] for row in csv.reader(io.StringIO(r.stdout))] == ["task", "rte", "mrpc"]
-    assert r.stderr.splitlines() == ["warning: " + l.getMessage() for l in caplog.records]
+    assert r.stderr.splitlines() == said
     # appending after the torn tail: the fragment is cut (with a warning), the new record is whole
     caplog.clear()
     with caplog.at_level("WARNING", logger="bert_of"):
