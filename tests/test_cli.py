@@ -213,7 +213,7 @@ def test_quiet_leaves_only_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", HF_TINY, "-o", tmp_path / "of",
                         "--verify", "-q"], capture_output=True, text=True, env=_env(BERT_OF_PROGRESS_EVERY="0"),
                        cwd=ROOT)
-    assert r.returncode == 0 and r.stderr == "" and "wrote" in r.stdout, r.stderr
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == "", (r.stdout, r.stderr)  # -q: errors only
     # errors still show, as one line
     r = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "of", "-q", check=False)
     assert r.returncode == 1 and r.stderr.splitlines() == [f"bert-of: error: {tmp_path / 'of'}: already exists "

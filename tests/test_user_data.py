@@ -67,10 +67,13 @@ def test_bad_json_lines_and_unknown_extensions(tmp_path):
     p.write_text('{"text": "a", "label": 1}\n[1, 2]\n')
     with pytest.raises(EvalDataError, match="line 2: expected a JSON object, found list"):
         read_table(str(p))
-    q = tmp_path / "x.txt"
-    q.write_text("text,label\n")
-    with pytest.raises(EvalDataError, match="expected a .csv, .tsv or .jsonl file"):
+    q = tmp_path / "x.txt"  # no known extension: the content tells (a header of comma-separated names: CSV)
+    q.write_text("text,label\ngood,1\nbad,0\n")
+    assert read_table(str(q)).kind == "csv" and len(read_table(str(q)).rows) == 2
+    q.write_text("just some words\nmore words\n")  # neither a JSON object nor a header of names
+    with pytest.raises(EvalDataError, match="expected a .csv, .tsv or .jsonl file .*--format"):
         read_table(str(q))
+    assert read_table(str(q), text_column="just some words", need_labels=False, fmt="tsv").kind == "tsv"
     r = tmp_path / "x.csv"
     r.write_text("text,label\na,1.5\nb,cat\n")
     with pytest.raises(EvalDataError, match="line 2: label 1.5 is a number among class names"):

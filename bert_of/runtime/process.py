@@ -25,14 +25,13 @@ steps whole; :func:`stop_groups` stops child process groups, :func:`as_worker` a
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import socket
 import sys
-import tempfile
-import threading
 import time
+
+# ctypes, socket, tempfile and threading are imported where used: this module is the first a command
+# line imports, and until setup() has run a Ctrl-C is Python's (a traceback), so it loads little
 
 from bert_of.errors import Terminated
 
@@ -78,6 +77,8 @@ def die_with_parent(parent: int) -> None:
     elsewhere a no-op). Exits at once if it is already gone."""
     if not sys.platform.startswith("linux"):
         return
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -305,6 +306,8 @@ def wait_for_rank0(timeout: float = 60.0) -> None:
         return
     if world <= 1 or rank <= 0:
         return
+    import socket
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -324,6 +327,8 @@ def _stderr_filtered():
     except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to filter
         yield
         return
+    import tempfile
+
     with tempfile.TemporaryFile() as tmp:
         with uninterrupted():  # a signal that reaches the handler anyway waits until fd 2 is back
             os.dup2(tmp.fileno(), 2)
@@ -355,6 +360,8 @@ def oneflow_import():
         return
     if is_set_up():
         wait_for_rank0()
+    import threading
+
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     with signals_blocked() if main else contextlib.nullcontext():  # a signal waits until all is put back
