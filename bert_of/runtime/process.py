@@ -43,6 +43,7 @@ ERROR_PREFIX = "bert-of: error: "
 # its checkpoint through the zoo's command); stopping: the signal that is ending this command.
 _STATE = {"pid": None, "depth": 0, "stopping": None}
 _DEFER = {"depth": 0, "pending": None}
+_NOTE = {"text": ""}  # what the one line of a stopped command adds (interrupt_note)
 _AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.files.atomic: unfinished writes)
 
 
@@ -109,6 +110,7 @@ def command():
     (a test harness, a library user's loop) meets no native work still running."""
     if _STATE["depth"] == 0:
         _STATE["stopping"] = None
+        _NOTE["text"] = ""
     _STATE["depth"] += 1
     try:
         yield
@@ -155,11 +157,17 @@ def set_environ(values: dict, keep_existing: bool = False) -> None:
             os.environ[k] = v
 
 
+def interrupt_note(text: str) -> None:
+    """While a command runs, the words its one line adds if a signal stops it now (a training run:
+    the ``--resume`` command and the step it continues from); "" for none."""
+    _NOTE["text"] = text
+
+
 def stopped(e: KeyboardInterrupt, note: str = "") -> int:
     """One line for a command stopped by Ctrl-C or SIGTERM; its exit status (130 / 143)."""
     signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
     _STATE["stopping"] = signum
-    _say(WORDS[signum] + note)
+    _say(WORDS[signum] + (note or _NOTE["text"]))
     return 128 + signum
 
 
@@ -193,7 +201,7 @@ def _on_signal(signum, frame):
     if "oneflow" in sys.modules:
         # An exception raised now may unwind through OneFlow's C++ (a pybind11 call, a graph run)
         # and abort the process (SIGABRT/SIGSEGV, half-written output): clean up and end here.
-        _say(WORDS[signum])
+        _say(WORDS[signum] + _NOTE["text"])
         for fn in _AT_ABRUPT_END:
             fn()
         die(signum)
