@@ -154,6 +154,38 @@ def _records(path: str, fmt: str | None = None):
     return rows, header, kind
 
 
+def free_name(name: str, taken) -> str:
+    """``name``, or when the input already has a column (key) of that name, ``name.1``, ``name.2``, ...
+    the first that is free: predictions are written beside every column of the input, never over one."""
+    if name not in taken:
+        return name
+    k = 1
+    while f"{name}.{k}" in taken:
+        k += 1
+    return f"{name}.{k}"
+
+
+def prediction_names(wanted: list, columns) -> dict:
+    """{wanted name: the name written} for prediction columns ``wanted`` beside the input's ``columns``
+    (:func:`free_name`, in order; a renamed one is the caller's to say)."""
+    taken, out = set(columns), {}
+    for w in wanted:
+        out[w] = free_name(w, taken)
+        taken.add(out[w])
+    return out
+
+
+def cell(value) -> str:
+    """A value as a CSV cell: text as it is, nothing for a missing one, numbers and lists as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _shown_columns(columns) -> str:
     """The column names for a message: all of a table's few, the first ones of a wide one."""
     return ", ".join(columns) if len(columns) <= 20 else ", ".join(columns[:20]) + f", ... ({len(columns)} columns)"
@@ -516,6 +548,6 @@ def entity_scores(true_seqs: list, pred_seqs: list) -> dict:
     return {"precision": precision, "recall": recall, "f1": f1, "accuracy": correct / total if total else 0.0}
 
 
-__all__ = ["Row", "Table", "read_table", "problem_of", "label_list", "encode_labels", "class_key",
+__all__ = ["Row", "Table", "read_table", "free_name", "prediction_names", "cell", "problem_of", "label_list", "encode_labels", "class_key",
            "classification_metrics", "regression_metrics", "multi_label_metrics", "Sentence", "read_tagged",
            "tag_list", "chunks", "entity_scores"]

@@ -91,14 +91,30 @@ def is_stream(path: str) -> bool:
         return False
 
 
+def _stream_key(path: str):
+    """(device, inode) of the pipe ``path`` names, without opening it (a FIFO opened again waits)."""
+    try:
+        st = os.fstat(sys.stdin.fileno()) if path == "-" else os.stat(path)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if path == "-" or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):  # `-` is stdin, whatever it is
+        return (st.st_dev, st.st_ino)
+    return None
+
+
 def read_input(path: str, limit: int, what: str = "file", error: type = BertOfError) -> bytes:
     """The bytes of a user's input ``path``: a regular file (:func:`read_bounded`), or standard input
     (``-``, ``/dev/stdin``) or a FIFO (process substitution ``<(...)``), read in blocks up to
     ``limit`` bytes (more: ``error`` in one line). A pipe is read once; asking again in the same
-    process (the run's data checked, then read) returns the same bytes."""
-    if path == "-" or (path in STDIN and not os.path.exists(path)):
+    process (the run's data checked, then read; its hash recorded) returns the same bytes."""
+    key = _stream_key(path) if path == "-" or is_stream(path) else None
+    if key is not None and key in _STREAMS:
+        return _STREAMS[key]
+    if path == "-":
+        if key is None:
+            raise error(f"-: no standard input to read the {what} from")
         f, close = sys.stdin.buffer, False
-    elif is_stream(path):
+    elif key is not None:
         try:
             f, close = open(path, "rb"), True  # blocks until a writer opens it: that is what a FIFO is for
         except OSError as e:
@@ -107,14 +123,11 @@ def read_input(path: str, limit: int, what: str = "file", error: type = BertOfEr
         return read_bounded(path, limit, what, error)
     try:
         st = os.fstat(f.fileno())
-        key = (st.st_dev, st.st_ino)
-        if stat.S_ISREG(st.st_mode) and path == "-":  # `- < rows.csv`: a file after all, its size known first
+        if stat.S_ISREG(st.st_mode):  # `- < rows.csv`: a file after all, its size known first
             if st.st_size - f.tell() > limit:
                 raise error(f"{path}: {st.st_size} bytes, more than a {what} holds ({limit})")
-        elif not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        elif not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
             raise error(f"{path}: not a file or a pipe (a {what} is one)")  # a terminal, /dev/zero
-        if key in _STREAMS:
-            return _STREAMS[key]
         parts, n = [], 0
         while n <= limit:
             block = f.read(min(1 << 20, limit + 1 - n))
@@ -125,14 +138,21 @@ def read_input(path: str, limit: int, what: str = "file", error: type = BertOfEr
         if n > limit:
             raise error(f"{path}: more than {limit} bytes (a {what} holds fewer)")
         raw = b"".join(parts)
-        if not stat.S_ISREG(st.st_mode):
-            _STREAMS[key] = raw
+        _STREAMS[(st.st_dev, st.st_ino)] = raw  # `-` from a file is read once too (its offset moved)
         return raw
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror})") from None
     finally:
         if close:
             f.close()
+
+
+def input_sha256(path: str) -> str:
+    """Hex SHA-256 of a user's input: a file's (:func:`sha256_file`), or the bytes a pipe or standard
+    input gave (:func:`read_input` keeps them: a pipe cannot be read again)."""
+    if path == "-" or is_stream(path):
+        return hashlib.sha256(read_input(path, MAX_TEXT)).hexdigest()
+    return sha256_file(path)
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
