@@ -157,17 +157,28 @@ def set_environ(values: dict, keep_existing: bool = False) -> None:
             os.environ[k] = v
 
 
-def interrupt_note(text: str) -> None:
+def interrupt_note(text) -> None:
     """While a command runs, the words its one line adds if a signal stops it now (a training run:
-    the ``--resume`` command and the step it continues from); "" for none."""
+    the ``--resume`` command and the step it continues from); "" for none. A callable is asked when
+    the signal comes (what is on disk then)."""
     _NOTE["text"] = text
+
+
+def _note() -> str:
+    text = _NOTE["text"]
+    if callable(text):
+        try:
+            return text()
+        except Exception:  # noqa: BLE001 - the line is said anyway, without the note
+            return ""
+    return text
 
 
 def stopped(e: KeyboardInterrupt, note: str = "") -> int:
     """One line for a command stopped by Ctrl-C or SIGTERM; its exit status (130 / 143)."""
     signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
     _STATE["stopping"] = signum
-    _say(WORDS[signum] + (note or _NOTE["text"]))
+    _say(WORDS[signum] + (note or _note()))
     return 128 + signum
 
 
@@ -201,7 +212,7 @@ def _on_signal(signum, frame):
     if "oneflow" in sys.modules:
         # An exception raised now may unwind through OneFlow's C++ (a pybind11 call, a graph run)
         # and abort the process (SIGABRT/SIGSEGV, half-written output): clean up and end here.
-        _say(WORDS[signum] + _NOTE["text"])
+        _say(WORDS[signum] + _note())
         for fn in _AT_ABRUPT_END:
             fn()
         die(signum)

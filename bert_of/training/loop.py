@@ -10,6 +10,7 @@ exact resume).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -101,19 +102,21 @@ class LogMetrics(Callback):
 class SaveCheckpoints(Callback):
     """A resumable checkpoint in ``run``'s ``checkpoints/`` every ``every`` steps (the newest ``keep`` stay)."""
 
-    def __init__(self, run: RunDir, every: int, keep: int, vocab_file: str | None, what: str = "train"):
-        self.run, self.every, self.keep, self.vocab_file, self.what = run, every, keep, vocab_file, what
+    def __init__(self, run: RunDir, every: int, keep: int, vocab_file: str | None):
+        self.run, self.every, self.keep, self.vocab_file = run, every, keep, vocab_file
 
     def after_step(self, trainer, data, out, step):
         if step % self.every == 0:
             self.run.save(trainer, data, self.vocab_file, self.keep)
-            interrupt_note(resume_note(self.what, self.run.path, step))
         return False
 
 
-def resume_note(what: str, run: str, step: int | None) -> str:
+def resume_note(what: str, run: RunDir) -> str:
     """What a Ctrl-C's line adds during training: the command that continues the run and from which
-    step (its newest checkpoint), or that there is none yet."""
+    step (its newest checkpoint on disk: a published one is complete), or that there is none yet."""
+    newest = run.newest()
+    step = int(os.path.basename(newest).split("-")[-1]) if newest else None
+    run = run.path
     if step is None:
         return f"; no checkpoint of this {what} run yet (--save-every N saves them): nothing to --resume"
     return f"; `bert-of {what} -o {run} --resume` continues from step {step} (the last checkpoint)"
@@ -142,12 +145,12 @@ def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None
     metrics = run.metrics if run is not None and rt.is_main else None
     work = [LogMetrics(trainer, steps, batch_size, log_every, metrics, progress, what, unit)]
     if save_every and run is not None:
-        work.append(SaveCheckpoints(run, save_every, keep, vocab_file, what))
+        work.append(SaveCheckpoints(run, save_every, keep, vocab_file))
     work += list(callbacks)
     res = FitResult(trainer.global_step)
     t0 = time.perf_counter()
     if run is not None:  # a Ctrl-C's line names the --resume command (updated at every checkpoint)
-        interrupt_note(resume_note(what, run.path, trainer.global_step if run.resume_from else None))
+        interrupt_note(lambda: resume_note(what, run))
     try:
         while trainer.global_step < steps:
             out = trainer.step(data.next_batch())
