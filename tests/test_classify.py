@@ -7,6 +7,7 @@ metrics `eval classify` reports equal the textbook formulas recomputed here from
 file. Accuracy itself is not the point (a few steps of a tiny model).
 """
 
+import csv
 import json
 import math
 import os
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli
 from tests.helpers.models import FAST, S_DEV, S_NEW, S_TRAIN, USER, tiny_bert, user_rows as _rows, user_vocab as _vocab
 
 pytestmark = pytest.mark.oneflow
@@ -108,6 +109,12 @@ def test_finetune_records_the_classes_and_evaluates_eval_data(sentiment, env):
     assert args["final_loss"] < args["first_loss"]
     a = sentiment.after_training
     assert a["task"] == "classify" and a["examples"] == 24 and set(a) >= {"accuracy", "macro_f1", "mcc"}
+    # --eval-data's predictions and scores in the run folder (-o), as run_squad.py's --output_dir holds them
+    ev = os.path.join(sentiment.ft, "eval", "sentiment-dev")
+    assert sorted(os.listdir(ev)) == ["predictions.csv", "scores.json"]
+    scores = json.load(open(os.path.join(ev, "scores.json")))
+    assert scores == {"data": S_DEV, "scores": {k: a[k] for k in ("accuracy", "macro_f1", "mcc")}}
+    assert [r["label"] for r in _rows(os.path.join(ev, "predictions.csv"))] == [r["label"] for r in _rows(S_DEV)]
 
 
 def test_predict_writes_label_and_probabilities_in_input_order(sentiment, tmp_path):
