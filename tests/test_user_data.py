@@ -140,7 +140,7 @@ def test_conll_and_json_lines_tagging_files(tmp_path):
         read_tagged(str(j))
     bad = tmp_path / "bad.conll"
     bad.write_text("EU B-ORG\nrejects\n")
-    with pytest.raises(EvalDataError, match="line 2: a token without a tag"):
+    with pytest.raises(EvalDataError, match="line 2: 'rejects' is not 'TOKEN ... TAG'; the file is neither clearly CoNLL"):
         read_tagged(str(bad))
 
 
@@ -160,8 +160,19 @@ def test_a_wide_header_with_a_duplicate_at_its_end_is_found_in_linear_time(tmp_p
     assert len(str(e.value)) < 500 and time.monotonic() - t0 < 10  # 20k columns took 5 s before
 
 
-def test_a_table_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
+def test_a_table_from_a_fifo_is_read_once_and_a_device_is_refused_before_reading(tmp_path):
+    """A FIFO (what `<(...)` gives) is read as its writer writes it, and kept: asked again in the
+    same process (data checked, then read), the same rows. A device is no table: refused unread."""
+    import subprocess
+
     fifo = tmp_path / "t.csv"
     os.mkfifo(fifo)
-    with pytest.raises(EvalDataError, match="not a regular file"):
-        read_table(str(fifo))
+    writer = subprocess.Popen(["sh", "-c", f"printf 'text,label\\na,1\\nb,0\\n' > '{fifo}'"])
+    try:
+        first = read_table(str(fifo))
+    finally:
+        writer.wait(timeout=60)
+    assert [(r.text, r.label) for r in first.rows] == [("a", 1), ("b", 0)] and first.kind == "csv"
+    assert [r.record for r in read_table(str(fifo)).rows] == [r.record for r in first.rows]
+    with pytest.raises(EvalDataError, match="/dev/zero: not a regular file"):
+        read_table("/dev/zero")
