@@ -5,14 +5,34 @@ class is first touched, so converters and ``bert-of inspect`` stay light, and ru
 installed (it is the ``oneflow`` extra: a model class without it raises ImportError naming it). Importing it (and
 OneFlow through it) leaves the process as it was: no signal handler, mask, file descriptor or
 environment variable changes; a command line sets its process up explicitly (bert_of.runtime.process).
+The one exception: when this import is a ``bert-of`` command line's first (``python -m bert_of...``,
+the ``bert-of`` script), Ctrl-C is taken first thing, before the imports below (one line, the process
+ends by SIGINT; setup() then installs the command's own handler), as no traceback may reach the user.
 """
 
-from bert_of.config import BertConfig
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"] or _sys.argv[0].endswith(("/bert-of", "\\bert-of", "bert-of.exe")):
+
+    import _signal  # the C module: `signal` imports enum, a window of its own
+
+    def _interrupted_at_start(signum, frame):
+        import os
+
+        _sys.stderr.write("bert-of: error: interrupted\n")
+        _sys.stderr.flush()
+        _signal.signal(signum, _signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # ends by the signal: the shell sees 130 (and a loop stops)
+
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # Python's own: no one else's
+        _signal.signal(_signal.SIGINT, _interrupted_at_start)
+
 from bert_of.errors import BertOfError, CheckpointError, ConfigError, InputError, InputTypeError, NeedsOneFlow
 from bert_of.resolver import register_resolver, register_writer
 from bert_of.version import __version__
 
 _LAZY = {
+    "BertConfig": "bert_of.config",  # lazy too: `bert-of` imports this package before it can take Ctrl-C
     "BertModel": "bert_of.modeling",
     "BertForPreTraining": "bert_of.heads",
     "BertForMaskedLM": "bert_of.heads",

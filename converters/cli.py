@@ -20,7 +20,8 @@ from bert_of.cli_grammar import add_command
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
 from bert_of.converters.source import Options, parse_size, summarize
 from bert_of.converters.verify.compare import DEFAULT_TOL, format_report, verdict, verify, verify_source
-from bert_of.errors import BertOfError
+from bert_of.errors import BertOfError, ConfigError
+from bert_of.progress import log
 from bert_of.files.atomic import atomic_write
 from bert_of.options import arg, from_args
 
@@ -71,7 +72,10 @@ class ConvertOptions(CheckOptions):
                                      help="X2hf: weights in shards of at most SIZE (5GB, 200MB, 1GiB) with "
                                           "model.safetensors.index.json, as transformers' save_pretrained")
     overwrite: bool = arg(False, help="replace DST if it exists")
-    verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify)")
+    verify: bool = arg(False, help="check forward equality SRC vs DST before publishing DST (see bert-of verify); "
+                                   "prints verify's one-line verdict")
+    json: bool = arg(False, help="with --verify: print the whole verification report as JSON on stdout instead of "
+                                 "the verdict (the conversion's summary goes to stderr then)")
 
     def reader_options(self) -> Options:
         return Options(config=self.config, vocab=self.vocab, with_optimizer=self.with_optimizer,
@@ -81,7 +85,13 @@ class ConvertOptions(CheckOptions):
 
 
 def cmd_convert(args) -> int:
+    """Convert, then say so on stdout: the summary, "wrote DST", and with --verify the verdict line
+    (``verify``'s), or with --json the report alone (so ``> report.json`` is JSON: the summary then
+    goes to stderr); -q: errors only."""
     o = from_args(ConvertOptions, args)
+    if o.json and not o.verify:
+        raise ConfigError("--json prints the verification report: it needs --verify")
+    quiet = bool(getattr(args, "quiet", False))
     opts = o.reader_options()
     t0 = time.perf_counter()
     reports = []
@@ -89,16 +99,25 @@ def cmd_convert(args) -> int:
     try:
         source, notes = convert(o.direction, o.src, o.output, opts, check=check)
     except VerificationFailed:
-        print("\n".join(reports))
+        _print_check(o, reports, quiet)
         raise
     dt = time.perf_counter() - t0
-    print(summarize(source.report, verbose=getattr(args, "verbose", False)))
+    say = log.info if o.json else (lambda line: None) if quiet else print
+    say(summarize(source.report, verbose=getattr(args, "verbose", False)))
     for n in notes:
-        print(n)
-    print(f"wrote {o.output} ({o.direction}{', verified' if o.verify else ''}, {dt:.2f} s)")
-    for r in reports:
-        print(r)
+        say(n)
+    say(f"wrote {o.output} ({o.direction}{', verified' if o.verify else ''}, {dt:.2f} s)")
+    _print_check(o, reports, quiet)
     return 0
+
+
+def _print_check(o, reports: list, quiet: bool) -> None:
+    """The verification's result on stdout: the report as JSON (--json), else its one-line verdict."""
+    for report in reports:
+        if o.json:
+            print(format_report(report))
+        elif not quiet:
+            print(verdict(report))
 
 
 class VerificationFailed(BertOfError):
@@ -112,7 +131,7 @@ def _verify_staged(o: "ConvertOptions", reports: list):
     def check(source, stage):
         report = verify_source(source, stage, fmt, tol=o.tol, reference_dtype=o.reference_dtype, shown_b=o.output,
                                torch_python=o.torch_python)
-        reports.append(format_report(report))
+        reports.append(report)
         if not report["ok"]:
             raise VerificationFailed(o.failure(report, f"{o.output} not written"))
 

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from bert_of.eval.errors import EvalDataError
-from bert_of.files.reading import MAX_TEXT, read_bounded
+from bert_of.files.reading import MAX_TEXT, STDIN, read_input
 
 # --------------------------------------------------------------------------- examples
 
@@ -126,10 +126,11 @@ def get_labels(task: str):
 
 
 def _read_text(path: str, error=EvalDataError) -> str:
-    """A UTF-8 text file (BOM allowed); every failure one line naming the file."""
-    if not os.path.exists(path):
+    """A UTF-8 text file (BOM allowed), or standard input / a pipe (``-``, /dev/stdin, ``<(...)``:
+    :func:`~bert_of.files.reading.read_input`); every failure one line naming the file."""
+    if path not in STDIN and not os.path.exists(path):
         raise error(f"{path}: No such file or directory")
-    raw = read_bounded(path, MAX_TEXT, "text file", error)  # a regular file, its size known before reading
+    raw = read_input(path, MAX_TEXT, "text file", error)  # a regular file's size known before reading
     if not raw.strip():
         raise error(f"{path}: empty file")
     try:

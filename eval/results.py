@@ -27,7 +27,7 @@ import subprocess
 from bert_of.eval.errors import ResultsError
 from bert_of.files.atomic import append_jsonl, read_jsonl
 from bert_of.files.home import bert_of_home, utc_now
-from bert_of.files.reading import read_json, sha256_file
+from bert_of.files.reading import input_sha256, read_json, sha256_file
 from bert_of.progress import log
 
 
@@ -43,7 +43,8 @@ def default_results_path() -> str:
 
 
 def file_identity(path: str) -> dict:
-    return {"path": os.path.abspath(path), "sha256": sha256_file(path)}
+    """Where a file the user gave is and its hash (``-``: standard input, named so; a pipe: the bytes it gave)."""
+    return {"path": path if path == "-" else os.path.abspath(path), "sha256": input_sha256(path)}
 
 
 def checkpoint_identity(path: str, name: str | None = None) -> dict:

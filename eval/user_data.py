@@ -38,6 +38,7 @@ import numpy as np
 
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import _read_text, refuse_nul
+from bert_of.files.reading import refuse_surrogates
 from bert_of.eval.glue_metrics import accuracy, matthews_corrcoef, pearson, spearman
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "premise", "question", "review", "content")
@@ -52,6 +53,7 @@ class Row:
     text: str
     text_pair: str | None = None
     label: object = None  # as read: str, int, float, list (multi-label), or None
+    record: dict = field(default_factory=dict)  # every column of the row as read (written back beside predictions)
 
 
 @dataclass
@@ -62,31 +64,60 @@ class Table:
     text_pair_column: str | None
     label_column: str | None
     columns: list = field(default_factory=list)
+    kind: str = "csv"  # the format read: csv, tsv or jsonl
 
 
-def file_kind(path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    kind = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-            ".json": "jsonl"}.get(ext)
-    if kind is None:
-        raise EvalDataError(f"{path}: expected a .csv, .tsv or .jsonl file (found {ext or 'no extension'})")
-    return kind
+FORMATS = ("csv", "tsv", "jsonl")
+_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+
+def file_kind(path: str, text: str | None = None, fmt: str | None = None) -> str:
+    """``csv``, ``tsv`` or ``jsonl``: ``fmt`` when given (--format), else the extension, else (``-``,
+    /dev/stdin, ``<(...)``, a name without one) the content: a first line opening a JSON object is
+    JSON Lines, a header with tabs and no commas TSV, one with commas CSV."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise EvalDataError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+        return fmt
+    ext = os.path.splitext(path)[1].lower() if path != "-" else ""
+    kind = _EXTENSIONS.get(ext)
+    if kind is not None:
+        return kind
+    first = next((ln for ln in io.StringIO(text or "", newline="") if ln.strip()), "")
+    if first.lstrip().startswith("{"):
+        return "jsonl"
+    if "\t" in first and "," not in first:
+        return "tsv"
+    if "," in first:
+        return "csv"
+    if "\t" in first:
+        return "tsv"
+    raise EvalDataError(f"{path}: expected a .csv, .tsv or .jsonl file (found {ext or 'no extension'}, and the first "
+                        "line is neither a JSON object nor a header of comma- or tab-separated names; name the "
+                        "format with --format)")
 
 
 def _json_lines(path: str, text: str):
-    """(line number, parsed value) of every non-blank line of JSON Lines ``text`` (read from ``path``)."""
+    """(line number, parsed value) of every non-blank line of JSON Lines ``text`` (read from ``path``);
+    a lone surrogate ("\\ud800") is refused naming its line."""
     for i, line in enumerate(io.StringIO(text, newline=""), 1):
         if not line.strip():
             continue
         try:
-            yield i, json.loads(line)
-        except ValueError as e:
-            raise EvalDataError(f"{path}: line {i}: not JSON ({e.msg})") from None
+            value = json.loads(line)
+        except RecursionError:
+            raise EvalDataError(f"{path}: line {i}: JSON nested too deeply") from None
+        except ValueError as e:  # not JSON, or an integer past Python's digit limit
+            raise EvalDataError(f"{path}: line {i}: not JSON ({getattr(e, 'msg', str(e).split(';')[0])})") from None
+        refuse_surrogates(value, line, f"{path}: line {i}", EvalDataError)
+        yield i, value
 
 
-def _records(path: str, kind: str):
-    """(line, {column: value}) of every non-blank record, and the column names in file order."""
+def _records(path: str, fmt: str | None = None):
+    """(line, {column: value}) of every non-blank record, the column names in file order, and the
+    format read (:func:`file_kind`)."""
     text = _read_text(path)
+    kind = file_kind(path, text, fmt)
     if kind == "jsonl":
         out, columns = [], {}
         for i, obj in _json_lines(path, text):
@@ -96,7 +127,7 @@ def _records(path: str, kind: str):
             out.append((i, obj))
         if not out:
             raise EvalDataError(f"{path}: no records")
-        return out, list(columns)
+        return out, list(columns), kind
     refuse_nul(path, text, kind.upper())
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="," if kind == "csv" else "\t")
     try:
@@ -120,7 +151,39 @@ def _records(path: str, kind: str):
         seen.add(h)
     if not rows:
         raise EvalDataError(f"{path}: no rows after the header")
-    return rows, header
+    return rows, header, kind
+
+
+def free_name(name: str, taken) -> str:
+    """``name``, or when the input already has a column (key) of that name, ``name.1``, ``name.2``, ...
+    the first that is free: predictions are written beside every column of the input, never over one."""
+    if name not in taken:
+        return name
+    k = 1
+    while f"{name}.{k}" in taken:
+        k += 1
+    return f"{name}.{k}"
+
+
+def prediction_names(wanted: list, columns) -> dict:
+    """{wanted name: the name written} for prediction columns ``wanted`` beside the input's ``columns``
+    (:func:`free_name`, in order; a renamed one is the caller's to say)."""
+    taken, out = set(columns), {}
+    for w in wanted:
+        out[w] = free_name(w, taken)
+        taken.add(out[w])
+    return out
+
+
+def cell(value) -> str:
+    """A value as a CSV cell: text as it is, nothing for a missing one, numbers and lists as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _shown_columns(columns) -> str:
@@ -146,12 +209,13 @@ LABEL_SEPARATOR = "|"  # multi-label CSV/TSV cells: "sports|politics"
 
 def read_table(path: str, text_column: str | None = None, text_pair_column: str | None = None,
                label_column: str | None = None, need_labels: bool = True, problem: str = "auto",
-               label_separator: str | None = None) -> Table:
-    """The rows of a user's CSV/TSV/JSON Lines file (see the module docstring)."""
+               label_separator: str | None = None, fmt: str | None = None) -> Table:
+    """The rows of a user's CSV/TSV/JSON Lines file (see the module docstring); ``fmt``: its format
+    when neither its name nor its content says (--format)."""
     label_separator = LABEL_SEPARATOR if label_separator is None else label_separator
     if problem not in PROBLEMS:
         raise EvalDataError(f"problem {problem!r}: expected one of {', '.join(PROBLEMS)}")
-    records, columns = _records(path, file_kind(path))
+    records, columns, kind = _records(path, fmt)
     text_c = _pick(path, columns, text_column, TEXT_COLUMNS, "text")
     pair_c = _pick(path, columns, text_pair_column, [c for c in PAIR_COLUMNS if c != text_c], "text pair",
                    required=False)
@@ -172,8 +236,8 @@ def read_table(path: str, text_column: str | None = None, text_pair_column: str 
         label = rec.get(label_c) if label_c else None
         if label_c and need_labels:
             label = _parse_label(path, line, label_c, label, problem, label_separator)
-        rows.append(Row(line, text, pair, label))
-    return Table(path, rows, text_c, pair_c, label_c, columns)
+        rows.append(Row(line, text, pair, label, rec))
+    return Table(path, rows, text_c, pair_c, label_c, columns, kind)
 
 
 def _parse_label(path, line, column, value, problem, sep):
@@ -329,39 +393,59 @@ class Sentence:
     line: int
     tokens: list
     tags: list | None
+    fields: list | None = None  # CoNLL: each token's line split in columns (written back beside predictions)
+    record: dict | None = None  # JSON Lines: the object as read
 
 
 _TAG = re.compile(r"O|[BIESLU]-\S+|[BIESLU]")  # IOB1/IOB2/IOE/IOBES/BILOU tags
 
 
-def tagged_layout(text: str) -> str:
-    """"conll" (a word a line, columns after it) or "text" (a sentence a line) for a file that is
-    not JSON Lines. CoNLL: every line has the same number of columns and either one column, a last
-    column of tags on every line, or blank lines between sentences; anything else (lines of several
-    words, their counts varying) is plain text."""
-    counts, tag_last, blank_between, seen, gap = set(), True, False, False, False
-    for line in io.StringIO(text, newline=""):
+def _docstart(parts: list) -> bool:
+    return bool(parts) and parts[0] == "-DOCSTART-"  # bare, or with CoNLL-2003's "-X- -X- O" columns
+
+
+def tagged_layout(text: str, path: str = "") -> str:
+    """"conll" (a word a line, its columns after it; blank lines, however many, between sentences;
+    ``-DOCSTART-`` lines skipped; tabs or spaces; any line end) or "text" (a sentence a line), by
+    the file's structure. CoNLL: every line one column (words, no tags), or every line a token and
+    a tag (``TOKEN ... TAG``, the tag last). Text: no line ending in a tag, no ``-DOCSTART-``.
+    Anything between is neither clearly: :class:`EvalDataError` naming the first line that does
+    not fit what most lines are."""
+    lines, docstart = [], False
+    for i, line in enumerate(io.StringIO(text, newline=""), 1):
         parts = line.split()
-        if not parts or parts[0] == "-DOCSTART-":
-            gap = seen
-            continue
-        blank_between, seen = blank_between or gap, True
-        counts.add(len(parts))
-        if len(counts) > 1:
-            return "text"
-        tag_last = tag_last and bool(_TAG.fullmatch(parts[-1]))
-    k = next(iter(counts), 1)
-    return "conll" if k == 1 or tag_last or blank_between else "text"
+        if _docstart(parts):
+            docstart = True
+        elif parts:
+            lines.append((i, parts))
+    single = sum(len(p) == 1 for _, p in lines)
+    tagged = sum(len(p) > 1 and bool(_TAG.fullmatch(p[-1])) for _, p in lines)
+    if single == len(lines) or tagged == len(lines):
+        return "conll"
+    if tagged == 0 and not docstart:
+        return "text"
+    if tagged * 2 >= len(lines) or docstart:  # mostly CoNLL: the first line that is not "TOKEN ... TAG"
+        i, parts = next((i, p) for i, p in lines if not (len(p) > 1 and _TAG.fullmatch(p[-1])))
+        why = f"{' '.join(parts)[:60]!r} is not 'TOKEN ... TAG'"
+    else:  # mostly text: the first line that reads as a token and its tag
+        i, parts = next((i, p) for i, p in lines if len(p) > 1 and _TAG.fullmatch(p[-1]))
+        why = f"{' '.join(parts)[:60]!r} reads as a token and a tag among lines of plain text"
+    raise EvalDataError(f"{path}: line {i}: {why}; the file is neither clearly CoNLL ({tagged} of {len(lines)} lines "
+                        f"are 'TOKEN ... TAG'{', -DOCSTART- lines' if docstart else ''}) nor clearly plain text (a "
+                        "sentence a line); fix that line or give JSON Lines")
 
 
 def read_tagged(path: str, need_tags: bool = True) -> list:
     """Sentences of a CoNLL-style file (token first, tag last, whitespace-separated), a JSON Lines
     file of {"tokens": [...], "tags": [...]} (``ner_tags`` also read), or, without tags (to
-    predict), plain text: a sentence a line (:func:`tagged_layout` tells it from CoNLL)."""
+    predict), plain text: a sentence a line (:func:`tagged_layout` tells it from CoNLL and refuses
+    a file that is neither clearly). ``path`` may be ``-`` or a pipe: JSON Lines is told by its
+    content then."""
     text = _read_text(path)
-    ext = os.path.splitext(path)[1].lower()
+    ext = os.path.splitext(path)[1].lower() if path != "-" else ""
     out = []
-    if ext in (".jsonl", ".ndjson", ".json"):
+    first = next((ln for ln in io.StringIO(text, newline="") if ln.strip()), "")
+    if ext in (".jsonl", ".ndjson", ".json") or (not ext and first.lstrip().startswith("{")):
         for i, obj in _json_lines(path, text):
             tokens = obj.get("tokens") if isinstance(obj, dict) else None
             tags = (obj.get("tags", obj.get("ner_tags")) if isinstance(obj, dict) else None)
@@ -373,31 +457,37 @@ def read_tagged(path: str, need_tags: bool = True) -> list:
                 if len(tags) != len(tokens):
                     raise EvalDataError(f"{path}: line {i}: {len(tokens)} tokens but {len(tags)} tags")
                 tags = [str(t) for t in tags]
-            out.append(Sentence(i, tokens, tags if need_tags else None))
-    elif not need_tags and tagged_layout(text) == "text":  # one sentence a line, words apart by spaces
+            out.append(Sentence(i, tokens, tags if need_tags else None, record=obj))
+        if not out:
+            raise EvalDataError(f"{path}: no sentences")
+        return out
+    refuse_nul(path, text, "CoNLL or text")
+    layout = tagged_layout(text, path)
+    if layout == "text":
+        if need_tags:
+            raise EvalDataError(f"{path}: reads as plain text (a sentence a line, no tag column); tagged data "
+                                "is CoNLL (a word a line: 'TOKEN ... TAG', a blank line between sentences) or "
+                                "JSON Lines")
         for i, line in enumerate(io.StringIO(text, newline=""), 1):
             if line.split():
                 out.append(Sentence(i, line.split(), None))
     else:
-        start, tokens, tags = None, [], []
+        start, tokens, tags, fields = None, [], [], []
         for i, line in enumerate(io.StringIO(text, newline=""), 1):
             parts = line.split()
-            if not parts or parts[0] == "-DOCSTART-":
+            if not parts or _docstart(parts):
                 if tokens:
-                    out.append(Sentence(start, tokens, tags if need_tags else None))
-                start, tokens, tags = None, [], []
+                    out.append(Sentence(start, tokens, tags if need_tags else None, fields))
+                start, tokens, tags, fields = None, [], [], []
                 continue
             if need_tags and len(parts) < 2:
                 raise EvalDataError(f"{path}: line {i}: a token without a tag (expected 'TOKEN ... TAG')")
             start = start or i
             tokens.append(parts[0])
             tags.append(parts[-1] if len(parts) > 1 else None)
+            fields.append(parts)
         if tokens:
-            out.append(Sentence(start, tokens, tags if need_tags else None))
-        if need_tags and tagged_layout(text) == "text":  # every line "TOKEN ... TAG", yet sentences
-            raise EvalDataError(f"{path}: reads as plain text (a sentence a line, no tag column); tagged data "
-                                "is CoNLL (a word a line: 'TOKEN ... TAG', a blank line between sentences) or "
-                                "JSON Lines")
+            out.append(Sentence(start, tokens, tags if need_tags else None, fields))
     if not out:
         raise EvalDataError(f"{path}: no sentences")
     return out
@@ -458,6 +548,6 @@ def entity_scores(true_seqs: list, pred_seqs: list) -> dict:
     return {"precision": precision, "recall": recall, "f1": f1, "accuracy": correct / total if total else 0.0}
 
 
-__all__ = ["Row", "Table", "read_table", "problem_of", "label_list", "encode_labels", "class_key",
+__all__ = ["Row", "Table", "read_table", "free_name", "prediction_names", "cell", "problem_of", "label_list", "encode_labels", "class_key",
            "classification_metrics", "regression_metrics", "multi_label_metrics", "Sentence", "read_tagged",
            "tag_list", "chunks", "entity_scores"]

@@ -121,8 +121,10 @@ class PinnedDir:
             self.fd = None
 
     def __del__(self):  # a Source holding a pin is dropped: its files go with it
-        with contextlib.suppress(Exception):
+        try:  # no module global here (contextlib...): at interpreter exit they may be None already
             self.close()
+        except Exception:  # noqa: BLE001 - a finaliser has no one to tell
+            pass
 
     def __enter__(self):
         return self

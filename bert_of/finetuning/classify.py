@@ -26,13 +26,13 @@ import numpy as np
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
 from bert_of.eval.glue_data import InputExample
-from bert_of.eval.user_data import (classification_metrics, encode_labels, label_list, multi_label_metrics,
-                                    problem_of, read_table, regression_metrics)
+from bert_of.eval.user_data import (cell, classification_metrics, encode_labels, label_list, multi_label_metrics,
+                                    prediction_names, problem_of, read_table, regression_metrics)
 from bert_of.files.atomic import atomic_open
 from bert_of.finetuning.glue import glue_arrays
 from bert_of.finetuning.task import Help, ModelRun, Task
 from bert_of.options import TRAINING, arg
-from bert_of.eval.user_data import LABEL_SEPARATOR
+from bert_of.eval.user_data import FORMATS, LABEL_SEPARATOR
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
 
 if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
@@ -76,6 +76,10 @@ class ClassifyOptions(TaskOptions):
     max_seq_length: int | None = arg(None, metavar="N", group=YOUR_DATA,
                                      help=f"tokens per example (unset: {GLUE_MAX_SEQ_LENGTH}; prediction: as the "
                                           "model was trained)")
+    format: str | None = arg(None, choices=FORMATS, group=YOUR_DATA,
+                             help="the files' format when their names do not say (-, /dev/stdin, <(...)); unset: "
+                                  "the extension, else the content (a JSON object: JSON Lines; a header with "
+                                  "tabs: TSV; with commas: CSV)")
 
 
 NAME = "classify"
@@ -111,7 +115,8 @@ def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "a
     if not opts.label_separator:
         raise ConfigError("--label-separator: empty (a multi-label cell needs a separator between its classes)")
     return read_table(path, opts.text_column, opts.text_pair_column, opts.label_column if need_labels else None,
-                      need_labels=need_labels, problem=problem, label_separator=opts.label_separator)
+                      need_labels=need_labels, problem=problem, label_separator=opts.label_separator,
+                      fmt=opts.format)
 
 
 def finetune_classify(opts: ClassifyOptions) -> dict:
@@ -213,45 +218,44 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
         if not rt.is_main:
             return None
-        _write_predictions(out_file, table, problem, labels, preds, probs, opts.label_separator)
+        _write_predictions(out_file, table, problem, labels, preds, probs, opts.label_separator, rt)
         note(rt, f"predicted {len(table.rows)} rows of {opts.data}; wrote {out_file}")
         return ClassifyRun(table=table, problem=problem, labels=labels, predictions=preds, probabilities=probs,
                            path=out_file, targets=targets, model_path=path, model_name=name, identity_path=ident,
                            train_args=train_args, new_head=new_head, settings=settings)
 
 
-def _write_predictions(path, table, problem, labels, preds, probs, separator="|") -> None:
-    """One record per input row: row (0-based), line, the text(s), then label + one probability per
-    class (``probability`` keyed by class in JSON Lines, ``p(CLASS)`` columns in CSV), or value.
-    Multi-label: ``labels``, the predicted classes in the model's order (a list in JSON Lines,
-    joined by ``separator`` in CSV), and each class's sigmoid."""
-    records = []
-    for i, r in enumerate(table.rows):
-        rec = {"row": i, "line": r.line, table.text_column: r.text}
-        if table.text_pair_column:
-            rec[table.text_pair_column] = r.text_pair
-        if problem == "regression":
-            rec["value"] = float(preds[i])
-        elif problem == "multi_label":
-            rec["labels"] = [k for k, on in zip(labels, preds[i]) if on]
-            rec["probability"] = {k: float(p) for k, p in zip(labels, probs[i])}
-        else:
-            rec["label"] = labels[int(preds[i])]
-            rec["probability"] = {k: float(p) for k, p in zip(labels, probs[i])}
-        records.append(rec)
+def _write_predictions(path, table, problem, labels, preds, probs, separator="|", rt=None) -> None:
+    """One record per input row, in input order: every column of the row as read (CSV/TSV cells, or
+    the JSON object's keys), unchanged, then the prediction: ``prediction`` (the class; multi-label:
+    the predicted classes in the model's order, a list in JSON Lines, joined by ``separator`` in CSV)
+    and ``p(CLASS)`` per class (softmax, or each class's sigmoid), or ``score`` (regression). A name
+    the input already has becomes ``NAME.1`` (:func:`~bert_of.eval.user_data.free_name`), with a note."""
+    from bert_of.finetuning.driver import note
+
+    wanted = ["score"] if problem == "regression" else ["prediction"] + [f"p({k})" for k in labels]
+    names = prediction_names(wanted, table.columns)
+    renamed = [f"{w!r} as {n!r}" for w, n in names.items() if w != n]
+    if renamed:
+        note(rt, f"note: {table.path} has columns named as predictions: writing {', '.join(renamed)}")
+    jsonl = path.lower().endswith(".jsonl")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_open(path) as f:
-        if path.lower().endswith(".jsonl"):
-            for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            return
-        w = csv.writer(f, lineterminator="\n")
-        head = [k for k in records[0] if k != "probability"] + [f"p({k})" for k in labels]
-        w.writerow(head)
-        for rec in records:
-            w.writerow([repr(v) if isinstance(v, float) else separator.join(v) if isinstance(v, list) else v
-                        for k, v in rec.items() if k != "probability"]
-                       + [repr(p) for p in rec.get("probability", {}).values()])
+        w = None if jsonl else csv.writer(f, lineterminator="\n")
+        if w is not None:
+            w.writerow(list(table.columns) + [names[k] for k in wanted])
+        for i, r in enumerate(table.rows):
+            if problem == "regression":
+                got = {"score": float(preds[i])}
+            else:
+                got = {"prediction": [k for k, on in zip(labels, preds[i]) if on] if problem == "multi_label"
+                       else labels[int(preds[i])]}
+                got.update((f"p({k})", float(p)) for k, p in zip(labels, probs[i]))
+            if jsonl:
+                f.write(json.dumps({**r.record, **{names[k]: v for k, v in got.items()}}, ensure_ascii=False) + "\n")
+            else:
+                w.writerow([cell(r.record.get(c)) for c in table.columns]
+                           + [separator.join(v) if isinstance(v, list) else cell(v) for v in got.values()])
 
 
 def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,

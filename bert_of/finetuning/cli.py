@@ -23,6 +23,7 @@ import types
 from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError, OutputError
 from bert_of.files.locks import check_unlocked, LOCK_NAME
+from bert_of.files.reading import is_stream
 from bert_of.finetuning.options import EVAL, PREDICT, TRAIN
 from bert_of.finetuning.task import TASKS
 from bert_of.launch import in_rank, maybe_relaunch, topology
@@ -57,6 +58,9 @@ def _ranks(args, opts):
         for name in ("train", "data", "eval_data"):
             value = getattr(opts, name, None)
             for path in value if isinstance(value, list) else [value] if value else []:  # --eval-data repeats
+                if path == "-" or is_stream(path):  # each rank reads its data: a pipe gives its rows once
+                    raise ConfigError(f"--{name.replace('_', '-')} {path}: standard input or a pipe is read once, "
+                                      f"by one process; {topo.world} ranks each read the data: give a file")
                 if not os.path.exists(path):
                     raise ConfigError(f"--{name.replace('_', '-')} {path}: no such file")
         if opts.vocab and not os.path.isfile(opts.vocab):

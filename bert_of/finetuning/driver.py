@@ -29,7 +29,7 @@ from bert_of.files.atomic import read_jsonl, write_json
 from bert_of.files.home import bert_of_home, utc_now
 from bert_of.files.owned import check_destination, check_sources
 from bert_of.files.publish import publishing
-from bert_of.files.reading import read_json
+from bert_of.files.reading import STDIN, is_stream, read_json
 from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, TaskOptions
 from bert_of.finetuning.task import ModelRun
 from bert_of.heads import (BertForQuestionAnswering, BertForSequenceClassification,  # noqa: F401 - the tasks'
@@ -49,6 +49,8 @@ from bert_of.training.trainer import Trainer
 from bert_of.version import __version__
 
 TRAIN_ARGS = "train_args.json"
+EVAL_DIR = "eval"  # a run folder's --eval-data results: eval/DATA-STEM/ (predictions + SCORES_FILE)
+SCORES_FILE = "scores.json"
 register_own_files((TRAIN_ARGS, RUN_RECORD))  # a fine-tuning's run folder: --overwrite may replace it
 
 
@@ -206,7 +208,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         raise ConfigError(f"--batch-size {opts.batch_size} must split evenly over {rt.world} rank(s) and "
                           f"{cfg.grad_accum_steps} accumulation step(s)")
     rt.barrier()
-    run = RunDir(opts.output, rt, outputs=(RUN_FINAL,), what=what, sources=train_sources(opts),
+    run = RunDir(opts.output, rt, outputs=(RUN_FINAL, EVAL_DIR), what=what, sources=train_sources(opts),
                  record=(RUN_RECORD, options_record(opts)))
     with run.open(opts.resume, opts.overwrite):
         flow.manual_seed(cfg.seed)
@@ -316,10 +318,10 @@ def check_eval_data(opts: TaskOptions, read) -> None:
     starts (a wrong column found after the training is the training lost): ``read(path)`` raises
     EvalDataError for what the evaluation would refuse."""
     for data in opts.eval_data or ():
-        if not os.path.exists(data):
+        if data not in STDIN and not os.path.exists(data):
             raise EvalDataError(f"--eval-data {data}: no such file")
-        if not os.path.isfile(data):
-            raise EvalDataError(f"--eval-data {data}: not a regular file")
+        if not os.path.isfile(data) and not is_stream(data):  # a pipe is read once, kept (read_input)
+            raise EvalDataError(f"--eval-data {data}: not a regular file or a pipe")
         read(data)
 
 
@@ -335,10 +337,26 @@ def finish_finetuning(model, opts: TaskOptions, rt: Runtime, args: dict, summary
     save_finetuned(model, final, args, True, rt, train_sources(opts, model_path))
     note(rt, f"wrote {final} (loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
              f"{summary['train_seconds']:.1f} s)")
-    for data in opts.eval_data:
-        evaluate(replace(opts, data=data, output=None, model=opts.output, name=None), trained=final,
-                 model=model, rt=rt)
+    taken = set()
+    for data in opts.eval_data:  # into the run folder, as run_squad.py's --output_dir holds its predictions
+        out = eval_output(opts.output, data, taken)
+        scores = evaluate(replace(opts, data=data, output=out, model=opts.output, name=None), trained=final,
+                          model=model, rt=rt)
+        if scores is not None and rt.is_main:
+            write_json(os.path.join(out, SCORES_FILE), {"data": data, "scores": scores})
     return args
+
+
+def eval_output(run: str, data: str, taken: set) -> str:
+    """``RUN/eval/STEM/``: where a fine-tuning's evaluation of ``data`` goes (its predictions file and
+    scores.json); ``STEM-2``... for a second file of the same stem (``taken``: the stems used)."""
+    stem = "stdin" if data in ("-", "/dev/stdin") else os.path.splitext(os.path.basename(data))[0] or "data"
+    name, k = stem, 1
+    while name in taken:
+        k += 1
+        name = f"{stem}-{k}"
+    taken.add(name)
+    return os.path.join(run, EVAL_DIR, name)
 
 
 def percent(scores: dict, rt: Runtime, keep=()) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 
 from bert_of.errors import ConfigError
 from bert_of.eval.errors import EvalDataError
-from bert_of.eval.user_data import entity_scores, read_tagged, tag_list
+from bert_of.eval.user_data import entity_scores, free_name, read_tagged, tag_list
 from bert_of.files.atomic import atomic_open
 from bert_of.finetuning.task import Help, ModelRun, Task
 from bert_of.options import TRAINING, arg
@@ -143,8 +143,8 @@ def finetune_tag(opts: TagOptions) -> dict:
 
 def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None,
                 need_tags: bool = False, out_file: str | None = None) -> TagRun | None:
-    """A tag per word of every sentence of ``opts.data``; rank 0 writes them to ``out_file``
-    (default ``opts.output``): JSON Lines ``{"tokens", "tags"}`` or CoNLL ``token<TAB>tag`` lines."""
+    """A tag per word of every sentence of ``opts.data``; rank 0 writes them beside the input to
+    ``out_file`` (default ``opts.output``; :func:`_write_tags`)."""
     from bert_of.finetuning.driver import (BertForTokenClassification, Runtime, check_head, check_seq_len,
                                             glue_seq_len, infer, load_model, make_tokenizer, model_folder,
                                             note, read_train_args)  # loads OneFlow: only when the task runs
@@ -179,17 +179,38 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
         if not rt.is_main:
             return None
-        os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
-        with atomic_open(out_file) as f:
-            for s, tags in zip(sentences, preds):
-                if out_file.lower().endswith(".jsonl"):
-                    f.write(json.dumps({"tokens": s.tokens, "tags": tags}, ensure_ascii=False) + "\n")
-                else:
-                    f.write("".join(f"{w}\t{t}\n" for w, t in zip(s.tokens, tags)) + "\n")
+        _write_tags(out_file, opts.data, sentences, preds, rt)
         note(rt, f"tagged {len(sentences)} sentences of {opts.data}; wrote {out_file}")
         return TagRun(sentences=sentences, labels=labels, predictions=preds, path=out_file, model_path=path,
                       model_name=name, identity_path=ident, train_args=train_args, new_head=new_head,
                       settings=settings)
+
+
+def _write_tags(path: str, data: str, sentences: list, preds: list, rt=None) -> None:
+    """The input beside its predictions, sentence by sentence in input order. CoNLL (``path`` not
+    .jsonl): each word's line, its columns as read (tag included) joined by tabs, then the predicted
+    tag; a blank line between sentences. JSON Lines: each sentence's object as read (a CoNLL input's:
+    ``tokens``, and ``tags`` when it has them) with ``prediction``, the tag list (``prediction.1``...
+    when the input has that key, with a note)."""
+    from bert_of.finetuning.driver import note
+
+    renamed = set()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_open(path) as f:
+        for s, tags in zip(sentences, preds):
+            if path.lower().endswith(".jsonl"):
+                rec = s.record if s.record is not None else \
+                    {"tokens": s.tokens, **({"tags": s.tags} if s.tags and None not in s.tags else {})}
+                key = free_name("prediction", rec)
+                if key != "prediction":
+                    renamed.add(key)
+                f.write(json.dumps({**rec, key: tags}, ensure_ascii=False) + "\n")
+            else:
+                fields = s.fields or [[w] + ([t] if t is not None else []) for w, t in
+                                      zip(s.tokens, s.tags or [None] * len(s.tokens))]
+                f.write("".join("\t".join(cols + [t]) + "\n" for cols, t in zip(fields, tags)) + "\n")
+    if renamed:
+        note(rt, f"note: {data} has a 'prediction' key: the predicted tags are under {', '.join(sorted(renamed))}")
 
 
 def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:

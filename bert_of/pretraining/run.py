@@ -28,6 +28,7 @@ from bert_of.files.reading import sha256_file
 from bert_of.files.owned import register_own_files
 from bert_of.heads import BertForPreTraining
 from bert_of.options import RUN_RECORD, TrainConfig, record
+from bert_of.progress import bars_enabled
 from bert_of.pretraining.options import PretrainOptions, check_vocab, with_data_lengths
 from bert_of.vocab import check_vocab_fits, vocab_size
 from bert_of.training.loop import StopAfter, fit
@@ -147,7 +148,7 @@ def _train(opts: PretrainOptions, rt: Runtime, run_dir: RunDir) -> int:
 
     done = fit(trainer, data, opts.steps, batch_size=opts.batch_size, run=run_dir, log_every=opts.log_every,
                save_every=opts.save_every, keep=opts.keep, vocab_file=vocab_file,
-               progress=None if opts.quiet else "bar", what="pretrain",
+               progress=None if opts.quiet else "bar" if bars_enabled() else "lines", what="pretrain",
                callbacks=[StopAfter(opts.stop_after)] if opts.stop_after else [])
     losses = [v for v in done.losses if math.isfinite(v)]  # AMP may have skipped a step
     summary = f"{trainer.global_step} steps" + (f", loss {losses[-1]:.4f}" if losses else "") + \

@@ -25,14 +25,13 @@ steps whole; :func:`stop_groups` stops child process groups, :func:`as_worker` a
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import socket
 import sys
-import tempfile
-import threading
 import time
+
+# ctypes, socket, tempfile and threading are imported where used: this module is the first a command
+# line imports, and until setup() has run a Ctrl-C is Python's (a traceback), so it loads little
 
 from bert_of.errors import Terminated
 
@@ -44,6 +43,7 @@ ERROR_PREFIX = "bert-of: error: "
 # its checkpoint through the zoo's command); stopping: the signal that is ending this command.
 _STATE = {"pid": None, "depth": 0, "stopping": None}
 _DEFER = {"depth": 0, "pending": None}
+_NOTE = {"text": ""}  # what the one line of a stopped command adds (interrupt_note)
 _AT_ABRUPT_END = []  # callables run before the process ends at once (bert_of.files.atomic: unfinished writes)
 
 
@@ -78,6 +78,8 @@ def die_with_parent(parent: int) -> None:
     elsewhere a no-op). Exits at once if it is already gone."""
     if not sys.platform.startswith("linux"):
         return
+    import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -108,6 +110,7 @@ def command():
     (a test harness, a library user's loop) meets no native work still running."""
     if _STATE["depth"] == 0:
         _STATE["stopping"] = None
+        _NOTE["text"] = ""
     _STATE["depth"] += 1
     try:
         yield
@@ -154,11 +157,28 @@ def set_environ(values: dict, keep_existing: bool = False) -> None:
             os.environ[k] = v
 
 
+def interrupt_note(text) -> None:
+    """While a command runs, the words its one line adds if a signal stops it now (a training run:
+    the ``--resume`` command and the step it continues from); "" for none. A callable is asked when
+    the signal comes (what is on disk then)."""
+    _NOTE["text"] = text
+
+
+def _note() -> str:
+    text = _NOTE["text"]
+    if callable(text):
+        try:
+            return text()
+        except Exception:  # noqa: BLE001 - the line is said anyway, without the note
+            return ""
+    return text
+
+
 def stopped(e: KeyboardInterrupt, note: str = "") -> int:
     """One line for a command stopped by Ctrl-C or SIGTERM; its exit status (130 / 143)."""
     signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
     _STATE["stopping"] = signum
-    _say(WORDS[signum] + note)
+    _say(WORDS[signum] + (note or _note()))
     return 128 + signum
 
 
@@ -192,7 +212,7 @@ def _on_signal(signum, frame):
     if "oneflow" in sys.modules:
         # An exception raised now may unwind through OneFlow's C++ (a pybind11 call, a graph run)
         # and abort the process (SIGABRT/SIGSEGV, half-written output): clean up and end here.
-        _say(WORDS[signum])
+        _say(WORDS[signum] + _note())
         for fn in _AT_ABRUPT_END:
             fn()
         die(signum)
@@ -305,6 +325,8 @@ def wait_for_rank0(timeout: float = 60.0) -> None:
         return
     if world <= 1 or rank <= 0:
         return
+    import socket
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -324,6 +346,8 @@ def _stderr_filtered():
     except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to filter
         yield
         return
+    import tempfile
+
     with tempfile.TemporaryFile() as tmp:
         with uninterrupted():  # a signal that reaches the handler anyway waits until fd 2 is back
             os.dup2(tmp.fileno(), 2)
@@ -355,6 +379,8 @@ def oneflow_import():
         return
     if is_set_up():
         wait_for_rank0()
+    import threading
+
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     with signals_blocked() if main else contextlib.nullcontext():  # a signal waits until all is put back

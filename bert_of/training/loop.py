@@ -10,6 +10,7 @@ exact resume).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from bert_of.files.atomic import append_jsonl
 from bert_of.progress import Progress, log
+from bert_of.runtime.process import interrupt_note
 from bert_of.training.state import NonFiniteError, RunDir
 
 
@@ -54,7 +56,7 @@ class Callback:
 class LogMetrics(Callback):
     """Every ``every`` steps (and at the last): a ``metrics.jsonl`` record on rank 0 (step, the step's
     outputs, samples/s over ``batch_size`` global rows, mode, world) and, with ``lines``, the loss
-    as a note; else (``bar``) a progress bar (:class:`bert_of.progress.Progress`: a bar on a
+    as a note (also at once after this invocation's first step); else (``bar``) a progress bar (:class:`bert_of.progress.Progress`: a bar on a
     terminal, a line every few seconds otherwise)."""
 
     def __init__(self, trainer, steps: int, batch_size: int, every: int, metrics: str | None, progress, what: str,
@@ -73,6 +75,10 @@ class LogMetrics(Callback):
             self.window.append(out["loss"])
         if self.bar is not None:
             self.bar.update(1, loss=f"{out['loss']:.4f}", lr=f"{out['lr']:.2e}")
+        if self.lines and step == self.first + 1 and step % self.every and step != self.steps:
+            # the first step at once (a short run, or a slow first step, is not silent until step N)
+            note(self.rt, f"step {step}/{self.steps}  loss {out['loss']:.4f}  lr {out['lr']:.3g}  "
+                          f"(then every {self.every} steps)")
         if step % self.every == 0 or step == self.steps:
             now = time.perf_counter()
             rate = (step - self.n_last) * self.batch_size / max(now - self.t_last, 1e-9)
@@ -105,6 +111,17 @@ class SaveCheckpoints(Callback):
         return False
 
 
+def resume_note(what: str, run: RunDir) -> str:
+    """What a Ctrl-C's line adds during training: the command that continues the run and from which
+    step (its newest checkpoint on disk: a published one is complete), or that there is none yet."""
+    newest = run.newest()
+    step = int(os.path.basename(newest).split("-")[-1]) if newest else None
+    run = run.path
+    if step is None:
+        return f"; no checkpoint of this {what} run yet (--save-every N saves them): nothing to --resume"
+    return f"; `bert-of {what} -o {run} --resume` continues from step {step} (the last checkpoint)"
+
+
 class StopAfter(Callback):
     """Stop once the global step reaches ``step`` (the run stays resumable from its checkpoints)."""
 
@@ -132,6 +149,8 @@ def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None
     work += list(callbacks)
     res = FitResult(trainer.global_step)
     t0 = time.perf_counter()
+    if run is not None:  # a Ctrl-C's line names the --resume command (updated at every checkpoint)
+        interrupt_note(lambda: resume_note(what, run))
     try:
         while trainer.global_step < steps:
             out = trainer.step(data.next_batch())
@@ -147,6 +166,7 @@ def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None
     finally:
         for cb in work:
             cb.close()
+    interrupt_note("")  # (a Ctrl-C unwinding through here keeps it: the command's last line says it)
     res.steps, res.seconds = trainer.global_step, time.perf_counter() - t0
     return res
 

@@ -25,7 +25,7 @@ def detect(path: str) -> bool:
     try:
         with open(os.path.join(path, CONFIG_NAME)) as f:
             return "provenance" in json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (an unparsable config.json: hf's detection takes it)
         return False
 
 

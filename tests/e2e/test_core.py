@@ -90,8 +90,8 @@ def test_convert_verify_without_oneflow_runs_the_reference_in_both_layouts(tmp_p
     paths = {"hf": HF_TINY}
     for fmt in exact:
         paths[fmt] = str(tmp_path / fmt)
-        out = run_cli("convert", f"hf2{fmt}", HF_TINY, "-o", paths[fmt], "--verify").stdout
-        report = json.loads(out[out.index("{"):])
+        out = run_cli("convert", f"hf2{fmt}", HF_TINY, "-o", paths[fmt], "--verify", "--json").stdout
+        report = json.loads(out)  # --json: stdout is the report alone
         assert report["ok"] and report["worst"] <= 1e-5, report
         assert list(report["max_abs_diff"]) == [f"B:numpy-float64 ({fmt} layout)"]
         assert report["bert_of_model"].startswith(f"not run: bert_of's model {NEEDS}")

@@ -232,6 +232,11 @@ def test_squad_v2_finetune_predict_and_null_odds(env, tmp_path):
     assert args["task"] == "squad-v2.0" and args["hparams"]["epochs"] == 2.0  # Google's v2.0 default
     rec = json.loads(open(store).read().splitlines()[-1])
     assert rec["task"] == "squad-v2.0" and rec["settings"]["version_2_with_negative"] is True
+    # --eval-data's files in the run folder (-o), as run_squad.py writes them into --output_dir
+    ev = ft / "eval" / os.path.splitext(os.path.basename(DEV20))[0]
+    assert {"predictions.json", "nbest_predictions.json", "null_odds.json", "scores.json"} <= set(os.listdir(ev))
+    assert json.load(open(ev / "scores.json"))["scores"] == res
+    assert rec["predictions"]["path"] == str(ev / "predictions.json")
 
     qids = [qa["id"] for a in json.load(open(DEV20))["data"] for p in a["paragraphs"] for qa in p["qas"]]
     for thresh, expect_empty in (("-1e9", True), ("1e9", False)):

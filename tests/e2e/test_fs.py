@@ -290,3 +290,22 @@ def _umask():
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+@pytest.mark.oneflow
+@pytest.mark.parametrize("config", ['"x": ' + "9" * 5000, '"x": ' + "[" * 100_000 + "]" * 100_000])
+def test_an_uncaught_from_pretrained_error_leaves_no_noise_at_exit(tmp_path, config):
+    """A from_pretrained error nobody catches: Python prints it, and nothing after it (a PinnedDir
+    finalised at interpreter exit, its module globals gone, once said 'Exception ignored in ...')."""
+    import json
+    import shutil
+
+    src = tmp_path / "hf"
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "hf", "tiny_pt"), src)
+    text = json.dumps(json.load(open(src / "config.json")))
+    (src / "config.json").write_text(text[:-1] + ", " + config + "}")
+    r = subprocess.run([sys.executable, "-c", f"from bert_of import BertModel; BertModel.from_pretrained({str(src)!r})"],
+                       capture_output=True, text=True, cwd=str(tmp_path))
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith(f"bert_of.errors.ConfigError: {src / 'config.json'}: "), r.stderr
+    assert "Exception ignored" not in r.stderr and "Error" not in r.stderr.split(last)[1], r.stderr

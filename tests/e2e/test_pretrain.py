@@ -122,7 +122,8 @@ def test_bad_input_one_line(setup, tmp_path):
 
 def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tmp_path):
     """The data keeps the vocab.txt it was made with (bert_of.data.layout.dataset_vocab): pretrain
-    takes it without --vocab. Piped, training progress is plain log lines (no carriage returns)."""
+    takes it without --vocab. Piped, training progress is plain log lines (no carriage returns): the
+    first step's at once, then every --log-every."""
     data = setup["data"]
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "bert_of.cli", "pretrain", "--data", data, "-o", run, "--config",
@@ -132,8 +133,10 @@ def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tm
     assert r.returncode == 0, r.stderr
     assert open(run / "final" / "vocab.txt", "rb").read() == open(VOCAB, "rb").read()
     assert "\r" not in r.stderr and "\r" not in r.stdout
-    steps = [ln for ln in r.stderr.splitlines() if ln.startswith("pretrain: ")]
-    assert len(steps) >= 4 and "4 of 4 steps (100%)" in steps[-1] and "loss" in steps[-1], r.stderr
+    # the first step at once (a short run is not silent), then every --log-every, each with its loss
+    steps = [ln for ln in r.stderr.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == ["1/4", "2/4", "4/4"], r.stderr
+    assert all(re.search(r"  loss \d+\.\d{4}", ln) for ln in steps) and "then every 2 steps" in steps[0], r.stderr
     assert re.search(r"^wrote .*final \(4 steps, loss \d+\.\d{4}, \d+\.\d s\)$", r.stdout, re.M), r.stdout
     # a checkpoint whose vocabulary is not the data's: an error unless --vocab chooses
     other = tmp_path / "other-vocab.txt"
@@ -144,3 +147,28 @@ def test_vocab_defaults_to_the_datas_and_piped_progress_is_plain_lines(setup, tm
                 "--steps", "2", "--batch-size", "8", check=False)
     lines = error_lines(r.stderr)
     assert r.returncode == 1 and len(lines) == 1 and "was made with another vocabulary" in lines[0], r.stderr
+
+
+def test_ctrl_c_during_pretraining_names_the_resume_command_and_its_step(setup, tmp_path):
+    """Ctrl-C while the run trains: one line naming `bert-of pretrain -o RUN --resume` and the step of
+    the last checkpoint, exit by SIGINT; that command then continues from that step."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "bert_of.cli", *[str(a) for a in _args(setup, run, "--mode", "eager") if a != "-q"],
+                          "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    end = time.monotonic() + 300
+    while not os.path.isdir(run / "checkpoints" / "step-0000008") and p.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)  # polling for the second checkpoint (a condition, not a delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    lines = error_lines(err)
+    m = re.fullmatch(rf"bert-of: error: interrupted; `bert-of pretrain -o {re.escape(str(run))} --resume` continues "
+                     r"from step (\d+) \(the last checkpoint\)", lines[-1])
+    assert p.returncode == -signal.SIGINT and m and len([l for l in lines if "error" in l]) == 1, err
+    step = int(m.group(1))
+    assert step >= 8 and step % 4 == 0 and os.path.isdir(run / "checkpoints" / f"step-{step:07d}")
+    r = run_cli("pretrain", "--data", setup["data"], "-o", run, "--resume", "--stop-after", str(step + 1))
+    assert f"stopped at step {step + 1}" in r.stdout, r.stdout
+    assert [m["step"] for m in _metrics(run)] == list(range(1, step + 2))

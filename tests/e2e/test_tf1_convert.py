@@ -33,8 +33,8 @@ def _bundle(path):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tf2of_verify_within_1e5_eager_and_graph(tf_dirs, tmp_path, name):
     dst = tmp_path / "of"
-    r = run_cli("convert", "tf2of", tf_dirs[name], "-o", dst, "--verify")
-    report = json.loads(r.stdout[r.stdout.index("{"):])
+    r = run_cli("convert", "tf2of", tf_dirs[name], "-o", dst, "--verify", "--json")
+    report = json.loads(r.stdout)
     assert report["ok"] and report["reference"] == "numpy-float64 (tf layout)"
     assert set(report["max_abs_diff"]) == {"B:eager", "B:graph"}
     # Google's own graph in TensorFlow (float64) computes what the NumPy reference computes

@@ -7,15 +7,19 @@ metrics `eval classify` reports equal the textbook formulas recomputed here from
 file. Accuracy itself is not the point (a few steps of a tiny model).
 """
 
+import csv
 import json
 import math
 import os
+import shlex
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tests.conftest import error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli
 from tests.helpers.models import FAST, S_DEV, S_NEW, S_TRAIN, USER, tiny_bert, user_rows as _rows, user_vocab as _vocab
 
 pytestmark = pytest.mark.oneflow
@@ -105,6 +109,12 @@ def test_finetune_records_the_classes_and_evaluates_eval_data(sentiment, env):
     assert args["final_loss"] < args["first_loss"]
     a = sentiment.after_training
     assert a["task"] == "classify" and a["examples"] == 24 and set(a) >= {"accuracy", "macro_f1", "mcc"}
+    # --eval-data's predictions and scores in the run folder (-o), as run_squad.py's --output_dir holds them
+    ev = os.path.join(sentiment.ft, "eval", "sentiment-dev")
+    assert sorted(os.listdir(ev)) == ["predictions.csv", "scores.json"]
+    scores = json.load(open(os.path.join(ev, "scores.json")))
+    assert scores == {"data": S_DEV, "scores": {k: a[k] for k in ("accuracy", "macro_f1", "mcc")}}
+    assert [r["label"] for r in _rows(os.path.join(ev, "predictions.csv"))] == [r["label"] for r in _rows(S_DEV)]
 
 
 def test_predict_writes_label_and_probabilities_in_input_order(sentiment, tmp_path):
@@ -113,15 +123,56 @@ def test_predict_writes_label_and_probabilities_in_input_order(sentiment, tmp_pa
     new = _rows(S_NEW)
     rows = _rows(tmp_path / "p.csv")
     recs = [json.loads(l) for l in open(tmp_path / "p.jsonl", encoding="utf-8")]
-    assert list(rows[0]) == ["row", "line", "text", "label"] + [f"p({c})" for c in CLASSES]
-    assert [r["text"] for r in rows] == [r["text"] for r in new] == [r["text"] for r in recs]
-    assert [int(r["row"]) for r in rows] == list(range(len(new)))
+    probs = [f"p({c})" for c in CLASSES]
+    assert list(rows[0]) == list(new[0]) + ["prediction"] + probs  # the input's columns, then the prediction
+    assert [{k: r[k] for k in new[0]} for r in rows] == new == [{k: j[k] for k in new[0]} for j in recs]
     for r, j in zip(rows, recs):
-        p = [float(r[f"p({c})"]) for c in CLASSES]
+        p = [float(r[c]) for c in probs]
         assert sum(p) == pytest.approx(1.0, abs=1e-9) and all(0 <= v <= 1 for v in p)
-        assert r["label"] == CLASSES[int(np.argmax(p))] == j["label"]
-        assert list(j["probability"]) == CLASSES
-        assert [j["probability"][c] for c in CLASSES] == pytest.approx(p, abs=1e-6)
+        assert r["prediction"] == CLASSES[int(np.argmax(p))] == j["prediction"]
+        assert list(j)[-len(probs):] == probs and [j[c] for c in probs] == pytest.approx(p, abs=1e-6)
+
+
+def test_predictions_sit_beside_the_users_columns_and_eval_scores_that_file(sentiment, tmp_path):
+    """An id,text,label CSV: predict writes id,text,label,prediction,p(...) in input order; eval of
+    that file reads its gold column and scores it (its own predictions go beside, renamed)."""
+    src = tmp_path / "rows.csv"
+    dev = _rows(S_DEV)
+    with open(src, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text", "label"])
+        w.writerows([[f"r{i}", r["text"], r["label"]] for i, r in enumerate(dev)])
+    run_cli("predict", "classify", "--model", sentiment.ft, "--data", src, "-o", tmp_path / "out.csv")
+    out = _rows(tmp_path / "out.csv")
+    assert list(out[0]) == ["id", "text", "label", "prediction"] + [f"p({c})" for c in CLASSES]
+    assert [(r["id"], r["text"], r["label"]) for r in out] == [(f"r{i}", r["text"], r["label"]) for i, r in
+                                                              enumerate(dev)]
+    r = run_cli("eval", "classify", "--model", sentiment.ft, "--data", tmp_path / "out.csv", "-o", tmp_path / "ev",
+                "--no-record")
+    got = json.loads(r.stdout[r.stdout.index("{"):])
+    assert got["accuracy"] == pytest.approx(100 * _accuracy([x["label"] for x in out],
+                                                            [x["prediction"] for x in out]), abs=1e-9)
+    again = _rows(tmp_path / "ev" / "predictions.csv")
+    assert list(again[0])[-4:] == ["prediction.1"] + [f"p({c}).1" for c in CLASSES]
+    assert [x["prediction.1"] for x in again] == [x["prediction"] for x in out]
+    assert "has columns named as predictions: writing 'prediction' as 'prediction.1'" in r.stderr
+
+
+def test_rows_from_a_pipe_stdin_and_process_substitution_predict_as_the_file(sentiment, tmp_path):
+    """--data FILE, --data - < FILE, --data /dev/stdin from a pipe, --data <(cat FILE): the same bytes out."""
+    outs = [tmp_path / f"p{i}.csv" for i in range(4)]
+    args = ("predict", "classify", "--model", sentiment.ft, "-o")
+    run_cli(*args, outs[0], "--data", S_NEW)
+    with open(S_NEW, "rb") as f:
+        r = subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args), str(outs[1]), "--data", "-"],
+                           stdin=f, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    cmd = " ".join(shlex.quote(str(a)) for a in (sys.executable, "-m", "bert_of.cli", *args))
+    for out, how in ((outs[2], f"cat {shlex.quote(S_NEW)} | {cmd} {outs[2]} --data /dev/stdin"),
+                     (outs[3], f"{cmd} {outs[3]} --data <(cat {shlex.quote(S_NEW)})")):
+        r = subprocess.run(["bash", "-c", how], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+    assert len({o.read_bytes() for o in outs}) == 1 and len(_rows(outs[0])) == len(_rows(S_NEW))
 
 
 def test_eval_metrics_equal_the_formulas_on_its_predictions(sentiment, env, tmp_path):
@@ -129,7 +180,8 @@ def test_eval_metrics_equal_the_formulas_on_its_predictions(sentiment, env, tmp_
     got = json.loads(r.stdout[r.stdout.index("{"):])
     preds = _rows(tmp_path / "predictions.csv")
     truth = [row["label"] for row in _rows(S_DEV)]
-    pred = [row["label"] for row in preds]
+    assert [row["label"] for row in preds] == truth  # the gold column stays in the predictions file
+    pred = [row["prediction"] for row in preds]
     assert [row["text"] for row in preds] == [row["text"] for row in _rows(S_DEV)]
     assert got["examples"] == len(truth) == 24 and got["problem"] == "single_label"
     assert got["accuracy"] == pytest.approx(100 * _accuracy(truth, pred), abs=1e-9)
@@ -165,9 +217,9 @@ def test_regression_csv_gives_pearson_and_spearman(env, tmp_path):
     r = run_cli("eval", "classify", "--model", ft, "--data", R_DEV, "-o", tmp_path / "ev", "--no-record")
     got = json.loads(r.stdout[r.stdout.index("{"):])
     preds = _rows(tmp_path / "ev" / "predictions.csv")
-    assert list(preds[0]) == ["row", "line", "review", "value"]
+    assert list(preds[0]) == list(_rows(R_DEV)[0]) + ["score"]
     y = [float(row["rating"]) for row in _rows(R_DEV)]
-    v = [float(row["value"]) for row in preds]
+    v = [float(row["score"]) for row in preds]
     assert got["problem"] == "regression" and got["examples"] == len(y)
     assert got["pearson"] == pytest.approx(100 * _pearson(y, v), abs=1e-6)
     assert got["spearman"] == pytest.approx(100 * _pearson(_ranks(y), _ranks(v)), abs=1e-6)
@@ -195,8 +247,8 @@ def test_a_bad_training_row_or_output_name_is_one_error_line(env, tmp_path):
 N_TRAIN, N_DEV = os.path.join(USER, "ner-train.conll"), os.path.join(USER, "ner-dev.conll")
 
 
-def _conll(path):
-    """(tokens, tags) per sentence, read here without bert_of."""
+def _conll(path, column=-1):
+    """(tokens, tags) per sentence (the tag: ``column``), read here without bert_of."""
     out, cur = [], []
     for line in open(path, encoding="utf-8"):
         parts = line.split()
@@ -205,7 +257,7 @@ def _conll(path):
                 out.append(cur)
             cur = []
         else:
-            cur.append((parts[0], parts[-1]))
+            cur.append((parts[0], parts[column]))
     if cur:
         out.append(cur)
     return [([w for w, _ in s], [t for _, t in s]) for s in out]
@@ -235,18 +287,57 @@ def test_tag_conll_end_to_end_with_entity_scores_recomputed(env, tmp_path):
     assert [p["tokens"] for p in preds] == [g[0] for g in gold] and got["examples"] == len(gold)
     tp = n_pred = n_true = 0
     for (_, t), p in zip(gold, preds):
-        assert len(p["tags"]) == len(t) and set(p["tags"]) <= set(args["labels"])
-        a, b = _spans(t), _spans(p["tags"])
+        assert p["tags"] == t  # the gold tags stay beside the predicted ones
+        assert len(p["prediction"]) == len(t) and set(p["prediction"]) <= set(args["labels"])
+        a, b = _spans(t), _spans(p["prediction"])
         tp, n_pred, n_true = tp + len(a & b), n_pred + len(b), n_true + len(a)
     prec, rec = tp / n_pred if n_pred else 0.0, tp / n_true
     f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
     assert got["precision"] == pytest.approx(100 * prec) and got["recall"] == pytest.approx(100 * rec)
     assert got["f1"] == pytest.approx(100 * f1) and got["f1"] > 0  # the model learned some entities
     run_cli("predict", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "p.conll")
-    assert _conll(tmp_path / "p.conll") == [(p["tokens"], p["tags"]) for p in preds]
+    assert _conll(tmp_path / "p.conll") == [(p["tokens"], p["prediction"]) for p in preds]  # tag last
+    assert _conll(tmp_path / "p.conll", column=-2) == gold  # each word's columns as read before it
     from bert_of.eval.results import load_results
 
     assert [x["metrics"]["f1"] for x in load_results(env.results) if x["task"] == "tag"] == [pytest.approx(got["f1"])]
+
+
+def test_conll_as_files_are_found_trains_and_predicts_and_an_ambiguous_file_is_refused(env, tmp_path):
+    """A bare -DOCSTART-, tab and space columns mixed, CRLF, runs of blank lines: 3 sentences, 9
+    tokens, to train and to predict (each word's columns kept before its predicted tag); a file
+    that is neither clearly CoNLL nor clearly text: one line naming the line."""
+    mixed = os.path.join(USER, "ner-mixed.conll")
+    ft = tmp_path / "ner"
+    run_cli("finetune", "tag", "--model", env.base, "--train", mixed, "-o", ft, "--steps", 2, *FAST, "--no-record")
+    assert json.load(open(ft / "final" / "train_args.json"))["train_examples"] == 3
+    run_cli("predict", "tag", "--model", ft, "--data", mixed, "-o", tmp_path / "p.conll")
+    got = _conll(tmp_path / "p.conll", column=-2)
+    assert got == [(["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]), (["Peter", "Blackburn"], ["B-PER", "I-PER"]),
+                   (["BRUSSELS", "1996-08-22", "the", "end"], ["B-LOC", "O", "O", "O"])]
+    assert sum(len(w) for w, _ in got) == 9 and all(len(l.split("\t")) == 3 for l in open(tmp_path / "p.conll") if l.strip())
+    amb = tmp_path / "amb.conll"
+    amb.write_text("EU B-ORG\nrejects O\nthe cat sat on the mat\n", encoding="utf-8")
+    for cmd in (("finetune", "tag", "--model", env.base, "--train", amb, "-o", tmp_path / "run2"),
+                ("predict", "tag", "--model", ft, "--data", amb, "-o", tmp_path / "p2.conll")):
+        r = run_cli(*cmd, check=False)
+        assert r.returncode == 1 and error_lines(r.stderr) == [
+            f"bert-of: error: {amb}: line 3: 'the cat sat on the mat' is not 'TOKEN ... TAG'; the file is neither "
+            "clearly CoNLL (2 of 3 lines are 'TOKEN ... TAG') nor clearly plain text (a sentence a line); fix that "
+            "line or give JSON Lines"], r.stderr
+    assert not (tmp_path / "run2").exists() and not (tmp_path / "p2.conll").exists()
+
+
+def test_a_lone_surrogate_is_one_line_naming_the_line_and_leaves_no_run_folder(env, tmp_path):
+    """"\\ud800" is valid JSON but no character: refused where it is read, before any run folder."""
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"text": "fine", "label": "ok"}\n{"text": "odd", "label": "b\\ud800d"}\n', encoding="utf-8")
+    r = run_cli("finetune", "classify", "--model", env.base, "--train", bad, "-o", tmp_path / "run", *FAST,
+                check=False)
+    assert r.returncode == 1 and error_lines(r.stderr) == [
+        f"bert-of: error: {bad}: line 2: text 'b\\ud800d' holds a lone surrogate ('\\ud800'): not a character, it "
+        "cannot be written as UTF-8"], r.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_tagger_records_its_tags_in_config_and_of2hf_writes_a_token_classifier(env, tmp_path):
@@ -313,7 +404,7 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
     for p in preds:  # the set is every class whose sigmoid reaches 0.5
         probs = {c: float(p[f"p({c})"]) for c in classes}
         assert all(0.0 < v < 1.0 for v in probs.values())
-        sets.append({c for c in p["labels"].split("|") if c})
+        sets.append({c for c in p["prediction"].split("|") if c})
         assert sets[-1] == {c for c, v in probs.items() if v >= 0.5}
     want = _multi_label_scores(_label_sets(T_DEV), sets, classes)
     for k, v in want.items():
@@ -323,7 +414,8 @@ def test_multi_label_finetune_predict_eval_with_metrics_recomputed(env, tmp_path
     # predict: JSON Lines with lists, the same sets
     run_cli("predict", "classify", "--model", ft, "--data", T_DEV, "-o", tmp_path / "p.jsonl")
     recs = [json.loads(l) for l in open(tmp_path / "p.jsonl", encoding="utf-8")]
-    assert [set(x["labels"]) for x in recs] == sets and all(list(x["probability"]) == classes for x in recs)
+    assert [set(x["prediction"]) for x in recs] == sets
+    assert all([k for k in x if k.startswith("p(")] == [f"p({c})" for c in classes] for x in recs)
 
     # the loss is the mean binary cross-entropy of the sigmoid (transformers' BCEWithLogitsLoss)
     from bert_of._flow import flow

@@ -213,7 +213,7 @@ def test_quiet_leaves_only_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bert_of.cli", "convert", "hf2of", HF_TINY, "-o", tmp_path / "of",
                         "--verify", "-q"], capture_output=True, text=True, env=_env(BERT_OF_PROGRESS_EVERY="0"),
                        cwd=ROOT)
-    assert r.returncode == 0 and r.stderr == "" and "wrote" in r.stdout, r.stderr
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == "", (r.stdout, r.stderr)  # -q: errors only
     # errors still show, as one line
     r = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "of", "-q", check=False)
     assert r.returncode == 1 and r.stderr.splitlines() == [f"bert-of: error: {tmp_path / 'of'}: already exists "
@@ -347,3 +347,35 @@ def test_the_anchors_page_lists_the_table_the_parser_uses():
     from bert_of.cli_grammar import anchors_markdown
 
     assert anchors_markdown() in open(os.path.join(ROOT, "docs", "command-line.md"), encoding="utf-8").read()
+
+
+@pytest.mark.oneflow
+def test_convert_verify_says_one_verdict_line_and_json_gives_the_report_alone(tmp_path):
+    """convert --verify: the summary, "wrote", and verify's one-line verdict; --json: stdout is the
+    report as JSON (`> r.json` is a JSON file), the summary on stderr; -q: nothing."""
+    r = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "a", "--verify")
+    lines = r.stdout.splitlines()
+    assert lines[-1].startswith(f"verify: ok: {tmp_path / 'a'} (of) computes what ") and "max |diff|" in lines[-1]
+    assert lines[-2].startswith(f"wrote {tmp_path / 'a'} (hf2of, verified, ") and "{" not in r.stdout
+    r = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "b", "--verify", "--json")
+    report = json.loads(r.stdout)
+    assert report["ok"] and report["b"]["path"] == str(tmp_path / "b") and f"wrote {tmp_path / 'b'}" in r.stderr
+    r = run_cli("convert", "hf2of", HF_TINY, "-o", tmp_path / "c", "--json", check=False)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "bert-of: error: --json prints the verification report: it needs --verify"]
+
+
+@pytest.mark.parametrize("config", ['"x": ' + "9" * 5000, '"x": ' + "[" * 100_000 + "]" * 100_000])
+def test_a_pathological_config_is_one_line_naming_it(tmp_path, config):
+    """A 5000-digit integer or 100k-deep nesting in a checkpoint's config.json: one line naming the file."""
+    import shutil
+
+    src = tmp_path / "hf"
+    shutil.copytree(HF_TINY, src)
+    text = json.dumps(json.load(open(src / "config.json")))
+    (src / "config.json").write_text(text[:-1] + ", " + config + "}")
+    for args in (("inspect", src), ("convert", "hf2of", src, "-o", tmp_path / "of")):
+        r = run_cli(*args, check=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"bert-of: error: {src / 'config.json'}: ")
+        assert "internal error" not in lines[0] and not (tmp_path / "of").exists(), lines

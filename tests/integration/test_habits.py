@@ -103,7 +103,7 @@ def test_predict_tag_on_plain_text_tags_every_word(tagger, tmp_path):
     run_cli("predict", "tag", "--model", tagger, "--data", text, "-o", out)
     got = [json.loads(ln) for ln in out.read_text(encoding="utf-8").splitlines()]
     assert [g["tokens"] for g in got] == [ln.split() for ln in lines]
-    assert all(len(g["tags"]) == len(g["tokens"]) for g in got)
+    assert all(len(g["prediction"]) == len(g["tokens"]) for g in got)
     # a CoNLL file (a word a line) is still read as CoNLL, and tagged data must be CoNLL or JSON Lines
     run_cli("predict", "tag", "--model", tagger, "--data", N_DEV, "-o", tmp_path / "dev.jsonl")
     words = [ln.split()[0] for ln in open(N_DEV, encoding="utf-8") if ln.split() and ln.split()[0] != "-DOCSTART-"]

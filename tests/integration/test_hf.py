@@ -275,8 +275,8 @@ def test_token_classifier_logits_equal_the_numpy_reference(tmp_path):
     from bert_of.heads import BertForTokenClassification
 
     src = variant(tmp_path / "src", token_head, TOKEN_CONFIG)
-    r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of", "--verify")
-    report = json.loads(r.stdout[r.stdout.index("{"):])
+    r = run_cli("convert", "hf2of", src, "-o", tmp_path / "of", "--verify", "--json")
+    report = json.loads(r.stdout)
     assert report["ok"] and "logits" in report["outputs"] and report["max_abs_diff"]["B:eager"]["logits"] <= 1e-5
     assert "sequence classification" not in r.stdout + r.stderr  # once a note, then read as one
     shown = run_cli("inspect", tmp_path / "of").stdout

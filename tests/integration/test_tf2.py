@@ -93,8 +93,8 @@ def test_squad_head_round_trips(tmp_path):
 
 
 def test_convert_verify_cli(pair, tmp_path):
-    r = run_cli("convert", "tf22of", pair[1], "-o", str(tmp_path / "o"), "--verify")
-    report = json.loads(r.stdout[r.stdout.index("{"):])
+    r = run_cli("convert", "tf22of", pair[1], "-o", str(tmp_path / "o"), "--verify", "--json")
+    report = json.loads(r.stdout)
     assert report["ok"] and report["worst"] <= 1e-5
     assert {"sequence_output", "pooled_output", "prediction_logits", "seq_relationship_logits"} <= set(report["outputs"])
     assert report["reference"] == "numpy-float64 (tf2 layout)"

@@ -152,8 +152,8 @@ def test_real_minilm_hf2of_verify(tmp_path):
     from tests.conftest import run_cli
     from tests.helpers.models import minilm_dir
 
-    r = run_cli("convert", "hf2of", minilm_dir(), "-o", tmp_path / "of", "--verify")
-    report = json.loads(r.stdout[r.stdout.index("{"):])
+    r = run_cli("convert", "hf2of", minilm_dir(), "-o", tmp_path / "of", "--verify", "--json")
+    report = json.loads(r.stdout)
     assert report["ok"] and report["reference"] == "numpy-float64 (hf layout)" and report["worst"] <= 1e-5
     assert report["b"]["path"] == str(tmp_path / "of")  # named as published, not the staging folder
     tokens = report["batches"]["tokens"]

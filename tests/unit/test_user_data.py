@@ -67,10 +67,13 @@ def test_bad_json_lines_and_unknown_extensions(tmp_path):
     p.write_text('{"text": "a", "label": 1}\n[1, 2]\n')
     with pytest.raises(EvalDataError, match="line 2: expected a JSON object, found list"):
         read_table(str(p))
-    q = tmp_path / "x.txt"
-    q.write_text("text,label\n")
-    with pytest.raises(EvalDataError, match="expected a .csv, .tsv or .jsonl file"):
+    q = tmp_path / "x.txt"  # no known extension: the content tells (a header of comma-separated names: CSV)
+    q.write_text("text,label\ngood,1\nbad,0\n")
+    assert read_table(str(q)).kind == "csv" and len(read_table(str(q)).rows) == 2
+    q.write_text("just some words\nmore words\n")  # neither a JSON object nor a header of names
+    with pytest.raises(EvalDataError, match="expected a .csv, .tsv or .jsonl file .*--format"):
         read_table(str(q))
+    assert read_table(str(q), text_column="just some words", need_labels=False, fmt="tsv").kind == "tsv"
     r = tmp_path / "x.csv"
     r.write_text("text,label\na,1.5\nb,cat\n")
     with pytest.raises(EvalDataError, match="line 2: label 1.5 is a number among class names"):
@@ -137,7 +140,7 @@ def test_conll_and_json_lines_tagging_files(tmp_path):
         read_tagged(str(j))
     bad = tmp_path / "bad.conll"
     bad.write_text("EU B-ORG\nrejects\n")
-    with pytest.raises(EvalDataError, match="line 2: a token without a tag"):
+    with pytest.raises(EvalDataError, match="line 2: 'rejects' is not 'TOKEN ... TAG'; the file is neither clearly CoNLL"):
         read_tagged(str(bad))
 
 
@@ -157,8 +160,19 @@ def test_a_wide_header_with_a_duplicate_at_its_end_is_found_in_linear_time(tmp_p
     assert len(str(e.value)) < 500 and time.monotonic() - t0 < 10  # 20k columns took 5 s before
 
 
-def test_a_table_that_is_not_a_regular_file_is_refused_before_reading(tmp_path):
+def test_a_table_from_a_fifo_is_read_once_and_a_device_is_refused_before_reading(tmp_path):
+    """A FIFO (what `<(...)` gives) is read as its writer writes it, and kept: asked again in the
+    same process (data checked, then read), the same rows. A device is no table: refused unread."""
+    import subprocess
+
     fifo = tmp_path / "t.csv"
     os.mkfifo(fifo)
-    with pytest.raises(EvalDataError, match="not a regular file"):
-        read_table(str(fifo))
+    writer = subprocess.Popen(["sh", "-c", f"printf 'text,label\\na,1\\nb,0\\n' > '{fifo}'"])
+    try:
+        first = read_table(str(fifo))
+    finally:
+        writer.wait(timeout=60)
+    assert [(r.text, r.label) for r in first.rows] == [("a", 1), ("b", 0)] and first.kind == "csv"
+    assert [r.record for r in read_table(str(fifo)).rows] == [r.record for r in first.rows]
+    with pytest.raises(EvalDataError, match="/dev/zero: not a regular file"):
+        read_table("/dev/zero")

@@ -81,8 +81,10 @@ def detect(path: str) -> bool:
     try:
         with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
             d = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError):
+    except OSError:
         return False
+    except (ValueError, RecursionError):  # HF weights beside a config.json that does not parse (a
+        return True  # 5000-digit integer, 100k-deep nesting): the reader says what in one line
     return isinstance(d, dict) and "provenance" not in d
 
 
