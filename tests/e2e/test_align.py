@@ -12,7 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from bert_of.align import cli, plans, report
+from bert_of.align import plans, report
+from bert_of.cli import main as bert_of_main
 from bert_of.align import data as align_data
 from tests.conftest import run_cli
 
@@ -25,7 +26,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("align")
-    rc = cli.main(["all", "--steps", str(STEPS), "--size", "tiny", "--output", str(out), "--quiet"])
+    rc = bert_of_main(["align", "all", "--steps", str(STEPS), "--size", "tiny", "--output", str(out), "--quiet"])
     with open(out / "summary.json") as f:
         summary = json.load(f)
     reports = {}
@@ -61,7 +62,7 @@ def test_reduced_suite_passes_and_writes_reports(suite):
     assert all(f"[{name}.png]({name}.png)" in md for name in reports)
     # --replot redraws the plots from the reports alone
     before = {name: (out / f"{name}.png").stat().st_mtime_ns for name in reports}
-    assert cli.main(["all", "-o", str(out), "--replot"]) == 0
+    assert bert_of_main(["align", "all", "-o", str(out), "--replot"]) == 0
     assert all((out / f"{name}.png").stat().st_mtime_ns > before[name] for name in reports)
     assert not [p for p in os.listdir(out) if p.startswith(".work") or ".tmp" in p]  # nothing half-written
 
@@ -187,10 +188,10 @@ def test_existing_records_in_any_format_are_the_suites_data(tmp_path):
 
 
 def test_list_and_unknown_experiment(capsys):
-    assert cli.main(["list"]) == 0
+    assert bert_of_main(["align", "list"]) == 0
     listed = capsys.readouterr().out
     assert "1 eager-graph" in listed and "8 amp" in listed
-    assert cli.main(["nine", "-o", "/nonexistent/never-written"]) == 1
+    assert bert_of_main(["align", "nine", "-o", "/nonexistent/never-written"]) == 1
     assert "unknown experiment 'nine'" in capsys.readouterr().err
     with pytest.raises(align_data.AlignError, match="unknown experiment 'nine'"):
         plans.resolve_experiments(["nine"])
