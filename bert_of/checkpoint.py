@@ -33,6 +33,7 @@ from bert_of.files.pinned import PinnedDir
 from bert_of.files.publish import publishing, publishing_into
 from bert_of.files.reading import read_json
 from bert_of.files.owned import register_own_files
+from bert_of.progress import log
 from bert_of.tensors import TensorSpec, check_optimizer, check_shape, check_tensors, nbytes
 
 __all__ = ["SafetensorsFile", "Checkpoint", "load_checkpoint", "write_checkpoint", "write_checkpoint_files",
@@ -322,22 +323,47 @@ RUN_CHECKPOINTS = "checkpoints"  # ... and its periodic ones, checkpoints/step-N
 RUN_METRICS = "metrics.jsonl"
 
 
+def is_run_dir(path: str) -> bool:
+    """Whether ``path`` is a training run's folder (pretrain/finetune ``-o``): bert_of's run files
+    (metrics.jsonl, final/, checkpoints/) and no weights at its top. A pretraining run keeps the
+    ``config.json`` it was given at its top, so a config there does not make it a model."""
+    if not os.path.isdir(path) or os.path.lexists(os.path.join(path, WEIGHTS_NAME)):
+        return False
+    return (os.path.isfile(os.path.join(path, RUN_METRICS)) or os.path.isdir(os.path.join(path, RUN_FINAL))
+            or os.path.isdir(os.path.join(path, RUN_CHECKPOINTS)))
+
+
+_NOTED: set = set()  # runs whose stand-in checkpoint this process has named already (one note per run)
+
+
 def run_final(path: str) -> str:
-    """``path``, or, when ``path`` is a training run's folder (pretrain/finetune ``-o``; a run is not
-    a model), the checkpoint it published: ``path/final``. A run that published none (stopped
-    before its end) is a CheckpointError naming its newest periodic checkpoint."""
-    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, CONFIG_NAME)):
+    """``path``, or, when ``path`` is a training run's folder (a run is not a model), the checkpoint
+    it published: ``path/final``. A run that published none (stopped before its end) stands for its
+    newest periodic checkpoint (``checkpoints/step-N``), named in a note; a run with neither is a
+    CheckpointError. Every command taking a model comes here (bert_of.zoo.resolve, zoo add, the
+    converters' detect/read, verify, inspect), so a run is the same model everywhere."""
+    if not is_run_dir(path):
         return path
     final = os.path.join(path, RUN_FINAL)
-    if os.path.isdir(final) and os.path.isfile(os.path.join(final, CONFIG_NAME)):
-        return final
+    if os.path.isdir(final):
+        return final  # its reader says what is wrong with it, if anything
     ckpts = os.path.join(path, RUN_CHECKPOINTS)
-    if os.path.isfile(os.path.join(path, RUN_METRICS)) or os.path.isdir(ckpts):
-        steps = sorted(n for n in os.listdir(ckpts) if n.startswith("step-")) if os.path.isdir(ckpts) else []
-        newest = f"; its newest checkpoint is {os.path.join(ckpts, steps[-1])}" if steps else ""
-        raise CheckpointError(f"{path}: a training run with no {RUN_FINAL}/ checkpoint (stopped before its "
-                              f"end?){newest}")
-    return path
+    try:
+        steps = sorted((n for n in os.listdir(ckpts) if n.startswith("step-")), reverse=True)
+    except OSError:
+        steps = []
+    for n in steps:  # the newest that is a checkpoint (a save killed midway publishes nothing)
+        newest = os.path.join(ckpts, n)
+        if is_checkpoint_dir(newest):
+            key = os.path.realpath(path)
+            if key not in _NOTED:
+                _NOTED.add(key)
+                log.warning(f"note: {path}: a training run with no {RUN_FINAL}/ checkpoint (stopped before its end?); "
+                            f"using its newest checkpoint {newest}")
+            return newest
+    passed = f"; {os.path.join(ckpts, steps[0])} is not a complete checkpoint" if steps else ""
+    raise CheckpointError(f"{path}: a training run with no {RUN_FINAL}/ checkpoint and no periodic checkpoint "
+                          f"in {RUN_CHECKPOINTS}/ (stopped before its first save?){passed}")
 
 
 def resolve_checkpoint(name_or_path, vocab: Optional[str] = None) -> str:

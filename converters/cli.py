@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from bert_of.cli import _err
 from bert_of.cli_grammar import add_command
-from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, parse_direction, read
+from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, model_path, parse_direction, read
 from bert_of.converters.source import Options, parse_size, summarize
 from bert_of.converters.verify.compare import DEFAULT_TOL, format_report, verdict, verify, verify_source
 from bert_of.errors import BertOfError, ConfigError
@@ -185,7 +185,8 @@ def cmd_verify(args) -> int:
 
 def inspect_path(path: str, config: str | None = None) -> dict:
     """Format, config, and every tensor (name, shape, dtype) of a checkpoint (``config``: its config
-    file when it is not beside it)."""
+    file when it is not beside it). A training run's folder: the model it published."""
+    path = model_path(path)
     fmt = detect(path)
     info = {"path": path, "format": fmt, "tensors": [], "config": None}
     if FORMATS[fmt].inspect is not None:  # a format listing its file as stored (tf: its index, no config needed)

@@ -10,6 +10,7 @@ import contextlib
 import difflib
 import os
 
+from bert_of.checkpoint import run_final
 from bert_of.errors import BertOfError, CheckpointError, OutputError, SourceChanged, UnsafeContent
 from bert_of.files.owned import check_destination
 from bert_of.files.publish import publishing
@@ -43,8 +44,16 @@ def parse_direction(direction: str) -> tuple:
     return found[0]
 
 
+def model_path(path: str) -> str:
+    """``path``, or the checkpoint a training run's folder stands for (its ``final/``, else its newest
+    periodic checkpoint, with a note): bert_of.checkpoint.run_final, the one rule, for every reader."""
+    return run_final(os.fspath(path))
+
+
 def detect(path: str) -> str:
-    """The format of ``path``; a clear error when none fits."""
+    """The format of ``path``; a clear error when none fits. A training run's folder is the model
+    it published (:func:`model_path`)."""
+    path = model_path(path)
     if not os.path.exists(path) and not any(os.path.exists(path + s) for s in (".index",)):
         raise CheckpointError(f"{path}: no such file or directory")
     for fmt, f in FORMATS.items():
@@ -74,6 +83,7 @@ def _read(fmt: str, path: str, opts: Options, target: str | None = None) -> Sour
     A path that is not ``fmt`` at all (its detector says no) but another format's checkpoint is
     refused naming that format and the direction that reads it (``target``: the direction's
     destination), instead of the reader's complaint about files a ``fmt`` checkpoint would hold."""
+    path = model_path(path)  # a training run's folder: the model it stands for
     numerics_gate(fmt, opts)
     try:
         source = module(fmt).read(path, opts)

@@ -36,7 +36,7 @@ def add(z, directory: str, name: str, aliases=(), metadata: str | None = None,
         raise ZooError(f"{directory}: not a directory")
     model = run_final(directory)  # a training run's folder: the checkpoint it published
     if model != directory:
-        z.log(f"{directory}: a training run; adding its final checkpoint {model}")
+        z.log(f"{directory}: a training run; adding the checkpoint it stands for, {model}")
         directory = model
     if not _reg.NAME_RE.match(name or ""):
         raise ZooError(f"--name {name!r}: must match {_reg.NAME_RE.pattern}")

@@ -34,7 +34,7 @@ from bert_of.converters.verify import transformers_run as hf_torch, reference_fo
 from bert_of.converters import registry
 from bert_of.converters.formats import onnx as onnx_format
 from bert_of.converters.source import Options, lower_case_of
-from bert_of.converters.convert import detect, numerics_gate, read
+from bert_of.converters.convert import detect, model_path, numerics_gate, read
 from bert_of.progress import Progress, log
 
 DEFAULT_TOL = 1e-5
@@ -279,6 +279,7 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
            device: str = "cpu", torch_python: str | None = None) -> dict:
     """``bert-of verify A B``: read A (the reference side) and B, then :func:`verify_source`."""
     opts = opts or Options()
+    a, b = model_path(a), model_path(b)  # a training run's folder: the model it published
     fa, fb = detect(a), detect(b)
     src_a = _read_side(a, fa, opts)
     src_b = _read_side(b, fb, Options())  # both read (and checked) before anything runs

@@ -196,7 +196,7 @@ def test_a_run_folder_resolves_to_its_final_checkpoint(env, tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     shutil.copytree(env.cased, run / "final")
     r = run_cli("zoo", "add", run, "--name", "my-run")
-    assert f"a training run; adding its final checkpoint {run / 'final'}" in r.stderr, r.stderr
+    assert f"a training run; adding the checkpoint it stands for, {run / 'final'}" in r.stderr, r.stderr
     assert json.loads(run_cli("zoo", "info", "my-run", "--json").stdout)["path"] == str(run / "final")
     ft = tmp_path / "ft"
     r = run_cli("finetune", "classify", "--model", run, "--train", S_TRAIN, "-o", ft, "--steps", 1, *FAST, "-v")
