@@ -15,6 +15,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from bert_of.cli import _err
 from bert_of.cli_grammar import add_command
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, model_path, parse_direction, read
@@ -200,15 +202,18 @@ def inspect_path(path: str, config: str | None = None) -> dict:
         elif source.numerics_from:
             info["numerics"] = f"{source.config.hidden_act} from {source.numerics_from}"
         for kind, items in (("model", source.tensors), ("optimizer", source.optimizer)):
-            for spec, _ in items:
+            for spec, produce in items:
                 info["tensors"].append({"name": spec.name, "shape": list(spec.shape), "dtype": str(spec.dtype),
                                         "kind": kind})
+                if kind == "optimizer" and spec.name == "step" and math.prod(spec.shape) == 1:
+                    info["step"] = int(np.asarray(produce()).reshape(()))  # its value (one element)
         dropped = [r.source for r in source.report if r.action == "dropped"]
         if dropped:
             info["dropped"] = dropped
     counts = {}
     for t in info["tensors"]:
-        counts[t["kind"]] = counts.get(t["kind"], 0) + math.prod(t["shape"])
+        if t["kind"] != "step":  # a step is a value (info["step"]), not elements of state
+            counts[t["kind"]] = counts.get(t["kind"], 0) + math.prod(t["shape"])
     info["parameters"] = counts.get("model", 0)
     info["elements_by_kind"] = counts
     return info
@@ -250,7 +255,9 @@ def cmd_inspect(args) -> int:
         print(f"  {t['name']:<{width}}  {t['dtype']:<8} {str(t['shape']):<16} {t['kind']}")
     by = info["elements_by_kind"]
     extra = ", ".join(f"{k} {v:,}" for k, v in by.items() if k != "model")
-    print(f"  {len(info['tensors'])} tensors; {info['parameters']:,} model parameters" + (f"; {extra}" if extra else ""))
+    step = f"; step {info['step']}" if "step" in info else ""
+    print(f"  {len(info['tensors'])} tensors; {info['parameters']:,} model parameters" + (f"; {extra}" if extra else "")
+          + step)
     if info.get("dropped"):
         print(f"  {len(info['dropped'])} more tensors not part of the model (tied copies, buffers, unknown)")
     return 0

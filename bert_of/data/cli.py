@@ -157,7 +157,9 @@ def inspect_dataset(data_dir: str, check: bool = False) -> dict:
                     diff = sorted(k for k in set(shape) | set(first) if shape.get(k) != first.get(k))
                     raise OFRecordError(f"{p}: record {i}: features differ from record 0 of this file: "
                                         f"{', '.join(f'{k} {first.get(k)} -> {shape.get(k)}' for k in diff)}")
-            if first is not None and info["features"] is None:
+            if first is not None and info["features"] is None and fmt == "hdf5":
+                info["features"] = f.stored()  # the dtypes it holds; what it does not hold, marked rebuilt
+            elif first is not None and info["features"] is None:
                 rec = f.record(0)
                 info["features"] = {k: {"dtype": str(getattr(v, "dtype", "bytes")), "shape": [len(v)]}
                                     for k, v in sorted(rec.items())}
@@ -182,7 +184,8 @@ def cmd_inspect(args) -> int:
     for part in info["parts"]:
         print(f"  {part['file']}  {part['records']:>8} records  {part['bytes']:>12,} bytes")
     for name, f in (info["features"] or {}).items():
-        print(f"  feature {name:<22} {f['dtype']:<8} {f['shape']}")
+        rebuilt = f" not stored: rebuilt from {f['rebuilt_from']}" if f.get("rebuilt_from") else ""
+        print(f"  feature {name:<22} {f['dtype']:<8} {f['shape']}{rebuilt}")
     meta = info["meta"]
     if meta:
         o = meta.get("options", {})

@@ -296,6 +296,16 @@ class HDF5File:
     def __len__(self) -> int:
         return self.n
 
+    def stored(self) -> Dict[str, dict]:
+        """What the shard holds, as stored: ``{name: {"dtype", "shape": [per record]}}`` (NVIDIA's
+        int32/int8, not the int64 :meth:`rows` widens to), and ``masked_lm_weights`` marked as rebuilt
+        from ``masked_lm_positions`` (NVIDIA's shards do not hold it)."""
+        out = {name: {"dtype": str(ds.dtype), "shape": [self.width(name)], "stored": True}
+               for name, ds in sorted(self._ds.items())}
+        out["masked_lm_weights"] = {"dtype": "float32", "shape": [self.width("masked_lm_weights")], "stored": False,
+                                    "rebuilt_from": "masked_lm_positions"}
+        return dict(sorted(out.items()))
+
     def rows(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
         """Records ``idx`` (any order, repeats allowed) as ``{feature: int64/float32 [len(idx), L]}``."""
         idx = np.asarray(idx, dtype=np.int64)

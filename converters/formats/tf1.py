@@ -12,6 +12,7 @@ except LayerNorm/bias) and an int64 ``global_step``.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -182,6 +183,8 @@ def inspect(path: str, config=None) -> dict:
         kind = "unknown" if found is None else found.target if found.target == "step" else \
             "optimizer" if found.optimizer else "model"
         info["tensors"].append({"name": name, "shape": list(e.shape), "dtype": str(e.dtype), "kind": kind})
+        if kind == "step" and math.prod(e.shape) == 1 and isinstance(e.dtype, np.dtype) and e.dtype.kind in "iu":
+            info["step"] = int(tf1_bundle.read_tensor(prefix, e).reshape(()))  # its value, not its size
     cfg = config or os.path.join(os.path.dirname(prefix), CONFIG_FILE)
     if os.path.isfile(cfg):
         info["config"] = BertConfig.from_google_json_file(cfg).to_dict()

@@ -125,6 +125,23 @@ def test_hdf5_is_nvidias_layout(sets):
         assert f["next_sentence_labels"].shape == (n,)
 
 
+def test_data_inspect_of_hdf5_shows_what_the_shard_stores(sets):
+    """The stored dtypes (int32/int8, not the int64 the reader widens to), and masked_lm_weights as
+    rebuilt from masked_lm_positions: NVIDIA's shards do not hold it."""
+    info = json.loads(_data("inspect", sets["h5"], "--json").stdout)
+    with h5py.File(os.path.join(sets["h5"], "part-00000.hdf5"), "r") as f:
+        stored = {k: str(f[k].dtype) for k in f}
+    feats = info["features"]
+    assert {k: v["dtype"] for k, v in feats.items() if v["stored"]} == stored
+    assert stored["input_ids"] == "int32" and stored["segment_ids"] == "int8"
+    assert feats["masked_lm_weights"] == {"dtype": "float32", "shape": [PRED], "stored": False,
+                                          "rebuilt_from": "masked_lm_positions"}
+    assert feats["input_ids"]["shape"] == [SEQ] and feats["next_sentence_labels"]["shape"] == [1]
+    text = _data("inspect", sets["h5"]).stdout
+    assert f"feature input_ids              int32    [{SEQ}]" in text
+    assert f"feature masked_lm_weights      float32  [{PRED}] not stored: rebuilt from masked_lm_positions" in text
+
+
 @pytest.mark.tf
 def test_tensorflow_parses_our_tfrecords_and_we_parse_tensorflows(sets, tmp_path):
     tf = pytest.importorskip("tensorflow")

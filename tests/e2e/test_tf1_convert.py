@@ -222,3 +222,17 @@ def test_shape_errors_show_tf_layout():
     with pytest.raises(CheckpointError, match=r"layer_1/intermediate/dense/kernel has shape \[32, 36\] "
                                               r"but the config implies \[32, 37\]"):
         check([], cfg, "ckpt", TABLE, fill=zeros(shapes.items(), "float32"))
+
+
+def test_inspect_prints_the_steps_value_not_its_size(tmp_path):
+    """A checkpoint TensorFlow's Saver wrote at global_step 3: inspect says step 3 (it said "step 1",
+    the scalar's element count)."""
+    d = tmp_path / "tf3"
+    d.mkdir()
+    ref_ckpt.make_checkpoint(str(d / "bert_model.ckpt"), dict(TINY), seed=3, heads=("pretraining",),
+                             with_optimizer=True, global_step=3)
+    (d / "bert_config.json").write_text(json.dumps(TINY))
+    out = run_cli("inspect", d).stdout.splitlines()
+    assert out[-1].endswith("; step 3") and "step 1" not in out[-1], out[-1]
+    info = json.loads(run_cli("inspect", d, "--json").stdout)
+    assert info["step"] == 3 and "step" not in info["elements_by_kind"]
