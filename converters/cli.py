@@ -21,7 +21,7 @@ from bert_of.cli import _err
 from bert_of.cli_grammar import add_command
 from bert_of.converters.convert import DESCRIPTIONS, FORMATS, convert, detect, model_path, parse_direction, read
 from bert_of.converters.source import Options, parse_size, summarize
-from bert_of.converters.verify.compare import DEFAULT_TOL, format_report, verdict, verify, verify_source
+from bert_of.converters.verify.compare import DEFAULT_TOL, FLOAT16_TOL, format_report, verdict, verify, verify_source
 from bert_of.errors import BertOfError, ConfigError
 from bert_of.progress import log
 from bert_of.files.atomic import atomic_write
@@ -34,7 +34,9 @@ from bert_of.options import arg, from_args
 class CheckOptions:
     """How ``convert --verify`` and ``verify`` check: the tolerance and the ecosystems' runs."""
 
-    tol: float = arg(DEFAULT_TOL, metavar="T", help="largest max |diff| accepted")
+    tol: float | None = arg(None, metavar="T",
+                            help=f"largest max |diff| accepted (unset: {DEFAULT_TOL:g}; when every weight of the "
+                                 f"checked files is float16, {FLOAT16_TOL:g} of each output's magnitude)")
     reference_dtype: str = arg("float64", choices=("float64", "float32"),
                                help="precision the source's own ecosystem runs in beside the NumPy reference "
                                     "(TensorFlow for tf and h5, transformers for hf)")
@@ -47,7 +49,8 @@ class CheckOptions:
         if report.get("failures"):
             k, v = next(iter(report["failures"].items()))
             return f"verification failed: {k} {v}; {dst}"
-        return f"verification failed: max |diff| {report['worst']:.3g} > {self.tol:g}; {dst}"
+        measure = report.get("tolerance_rule", "max |diff|")
+        return f"verification failed: {measure} {report['worst']:.3g} > {report['tolerance']:g}; {dst}"
 
 
 
@@ -178,7 +181,8 @@ def cmd_verify(args) -> int:
     if not report["ok"]:
         if report.get("failures"):
             return _err(o.failure(report, o.b))
-        return _err(f"forward outputs differ: max |diff| {report['worst']:.3g} > {o.tol:g}")
+        return _err(f"forward outputs differ: {report.get('tolerance_rule', 'max |diff|')} {report['worst']:.3g} > "
+                    f"{report['tolerance']:g}")
     return 0
 
 

@@ -17,7 +17,7 @@ import bert_of.protobuf as protobuf
 from bert_of.protobuf import LEN, VARINT, ProtobufError
 
 # ONNX's enums (onnx.proto): TensorProto.DataType, AttributeProto.AttributeType
-FLOAT, INT64 = 1, 7
+FLOAT, INT64, FLOAT16 = 1, 7, 10  # TensorProto.DataType
 ATTR_FLOAT, ATTR_INT, ATTR_TENSOR, ATTR_INTS = 1, 2, 4, 7
 
 

@@ -38,6 +38,11 @@ from bert_of.converters.convert import detect, model_path, numerics_gate, read
 from bert_of.progress import Progress, log
 
 DEFAULT_TOL = 1e-5
+# B's weights all float16 (`--dtype float16`): each weight moved by up to 2^-11 of itself, and the
+# outputs with them (tiny BERT: 3.4e-3 on an output of magnitude ~4). The check is then relative:
+# per output, max |diff| <= FLOAT16_TOL * max(1, max |reference output|) (docs/formats-onnx.md).
+FLOAT16_TOL = 1e-2
+FLOAT16_RULE = "float16 weights: max |diff| / max(1, max |reference output|)"
 REAL_LEN = 128  # the real-token batch's longest row, at most (and at most max_position_embeddings)
 SENTENCES = (  # pairs (segment A, segment B); [MASK] is kept as the token, as in pretraining
     ("The quick brown fox jumps over the lazy dog near the river bank.",
@@ -250,6 +255,17 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(d.max())
 
 
+def _scales(ref: dict) -> dict:
+    """{output: max(1, max |finite value|) over every batch}: what a relative difference is of."""
+    out = {}
+    for outputs in ref.values():
+        for k, v in outputs.items():
+            a = np.abs(np.asarray(v, np.float64))
+            a = a[np.isfinite(a)]
+            out[k] = max(out.get(k, 1.0), float(a.max()) if a.size else 1.0)
+    return out
+
+
 def _diffs(ref: dict, run: dict, batches: dict) -> dict:
     """{output: max |diff| over every batch}, for the outputs both sides computed. Per-token
     outputs are compared at the real tokens: what a padding position yields nobody reads, and
@@ -274,7 +290,7 @@ def _read_side(path: str, fmt: str, opts: Options):
     return read(path, fmt, Options(vocab=opts.vocab, config=opts.config, numerics=opts.numerics))
 
 
-def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), batch_size: int = 3,
+def verify(a: str, b: str, tol: float | None = None, modes=("eager", "graph"), batch_size: int = 3,
            seq_len: int | None = None, opts: Options | None = None, reference_dtype: str = "float64",
            device: str = "cpu", torch_python: str | None = None) -> dict:
     """``bert-of verify A B``: read A (the reference side) and B, then :func:`verify_source`."""
@@ -287,7 +303,7 @@ def verify(a: str, b: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"), b
                          torch_python=torch_python)
 
 
-def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eager", "graph"),
+def verify_source(source, b: str, fb: str, tol: float | None = None, modes=("eager", "graph"),
                   batch_size: int = 3, seq_len: int | None = None, reference_dtype: str = "float64",
                   device: str = "cpu", src_b=None, shown_b: str | None = None,
                   torch_python: str | None = None) -> dict:
@@ -300,7 +316,8 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
     ecosystem run (TensorFlow for tf/h5, transformers for hf, onnxruntime for onnx) is reported beside;
     on B, onnxruntime running the written ONNX graph decides too, where it is installed.
     ``torch_python``: an interpreter with torch and transformers, when this one has none. ``shown_b``: the path the
-    report names for ``b`` (convert: the destination, not the staging folder)."""
+    report names for ``b`` (convert: the destination, not the staging folder). ``tol`` None: DEFAULT_TOL, or,
+    when every weight of B is float16, FLOAT16_TOL relative to each output's magnitude (FLOAT16_RULE)."""
     fa = source.format
     src_b = src_b or _read_side(b, fb, Options())
     batches, described = {}, {}
@@ -363,6 +380,12 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
                     ecosystem["B:onnxruntime-float32"] = ort_b
         bar.update(1)
     results = {k: _diffs(ref, v, batches) for k, v in runs.items()}
+    rule = None
+    if tol is None and {np.dtype(s.dtype) for s, _ in src_b.tensors} == {np.dtype(np.float16)}:
+        tol, rule = FLOAT16_TOL, FLOAT16_RULE
+        scale = _scales(ref)
+        results = {k: {o: d / scale.get(o, 1.0) for o, d in r.items()} for k, r in results.items()}
+    tol = DEFAULT_TOL if tol is None else tol
     worst = max((v for r in results.values() for v in r.values()), default=float("inf"))
     if isinstance(model, str):  # the report says so ("bert_of_model"); a note would be a second stderr line
         log.debug("verify: bert_of's OneFlow model %s; the NumPy reference in each file's layout decides", model)
@@ -374,7 +397,7 @@ def verify_source(source, b: str, fb: str, tol: float = DEFAULT_TOL, modes=("eag
     return {
         "a": {"path": source.path, "format": fa}, "b": {"path": shown_b or b, "format": fb},
         "reference": reference, "bert_of_model": " + ".join(modes) if isinstance(model, dict) else model,
-        "tolerance": tol, "device": device, "batches": described,
+        "tolerance": tol, **({"tolerance_rule": rule} if rule else {}), "device": device, "batches": described,
         "outputs": sorted({k for r in results.values() for k in r}),
         "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol and not failed),
         "failures": failed,
@@ -394,5 +417,6 @@ def verdict(report: dict) -> str:
     ok = "ok" if report["ok"] else "FAILED"
     runs = ", ".join(k.split(":", 1)[1] for k in report["max_abs_diff"])
     why = "; " + "; ".join(f"{k} {v}" for k, v in report["failures"].items()) if report.get("failures") else ""
-    return (f"verify: {ok}: {b['path']} ({b['format']}) computes what {a['path']} ({a['format']}) does: max |diff| "
-            f"{worst:.3g} {'<=' if worst <= tol else '>'} {tol:g} against {report['reference']} ({runs}){why}")
+    measure = f"{report['tolerance_rule']} {worst:.3g}" if report.get("tolerance_rule") else f"max |diff| {worst:.3g}"
+    return (f"verify: {ok}: {b['path']} ({b['format']}) computes what {a['path']} ({a['format']}) does: {measure} "
+            f"{'<=' if worst <= tol else '>'} {tol:g} against {report['reference']} ({runs}){why}")

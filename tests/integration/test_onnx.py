@@ -198,6 +198,57 @@ def test_verify_runs_onnxruntime_on_the_written_graph(models, tmp_path):
     assert max(r["ecosystem"]["A:onnxruntime-float32"].values()) <= 1e-5
 
 
+def test_float16_is_half_the_file_and_onnxruntime_runs_it_within_the_stated_tolerance(models, tmp_path):
+    """`--dtype float16`: float16 initializers (each read through a Cast to float32), about half the
+    float32 file; the same int64 inputs and float32 outputs; onnxruntime's outputs within
+    FLOAT16_TOL of each output's magnitude of the float32 reference, and exactly what the float16
+    weights compute; the verdict states the rule; onnx2of reads the float16 weights back bit for bit."""
+    from bert_of.converters.verify.compare import FLOAT16_RULE, FLOAT16_TOL
+
+    config = BertConfig(**{**BASE, "hidden_size": 128, "intermediate_size": 512}, hidden_act="gelu_erf")
+    rng = np.random.default_rng(7)  # wide enough that the weights, not the graph, make the file's size
+    of = str(tmp_path / "of")
+    write_checkpoint(of, [(n, (1.0 + 0.1 * rng.standard_normal(shape) if n.endswith("LayerNorm.weight") else
+                               0.05 * rng.standard_normal(shape)).astype(np.float32))
+                          for n, shape in expected_shapes(config).items() if _group(n) in
+                          ("embeddings", "layer", "pooler", "mlm", "nsp")], config, write_vocab(of + "-vocab.txt", 99))
+    onnx32, half = tmp_path / "full", tmp_path / "half"
+    run_cli("convert", "of2onnx", of, "-o", onnx32)
+    r = run_cli("convert", "of2onnx", of, "-o", half, "--dtype", "float16", "--verify")
+    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    assert report["ok"] and report["tolerance"] == FLOAT16_TOL and report["tolerance_rule"] == FLOAT16_RULE
+    size32, size16 = os.path.getsize(onnx32 / "model.onnx"), os.path.getsize(half / "model.onnx")
+    weights = sum(int(np.prod(s.shape)) for s, _ in read(of, "of").tensors)
+    assert size32 - size16 >= 2 * weights - 20_000 and 0.5 < size16 / size32 < 0.53, (size16, size32)
+    session = _session(str(half))
+    assert [(i.name, i.type) for i in session.get_inputs()] == [(n, "tensor(int64)") for n in onnx_graph.INPUTS]
+    assert [o.name for o in session.get_outputs()] == OUTPUTS["pretraining"]
+    assert all(o.type == "tensor(float)" for o in session.get_outputs())
+    batch = make_batch(read(of, "of").config, 3, 16, seed=5)
+    got = dict(zip(OUTPUTS["pretraining"], session.run(None, {k: batch[k] for k in onnx_graph.INPUTS})))
+    want = _reference(of, batch)
+    back = tmp_path / "back"
+    run_cli("convert", "onnx2of", half, "-o", back)
+    exact = _reference(str(back), batch)  # the float16 weights, in float64
+    real = batch["attention_mask"].astype(bool)
+    moved = 0.0
+    for k, v in got.items():
+        ref, ref16 = want[onnx_format.REFERENCE_NAMES.get(k, k)], exact[onnx_format.REFERENCE_NAMES.get(k, k)]
+        if v.shape[:2] == real.shape:
+            v, ref, ref16 = v[real], ref[real], ref16[real]
+        rel = float(np.max(np.abs(v - ref))) / max(1.0, float(np.max(np.abs(ref))))
+        assert rel <= FLOAT16_TOL, (k, rel)
+        moved = max(moved, rel)
+        assert float(np.max(np.abs(v - ref16))) <= 1e-5, k  # the graph computes the float16 weights exactly
+    assert moved > 1e-5  # the float16 rounding is visible: the tolerance is needed, and used
+    r = run_cli("verify", of, half, "--modes", "eager")
+    assert r.stdout.startswith("verify: ok:") and f"{FLOAT16_RULE} " in r.stdout and f"<= {FLOAT16_TOL:g}" in r.stdout
+    r = run_cli("verify", of, half, "--modes", "eager", "--tol", "1e-5", check=False)  # an explicit --tol is absolute
+    assert r.returncode == 1 and error_lines(r.stderr)[-1].startswith("bert-of: error: forward outputs differ: max |diff|")
+    a, b = read(str(back), "of").load(), read(of, "of").load()
+    assert all(a[k].dtype == np.float16 and np.array_equal(a[k], b[k].astype(np.float16)) for k in b)
+
+
 def test_checker_accepts_the_model(models):
     onnx = pytest.importorskip("onnx")
     for name in ("pretraining", "qa", "token"):

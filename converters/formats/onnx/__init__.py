@@ -12,7 +12,9 @@ converters/containers/onnx_proto.py's.
 Initializers are the canonical tensors under their canonical names, except dense weights, which
 MatMul wants [in, out]: ``<scope>.kernel`` holds the transpose of ``<scope>.weight`` (TABLE).
 Every initializer is float32, ``raw_data`` little-endian; constants the graph needs are
-Constant nodes, so the initializers are exactly the weights.
+Constant nodes, so the initializers are exactly the weights. A source whose weights are all
+float16 (``--dtype float16``) is written with float16 initializers (half the file), each read
+through a Cast to float32 (graph.py): the same inputs and outputs, computed in float32.
 
 Size: a protobuf message is at most 2 GB (what onnxruntime and ``onnx`` parse); a model whose
 file would be larger is refused before anything is written (BERT-large is 1.3 GB).
@@ -39,7 +41,7 @@ from bert_of.converters.source import Options, Source, lower_case_of
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import POOLER, Entry, finish, hit, pooler_zeros, sort, whole
 from bert_of.converters.formats.onnx.graph import INPUTS, MLM_ONLY_OUTPUT, OPSET, graph_io, heads_of, mlm_only
-from bert_of.converters.containers.onnx_proto import FLOAT, Message, int_field, len_field
+from bert_of.converters.containers.onnx_proto import FLOAT, FLOAT16, Message, int_field, len_field
 
 NAME = "onnx"
 MODEL_FILE = "model.onnx"
@@ -76,8 +78,13 @@ def _zero_pooler_unread(source: Source) -> bool:
     return all(not np.ascontiguousarray(p()).view(np.uint8).any() for s, p in source.tensors if s.name in POOLER)
 
 
-def _initializers(source: Source, tensors: list) -> list:
-    """[(initializer name, dims, header bytes, producer of its raw bytes)] in the Source's order."""
+STORED = {FLOAT: np.dtype("<f4"), FLOAT16: np.dtype("<f2")}  # the initializers' data types, as stored
+
+
+def _initializers(source: Source, tensors: list, data_type: int = FLOAT) -> list:
+    """[(initializer name, dims, header bytes, producer of its raw bytes)] in the Source's order,
+    every one of ``data_type`` (FLOAT, or FLOAT16 when every weight is float16)."""
+    stored = STORED[data_type]
     out = []
     for spec, produce in tensors:
         found = TABLE.from_canonical(spec.name)
@@ -86,11 +93,11 @@ def _initializers(source: Source, tensors: list) -> list:
         name, transform = found
         back = inverse(transform)
         dims = tuple(reversed(spec.shape)) if back == "T" else tuple(spec.shape)
-        header = b"".join(int_field(1, d) for d in dims) + int_field(2, FLOAT) + len_field(8, name)
-        n = int(np.prod(dims, dtype=np.int64)) * 4
+        header = b"".join(int_field(1, d) for d in dims) + int_field(2, data_type) + len_field(8, name)
+        n = int(np.prod(dims, dtype=np.int64)) * stored.itemsize
 
         def raw(produce=produce, back=back, dims=dims, n=n, name=name):
-            arr = np.ascontiguousarray(apply(back, np.asarray(produce())), np.dtype("<f4"))
+            arr = np.ascontiguousarray(apply(back, np.asarray(produce())), stored)
             if arr.shape != dims or arr.nbytes != n:  # the Source's producers are checked; this is ours
                 raise AssertionError(f"{name}: {arr.shape} is not {dims}")
             return arr.tobytes()
@@ -105,13 +112,16 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     if config.query_key_layer_scaling:
         notes.append("note: query-key layer scaling not recorded in the graph (the same function; LiBai's fp32 "
                      "rounding differs by ~1e-7)")
-    if any(np.dtype(s.dtype) != np.float32 for s, _ in source.tensors):
-        notes.append("note: the ONNX graph computes in float32: the weights are written as float32 (widened exactly)")
+    dtypes = {np.dtype(s.dtype) for s, _ in source.tensors}
+    data_type = FLOAT16 if dtypes == {np.dtype(np.float16)} else FLOAT
+    if data_type == FLOAT and dtypes != {np.dtype(np.float32)}:  # bfloat16, or float16 mixed with float32
+        notes.append(f"note: the weights are {', '.join(sorted(map(str, dtypes)))}: ONNX initializers are written "
+                     "float32 (widened exactly), or float16 when every weight is float16")
     tensors = source.tensors
     if _zero_pooler_unread(source):
         tensors = [(s, p) for s, p in tensors if s.name not in POOLER]
-    nodes, inputs, outputs = graph_io(config, heads_of(s.name for s, _ in tensors))
-    inits = _initializers(source, tensors)
+    nodes, inputs, outputs = graph_io(config, heads_of(s.name for s, _ in tensors), data_type)
+    inits = _initializers(source, tensors, data_type)
     metadata = {CONFIG_KEY: config.to_json_string(), LOWER_CASE_KEY: json.dumps(lower_case_of(source))}
     head = (int_field(1, IR_VERSION) + len_field(2, PRODUCER) + len_field(3, __version__))
     tail = len_field(8, len_field(1, "") + int_field(2, OPSET)) + b"".join(
@@ -170,24 +180,25 @@ def _entry(buf, span, where: str, index: int) -> Entry:
     problem = ""
     data_type = (t.fields.get(2) or [0])[-1]
     raw = (t.fields.get(9) or [None])[-1]
+    stored = STORED.get(data_type, STORED[FLOAT])
     if len(dims) > 2 or any(d >= 2 ** 31 for d in dims):
         problem = f"has dims {list(dims)}, beyond any BERT"
-    elif data_type != FLOAT or not isinstance(raw, tuple):
-        problem = "is not float32 raw_data (of2onnx writes only those)"
-    elif raw[1] - raw[0] != 4 * int(np.prod(dims, dtype=np.int64)):
-        want = 4 * int(np.prod(dims, dtype=np.int64))
-        problem = f"holds {raw[1] - raw[0]} bytes, not the {want} of float32 {list(dims)}"
+    elif data_type not in STORED or not isinstance(raw, tuple):
+        problem = "is not float32 or float16 raw_data (of2onnx writes only those)"
+    elif raw[1] - raw[0] != stored.itemsize * int(np.prod(dims, dtype=np.int64)):
+        want = stored.itemsize * int(np.prod(dims, dtype=np.int64))
+        problem = f"holds {raw[1] - raw[0]} bytes, not the {want} of {stored.name} {list(dims)}"
 
     def read():
-        return np.frombuffer(buf, np.dtype("<f4"), int(np.prod(dims, dtype=np.int64)), raw[0]).reshape(dims) \
-            .astype(np.float32)
-    return Entry(name, dims, np.dtype(np.float32), read, problem)
+        return np.frombuffer(buf, stored, int(np.prod(dims, dtype=np.int64)), raw[0]).reshape(dims) \
+            .astype(stored.newbyteorder("="))
+    return Entry(name, dims, stored.newbyteorder("="), read, problem)
 
 
-def _check_graph(buf, g: "Message", config: BertConfig, names, where: str) -> None:
-    """The graph is the one of2onnx writes for this config and these weights: what the weights
-    mean (and what verify's NumPy reference computes for the file) is then known."""
-    want = graph_io(config, heads_of(names))
+def _check_graph(buf, g: "Message", config: BertConfig, names, where: str, data_type: int = FLOAT) -> None:
+    """The graph is the one of2onnx writes for this config and these weights (of ``data_type``):
+    what the weights mean (and what verify's NumPy reference computes for the file) is then known."""
+    want = graph_io(config, heads_of(names), data_type)
     for number, expected, what in zip((1, 11, 12), want, ("nodes", "inputs", "outputs")):
         got = [bytes(buf[v[0]:v[1]]) if isinstance(v, tuple) else v for v in g.fields.get(number, [])]
         if got != expected:
@@ -233,8 +244,11 @@ def _read(pin, path: str, opts: Options) -> Source:
     g = Message(buf, graph[0], graph[1], where, "GraphProto")
     entries = [_entry(buf, span, where, i) for i, span in enumerate(g.fields.get(5, []))
                if isinstance(span, tuple)]
+    kinds = {FLOAT16 if e.dtype == np.float16 else FLOAT for e in entries}
+    if len(kinds) > 1:
+        raise CheckpointError(f"{where}: its initializers mix float32 and float16; of2onnx writes one or the other")
     found = sort(entries, lambda e: hit(TABLE, e.name), opts, where, "initializer", TABLE)
-    _check_graph(buf, g, config, [h.target for _, h in found.model], where)
+    _check_graph(buf, g, config, [h.target for _, h in found.model], where, kinds.pop() if kinds else FLOAT)
     folder = os.path.dirname(where) if not os.path.isdir(path) else path
     vocab = opts.vocab or os.path.join(folder, VOCAB_FILE)
     vocab = pin.hold(vocab) if os.path.isfile(pin.real(vocab)) else None
@@ -243,7 +257,8 @@ def _read(pin, path: str, opts: Options) -> Source:
             (lower == "true") != (not vocab or not vocab_looks_cased(read_vocab_lines(vocab))):
         config.extra["do_lower_case"] = lower == "true"  # what the vocabulary alone would not say
     kept = {h.target for _, h in found.model}
-    fill = [] if any(p in kept for p in POOLER) else pooler_zeros(config, np.float32)  # see _zero_pooler_unread
+    dtype = np.dtype(np.float16) if any(e.dtype == np.float16 for e in entries) else np.dtype(np.float32)
+    fill = [] if any(p in kept for p in POOLER) else pooler_zeros(config, dtype)  # see _zero_pooler_unread
     return finish(where, NAME, config, vocab, found, opts, TABLE, fill=fill, noun="initializer")
 
 
@@ -281,4 +296,4 @@ FORMAT = Format(NAME, "ONNX inference graph of2onnx writes (model.onnx: opset 14
                 "+ vocab.txt)", detect, read, write_files, reference_np.Onnx, owns=(MODEL_FILE, VOCAB_FILE),
                 records_numerics=True,  # the graph computes the config's activation and epsilons, recorded beside
                 token_classifier=True,  # classifier_kind in the config, and in the graph
-                table=TABLE, ecosystem="onnxruntime", dtypes=("float32",))
+                table=TABLE, ecosystem="onnxruntime", dtypes=("float32", "float16"))

@@ -26,6 +26,9 @@ The graph (opset 14; every op in the default domain; docs/formats-onnx.md):
   pooled output) or [batch, sequence, L] (token classifier).
 
 The weights are the graph's initializers, named as converters/formats/onnx/'s TABLE spells them.
+Float16 initializers (``of2onnx --dtype float16``: half the file) are read through one Cast to
+float32 each, placed before the first node using it (output ``<name>:float32``): the graph computes
+in float32 either way, and its inputs and outputs are the same.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
 from bert_of.tensors import SCOPES
-from bert_of.converters.containers.onnx_proto import FLOAT, INT64, attribute, len_field, value_info
+from bert_of.converters.containers.onnx_proto import FLOAT, FLOAT16, INT64, attribute, len_field, value_info
 
 OPSET = 14
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -47,8 +50,18 @@ MASK_VALUE = -10000.0
 class Graph:
     """Nodes of a graph under construction: ``op`` appends one and returns its output's name."""
 
-    def __init__(self):
+    def __init__(self, weights: int = FLOAT):
         self.nodes, self._count = [], 0
+        self.weights = weights  # the initializers' data type: FLOAT, or FLOAT16 read through Casts
+        self._cast: dict = {}  # float16 initializer -> its float32 Cast's output
+
+    def w(self, name: str) -> str:
+        """The float32 value of the initializer ``name``: itself, or (float16) its Cast's output."""
+        if self.weights == FLOAT:
+            return name
+        if name not in self._cast:
+            self._cast[name] = self.op("Cast", name, out=name + ":float32", to=FLOAT)
+        return self._cast[name]
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
         """NodeProto: input (1), output (2), name (3), op_type (4), attribute (5)."""
@@ -63,14 +76,15 @@ class Graph:
         return self.op("Constant", value=np.asarray(value, dtype))
 
     def dense(self, x: str, scope: str, out: str | None = None) -> str:
-        return self.op("Add", self.op("MatMul", x, scope + ".kernel"), scope + ".bias", out=out)
+        return self.op("Add", self.op("MatMul", x, self.w(scope + ".kernel")), self.w(scope + ".bias"), out=out)
 
     def layer_norm(self, x: str, scope: str, eps: float, out: str | None = None) -> str:
         """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis (biased variance)."""
         centred = self.op("Sub", x, self.op("ReduceMean", x, axes=[-1], keepdims=1))
         var = self.op("ReduceMean", self.op("Mul", centred, centred), axes=[-1], keepdims=1)
         normed = self.op("Div", centred, self.op("Sqrt", self.op("Add", var, self.const(eps))))
-        return self.op("Add", self.op("Mul", normed, scope + ".LayerNorm.weight"), scope + ".LayerNorm.bias", out=out)
+        return self.op("Add", self.op("Mul", normed, self.w(scope + ".LayerNorm.weight")),
+                       self.w(scope + ".LayerNorm.bias"), out=out)
 
     def activation(self, x: str, act: str) -> str:
         if act == "gelu_erf":
@@ -109,18 +123,19 @@ def mlm_only(heads: dict) -> bool:
     return heads["mlm"] and not (heads["nsp"] or heads["qa"] or heads["classifier"])
 
 
-def build_graph(config: BertConfig, heads: dict) -> tuple:
-    """(Graph, [(output name, dims)]): BERT's forward on the weights' initializer names."""
-    g = Graph()
+def build_graph(config: BertConfig, heads: dict, weights: int = FLOAT) -> tuple:
+    """(Graph, [(output name, dims)]): BERT's forward on the weights' initializer names
+    (``weights``: their data type, FLOAT or FLOAT16)."""
+    g = Graph(weights)
     H, N = config.hidden_size, config.num_attention_heads
     d = H // N
     act, eps = config.hidden_act, float(config.layer_norm_eps)
     ids, mask, types = INPUTS
     length = g.op("Slice", g.op("Shape", ids), g.const([1], np.int64), g.const([2], np.int64))  # [S]
-    positions = g.op("Slice", "bert.embeddings.position_embeddings.weight", g.const([0], np.int64), length,
+    positions = g.op("Slice", g.w("bert.embeddings.position_embeddings.weight"), g.const([0], np.int64), length,
                      g.const([0], np.int64))  # the first S rows [S, H]
-    x = g.op("Add", g.op("Add", g.op("Gather", "bert.embeddings.word_embeddings.weight", ids),
-                         g.op("Gather", "bert.embeddings.token_type_embeddings.weight", types)), positions)
+    x = g.op("Add", g.op("Add", g.op("Gather", g.w("bert.embeddings.word_embeddings.weight"), ids),
+                         g.op("Gather", g.w("bert.embeddings.token_type_embeddings.weight"), types)), positions)
     x = g.layer_norm(x, "bert.embeddings", eps)
     keep = g.op("Cast", mask, to=FLOAT)
     adder = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(MASK_VALUE))
@@ -150,9 +165,9 @@ def build_graph(config: BertConfig, heads: dict) -> tuple:
     if heads["mlm"]:
         h = g.activation(g.dense(x, "cls.predictions.transform.dense"), act)
         h = g.layer_norm(h, "cls.predictions.transform", float(config.head_eps))
-        decoder = g.op("Transpose", "bert.embeddings.word_embeddings.weight", perm=[1, 0])  # tied: [H, V]
+        decoder = g.op("Transpose", g.w("bert.embeddings.word_embeddings.weight"), perm=[1, 0])  # tied: [H, V]
         name = MLM_ONLY_OUTPUT if mlm_only(heads) else "prediction_logits"  # transformers' BertForMaskedLM: logits
-        g.op("Add", g.op("MatMul", h, decoder), "cls.predictions.bias", out=name)
+        g.op("Add", g.op("MatMul", h, decoder), g.w("cls.predictions.bias"), out=name)
         outputs.append((name, ("batch", "sequence", config.vocab_size)))
     if heads["nsp"] and pooled:
         g.dense(pooled, "cls.seq_relationship", out="seq_relationship_logits")
@@ -171,8 +186,9 @@ def build_graph(config: BertConfig, heads: dict) -> tuple:
     return g, outputs
 
 
-def graph_io(config: BertConfig, heads: dict) -> tuple:
-    """(nodes, inputs, outputs) as of2onnx writes them, each a list of serialized messages."""
-    graph, outputs = build_graph(config, heads)
+def graph_io(config: BertConfig, heads: dict, weights: int = FLOAT) -> tuple:
+    """(nodes, inputs, outputs) as of2onnx writes them, each a list of serialized messages; the
+    inputs and outputs are the same whatever the initializers' data type ``weights``."""
+    graph, outputs = build_graph(config, heads, weights)
     return (graph.nodes, [value_info(n, INT64, ("batch", "sequence")) for n in INPUTS],
             [value_info(n, FLOAT, dims) for n, dims in outputs])
