@@ -33,7 +33,7 @@ from .create_pretraining import (DATASET_VOCAB, PART_FORMAT, DataError, Pretrain
 from .formats import FILE_SUFFIX, FORMATS, iter_file_batches, open_record_file, record_writer
 from .ofrecord import OFRecordError
 from .layout import META_FILE, list_data_files, read_meta
-from .reader import FEATURES, PretrainingDataset
+from .reader import FEATURES, PretrainingDataset, check_batch
 from .text import MAX_LINE_CHARS
 
 # --------------------------------------------------------------------------- create-pretraining
@@ -244,8 +244,15 @@ def reshard(src: str, dst: str, num_parts: Optional[int] = None, overwrite: bool
                             writers[pi if same_parts else k % num_parts].write_raw(f.raw(i))
                             k += 1
                         continue
+                    first = 0  # the chunk's first record in this file
                     for chunk in iter_file_batches(f, list(FEATURES)):
                         r = len(chunk["input_ids"])
+                        # the reader's own check: a negative id (an int64 list's uint64 beyond 2^63 reads
+                        # as one, as in TensorFlow) is refused, not written on as a wrapped value
+                        bad = check_batch(chunk, chunk["input_ids"].shape[1], None, None)
+                        if bad is not None:
+                            raise DataError(f"{p}: record {first + bad[0]}: {bad[1]}")
+                        first += r
                         deal = np.full(r, pi) if same_parts else (k + np.arange(r)) % num_parts
                         for j in range(num_parts):
                             rows = np.flatnonzero(deal == j)

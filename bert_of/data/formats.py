@@ -26,11 +26,11 @@ protobuf formats also ``f.raw(i)`` and ``f.parse(i)`` (spans, for batch decoding
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import mmap
 import os
 import struct
-import tempfile
 import zlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -45,7 +45,7 @@ from .ofrecord import (OFRecordError, OFRecordWriter, RecordFile, decode_values,
 
 __all__ = ["FORMATS", "detect", "TFRecordFile", "HDF5File", "TFRecordWriter", "HDF5Writer", "parse_example",
            "decode_example", "encode_examples", "masked_crc", "open_record_file", "record_writer",
-           "HDF5_NAMES", "FILE_SUFFIX"]
+           "HDF5_NAMES", "FILE_SUFFIX", "feature_kind_problem"]
 
 FORMATS = ("ofrecord", "tfrecord", "hdf5")
 FILE_SUFFIX = {"ofrecord": "", "tfrecord": ".tfrecord", "hdf5": ".hdf5"}
@@ -134,21 +134,158 @@ def encode_examples(features: Dict[str, Tuple[str, np.ndarray]]) -> List[bytes]:
 # --------------------------------------------------------------------------- TFRecord
 
 
-class TFRecordFile(RecordFile):
-    """Random access to the records of one TFRecord file (plain: memory-mapped; gzip: inflated into
-    an unnamed temporary file, so memory stays bounded). Every frame's length and both CRCs are
-    checked when the file is opened: a corrupt or truncated file fails before training starts."""
+# gzip TFRecords are read in place: never inflated to disk or whole into memory
+GZIP_SNAPSHOT = 1 << 20  # a decompressor snapshot every MiB of output: a random read inflates < 1 MiB first
+GZIP_RATIO = 64  # output at most 64x the file (or GZIP_FLOOR): pretraining records deflate 2-5x, zeros 1000x
+GZIP_FLOOR = 1 << 26
+MAX_RECORD = 1 << 26  # a TFRecord frame of pretraining data is KiBs; a length beyond 64 MiB is not one
+_IN, _OUT = 1 << 16, 1 << 18  # bytes of file read, and of output made, per step
 
-    fmt = "tfrecord"  # raw(i), len(f), close() and the context manager are RecordFile's
+
+class _GzipStream:
+    """Random access to the inflated bytes of a gzip file (one member or several concatenated, as
+    ``cat a.gz b.gz`` and TensorFlow's writer make) without staging them. :meth:`scan` inflates it
+    once, streamed, handing each piece to a consumer (the frame index, which checks every frame as
+    it arrives) and keeping a decompressor snapshot every GZIP_SNAPSHOT bytes of output;
+    :meth:`read` inflates from the snapshot before the bytes asked for (or from where the last read
+    stopped: sequential reads inflate once). The output is bounded by what the file may produce
+    (GZIP_RATIO times its size): a bomb is refused, not inflated."""
+
+    def __init__(self, f, path: str):
+        self.fd, self.path = f.fileno(), path
+        self.size = os.fstat(self.fd).st_size
+        self.limit = max(GZIP_FLOOR, GZIP_RATIO * self.size)
+        self.snaps: List[Tuple[int, int, object]] = []  # (output offset, file offset, decompressor or None)
+        self.outs: List[int] = []
+        self._last = None  # (output offset of piece, piece, state after it): where the last read stopped
+
+    def _corrupt(self, why: str) -> OFRecordError:
+        return OFRecordError(f"{self.path}: gzip stream is corrupt or truncated ({why}): not a readable gzip TFRecord")
+
+    def _step(self, state):
+        """(piece of output, next state) from ``state`` = (output offset, offset in the file of the
+        first byte the decompressor has not consumed, decompressor or None at a member's start);
+        piece None at the end of the file. Input is read from the file at that offset every step
+        (never kept as a pending tail), so a snapshot of a state resumes it exactly."""
+        out, pos, d = state
+        if d is None or d.eof:
+            if pos >= self.size:
+                if d is None and pos == 0:
+                    raise self._corrupt("the file is empty")
+                return None, state
+            if os.pread(self.fd, 2, pos) != GZIP_MAGIC:
+                raise self._corrupt(f"the {self.size - pos} byte(s) after byte {pos} are not a gzip member")
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        buf = os.pread(self.fd, _IN, pos)
+        if not buf:
+            raise self._corrupt("the last member ends early")
+        try:
+            piece = d.decompress(buf, _OUT)
+        except zlib.error as e:
+            raise self._corrupt(str(e)) from None
+        pos += len(buf) - len(d.unconsumed_tail) - len(d.unused_data)
+        return piece, (out + len(piece), pos, d)
+
+    def scan(self, consume) -> None:
+        """Inflate the whole file once, ``consume(piece)`` in order; snapshots kept on the way."""
+        state, mark = (0, 0, None), -GZIP_SNAPSHOT
+        while True:
+            out, pos, d = state
+            if out - mark >= GZIP_SNAPSHOT:
+                self.snaps.append((out, pos, None if d is None or d.eof else d.copy()))
+                self.outs.append(out)
+                mark = out
+            piece, state = self._step(state)
+            if piece is None:
+                return
+            if state[0] > self.limit:
+                raise OFRecordError(f"{self.path}: gzip stream inflates beyond {self.limit:,} bytes ({GZIP_RATIO}x "
+                                    f"the file): not pretraining records (a decompression bomb?)")
+            consume(piece)
+
+    def read(self, offset: int, n: int) -> bytes:
+        """Output bytes [offset, offset + n)."""
+        last = self._last
+        if last is not None and last[0] <= offset and offset < last[0] + len(last[1]) + 1:
+            base, piece, state = last
+        else:
+            i = bisect.bisect_right(self.outs, offset) - 1
+            out, pos, d = self.snaps[i]
+            base, piece, state = out, b"", (out, pos, d.copy() if d is not None else None)
+        got = bytearray(piece[offset - base:offset - base + n])
+        self._last = None  # the state below advances: kept again only once the read is whole
+        while len(got) < n:
+            base = state[0]
+            piece, state = self._step(state)
+            if piece is None:
+                raise self._corrupt(f"bytes {offset}..{offset + n} are past its end")
+            got += piece[:n - len(got)] if offset <= base else piece[offset - base:offset - base + n - len(got)]
+        self._last = (base, piece, state) if piece else last
+        return bytes(got)
+
+
+class _FrameIndex:
+    """TFRecord frames checked as the bytes arrive (lengths and both CRCs): a corrupt frame 0 fails
+    after its first 12 bytes, whatever follows."""
+
+    def __init__(self, path: str, limit: int):
+        self.path, self.limit = path, limit
+        self.buf, self.base = bytearray(), 0
+        self.offsets: List[int] = []
+        self.lengths: List[int] = []
+
+    def __call__(self, piece: bytes) -> None:
+        self.buf += piece
+        buf, pos = self.buf, 0
+        while len(buf) - pos >= 12:
+            n, lcrc = _HEAD.unpack_from(buf, pos)
+            i, at = len(self.offsets), self.base + pos
+            if lcrc != masked_crc(bytes(buf[pos:pos + 8])):
+                raise OFRecordError(f"{self.path}: record {i} (byte {at}) is corrupt: the length's CRC does not "
+                                    f"match (not a TFRecord frame)")
+            if n > min(MAX_RECORD, self.limit):
+                raise OFRecordError(f"{self.path}: record {i} (byte {at}) says {n:,} bytes, beyond any "
+                                    f"pretraining record ({MAX_RECORD:,})")
+            if len(buf) - pos < 16 + n:
+                break
+            data = memoryview(buf)[pos + 12:pos + 12 + n]
+            ok = int.from_bytes(buf[pos + 12 + n:pos + 16 + n], "little") == masked_crc(data)
+            data.release()
+            if not ok:
+                raise OFRecordError(f"{self.path}: record {i} (byte {at}) is corrupt: data CRC mismatch")
+            self.offsets.append(at + 12)
+            self.lengths.append(n)
+            pos += 16 + n
+        del buf[:pos]
+        self.base += pos
+
+    def finish(self) -> Tuple[np.ndarray, np.ndarray]:
+        if self.buf:
+            raise OFRecordError(f"{self.path}: record {len(self.offsets)} (byte {self.base}) is truncated: "
+                                f"{len(self.buf)} byte(s) where a whole TFRecord frame was expected")
+        return np.asarray(self.offsets, dtype=np.int64), np.asarray(self.lengths, dtype=np.int64)
+
+
+class TFRecordFile(RecordFile):
+    """Random access to the records of one TFRecord file (plain: memory-mapped; gzip: read in place,
+    :class:`_GzipStream`). Every frame's length and both CRCs are checked when the file is opened
+    (gzip: as the stream inflates): a corrupt or truncated file fails before training starts."""
+
+    fmt = "tfrecord"  # len(f), close() and the context manager are RecordFile's
 
     def __init__(self, path: str):  # not RecordFile.__init__: that one indexes OFRecord framing
         self.path = path
         self._f = open(path, "rb")
         self._mm = b""
         self._view = None
+        self._gz = None
         try:
             if self._f.read(2) == GZIP_MAGIC:
-                self._inflate()
+                self._gz = _GzipStream(self._f, path)
+                frames = _FrameIndex(path, self._gz.limit)
+                self._gz.scan(frames)
+                self.offsets, self.lengths = frames.finish()
+                return
             self._f.seek(0)
             size = os.fstat(self._f.fileno()).st_size
             self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
@@ -158,23 +295,10 @@ class TFRecordFile(RecordFile):
             self.close()
             raise
 
-    def _inflate(self) -> None:
-        self._f.seek(0)
-        tmp = tempfile.TemporaryFile()
-        try:
-            with gzip.GzipFile(fileobj=self._f, mode="rb") as g:
-                while True:
-                    chunk = g.read(1 << 22)
-                    if not chunk:
-                        break
-                    tmp.write(chunk)
-        except (OSError, EOFError, zlib.error) as e:
-            tmp.close()
-            raise OFRecordError(f"{self.path}: gzip stream is corrupt or truncated ({e}): not a readable "
-                                f"gzip TFRecord") from None
-        tmp.flush()
-        self._f.close()
-        self._f = tmp
+    def raw(self, i: int) -> bytes:
+        if self._gz is None:
+            return super().raw(i)
+        return self._gz.read(int(self.offsets[i]), int(self.lengths[i]))
 
     def _index(self, data) -> Tuple[np.ndarray, np.ndarray]:
         size, pos, i = len(data), 0, 0
@@ -444,15 +568,39 @@ class record_writer:
         self.close()
 
 
+def feature_kind_problem(name: str, kind: Optional[str]) -> Optional[str]:
+    """What is wrong with a pretraining feature stored as a ``kind`` list (None: no value list), or
+    None. Google's input_fn parses every feature as int64 but masked_lm_weights (float32), and
+    TensorFlow refuses a value list of another type ("Data types don't match") or none at all:
+    so does bert_of, instead of truncating 7.7 to 7 or reading an absent list as width 0."""
+    want = "float" if name == "masked_lm_weights" else "int64"
+    if kind is None:
+        return f"feature {name!r} has no value list (TensorFlow refuses it)"
+    if kind == "bytes":
+        return f"feature {name!r} is a bytes_list, expected numbers"
+    if (want == "float") != (kind == "float"):
+        return (f"feature {name!r} is a {kind} list, expected {want} (TensorFlow refuses it: data types do not "
+                f"match; values are never converted)")
+    return None
+
+
 def iter_file_batches(f, features: Sequence[str], batch: int = 1024) -> Iterator[Dict[str, np.ndarray]]:
     """The records of an open record file as ``{feature: array [r, L]}`` chunks (file order),
-    each record decoded by the file's own reader (errors name the file and record)."""
+    each record decoded by the file's own reader (errors name the file and record); a feature
+    stored as the wrong kind of list is refused (:func:`feature_kind_problem`)."""
     for lo in range(0, len(f), batch):
         hi = min(lo + batch, len(f))
         if isinstance(f, HDF5File):
             rows = f.rows(range(lo, hi))
         else:
-            recs = [f.record(i) for i in range(lo, hi)]
+            recs = []
+            for i in range(lo, hi):
+                raw, fields = f.parse(i)
+                for name in features:
+                    why = feature_kind_problem(name, fields[name][0]) if name in fields else None
+                    if why:
+                        raise OFRecordError(f"{f.path}: record {i}: {why}")
+                recs.append(f.record(i))
             rows = {}
             for name in features:
                 vals = []

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .formats import open_record_file
+from .formats import feature_kind_problem, open_record_file
 from .layout import META_FILE, DatasetError, list_data_files, read_meta, shard_parts
 from .ofrecord import OFRecordError, decode_values, decode_varint_runs
 
@@ -59,7 +59,8 @@ def check_batch(batch: Dict[str, np.ndarray], seq_length: int, vocab_size: Optio
          lambda v: f"masked_lm_ids has id {v} outside the model's vocabulary{ids_top}"),
         ("input_mask", 0, 2, lambda v: f"input_mask has {v}, expected 0 or 1"),
         ("segment_ids", 0, type_vocab_size,
-         lambda v: f"segment_ids has {v}, outside 0..{type_vocab_size - 1} (type_vocab_size {type_vocab_size})"),
+         lambda v: f"segment_ids has {v}, outside 0..{type_vocab_size - 1} (type_vocab_size {type_vocab_size})"
+         if type_vocab_size else f"segment_ids has {v}, a negative segment"),
         ("masked_lm_positions", 0, seq_length,
          lambda v: f"masked_lm_positions has {v}, outside the sequence of {seq_length} tokens"),
         ("next_sentence_labels", 0, 2, lambda v: f"next_sentence_labels is {v}, expected 0 or 1"),
@@ -181,8 +182,9 @@ class PretrainingDataset:
             if name not in fields:
                 raise OFRecordError(f"{f.path}: record {i} has no feature {name!r} "
                                     f"(it has: {', '.join(sorted(fields)) or 'none'})")
-            if fields[name][0] == "bytes":
-                raise OFRecordError(f"{f.path}: record {i}: feature {name!r} is a bytes_list, expected numbers")
+            why = feature_kind_problem(name, fields[name][0])
+            if why:
+                raise OFRecordError(f"{f.path}: record {i}: {why}")
         return raw, fields
 
     def _gather_hdf5(self, idx: Sequence[int]) -> Dict[str, np.ndarray]:
