@@ -239,11 +239,6 @@ def reshard(src: str, dst: str, num_parts: Optional[int] = None, overwrite: bool
             k = 0
             for pi, p in enumerate(paths):
                 with open_record_file(p, src_fmt) as f:
-                    if fmt == src_fmt and fmt != "hdf5":  # the same bytes, re-framed
-                        for i in range(len(f)):
-                            writers[pi if same_parts else k % num_parts].write_raw(f.raw(i))
-                            k += 1
-                        continue
                     first = 0  # the chunk's first record in this file
                     for chunk in iter_file_batches(f, list(FEATURES)):
                         r = len(chunk["input_ids"])
@@ -252,6 +247,12 @@ def reshard(src: str, dst: str, num_parts: Optional[int] = None, overwrite: bool
                         bad = check_batch(chunk, chunk["input_ids"].shape[1], None, None)
                         if bad is not None:
                             raise DataError(f"{p}: record {first + bad[0]}: {bad[1]}")
+                        if fmt == src_fmt and fmt != "hdf5":  # checked; the same bytes, re-framed
+                            for i in range(first, first + r):
+                                writers[pi if same_parts else k % num_parts].write_raw(f.raw(i))
+                                k += 1
+                            first += r
+                            continue
                         first += r
                         deal = np.full(r, pi) if same_parts else (k + np.arange(r)) % num_parts
                         for j in range(num_parts):

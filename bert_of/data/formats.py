@@ -79,7 +79,7 @@ def detect(path: str) -> str:
         raise OFRecordError(f"{path}: cannot read ({e.strerror or e})") from None
     if not head:
         raise OFRecordError(f"{path}: empty file (0 bytes): a reader would skip it silently; remove it")
-    if head[:8] == HDF5_MAGIC:
+    if head[:8] == HDF5_MAGIC or _hdf5_after_user_block(path, size):
         return "hdf5"
     if head[:2] == GZIP_MAGIC:
         return "tfrecord"  # a gzip TFRecord (the only compressed format read); checked when opened
@@ -93,6 +93,21 @@ def detect(path: str) -> str:
         return "ofrecord"  # one short record
     raise OFRecordError(f"{path}: not a pretraining record file: neither a TFRecord (length CRC does not match), "
                         f"gzip, HDF5 nor an OFRecord (first length does not fit the file)")
+
+
+def _hdf5_after_user_block(path: str, size: int) -> bool:
+    """Whether the HDF5 signature is at 512, 1024, 2048, ... bytes: where the library looks for the
+    superblock of a file with a user block (h5py's ``userblock_size``), as h5py opens it."""
+    at = 512
+    try:
+        with open(path, "rb") as f:
+            while at + 8 <= size:
+                if os.pread(f.fileno(), 8, at) == HDF5_MAGIC:
+                    return True
+                at *= 2
+    except OSError:
+        return False
+    return False
 
 
 def open_record_file(path: str, fmt: Optional[str] = None):
@@ -137,7 +152,7 @@ def encode_examples(features: Dict[str, Tuple[str, np.ndarray]]) -> List[bytes]:
 # gzip TFRecords are read in place: never inflated to disk or whole into memory
 GZIP_SNAPSHOT = 1 << 20  # a decompressor snapshot every MiB of output: a random read inflates < 1 MiB first
 GZIP_RATIO = 64  # output at most 64x the file (or GZIP_FLOOR): pretraining records deflate 2-5x, zeros 1000x
-GZIP_FLOOR = 1 << 26
+GZIP_FLOOR = 1 << 22  # (a small file may still inflate to 4 MiB)
 MAX_RECORD = 1 << 26  # a TFRecord frame of pretraining data is KiBs; a length beyond 64 MiB is not one
 _IN, _OUT = 1 << 16, 1 << 18  # bytes of file read, and of output made, per step
 
@@ -183,7 +198,8 @@ class _GzipStream:
             piece = d.decompress(buf, _OUT)
         except zlib.error as e:
             raise self._corrupt(str(e)) from None
-        pos += len(buf) - len(d.unconsumed_tail) - len(d.unused_data)
+        # at a member's end the bytes after it are in unused_data (and may be in unconsumed_tail too)
+        pos += len(buf) - len(d.unused_data if d.eof else d.unconsumed_tail)
         return piece, (out + len(piece), pos, d)
 
     def scan(self, consume) -> None:
@@ -376,6 +392,20 @@ def weights_of_positions(positions: np.ndarray) -> np.ndarray:
     return np.cumprod(positions != 0, axis=-1).astype(np.float32)
 
 
+def _unstored(ds) -> str:
+    """What of a dataset's declared extent has no storage ("" when all of it has): its size is then
+    what the file holds, not what a header declares (memory follows the record count)."""
+    if ds.size == 0:
+        return ""
+    if ds.chunks is None:
+        return "" if ds.id.get_storage_size() > 0 else "nothing"
+    need = 1
+    for extent, chunk in zip(ds.shape, ds.chunks):
+        need *= -(-extent // chunk)
+    have = ds.id.get_num_chunks()
+    return "" if have >= need else f"only {have:,} of its {need:,} chunks"
+
+
 class HDF5File:
     """The records of one NVIDIA HDF5 shard (h5py). Dataset names, dtypes (integers) and shapes are
     checked when the file is opened; ``masked_lm_weights`` is derived (:func:`weights_of_positions`)."""
@@ -405,6 +435,10 @@ class HDF5File:
                                         f"{'[N]' if name == 'next_sentence_labels' else '[N, length]'}")
                 if n is not None and ds.shape[0] != n:
                     raise OFRecordError(f"{path}: dataset {name!r} has {ds.shape[0]} records, input_ids has {n}")
+                missing = _unstored(ds)
+                if missing:
+                    raise OFRecordError(f"{path}: dataset {name!r} declares {ds.shape[0]:,} records but stores "
+                                        f"{missing} (h5py reads what is not stored as zeros): not a whole shard")
                 n = ds.shape[0] if n is None else n
                 self._ds[name] = ds
             self.n = int(n)
