@@ -21,6 +21,7 @@ from bert_of.errors import CheckpointError
 
 MAX_GRAPH = 1 << 31  # protobuf's own limit on a message: saved_model.pb is read whole, no larger
 MAX_PATHS = 200_000  # object-graph walk steps: a hostile graph (every node a child of every other) stops here
+MAX_PATH_CHARS = 1 << 24  # the variables' paths spelled out, in all (a BERT-large checkpoint's: ~10^5)
 
 
 @dataclass
@@ -77,19 +78,40 @@ def encode_object_graph(nodes: list) -> bytes:
 
 def aliases(nodes: list, where: str) -> dict:
     """node id -> every path from the root to it (local names joined by "/"), skipping Keras's
-    ``layer-N`` edges (each duplicates a ``layer_with_weights-N`` or holds no weights)."""
-    out, steps = {}, 0
-    stack = [(0, (), frozenset((0,)))]
+    ``layer-N`` edges (each duplicates a ``layer_with_weights-N`` or holds no weights), for the
+    nodes holding tensors (no other path is read). Linear in the walk: a path is a parent link
+    per step, spelled out only for a node with tensors (at most MAX_PATH_CHARS in all), and the
+    nodes on the current path are one set (entered and left), not a copy per step."""
+    if not nodes:
+        raise CheckpointError(f"{where}: the object graph has no nodes (not a checkpoint tf.train.Checkpoint wrote)")
+    wanted = {i for i, node in enumerate(nodes) if node.attributes}
+    out, steps, chars, on_path = {}, 0, 0, set()
+    stack = [(0, None, True)]  # (node, path as (name, parent path) links, entering: else leaving)
     while stack:
-        i, path, seen = stack.pop()
-        out.setdefault(i, []).append("/".join(path))
+        i, link, entering = stack.pop()
+        if not entering:
+            on_path.discard(i)
+            continue
+        if i in wanted:
+            names, up = [], link
+            while up is not None:
+                names.append(up[0])
+                up = up[1]
+            path = "/".join(reversed(names))
+            chars += len(path)
+            if chars > MAX_PATH_CHARS:
+                raise CheckpointError(f"{where}: the object graph's paths to its variables are longer than "
+                                      f"{MAX_PATH_CHARS:,} characters in all (not a model's)")
+            out.setdefault(i, []).append(path)
+        on_path.add(i)
+        stack.append((i, None, False))
         for child, name in reversed(nodes[i].children):
             steps += 1
             if steps > MAX_PATHS:
                 raise CheckpointError(f"{where}: the object graph has more than {MAX_PATHS} paths (not a model's)")
-            if child in seen or re.fullmatch(r"layer-\d+", name):
+            if child in on_path or re.fullmatch(r"layer-\d+", name):
                 continue
-            stack.append((child, path + (name,), seen | {child}))
+            stack.append((child, (name, link), True))
     return out
 
 
