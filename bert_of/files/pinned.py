@@ -18,6 +18,8 @@ import re
 import resource
 import stat
 
+from bert_of.errors import BertOfError
+
 
 class PinnedDir:
     """A directory held open, so that several files read from it come from the same tree even if
@@ -62,7 +64,13 @@ class PinnedDir:
         snapshot's thousand variable files), else :meth:`real` (read by name later)."""
         if spare and len(self._held) >= self._budget():
             return self.real(p)
-        f = open(self.real(p), "rb")
+        # without blocking (a FIFO would hang the reader), and only a regular file (a device or a
+        # FIFO is refused here, for every reader: what is held is read as a file)
+        fd = os.open(self.real(p), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BertOfError(f"{p}: not a regular file (a checkpoint's files are)")
+        f = os.fdopen(fd, "rb")
         self._held.append(f)
         if not self._root:
             return p

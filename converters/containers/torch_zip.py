@@ -1,10 +1,13 @@
 """``torch.save`` zip files (``pytorch_model.bin``) read without torch and without trusting them.
 
 A torch zip holds ``<root>/data.pkl`` (a pickle of the state dict), ``<root>/data/<key>`` (one
-member per storage: raw bytes) and ``<root>/byteorder``. The pickle is never unpickled as such:
+member per storage: raw bytes) and ``<root>/byteorder``. A member present twice is read from its
+first copy, as ``torch.load`` reads it. The pickle is never unpickled as such:
 
 1. The one safe pickle reader (:mod:`bert_of.pickles`) parses it as data: it admits only the
-   globals ``torch._utils._rebuild_tensor_v2``, ``torch.*Storage`` and ``collections.OrderedDict``
+   globals ``torch._utils._rebuild_tensor_v2``, ``torch._utils._rebuild_parameter`` (an
+   ``nn.Parameter``: its data, as ``torch.load(weights_only=True)`` reads it; ``_with_state`` too),
+   ``torch.*Storage`` and ``collections.OrderedDict``
    (any other is refused by name; nothing is looked up, nothing is executed), REDUCE only of those,
    BUILD only of an OrderedDict's ``_metadata``.
 2. What the pickle builds are *descriptions*, not tensors: a storage is ``(key, dtype, numel)``,
@@ -97,11 +100,14 @@ class _Callable(NamedTuple):
 
 _REBUILD = _Callable("torch._utils._rebuild_tensor_v2")
 _ORDERED_DICT = _Callable("collections.OrderedDict")
-# nn.Parameter: (tensor, requires_grad, backward_hooks); torch.load(weights_only=True) admits it, and
-# NVIDIA's older run_pretraining.py saves its amp 'master params' as a list of them
-_PARAMETER = _Callable("torch._utils._rebuild_parameter")
+# nn.Parameter's __reduce_ex__: (its data tensor, requires_grad, hooks[, the object's Python state]);
+# torch.load(weights_only=True) admits both: the parameter is its data (NVIDIA's older
+# run_pretraining.py saves its amp 'master params' as a list of them)
+_REBUILD_PARAMETER = _Callable("torch._utils._rebuild_parameter")
+_REBUILD_PARAMETER_STATE = _Callable("torch._utils._rebuild_parameter_with_state")
 ADMITTED = {("torch._utils", "_rebuild_tensor_v2"): _REBUILD, ("collections", "OrderedDict"): _ORDERED_DICT,
-            ("torch._utils", "_rebuild_parameter"): _PARAMETER,
+            ("torch._utils", "_rebuild_parameter"): _REBUILD_PARAMETER,
+            ("torch._utils", "_rebuild_parameter_with_state"): _REBUILD_PARAMETER_STATE,
             **{("torch", name): st for name, st in _STORAGE_TYPES.items()}}
 
 
@@ -163,11 +169,13 @@ def _handlers():
             return _rebuild_tensor_v2(*args)
         if fn is _ORDERED_DICT and args == ():
             return {}
-        if fn is _PARAMETER:  # the tensor itself (its requires_grad flag is training state, not data)
-            if len(args) != 3 or type(args[0]) is not TensorRef or not isinstance(args[1], bool) \
-                    or not (args[2] is None or (type(args[2]) is dict and not args[2])):
+        if fn is _REBUILD_PARAMETER or fn is _REBUILD_PARAMETER_STATE:
+            want = 3 if fn is _REBUILD_PARAMETER else 4
+            if len(args) != want or type(args[0]) is not TensorRef or type(args[1]) is not bool \
+                    or not (args[2] is None or (type(args[2]) is dict and not args[2])) \
+                    or (want == 4 and type(args[3]) not in (dict, tuple)):
                 raise _BadPickle("malformed parameter record")
-            return args[0]
+            return args[0]  # a parameter is its data (requires_grad and its Python attributes are not weights)
         raise pickles.Refused(f"REDUCE of {pickles.show(fn)} with {len(args)} arguments")
 
     def build(obj, state):  # an OrderedDict's _metadata (a module's versions): not needed, dropped
@@ -231,7 +239,10 @@ class TorchZipFile:
             raise CheckpointError(f"{path}: not a PyTorch zip checkpoint; {_LEGACY_HINT}")
         try:
             self._zip = zipfile.ZipFile(path)
-            pkls = [n for n in self._zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+            self._first = {}  # name -> its first entry: torch.load reads the first copy of a duplicated
+            for info in self._zip.infolist():  # member (zipfile's getinfo, the last)
+                self._first.setdefault(info.filename, info)
+            pkls = [n for n in self._first if n.endswith("/data.pkl") and n.count("/") == 1]
             if len(pkls) != 1:
                 raise CheckpointError(f"{path}: not a PyTorch checkpoint (no <archive>/data.pkl)")
             self._root = pkls[0][:-len("data.pkl")]
@@ -273,14 +284,14 @@ class TorchZipFile:
 
     def _info(self, member, name=None):
         try:
-            return self._zip.getinfo(member)
+            return self._first[member]
         except KeyError:
             what = f"tensor {name}: " if name else ""
             raise CheckpointError(f"{self.path}: {what}missing archive member {member}") from None
 
     def _member(self, member, limit, optional=False):
         try:
-            info = self._zip.getinfo(member)
+            info = self._first[member]
         except KeyError:
             if optional:
                 return None

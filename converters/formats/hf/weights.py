@@ -20,6 +20,7 @@ class Weights:
 
     def __init__(self, path: str, pin):
         self.files, self.where, self.pin = {}, {}, pin
+        self.held = {}  # name -> the file holding it (every shard's tensors, listed in the index or not)
         st, st_idx = os.path.join(path, SAFETENSORS), os.path.join(path, SAFETENSORS_INDEX)
         pt, pt_idx = os.path.join(path, PT_BIN), os.path.join(path, PT_BIN_INDEX)
         isfile = lambda p: os.path.isfile(pin.real(p))  # noqa: E731
@@ -41,6 +42,13 @@ class Weights:
         f = cls(self.pin.hold(fpath))  # its messages name fpath (reader.whole)
         self.files[fpath] = f
         for k in f.keys():
+            if names is not None and k in self.held:
+                # transformers loads every shard whole, in order: the last copy wins, whatever the
+                # index says; two copies are one too many to guess between
+                raise CheckpointError(f"{fpath}: tensor {k} is also in {self.pin.shown(self.held[k])} (the index "
+                                      f"names {names.get(k)!r}; transformers would keep the last shard's copy): "
+                                      f"a tensor belongs in one shard")
+            self.held[k] = f.path
             if names is not None and names.get(k) != os.path.basename(fpath):
                 continue
             if k in self.where:
@@ -52,9 +60,10 @@ class Weights:
         wm = d.get("weight_map")
         if not isinstance(wm, dict) or not wm:
             raise CheckpointError(f"{idx}: no weight_map")
-        for fn in sorted(set(wm.values())):
+        for k, fn in wm.items():  # before sorting: names of other types do not sort
             if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
-                raise CheckpointError(f"{idx}: shard name {fn!r} is not a file in this directory")
+                raise CheckpointError(f"{idx}: shard name {fn!r} (of {k}) is not a file in this directory")
+        for fn in sorted(set(wm.values())):
             fpath = os.path.join(path, fn)
             if not os.path.isfile(self.pin.real(fpath)):
                 raise CheckpointError(f"{fpath}: shard listed in {os.path.basename(idx)} not found")

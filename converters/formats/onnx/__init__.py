@@ -214,7 +214,7 @@ def read(path: str, opts: Options) -> Source:
 
 def _read(pin, path: str, opts: Options) -> Source:
     where = model_path(path)
-    with open(pin.real(where), "rb") as f:
+    with open(pin.hold(where), "rb") as f:  # a regular file (a FIFO is refused, not waited on)
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise CheckpointError(f"{where}: not a readable ONNX model (the file is empty)")
