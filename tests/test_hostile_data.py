@@ -85,6 +85,16 @@ def test_integer_weights_and_a_feature_with_no_value_list_are_refused(tmp_path):
     _refused_everywhere(data, tmp_path / "e2", "feature 'segment_ids' has no value list")
 
 
+def test_bytes_ids_are_one_line_everywhere(tmp_path):
+    """input_ids as a bytes_list (reached the internal-error fallback in data convert)."""
+    values = b"".join(b"\x0a\x01" + bytes([65 + k]) for k in range(S))
+    feature = b"\x0a" + pb.varint(len(values)) + values
+    entry = b"\x0a\x09input_ids\x12" + pb.varint(len(feature)) + feature
+    features = b"\x0a" + pb.varint(len(entry)) + entry
+    data = _write(tmp_path / "b", [rec + b"\x0a" + pb.varint(len(features)) + features for rec in _records()])
+    _refused_everywhere(data, tmp_path, "record 0: feature 'input_ids' is a bytes_list, expected numbers")
+
+
 def test_a_uint64_id_is_not_wrapped_into_a_negative_one(tmp_path):
     """An int64 list holding 2^64 - 5 (a uint64 written by a producer): TensorFlow reads -5; data
     convert refused nothing and wrote -5 on; now the reader's value check refuses it everywhere."""
