@@ -220,6 +220,12 @@ def test_float16_is_half_the_file_and_onnxruntime_runs_it_within_the_stated_tole
     size32, size16 = os.path.getsize(onnx32 / "model.onnx"), os.path.getsize(half / "model.onnx")
     weights = sum(int(np.prod(s.shape)) for s, _ in read(of, "of").tensors)
     assert size32 - size16 >= 2 * weights - 20_000 and 0.5 < size16 / size32 < 0.53, (size16, size32)
+    try:
+        import onnx
+    except ModuleNotFoundError:
+        onnx = None  # onnxruntime below still runs it
+    if onnx is not None:
+        onnx.checker.check_model(onnx.load(str(half / "model.onnx")), full_check=True)
     session = _session(str(half))
     assert [(i.name, i.type) for i in session.get_inputs()] == [(n, "tensor(int64)") for n in onnx_graph.INPUTS]
     assert [o.name for o in session.get_outputs()] == OUTPUTS["pretraining"]
@@ -247,6 +253,31 @@ def test_float16_is_half_the_file_and_onnxruntime_runs_it_within_the_stated_tole
     assert r.returncode == 1 and error_lines(r.stderr)[-1].startswith("bert-of: error: forward outputs differ: max |diff|")
     a, b = read(str(back), "of").load(), read(of, "of").load()
     assert all(a[k].dtype == np.float16 and np.array_equal(a[k], b[k].astype(np.float16)) for k in b)
+
+
+def test_float16_files_edited_are_refused_in_one_line(models, tmp_path):
+    """One initializer turned float32 (mixed), a Cast removed: one line each, nothing written."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    of, _ = models["pretraining"]
+    half = tmp_path / "half"
+    run_cli("convert", "of2onnx", of, "-o", half, "--dtype", "float16")
+    cases = {}
+    m = onnx.load(str(half / "model.onnx"))
+    first = m.graph.initializer[0]
+    first.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(first).astype(np.float32), first.name))
+    cases["mixed"] = (m, "its initializers mix float32 and float16")
+    m = onnx.load(str(half / "model.onnx"))
+    cast = next(i for i, n in enumerate(m.graph.node) if n.op_type == "Cast" and n.output[0].endswith(":float32"))
+    del m.graph.node[cast]
+    cases["no-cast"] = (m, "are not the ones of2onnx writes")
+    for name, (model, needle) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        onnx.save(model, str(d / "model.onnx"))
+        assert needle in _fails("convert", "onnx2of", d, "-o", tmp_path / f"out-{name}"), name
+        assert not os.path.exists(tmp_path / f"out-{name}")
 
 
 def test_checker_accepts_the_model(models):
