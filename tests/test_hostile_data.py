@@ -215,3 +215,17 @@ def test_an_hdf5_shard_declaring_more_records_than_it_stores_is_refused(tmp_path
     t = time.perf_counter()
     line = _one_line(run_cli("data", "inspect", d, "--check", check=False), "declares 100,000,000 records")
     assert "stores" in line and time.perf_counter() - t < 20
+
+
+def test_an_hdf5_shard_whose_datasets_were_never_written_is_refused(tmp_path):
+    """Contiguous datasets declared [10^6, 128] and never written (no storage allocated): h5py
+    reads 10^6 zero records from a file of a few KB; refused."""
+    d = tmp_path / "unwritten"
+    d.mkdir()
+    with h5py.File(d / "part-00000.hdf5", "w") as f:
+        for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids"):
+            f.create_dataset(k, shape=(10 ** 6, 128), dtype="i4")
+        f.create_dataset("next_sentence_labels", shape=(10 ** 6,), dtype="i1")
+    assert os.path.getsize(d / "part-00000.hdf5") < 100_000
+    _one_line(run_cli("data", "inspect", d, check=False),
+              "dataset 'input_ids' declares 1,000,000 records but stores nothing")

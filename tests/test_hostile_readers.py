@@ -70,6 +70,21 @@ def test_a_duplicated_storage_member_is_read_from_its_first_copy_as_torch_load_d
     assert np.array_equal(got[POOLER], tensors[POOLER]) and np.abs(got[POOLER]).sum() > 0
 
 
+def test_a_duplicated_pickle_member_is_read_from_its_first_copy(src, tmp_path):
+    d, tensors = _hf_dir(src, tmp_path, "dup-pkl")
+    records, storages = hi.contiguous_records(tensors)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with zipfile.ZipFile(d / "pytorch_model.bin", "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", hi.state_dict_pickle(records))
+            z.writestr("archive/data.pkl", b"\x80\x02" + hi._global("os", "system") + b".")  # never read
+            z.writestr("archive/byteorder", "little")
+            for k, raw in storages.items():
+                z.writestr(f"archive/data/{k}", raw)
+    got = _converted(d, tmp_path)
+    assert all(np.array_equal(got[k], tensors[k]) for k in tensors if k in got)
+
+
 def test_nn_parameter_state_dicts_are_read_as_weights_only_load_reads_them(src, tmp_path):
     """torch.save({name: nn.Parameter}) pickles torch._utils._rebuild_parameter(data, requires_grad,
     OrderedDict()) (or _rebuild_parameter_with_state when the parameter carries Python state)."""
@@ -144,3 +159,27 @@ def test_onnx2of_refuses_a_fifo_without_blocking(src, tmp_path, layout):
                         str(tmp_path / "o")], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT})
     _one_line(r, "model.onnx: not a regular file", tmp_path / "o")
+
+
+# --------------------------------------------------------------------------- TF2 object graphs
+
+
+def test_object_graph_paths_are_bounded_in_all_and_cycles_are_cut():
+    """A chain of 30,000 nodes each holding a variable: its paths would be 10^9 characters; the
+    walk stops at MAX_PATH_CHARS in about a second. A node that is its own child, or a child
+    pointing back at the root, adds no path."""
+    import time
+
+    from bert_of.converters.formats.tf2 import object_graph as og
+    from bert_of.errors import CheckpointError
+
+    nodes = [og.Node(children=[(1, "root")])] + [
+        og.Node(children=[(k + 2, f"node{k}")], attributes=[("VARIABLE_VALUE", "x", "")]) for k in range(30_000)]
+    nodes[-1].children = []
+    t = time.perf_counter()
+    with pytest.raises(CheckpointError, match="longer than 16,777,216 characters in all"):
+        og.aliases(nodes, "x")
+    assert time.perf_counter() - t < 10
+    nodes = [og.Node(children=[(1, "a")]), og.Node(children=[(1, "self"), (0, "up"), (2, "v")]),
+             og.Node(attributes=[("VARIABLE_VALUE", "v", "")])]
+    assert og.aliases(nodes, "x") == {2: ["a/v"]}
