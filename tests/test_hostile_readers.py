@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests import hostile_inputs as hi
+from tests.helpers import hostile_inputs as hi
 from tests.conftest import ROOT, error_lines, run_cli
 
 POOLER = "bert.pooler.dense.weight"
