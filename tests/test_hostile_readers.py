@@ -1,7 +1,7 @@
 """Hostile checkpoints for the newest readers (issue 44): each read the way the reference tool
 (torch.load, transformers) reads it, or one `bert-of: error:` line, exit 1, nothing written.
 
-The files are made by hand (tests/hostile_inputs.py: torch.save's zip layout and pickle opcodes,
+The files are made by hand (tests/helpers/hostile_inputs.py: torch.save's zip layout and pickle opcodes,
 safetensors shards) from the small model bert_of's writers produce."""
 
 import json
