@@ -215,7 +215,9 @@ def test_float16_is_half_the_file_and_onnxruntime_runs_it_within_the_stated_tole
     onnx32, half = tmp_path / "full", tmp_path / "half"
     run_cli("convert", "of2onnx", of, "-o", onnx32)
     r = run_cli("convert", "of2onnx", of, "-o", half, "--dtype", "float16", "--verify")
-    report = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("verify: "))
+    assert line.startswith("verify: ok:") and f"{FLOAT16_RULE} " in line and f"<= {FLOAT16_TOL:g}" in line, line
+    report = json.loads(run_cli("verify", of, half, "--modes", "eager", "--json").stdout)
     assert report["ok"] and report["tolerance"] == FLOAT16_TOL and report["tolerance_rule"] == FLOAT16_RULE
     size32, size16 = os.path.getsize(onnx32 / "model.onnx"), os.path.getsize(half / "model.onnx")
     weights = sum(int(np.prod(s.shape)) for s, _ in read(of, "of").tensors)
