@@ -150,7 +150,7 @@ def test_controls_that_must_fail(pair, tmp_path):
     bare = tmp_path / "bare"
     tf1_bundle_writer.write_bundle(str(bare / "ckpt"), values)
     assert detect(str(bare)) != "tf2"
-    with pytest.raises(CheckpointError, match="no _CHECKPOINTABLE_OBJECT_GRAPH"):
+    with pytest.raises(CheckpointError, match="this is a tf checkpoint, not tf2"):
         read(str(bare), "tf2", Options(config=os.path.join(pair[1], "bert_config.json")))
     # a graph referring to a node that does not exist
     broken = tmp_path / "broken"
