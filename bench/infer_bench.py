@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "infer_worker.py")
 OF_PY = os.path.join(ROOT, ".venv", "bin", "python")
-HF_PY = os.path.join(ROOT, ".venv-anchor", "bin", "python")
+HF_PY = os.environ.get("BERT_OF_BENCH_ANCHOR_PY") or os.path.join(ROOT, ".venv-anchor", "bin", "python")
 
 
 def minilm_dir() -> str:
@@ -36,7 +36,7 @@ def minilm_dir() -> str:
     return os.path.dirname(str(dist.locate_file(f)))
 
 
-def run(py, args, tmp, blas=None, ranks=1, kernels=True):
+def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
     """One row in a fresh process; ``ranks`` > 1: the worker as that many ranks through bert_of's own
     launcher (pinned one share of the CPUs each), rows split between them; peak RSS is their sum."""
     out = os.path.join(tmp, "row.json")
@@ -45,10 +45,14 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True):
             os.remove(f)
     load = os.getloadavg()[0]
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
-    for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS"):
+    for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS",
+              "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"):
         env.pop(k, None)
     if not kernels:
         env["BERT_OF_CPU_KERNELS"] = "0"
+    # bert_of's default on CPU: OneFlow's scheduler thread runs the kernels (no worker for it to spin
+    # beside); vm1: OneFlow's own default, a worker thread runs them and the scheduler spins
+    env["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = "1" if vm_worker else "0"
     if blas:
         env["BERT_OF_BLAS"] = blas
     launch = ["-m", "bert_of.launch", "--job", str(ranks), "1", "0", "127.0.0.1", "0"] if ranks > 1 else []
@@ -94,16 +98,20 @@ def _medians(rows: list) -> list:
 
 
 def _kind(row) -> tuple:
-    """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU GELU kernels on)."""
-    return row["mode"], row.get("blas_choice"), row.get("ranks", 1), row.get("cpu_gelu", True) is not False
+    """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU kernels on, OneFlow's VM
+    computing on its worker thread)."""
+    return (row["mode"], row.get("blas_choice"), row.get("ranks", 1), row.get("cpu_gelu", True) is not False,
+            row.get("vm_worker_thread", False) is True)
 
 
 def markdown(res: dict) -> str:
     """docs/benchmarks.md's tables from a results object: one column per bert_of (mode, BERT_OF_BLAS)."""
     rows = _medians([r for r in res["rows"] if "error" not in r])
-    kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"}, key=lambda k: (k[0], str(k[1]), k[2], not k[3]))
+    kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"},
+                   key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4]))
     name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) else k[0])  # noqa: E731
-                      + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's GELU"))
+                      + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's kernels")
+                      + (", VM worker thread (OneFlow's default)" if k[4] else ""))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
@@ -126,24 +134,27 @@ def markdown(res: dict) -> str:
                       "| piece | transformers (torch, 2 threads) | " + " | ".join(f"bert_of ({k})" for k in ofs)
                       + " | " + " | ".join(f"{k} / transformers" for k in ofs) + " |",
                       "|---|---|" + "---|" * (2 * len(ofs))]
-            for i, (piece, hv) in enumerate(med["hf"].items()):  # the same pieces in order (names differ a little)
-                vals = [list(med[k].values())[i] if i < len(med[k]) else None for k in ofs]
-                lines.append(f"| {piece} | {hv} | " + " | ".join(str(v) for v in vals) + " | "
-                             + " | ".join(f"{v / hv:.2f}" if hv and v else "-" for v in vals) + " |")
+            pieces = list(med["hf"]) + [p for k in ofs for p in med[k] if p not in med["hf"]]  # then bert_of's alt: rows
+            for piece in dict.fromkeys(pieces):
+                hv = med["hf"].get(piece)
+                vals = [med[k].get(piece) for k in ofs]
+                lines.append(f"| {piece} | {hv if hv is not None else '-'} | " + " | ".join(str(v) for v in vals)
+                             + " | " + " | ".join(f"{v / hv:.2f}" if hv and v else "-" for v in vals) + " |")
     return "\n".join(lines)
 
 
 def of_rows(a, task: str) -> list:
-    """[(mode, BERT_OF_BLAS, ranks, bert_of's CPU GELU kernels on)] of the bert_of rows of one ``task`` group."""
+    """[(mode, BERT_OF_BLAS, ranks, bert_of's CPU kernels on, OneFlow's VM worker thread on (vm1))] of the
+    bert_of rows of one ``task`` group."""
     if not a.of_rows:
-        return [(m, b, int(r), True) for m in a.modes.split(",") for b in a.blas.split(",") for r in a.ranks.split(",")]
+        return [(m, b, int(r), True, False) for m in a.modes.split(",") for b in a.blas.split(",") for r in a.ranks.split(",")]
     spec = a.of_rows
     if "=" in spec:  # predict=eager:auto,...;train=...
         spec = dict(part.split("=", 1) for part in spec.split(";")).get(task, "")
     rows = []
     for item in filter(None, spec.split(",")):
         mode, blas, *rest = item.split(":")
-        rows.append((mode, blas, int(rest[0]) if rest else 1, "k0" not in rest[1:]))
+        rows.append((mode, blas, int(rest[0]) if rest else 1, "k0" not in rest[1:], "vm1" in rest[1:]))
     return rows
 
 
@@ -163,7 +174,9 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0); predict=...;train=... per task")
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "default, its VM scheduler spinning beside a worker thread); "
+                         "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat each group (transformers, eager, graph) this many times; tables show medians")
     ap.add_argument("--profile-rounds", type=int, default=3,
@@ -183,7 +196,7 @@ def main():
     rows_out, t_start = [], time.time()
     with tempfile.TemporaryDirectory(prefix="infer_bench_") as tmp:
         hf_dir, of_dir = minilm_dir(), os.path.join(tmp, "minilm-of")
-        subprocess.run([os.path.join(ROOT, ".venv", "bin", "bert-of"), "convert", "hf2of", hf_dir, "-o", of_dir,
+        subprocess.run([OF_PY, "-m", "bert_of.cli", "convert", "hf2of", hf_dir, "-o", of_dir,
                         "-q"], check=True)
         for model in a.models.split(","):
             for seq in map(int, a.seqs.split(",")):
@@ -195,9 +208,9 @@ def main():
                     for rnd in range(a.rounds):
                         hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
-                        for mode, blas, ranks, kernels in of_rows(a, task):
+                        for mode, blas, ranks, kernels, vm_worker in of_rows(a, task):
                             row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
-                                      blas=blas, ranks=ranks, kernels=kernels)
+                                      blas=blas, ranks=ranks, kernels=kernels, vm_worker=vm_worker)
                             if "error" not in row and "error" not in hf:
                                 row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
                                 row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)

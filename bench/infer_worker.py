@@ -140,7 +140,9 @@ def pieces(fw, a):
     milliseconds (median of 5 after one warm-up): GEMMs (q/k/v + attention output, FFN up and
     down), the attention's batched matmuls and softmax, the element-wise work around them (mask add,
     GELU, a bias add, LayerNorm, the heads' transpose), then the whole layer as each library runs it.
-    Where a prediction's time goes, side by side."""
+    Where a prediction's time goes, side by side. bert_of's rows call what its layer calls (for
+    inference on CPU, cpu_kernels.c where it applies); its "alt:" rows time OneFlow's own ops for the
+    same piece (what BERT_OF_CPU_KERNELS=0 runs)."""
     c = MINILM if a.model == "minilm" else BASE
     B, S, H, N, I = a.batch, a.seq, c["hidden_size"], c["num_attention_heads"], c["intermediate_size"]
     D = H // N
@@ -169,10 +171,15 @@ def pieces(fw, a):
                "attention q.k^T and p.v": lambda: torch.matmul(torch.matmul(q, k.transpose(-1, -2)), v),
                "softmax [B,N,S,S]": lambda: torch.softmax(scores, -1),
                "scores + mask [B,N,S,S]": lambda: scores + mask,
+               "softmax(scores + mask) [B,N,S,S]": lambda: torch.softmax(scores + mask, -1),
                "GELU (tanh) [BS,I]": lambda: layer.intermediate.intermediate_act_fn(u),
                "bias add [BS,I]": lambda: u + b_up,
                "LayerNorm [BS,H]": lambda: layer.output.LayerNorm(hid),
+               "LayerNorm(x + residual) [BS,H]": lambda: layer.output.LayerNorm(hid + hid),
                "heads: [B,S,H] -> [B,N,S,D] copy": lambda: hid.view(B, S, N, D).transpose(1, 2).contiguous(),
+               "query + heads: linear [BS,H]x[H,H] + bias -> [B,N,S,D]":
+                   lambda: layer.attention.self.query(hid).view(B, S, N, D).transpose(1, 2).contiguous(),
+               "heads: [B,N,S,D] -> [B,S,H] copy": lambda: q.transpose(1, 2).reshape(B, S, H),
                "whole layer (sdpa)": lambda: layer(hid)[0]}
         run = lambda f: f()  # noqa: E731
         ctx = torch.inference_mode
@@ -181,6 +188,7 @@ def pieces(fw, a):
         from bert_of._flow import flow
         from bert_of.config import BertConfig
         from bert_of.modeling import BertLayer
+        from bert_of.runtime import kernels
 
         F = lambda t: flow.tensor(t)  # noqa: E731
         x, w4, w_up, w_dn, b_up, q, k, v, scores, mask = map(F, (x, w4, w_up, w_dn, b_up, q, k, v, scores, mask))
@@ -189,16 +197,26 @@ def pieces(fw, a):
         hid = x.reshape(B, S, H)
         lin = lambda a_, w: flow.matmul(a_, w, transpose_b=True)  # noqa: E731
         u = lin(x, w_up)
+        ln, qkv = layer.output.LayerNorm, layer.attention.self.query
         ops = {"gemm q/k/v/out (4x [BS,H]x[H,H])": lambda: [lin(x, w4) for _ in range(4)][-1],
                "gemm ffn up [BS,H]x[H,I]": lambda: lin(x, w_up),
                "gemm ffn down [BS,I]x[I,H]": lambda: lin(u, w_dn),
                "attention q.k^T and p.v": lambda: flow.matmul(flow.matmul(q, k, transpose_b=True), v),
                "softmax [B,N,S,S]": lambda: flow.softmax(scores, dim=-1),
                "scores + mask [B,N,S,S]": lambda: scores + mask,
+               "softmax(scores + mask) [B,N,S,S]": lambda: flow.softmax(scores + mask, dim=-1),
                "GELU (tanh) [BS,I]": lambda: layer.intermediate.act(u),
                "bias add [BS,I]": lambda: u + b_up,
-               "LayerNorm [BS,H]": lambda: layer.output.LayerNorm(hid),
+               "LayerNorm [BS,H]": lambda: ln(hid),
+               "alt: LayerNorm, OneFlow's ops": lambda: ln._oneflow(hid),
+               "LayerNorm(x + residual) [BS,H]": lambda: ln(hid, hid),
+               "alt: LayerNorm(x + residual), OneFlow's ops": lambda: ln._oneflow(hid + hid),
                "heads: [B,S,H] -> [B,N,S,D] copy": lambda: hid.reshape(B, S, N, D).permute(0, 2, 1, 3).contiguous(),
+               "query + heads: linear [BS,H]x[H,H] + bias -> [B,N,S,D]": lambda: kernels.split_heads(qkv, hid, N),
+               "alt: query + heads, OneFlow's linear + permute":
+                   lambda: flow.nn.Linear.forward(qkv, hid).reshape(B, S, N, D).permute(0, 2, 1, 3).contiguous(),
+               "heads: [B,N,S,D] -> [B,S,H] copy": lambda: kernels.merge_heads(q),
+               "alt: heads merge, OneFlow's permute": lambda: q.permute(0, 2, 1, 3).reshape(B, S, H),
                "whole layer": lambda: layer(hid, mask)}
         run = lambda f: f().numpy()  # noqa: E731  (numpy(): OneFlow runs asynchronously)
         ctx = flow.no_grad
@@ -266,7 +284,9 @@ def main():
         from bert_of.runtime.kernels import native_status
 
         res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
-                   blas_choice=os.environ.get("BERT_OF_BLAS"), cpu_gelu=native_status()["active"])
+                   blas_choice=os.environ.get("BERT_OF_BLAS"), cpu_gelu=native_status()["active"],
+                   cpu_kernels=native_status(),
+                   vm_worker_thread=os.environ.get("ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "0") not in ("0", "false"))
     if a.impl == "of" and flow_world() > 1:
         res.update(ranks=flow_world())
         if os.environ.get("RANK", "0") != "0":  # rank 0 reports the job (infer() timed it across ranks)

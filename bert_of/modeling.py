@@ -23,7 +23,7 @@ import contextlib
 import math
 from typing import Optional
 
-from bert_of._flow import LayerNorm, flow, gelu_erf, gelu_tanh
+from bert_of._flow import LayerNorm, flow, gelu_erf, gelu_tanh, merge_heads, split_heads
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
 from bert_of.outputs import BertModelOutput
@@ -86,16 +86,15 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
-    def _heads(self, x):
-        """[B, S, H] -> [B, N, S, D]."""
-        B, S, _ = x.shape
-        return x.reshape(B, S, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+    def _heads(self, linear, x):
+        """linear(x) as heads: [B, S, H] -> [B, N, S, D]."""
+        return split_heads(linear, x, self.num_heads)
 
     def forward(self, hidden, mask_adder, probs_out: Optional[list] = None, head_mask=None):
         """hidden [B, S, H], mask_adder [B, 1, 1, S] -> context [B, S, H]. ``probs_out`` (a list)
         receives the attention probabilities [B, N, S, S] (before dropout, as transformers');
         ``head_mask`` [1, N, 1, 1] multiplies them (transformers' head_mask: 0 silences a head)."""
-        q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
+        q, k, v = self._heads(self.query, hidden), self._heads(self.key, hidden), self._heads(self.value, hidden)
         # The scale rides in the GEMM's alpha (the same single rounding as a separate multiply, bit
         # for bit on CPU with either BLAS): one pass over [B, N, S, S] fewer, ~4% of a layer on CPU.
         if self.coeff is not None:
@@ -108,8 +107,7 @@ class BertSelfAttention(nn.Module):
         if probs_out is not None:
             probs_out.append(probs)
         ctx = flow.matmul(self.dropout(probs), v)  # [B, N, S, D]
-        B, N, S, D = ctx.shape
-        return ctx.permute(0, 2, 1, 3).reshape(B, S, N * D)
+        return merge_heads(ctx)  # [B, S, H]
 
 
 class BertSelfOutput(nn.Module):
@@ -120,7 +118,7 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden, residual):
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+        return self.LayerNorm(self.dropout(self.dense(hidden)), residual)  # LayerNorm(dense + residual)
 
 
 class BertAttention(nn.Module):
@@ -153,7 +151,7 @@ class BertOutput(nn.Module):
 
     def forward(self, intermediate, residual):
         """intermediate [B, S, I], residual [B, S, H] -> [B, S, H]."""
-        return self.LayerNorm(self.dropout(self.dense(intermediate)) + residual)
+        return self.LayerNorm(self.dropout(self.dense(intermediate)), residual)
 
 
 class BertLayer(nn.Module):

@@ -5,7 +5,7 @@ OneFlow does wrong and how to tell when it is no longer needed.
 - ``process``: a command's process rules (signals, exit codes, one writer of os.environ)
 - ``oneflow_fix`` (+ ``oneflow_fix.c``): the graph-launch race guarded
 - ``blas`` (+ ``blas_shim.c``): a threaded BLAS under OneFlow's single-threaded CPU GEMMs
-- ``kernels`` (+ ``cpu_kernels.c``): CPU LayerNorm and GELUs on every core, checked bit for bit
+- ``kernels`` (+ ``cpu_kernels.c``): CPU LayerNorm, GELUs, bias adds, heads, softmax on every core, checked
 - ``native``: builds and loads the C shims
 
 The model layer reaches them only through :mod:`bert_of._flow`.

@@ -62,8 +62,17 @@ _preload()
 oneflow_fix.install()  # before liboneflow loads: its graph-launch race guarded (bert_of/runtime/oneflow_fix.py)
 with signals_blocked():  # the BLAS starts its threads now: they must never take SIGINT / SIGTERM
     blas.install()  # before liboneflow loads: its CBLAS calls go to a threaded BLAS (bert_of/runtime/blas.py)
+def _first_stream(oneflow):
+    """Create OneFlow's CPU compute stream now, while the import's environment holds: each stream
+    reads ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD when created, and this thread keeps the value it read
+    first (OneFlow 0.9's thread-local environment cache), so the streams this thread creates later
+    follow it too (bert_of.runtime.process._import_environment says why it is set)."""
+    oneflow.zeros(1).numpy()
+
+
 with oneflow_import():  # leaves signals, fd 2 and os.environ as they were (bert_of.runtime.process)
     flow = _load()
+    _first_stream(flow)
 oneflow_fix.after_import()
 
 __all__ = ["flow"]

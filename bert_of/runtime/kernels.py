@@ -10,10 +10,23 @@ column "of", min wall ms per call):
 - ``LayerNorm`` through products with a ones vector: 9.5 ms, against 240.7 ms for OneFlow's CPU
   kernel ("alt: LayerNorm [B,S,H] with OneFlow's CPU kernel (nn.LayerNorm)"): 25x.
 
-For inference, both GELUs run in :file:`cpu_kernels.c`: OneFlow's own float operations and libm
-calls, so the same bits, in one pass over every core instead of single-threaded kernels (one per
-op): a BERT-base FFN activation at 4 x 384 tokens, Google's tanh GELU 79-87 -> 28-34 ms, the
-exact GELU 57-76 -> 38-39 ms (2 CPUs; ``bench/gelu_bench.py``). ``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's.
+For inference (no autograd, local eager float32 CPU tensors) the layer's element-wise work runs in
+:file:`cpu_kernels.c`, one pass over every core instead of OneFlow's single-threaded kernels
+(measured by ``bench/gelu_bench.py`` and ``bench/infer_worker.py --task profile``; numbers in
+bench/results and docs/benchmarks.md). Each kernel is checked against OneFlow's own op on its first
+use and stays off, with the reason in :func:`native_status`, where it does not hold:
+
+- OneFlow's bits (the same float operations and libm calls): both GELUs, the heads' split (with
+  the projection's bias add) and merge.
+- Bounded (its sums cannot follow OneFlow's order): LayerNorm(x + residual), within
+  ``LAYER_NORM_ULPS`` float ulps of the float64 LayerNorm, and no further from OneFlow's output
+  than that is from float64.
+
+Not here, because they measured no faster than OneFlow's own (docs/benchmarks.md, 2026-12-06): a
+standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and the
+softmax (OneFlow's is oneDNN's, vectorised).
+
+``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout.
 
 Shapes: T tokens (B*S), H hidden.
 """
@@ -63,7 +76,22 @@ def _gelu(x, op: int):
 GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
 _ONEFLOW_GELU = {0: lambda x: flow.nn.functional.gelu(x),
                  1: lambda x: x * flow.sigmoid(GELU_TANH_C * (x + 0.044715 * (x * x * x)))}
-_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0}
+_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {}}
+F32_EPS = 2.0 ** -24  # a float32 ulp at 1, relative
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_ARGTYPES = {
+    "bert_of_gelu": [_PTR, _PTR, _I64, ctypes.c_int, ctypes.c_int],
+    "bert_of_split_heads": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int],
+    "bert_of_merge_heads": [_PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int],
+    "bert_of_layer_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_double, ctypes.c_int],
+}
+
+
+def _same_bits(got, want) -> bool:
+    """Equal to the last bit, any NaN matching any NaN."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    nan = np.isnan(got)
+    return np.array_equal(nan, np.isnan(want)) and np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
 
 
 def _native_lib():
@@ -80,7 +108,8 @@ def _native_lib():
     except OSError as e:
         _native["why"] = f"off: {e}"
         return None
-    lib.bert_of_gelu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    for name, argtypes in _ARGTYPES.items():
+        getattr(lib, name).argtypes = argtypes
     # every binade from 1e-38 to 1e38 of both signs, the range around zero densely, and the specials
     probe = np.concatenate([np.geomspace(1e-38, 1e38, 4096), np.linspace(0, 12, 1 << 16)])
     probe = np.concatenate([probe, -probe, [np.inf, -np.inf, np.nan, -0.0]]).astype(np.float32)
@@ -89,36 +118,168 @@ def _native_lib():
         want = ref(flow.tensor(probe)).numpy()
         got = np.empty_like(probe)
         lib.bert_of_gelu(probe.ctypes.data, got.ctypes.data, probe.size, threads, op)
-        differ = (got.view(np.uint32) != want.view(np.uint32)) & ~(np.isnan(got) & np.isnan(want))  # any NaN
-        if differ.any():
-            bad = int(differ.sum())
+        if not _same_bits(got, want):
+            bad = int(((got.view(np.uint32) != want.view(np.uint32)) & ~(np.isnan(got) & np.isnan(want))).sum())
             _native["why"] = f"off: differs from OneFlow's kernel at {bad} of {probe.size} probe values (op {op})"
             return None
     _native.update(lib=lib, threads=threads)
     return lib
 
 
+def _applies(*tensors) -> bool:
+    """cpu_kernels.c serves only inference (no autograd) on local eager float32 CPU tensors."""
+    for x in tensors:
+        if x is None:
+            continue
+        if (x.is_lazy or x.is_global or x.device.type != "cpu" or x.dtype != flow.float32
+                or (x.requires_grad and flow.is_grad_enabled())):
+            return False
+    return True
+
+
+def _arr(x) -> np.ndarray:
+    """x's float32 values, C-contiguous (waits for x; shares its memory when contiguous)."""
+    return np.ascontiguousarray(x.numpy())
+
+
+def _out(shape):
+    """A new float32 NumPy array for a kernel to write and the CPU tensor on its memory. (OneFlow's
+    own allocator would save the page faults but its ``numpy()`` waits for the VM: dearer.)"""
+    y = np.empty(shape, np.float32)
+    return flow.from_numpy(y), y
+
+
 def native_gelu(x, op: int):
     """GELU ``op`` (0 exact, 1 tanh) of ``x`` by cpu_kernels.c, or None where it does not apply:
     only for inference (no autograd), on local eager float32 CPU tensors."""
-    if (x.is_lazy or x.is_global or x.device.type != "cpu" or x.dtype != flow.float32
-            or (x.requires_grad and flow.is_grad_enabled())):
+    if not _applies(x):
         return None
     lib = _native_lib()
     if lib is None:
         return None
-    a = np.ascontiguousarray(x.numpy())  # waits for x; shares its memory when contiguous
-    y = np.empty_like(a)
+    a = _arr(x)
+    out, y = _out(a.shape)
     lib.bert_of_gelu(a.ctypes.data, y.ctypes.data, a.size, _native["threads"], op)
     _native["calls"] += 1
-    return flow.from_numpy(y)
+    return out
 
 
 def native_status() -> dict:
-    """{"active": bool, "threads", "calls": GELUs computed so far, "why": when off}."""
+    """{"active": bool, "threads", "calls": kernel calls so far, "off": {kernel: why} for kernels
+    that failed their check, "why": when all are off}."""
     if _native["lib"] is None:
         return {"active": False, "why": _native["why"]}
-    return {"active": True, "threads": _native["threads"], "calls": _native["calls"]}
+    off = {k: v for k, v in _native["kernels"].items() if v is not None}
+    return {"active": True, "threads": _native["threads"], "calls": _native["calls"], **({"off": off} if off else {})}
+
+
+# --------------------------------------------------------------------------- the layer's other kernels
+
+
+def _kernel(name: str):
+    """The library when kernel ``name`` passed its check against OneFlow (run on its first use), else None."""
+    lib = _native_lib()
+    if lib is None:
+        return None
+    if name not in _native["kernels"]:
+        _native["kernels"][name] = "checking"
+        why = _CHECKS[name](lib, _native["threads"])
+        _native["kernels"][name] = why
+    return lib if _native["kernels"][name] is None else None
+
+
+def _probe(rng, *shape) -> np.ndarray:
+    """Values ~N(0, 3^2) with signed zeros, subnormals, huge and tiny values mixed in."""
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:8] = [0.0, -0.0, 1e-39, -1e-39, 3e37, -3e37, 1e-30, 7.5]
+    return x
+
+
+def _check_heads(lib, threads):
+    rng = np.random.default_rng(2)
+    B, S, N, D = 3, 37, 4, 16
+    x, b = _probe(rng, B, S, N * D), _probe(rng, N * D)
+    b[:3] = [np.inf, -np.inf, np.nan]
+    want = (flow.tensor(x) + flow.tensor(b)).reshape(B, S, N, D).permute(0, 2, 1, 3).contiguous().numpy()
+    back = flow.tensor(want).permute(0, 2, 1, 3).reshape(B, S, N * D).numpy()
+    for t in {1, threads}:
+        y, z = np.empty_like(want), np.empty_like(x)
+        lib.bert_of_split_heads(x.ctypes.data, b.ctypes.data, y.ctypes.data, B, S, N, D, t)
+        lib.bert_of_merge_heads(want.ctypes.data, z.ctypes.data, B, N, S, D, t)
+        if not (_same_bits(y, want) and _same_bits(z, back)):
+            return f"off: the heads' split or merge differs from OneFlow's permute ({t} threads)"
+    return None
+
+
+LAYER_NORM_ULPS = 4  # cpu_kernels.c's LayerNorm vs float64, in float ulps of |normalised x w| + |b|
+
+
+def _layer_norm64(t, w, b, eps):
+    t = t.astype(np.float64)
+    m = t.mean(-1, keepdims=True)
+    n = (t - m) / np.sqrt(((t - m) ** 2).mean(-1, keepdims=True) + eps)
+    return n * w + b, np.abs(n * w) + np.abs(b)
+
+
+def _check_layer_norm(lib, threads):
+    """Bounded (its sums run in another order than OneFlow's): within LAYER_NORM_ULPS x 2^-24 x (|n w| + |b|) of the float64
+    LayerNorm (n the normalised value), and as near bert_of's OneFlow LayerNorm as that is to float64."""
+    rng = np.random.default_rng(4)
+    T, H = 45, 384
+    x, r = (rng.standard_normal((T, H)) * 3 + 1).astype(np.float32), rng.standard_normal((T, H)).astype(np.float32)
+    x[0] = 0.0  # a constant row: variance 0, eps alone
+    x[1] *= 1e4
+    w, b = (rng.standard_normal(H) * 0.5 + 1).astype(np.float32), (rng.standard_normal(H) * 0.1).astype(np.float32)
+    ln = LayerNorm(H, eps=1e-12)
+    with flow.no_grad():
+        ln.weight.copy_(flow.tensor(w))
+        ln.bias.copy_(flow.tensor(b))
+        theirs = ln._oneflow(flow.tensor(x) + flow.tensor(r)).numpy()
+    ref, scale = _layer_norm64((flow.tensor(x) + flow.tensor(r)).numpy(), w, b, 1e-12)
+    for th in {1, threads}:
+        y = np.empty_like(x)
+        lib.bert_of_layer_norm(x.ctypes.data, r.ctypes.data, w.ctypes.data, b.ctypes.data, y.ctypes.data, T, H,
+                               1e-12, th)
+        bound = LAYER_NORM_ULPS * F32_EPS * scale
+        if not (np.abs(y - ref) <= bound).all():
+            return f"off: LayerNorm beyond {LAYER_NORM_ULPS} ulps of the float64 LayerNorm ({th} threads)"
+        if not (np.abs(y - theirs) <= np.abs(theirs - ref) + bound).all():
+            return f"off: LayerNorm further from OneFlow's than OneFlow's is from float64 ({th} threads)"
+    return None
+
+
+_CHECKS = {"heads": _check_heads, "layer_norm": _check_layer_norm}
+
+
+def split_heads(linear, x, num_heads: int):
+    """``linear(x)`` split into heads: x [B, S, in] -> [B, N, S, D]. For CPU inference the bias add and
+    the transpose are one pass of cpu_kernels.c (OneFlow's bits)."""
+    B, S = x.shape[0], x.shape[1]
+    lib = _kernel("heads") if linear.bias is not None and _applies(x, linear.weight, linear.bias) else None
+    if lib is None:
+        y = linear(x)
+        return y.reshape(B, S, num_heads, y.shape[-1] // num_heads).permute(0, 2, 1, 3)
+    a = _arr(flow.matmul(x, linear.weight, transpose_b=True))
+    D = a.shape[-1] // num_heads
+    out, y = _out((B, num_heads, S, D))
+    lib.bert_of_split_heads(a.ctypes.data, _arr(linear.bias).ctypes.data, y.ctypes.data, B, S, num_heads, D,
+                            _native["threads"])
+    _native["calls"] += 1
+    return out
+
+
+def merge_heads(x):
+    """[B, N, S, D] -> [B, S, N*D] (for CPU inference one pass of cpu_kernels.c, OneFlow's bits)."""
+    B, N, S, D = x.shape
+    lib = _kernel("heads") if _applies(x) else None
+    if lib is None:
+        return x.permute(0, 2, 1, 3).reshape(B, S, N * D)
+    a = _arr(x)
+    out, y = _out((B, S, N * D))
+    lib.bert_of_merge_heads(a.ctypes.data, y.ctypes.data, B, N, S, D, _native["threads"])
+    _native["calls"] += 1
+    return out
 
 
 class LayerNorm(nn.Module):
@@ -142,14 +303,40 @@ class LayerNorm(nn.Module):
         self.register_buffer("ones_row", flow.ones(1, hidden_size), persistent=False)
         self.register_buffer("ones_col", flow.ones(hidden_size, 1), persistent=False)
 
-    def forward(self, x):
-        """x: [..., H] -> [..., H]."""
-        if is_cuda(x):
-            return flow.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        shape, inv_h = x.shape, 1.0 / x.shape[-1]
-        x2 = x.reshape(-1, shape[-1])  # [T, H]
-        mean = flow.matmul(x2, self.ones_col) * inv_h  # [T, 1]
-        xc = x2 - flow.matmul(mean, self.ones_row)
-        var = flow.matmul(xc * xc, self.ones_col) * inv_h
-        y = xc * flow.matmul(flow.rsqrt(var + self.eps), self.ones_row)
-        return (y * self.weight + self.bias).reshape(shape)
+    def forward(self, x, residual=None):
+        """LayerNorm(x + residual) (residual optional): x [..., H] -> [..., H]. For CPU inference one
+        pass of cpu_kernels.c, within LAYER_NORM_ULPS float ulps of the float64 LayerNorm."""
+        if residual is not None and not _applies(x, residual, self.weight, self.bias):
+            x, residual = x + residual, None
+        lib = _kernel("layer_norm") if _applies(x, residual, self.weight, self.bias) and not is_cuda(x) else None
+        if lib is None:
+            return _layer_norm(self, x if residual is None else x + residual)
+        a = _arr(x)
+        r = None if residual is None else _arr(residual)
+        if r is not None and r.shape != a.shape:
+            return _layer_norm(self, x + residual)
+        H = a.shape[-1]
+        out, y = _out(a.shape)
+        lib.bert_of_layer_norm(a.ctypes.data, None if r is None else r.ctypes.data, _arr(self.weight).ctypes.data,
+                               _arr(self.bias).ctypes.data, y.ctypes.data, a.size // H, H, self.eps,
+                               _native["threads"])
+        _native["calls"] += 1
+        return out
+
+    def _oneflow(self, x):
+        """The same LayerNorm in OneFlow's ops (autograd, graphs, CUDA). x: [..., H] -> [..., H]."""
+        return _layer_norm(self, x)
+
+
+def _layer_norm(m, x):
+    """LayerNorm ``m``'s maths in OneFlow's ops. A function of the module, not a method: in a graph
+    ``m`` is OneFlow's proxy and its parameters must be read through it. x: [..., H] -> [..., H]."""
+    if is_cuda(x):
+        return flow.nn.functional.layer_norm(x, (x.shape[-1],), m.weight, m.bias, m.eps)
+    shape, inv_h = x.shape, 1.0 / x.shape[-1]
+    x2 = x.reshape(-1, shape[-1])  # [T, H]
+    mean = flow.matmul(x2, m.ones_col) * inv_h  # [T, 1]
+    xc = x2 - flow.matmul(mean, m.ones_row)
+    var = flow.matmul(xc * xc, m.ones_col) * inv_h
+    y = xc * flow.matmul(flow.rsqrt(var + m.eps), m.ones_row)
+    return (y * m.weight + m.bias).reshape(shape)

@@ -302,8 +302,13 @@ def _import_environment() -> dict:
     recognise recent Xeons and runs its SSE3 "Prescott" kernels; its Haswell (AVX2+FMA) kernels do the
     same GEMMs 3x faster, so they run unless BERT_OF_BLAS=exact (they serve the GEMMs only with
     BERT_OF_BLAS=oneflow, or when no threaded BLAS is installed: bert_of.runtime.blas). An OPENBLAS_CORETYPE
-    the user set always wins; the threaded BLAS has loaded by now and detected the CPU itself."""
+    the user set always wins; the threaded BLAS has loaded by now and detected the CPU itself.
+    ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=0 (without a CUDA driver, unless the user set it): OneFlow's VM
+    scheduler runs CPU kernels itself instead of spinning beside a worker thread that runs them
+    (docs/ranks.md); :mod:`bert_of.runtime.flow_import` makes OneFlow read it during the import."""
     extra = {}
+    if "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD" not in os.environ and not os.path.exists("/proc/driver/nvidia"):
+        extra["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = "0"  # read while the import lasts: flow_import.py
     if "GLOG_minloglevel" not in os.environ:
         extra["GLOG_minloglevel"] = "3"
     if os.environ.get("BERT_OF_BLAS", "").lower() != "exact" and "OPENBLAS_CORETYPE" not in os.environ \

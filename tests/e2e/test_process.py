@@ -129,3 +129,20 @@ def test_ctrl_c_while_python_imports_bert_of_is_one_line_and_no_traceback():
                 (i, err)
             ours += bool(err)
     assert ours >= 10  # most of the start-up is bert_of's own imports
+
+
+def test_oneflows_vm_setting_is_read_during_the_import_and_a_users_value_is_kept():
+    """bert_of has OneFlow's CPU streams run kernels on the VM scheduler thread by letting OneFlow
+    read ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=0 during the import only (its effect is measured in
+    bench/, docs/ranks.md); os.environ is left as it was, and a value the user set stays theirs."""
+    code = ("import os\nfrom bert_of._flow import flow\n"
+            "y = (flow.ones(4) * 2).numpy()\n"
+            "print(os.environ.get('ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD'), float(y.sum()))\n")
+    for value, want in ((None, "None 8.0"), ("1", "1 8.0")):
+        env = {k: v for k, v in os.environ.items() if k != "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"}
+        if value:
+            env["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = value
+        p = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.split("\n")[-2] == want

@@ -236,6 +236,103 @@ def test_cpu_gelu_kernels_can_be_turned_off():
         "{'active': False, 'why': 'off (BERT_OF_CPU_KERNELS=0)'} [0.8413, -0.0455]"
 
 
+def _layer_kernel_probe(rng, *shape):
+    """~N(0, 3^2) floats with signed zeros, subnormals and huge values mixed in."""
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x.reshape(-1)[:6] = [0.0, -0.0, 1e-39, -1e-39, 3e37, -3e37]
+    return x
+
+
+def test_cpu_inference_layer_kernels_match_oneflows_ops_on_every_core():
+    """The rest of a layer's element-wise work for CPU inference (cpu_kernels.c): the heads' split
+    (with the projection's bias add) and merge are OneFlow's bits (infinities and NaN in the bias
+    included); LayerNorm(x + residual), whose sums OneFlow orders otherwise, stays within its
+    documented bound of the float64 result and no further from OneFlow's own than that is; 1 and 2
+    threads, and through the model layer's functions; with autograd OneFlow's ops run."""
+    from bert_of.runtime import kernels as K
+
+    rng = np.random.default_rng(7)
+    lib = K._native_lib()
+    assert lib is not None
+    for name in ("heads", "layer_norm"):
+        assert K._kernel(name) is lib, K.native_status()
+    same = K._same_bits
+    B, S, N, D = 3, 41, 4, 24
+    H = N * D
+    x, bias = _layer_kernel_probe(rng, B, S, H), _layer_kernel_probe(rng, H)
+    bias[6:9] = [np.inf, -np.inf, np.nan]
+    want_bias = (flow.tensor(x) + flow.tensor(bias)).numpy()
+    want_split = flow.tensor(want_bias).reshape(B, S, N, D).permute(0, 2, 1, 3).contiguous().numpy()
+    for threads in (1, 2):
+        heads = np.empty_like(want_split)
+        lib.bert_of_split_heads(x.ctypes.data, bias.ctypes.data, heads.ctypes.data, B, S, N, D, threads)
+        assert same(heads, want_split), threads
+        back = np.empty_like(x)
+        lib.bert_of_merge_heads(want_split.ctypes.data, back.ctypes.data, B, N, S, D, threads)
+        assert same(back, want_bias), threads
+
+    lin = flow.nn.Linear(H, 2 * H)
+    with flow.no_grad():
+        lin.bias.copy_(flow.tensor(_layer_kernel_probe(rng, 2 * H)))
+    want = lin(flow.tensor(x)).numpy()  # autograd on: OneFlow's GEMM + bias add
+    with flow.no_grad():
+        calls = K.native_status()["calls"]
+        got_heads = K.split_heads(lin, flow.tensor(x), N).numpy()
+        merged = K.merge_heads(flow.tensor(got_heads)).numpy()
+        assert K.native_status()["calls"] == calls + 2
+    assert same(merged, want) and same(got_heads, want.reshape(B, S, N, 2 * D).transpose(0, 2, 1, 3))
+
+    ln = K.LayerNorm(H, eps=1e-12)
+    w, b = rng.standard_normal(H).astype(np.float32), rng.standard_normal(H).astype(np.float32)
+    with flow.no_grad():
+        ln.weight.copy_(flow.tensor(w))
+        ln.bias.copy_(flow.tensor(b))
+    h, r = (rng.standard_normal((B, S, H)) * 3 + 1).astype(np.float32), rng.standard_normal((B, S, H)).astype(np.float32)
+    h[0, 0] = 0.0  # a constant row
+    summed = (flow.tensor(h) + flow.tensor(r)).numpy()
+    ref, scale = K._layer_norm64(summed, w, b, 1e-12)
+    theirs = ln._oneflow(flow.tensor(summed)).numpy()
+    bound = K.LAYER_NORM_ULPS * K.F32_EPS * scale
+    outs = []
+    for threads in (1, 2):
+        y = np.empty_like(h)
+        lib.bert_of_layer_norm(h.ctypes.data, r.ctypes.data, w.ctypes.data, b.ctypes.data, y.ctypes.data, B * S, H,
+                               1e-12, threads)
+        outs.append(y)
+    with flow.no_grad():
+        outs.append(ln(flow.tensor(h), flow.tensor(r)).numpy())
+        outs.append(ln(flow.tensor(summed)).numpy())
+    for y in outs:
+        assert (np.abs(y - ref) <= bound).all()
+        assert (np.abs(y - theirs) <= np.abs(theirs - ref) + bound).all()
+
+    calls = K.native_status()["calls"]
+    hg = flow.tensor(h, requires_grad=True)
+    ln(hg, flow.tensor(r)).sum().backward()
+    assert K.native_status()["calls"] == calls and np.isfinite(hg.grad.numpy()).all()  # autograd: OneFlow's ops
+
+
+@pytest.mark.parametrize("cls", [BertModel, BertForQuestionAnswering])
+def test_inference_kernels_keep_eager_equal_to_graph_and_to_oneflows_ops(cls):
+    """Under no_grad an eager forward runs the CPU kernels; it equals the graph (OneFlow's ops) and
+    the same eager forward with autograd on (OneFlow's ops) to float rounding."""
+    from bert_of.runtime.kernels import native_status
+
+    model = cls(CFG)
+    model.init_weights(seed=2)
+    model.eval()
+    args = _inputs(make_batch(CFG, batch_size=3, seq_len=13))
+    plain = model(*args).to_dict()
+    calls = native_status().get("calls", 0)  # none before the first kernel of this process
+    with flow.no_grad():
+        fast = model(*args).to_dict()
+    assert native_status()["calls"] > calls
+    graph = BertGraph(model)(*args).to_dict()
+    for k in fast:
+        np.testing.assert_allclose(fast[k].numpy(), graph[k].numpy(), rtol=0, atol=2e-6, err_msg=k)
+        np.testing.assert_allclose(fast[k].numpy(), plain[k].numpy(), rtol=0, atol=2e-6, err_msg=k)
+
+
 # --------------------------------------------------------------------------- heads compute their loss
 
 
