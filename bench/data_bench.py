@@ -235,7 +235,7 @@ def main():
         print("google-research/bert create_pretraining_data.py ...", file=sys.stderr, flush=True)
         gw, gc, gr, _, _ = measured([py, __file__, "--run-google", google_dir, *g_argv])
 
-        ours_base = [py, "-m", "bert_of.data", "create-pretraining", "--vocab", vocab, "--no-progress", "--json",
+        ours_base = [py, "-m", "bert_of.cli", "data", "create-pretraining", "--vocab", vocab, "--no-progress", "--json",
                      "--overwrite", "--dupe-factor", str(args.dupe_factor), "--max-seq-length",
                      str(args.max_seq_length), "--max-predictions-per-seq", str(args.max_predictions_per_seq)]
         env = dict(os.environ, PYTHONPATH=ROOT)

@@ -6,7 +6,7 @@
     bert-of eval glue --model NAME_OR_DIR --task T --data dev.tsv
     bert-of results [--format markdown|csv|json] [--task T] [--results FILE]
 
-``bert_of.cli`` mounts these with :func:`add_parser`; ``python -m bert_of.eval ...`` runs them alone.
+``bert_of.cli`` mounts these with :func:`add_parser`.
 Each evaluation prints its scores on stdout (squad-score: exactly the official script's JSON)
 and appends a record to the results store (``--no-record`` skips it); notes go to stderr.
 """

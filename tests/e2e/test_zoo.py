@@ -294,7 +294,7 @@ def test_killed_download_resumes_in_the_next_process(home, tmp_path, serve, serv
     server.faults[path_on_server] = {"rate": size / 4, "times": 1}  # the first request trickles in (~4 s)
     reg = write_registry(tmp_path / "reg.json", [registry_entry("tiny", url, release["hashes"])])
     env = {"BERT_OF_HOME": str(home), "BERT_OF_REGISTRY": reg}
-    proc = subprocess.Popen([sys.executable, "-m", "bert_of.zoo", "download", "tiny", "--format", "tf"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "bert_of.cli", "zoo", "download", "tiny", "--format", "tf"], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT, no_proxy="127.0.0.1,localhost", **env),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     part = home / "downloads" / "tiny" / "tiny.zip.part"
@@ -472,7 +472,7 @@ def test_two_concurrent_downloads_of_one_entry(home, tmp_path, serve, server, re
     reg = write_registry(tmp_path / "reg.json", [registry_entry("tiny", url, release["hashes"])])
     env = dict(os.environ, PYTHONPATH=ROOT, BERT_OF_HOME=str(home), BERT_OF_REGISTRY=reg,
                no_proxy="127.0.0.1,localhost")
-    cmd = [sys.executable, "-m", "bert_of.zoo", "download", "tiny", "--format", "tf"]
+    cmd = [sys.executable, "-m", "bert_of.cli", "zoo", "download", "tiny", "--format", "tf"]
     try:
         first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         deadline = time.monotonic() + 120
@@ -700,7 +700,7 @@ def test_concurrent_zoo_adds_all_land(home, local_ckpt):
     names = [f"run-{i}" for i in range(4)]
     logs = [home.parent / f"add-{n}.txt" for n in names]
     with locked(str(home / "locks" / ".registry.local.lock"), "test", wait=True):  # all four queue up
-        procs = [subprocess.Popen([sys.executable, "-m", "bert_of.zoo", "add", str(local_ckpt), "--name", n],
+        procs = [subprocess.Popen([sys.executable, "-m", "bert_of.cli", "zoo", "add", str(local_ckpt), "--name", n],
                                   stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env, cwd=ROOT)
                  for n, log in zip(names, logs)]
         deadline = time.monotonic() + 120
