@@ -111,6 +111,10 @@ SAVED_TABLE = Table(spell(lambda scope: None, {**PARAMS, "ln": [("/gamma", ".Lay
     "cls.predictions": "cls/predictions/output_bias",
 }))
 
+# BertPretrainerV2's cls_heads (the pretraining task's "next_sentence" head): a ClassificationHead
+# on the [CLS] token with its own dense + tanh layer, so not bert_of's NSP (one layer on the pooler).
+# checkpoint_items export it as "<name>.pooler_dense" (escaped ".." in a key).
+_CLS_HEAD = re.compile(r"(?:^|/)(classification_heads/\d+|[^/]+?\.\.?pooler_dense)/")
 SLOTS = {"m": "m", "v": "v"}  # Keras Adam's slot names -> bert_of optimizer-state prefixes
 HYPER = ("beta_1", "beta_2", "decay", "learning_rate", "_learning_rate", "epsilon", "weight_decay_rate")
 OPTIMIZER_META = {"optimizer": "adamw", "bias_correction": "true", "eps": "1e-06", "weight_decay": "0.01",
@@ -178,21 +182,30 @@ def _variables(nodes, where, saved):
     return out
 
 
-def _classify_var(var, table, by_node_key, by_full_name):
+def _classify_var(var, table, by_node_key, by_full_name, global_step_elsewhere=False):
     """Hit or ReportLine for one variable of the graph. Optimizer slots: a Keras "legacy" optimizer
     lists them in the graph (``slot_variables``); a Keras 2.11+ optimizer keeps them in its own
-    list (``optimizer/_variables/N``), named ``<Optimizer>/m/<the variable's name>``."""
+    list (``optimizer/_variables/N``), named ``<Optimizer>/m/<the variable's name>``. Model Garden's
+    trainer (official.core's ``Checkpoint(global_step=, model=, optimizer=)``) saves its own
+    ``global_step`` beside the optimizer's iteration counter: the step is ``global_step``; a
+    ``BertPretrainerV2`` classification head (``classification_heads/N``) has no bert_of place."""
     hits = {found for found in (_tails(table, n) for n in var.names) if found}
     if len(hits) > 1:
         raise CheckpointError(f"variable {var.key} is named as {' and '.join(sorted(h[0] for h in hits))}")
     if hits:
         target, transform = hits.pop()
         return Hit(target, transform)
+    head = next((m for m in map(_CLS_HEAD.search, var.names) if m), None)
+    if head:
+        return ReportLine(var.key, "dropped", note=f"BertPretrainerV2's classification head ({head.group(1)}: "
+                          "[CLS] -> dense + tanh -> out_proj; bert_of's NSP head is one layer on the pooler)")
     if var.slot:
         slot, owner = var.slot
         base = by_node_key(owner)
         if isinstance(base, Hit) and not base.optimizer and slot in SLOTS:
             return Hit(f"{SLOTS[slot]}/{base.target}", base.transform, optimizer=True)
+        if isinstance(base, ReportLine) and base.action == "dropped":  # the slot of a dropped variable
+            return ReportLine(var.key, "dropped", note=f"optimizer slot {slot} of a dropped variable: {base.note}")
         return None
     slot = re.fullmatch(r"[^/]+/(m|v)/(.+)", var.full) if any(n.startswith("optimizer/") for n in var.names) else None
     if slot and slot.group(1) in SLOTS:
@@ -200,7 +213,12 @@ def _classify_var(var, table, by_node_key, by_full_name):
         if isinstance(base, Hit) and not base.optimizer:
             return Hit(f"{SLOTS[slot.group(1)]}/{base.target}", base.transform, optimizer=True)
     ends = {n.rsplit("/", 1)[-1] for n in var.names}
-    if any(n in ("global_step", "optimizer/iter", "optimizer/_iterations") for n in var.names):
+    if "global_step" in var.names:
+        return Hit("step", "scalar", optimizer=True)
+    if any(n in ("optimizer/iter", "optimizer/_iterations") for n in var.names):
+        if global_step_elsewhere:  # Model Garden's trainer: Checkpoint(global_step=, model=, optimizer=)
+            return ReportLine(var.key, "dropped", note="the optimizer's own step counter (the trainer's "
+                                                       "global_step is kept as the step)")
         return Hit("step", "scalar", optimizer=True)
     if "save_counter" in ends:
         return ReportLine(var.key, "dropped", note="tf.train.Checkpoint's save counter")
@@ -258,6 +276,7 @@ def _read(pin, path: str, opts: Options) -> Source:
     named_once = {}  # a variable's name -> its key, where one variable has that name
     for v in variables.values():
         named_once[v.full] = None if v.full in named_once else v.key
+    global_step = {v.key for v in variables.values() if "global_step" in v.names}
     memo = {}
 
     def classify_key(key):
@@ -265,7 +284,8 @@ def _read(pin, path: str, opts: Options) -> Source:
             memo[key] = None  # a slot of a slot of ... itself: unknown, not an endless loop
             memo[key] = _classify_var(variables[key], table,
                                       lambda i: classify_key(node_key[i]) if i in node_key else None,
-                                      lambda full: classify_key(named_once[full]) if named_once.get(full) else None)
+                                      lambda full: classify_key(named_once[full]) if named_once.get(full) else None,
+                                      global_step_elsewhere=bool(global_step - {key}))
         return memo[key]
 
     def classify(e):
