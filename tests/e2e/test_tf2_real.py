@@ -14,9 +14,9 @@ from bert_of.converters.source import Options
 from bert_of.converters.verify import reference_np
 from bert_of.converters.verify.reference_forward import forward
 from bert_of.converters.containers import tf1_bundle
-from tests.conftest import error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "tf2_real")
+DATA = os.path.join(ROOT, "tests", "data", "tf2_real")
 RUNS = ["pretrain", "pretrained", "squad"]
 # recorded output -> the reference's name for it
 OUTPUTS = {"sequence_output": "sequence_output", "pooled_output": "pooled_output",
