@@ -91,7 +91,13 @@ def test_inspect_tells_the_truth(name):
         assert "qa_outputs.weight" in r.stdout and "cls.predictions" not in r.stdout
     else:
         assert "cls.predictions.bias" in r.stdout and "cls.seq_relationship" not in r.stdout
-    assert ("step " in r.stdout) == (name != "pretrained")  # the export holds no optimizer
+    step = {"pretrain": "; step 6", "squad": "; step 4", "pretrained": None}[name]  # the trainer's global_step
+    assert (step in r.stdout) if step else ("; step" not in r.stdout)  # the export holds no optimizer
+    if name == "pretrain":
+        import json
+        info = json.loads(run_cli("inspect", os.path.join(DATA, name), "--json").stdout)
+        assert info["step"] == 6
+        assert sum("classification_heads/0/" in k or "pooler_dense" in k for k in info["dropped"]) == 12
 
 
 @pytest.mark.oneflow
@@ -103,3 +109,13 @@ def test_convert_with_verify(name, tmp_path):
     if name != "pretrained":
         r = run_cli("convert", "tf22of", os.path.join(DATA, name), "-o", tmp_path / "of2", "--with-optimizer", *vocab)
         assert r.returncode == 0, error_lines(r.stderr)
+
+
+def test_numerics_are_recorded_so_a_guess_is_refused(tmp_path):
+    """Model Garden's numerics are known (the outputs above confirm tanh GELU, eps 1e-12): an erf
+    reading asked for by --numerics is refused in one line, nothing written."""
+    r = run_cli("convert", "tf22of", os.path.join(DATA, "squad"), "-o", tmp_path / "of", "--numerics", "hf",
+                check=False)
+    lines = error_lines(r.stderr)
+    assert r.returncode == 1 and len(lines) == 1 and "does not apply to a tf2" in lines[0], r.stderr
+    assert not os.path.exists(tmp_path / "of")
