@@ -76,6 +76,9 @@ class Runner:
 
     def run(self, name: str, source, path: str, batches: dict, dtype: str,
             python: Optional[str] = None) -> EcosystemRun:
+        """The run named ``name`` on ``source``: ``batches`` is ``{batch: {"input_ids",
+        "token_type_ids", "attention_mask": int64 [B, S]}}``, ``dtype`` the precision it computes in
+        (float64 / float32), ``python`` an interpreter with torch and transformers (HF only)."""
         raise NotImplementedError
 
 
