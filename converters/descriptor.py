@@ -8,6 +8,41 @@ from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
+class Ecosystem:
+    """The codebase that made a format's files, as ``verify`` runs it beside the NumPy reference.
+
+    ``name`` keys its runner in ``converters/verify/ecosystems.py``; ``title`` names it in verify's
+    progress line; its runs are reported as ``"A:<label>-<dtype>"`` / ``"B:<label>-<dtype>"``, the
+    dtype being ``dtype`` where the codebase computes in one precision only (onnxruntime: float32),
+    else ``--reference-dtype``. ``runs_a``: run on the source (A), reported beside the reference;
+    ``runs_b``: also run on a written B, where its outputs decide like bert_of's (and its failure
+    fails the check).
+    """
+
+    name: str
+    title: str
+    label: str
+    runs_a: bool = True
+    runs_b: bool = True
+    dtype: Optional[str] = None
+
+    def key(self, side: str, reference_dtype: str) -> str:
+        """The report's name for this run on ``side`` ("A" / "B"), e.g. ``"A:tf-float64"``."""
+        return f"{side}:{self.label}-{self.dtype or reference_dtype}"
+
+
+# TensorFlow restores a Google checkpoint from its own files (A, and a written B)
+TF_CHECKPOINT = Ecosystem("tf-checkpoint", "TensorFlow", "tf")
+# TensorFlow's graph of Google's modeling.py fed a file's weights (Keras h5, Model Garden): A only
+TF_WEIGHTS = Ecosystem("tf-weights", "TensorFlow", "tf", runs_b=False)
+# transformers' BertModel (PyTorch) on an HF checkpoint's own safetensors files
+TRANSFORMERS = Ecosystem("transformers", "transformers", "transformers")
+# onnxruntime on the ONNX graph itself
+ONNXRUNTIME = Ecosystem("onnxruntime", "onnxruntime", "onnxruntime", dtype="float32")
+ECOSYSTEMS = (TF_CHECKPOINT, TF_WEIGHTS, TRANSFORMERS, ONNXRUNTIME)
+
+
+@dataclass(frozen=True)
 class Format:
     """One checkpoint format: what the rest of bert_of knows about it.
 
@@ -19,9 +54,7 @@ class Format:
     reads every position. ``table``: its name table (``converters.mapping.Table``), where it has
     one. ``reference``: its ``reference_np.Layout`` class (the file's own names, orientation and
     numerics, with ``from_source``). ``ecosystem``: the source codebase verify runs beside the
-    reference: "tf-checkpoint" (TensorFlow restores the files; also run on a written B),
-    "tf-weights" (TensorFlow fed the weights, as A only), "transformers" (PyTorch, A and B),
-    "onnxruntime" (the written graph; A and B).
+    reference (an :class:`Ecosystem`: one of :data:`ECOSYSTEMS`), where it has one.
     ``read_reference_side``: how ``verify`` reads the file as its A side, when not ``read``.
     ``numerics_flag``: the ``--numerics`` values its reader applies, where its files can leave the
     activation/epsilon open (any other is refused, never ignored); ``numerics_recorded``: why its
@@ -43,7 +76,7 @@ class Format:
     numerics_recorded: str = "its files record the numerics its code computes"
     token_classifier: bool = False
     table: object = None
-    ecosystem: Optional[str] = None
+    ecosystem: Optional[Ecosystem] = None
     read_reference_side: Optional[Callable] = None
     dtypes: tuple = ("float32", "float16", "bfloat16")
     shards: bool = False  # its writer splits the weights by --max-shard-size

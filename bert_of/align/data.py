@@ -12,7 +12,7 @@ import numpy as np
 
 from bert_of.converters.source import Options
 from bert_of.converters.convert import convert
-from bert_of.converters.verify.compare import tf_reference_module
+from bert_of.converters.verify.ecosystems import tf_reference_module
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
 from bert_of.data.ofrecord import OFRecordWriter, decode_values, iter_raw_records, parse_record
 from bert_of.data.cli import reshard

@@ -9,7 +9,7 @@ import os
 
 from bert_of.align.data import AlignError, _json_default, prepare_tf_checkpoint
 from bert_of.config import BertConfig
-from bert_of.converters.verify.compare import tf_reference_module
+from bert_of.converters.verify.ecosystems import tf_reference_module
 from bert_of.vocab import vocab_size
 
 # --------------------------------------------------------------------------- constants

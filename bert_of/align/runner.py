@@ -23,7 +23,7 @@ from bert_of.align.plans import BATCH, BY_NAME, SIZES, Ctx, _perturb, _run_key, 
 from bert_of.align.report import _report, _run_cpu, _summary_line, plot_report, plot_skipped, summary_markdown
 from bert_of.checkpoint import load_checkpoint
 from bert_of.config import BertConfig
-from bert_of.converters.verify.compare import tf_reference_module
+from bert_of.converters.verify.ecosystems import tf_reference_module
 from bert_of.files.atomic import atomic_write
 from bert_of.files.reading import read_json
 from bert_of.heads import BertForPreTraining

@@ -1,5 +1,9 @@
 """The BLAS under OneFlow's CPU kernels: chosen once, before OneFlow loads.
 
+OneFlow 0.9 calls a bundled single-threaded OpenBLAS that misdetects recent Xeons (SSE3 kernels)
+for every CPU GEMM. Remove this module when ``bench/blas_bench.py`` on a new OneFlow shows
+``BERT_OF_BLAS=exact`` (its own BLAS as it detects the CPU) as fast as ``auto``.
+
 OneFlow 0.9 carries a single-threaded OpenBLAS whose CPU detection predates recent Xeons (it runs
 SSE3 kernels there), and its matmuls spend most of a BERT layer's CPU time in it. liboneflow calls
 four CBLAS routines through its PLT (``blas_shim.c``), so a shim loaded RTLD_GLOBAL before it hands
@@ -40,10 +44,9 @@ _keep = []  # loaded libraries stay referenced
 
 
 # A BLAS's idle threads spin for a while after each call by default (OpenBLAS ~0.1 s, Intel OpenMP
-# 200 ms). Beside OneFlow's own busy threads that takes the cores from the next kernel: BERT-base
-# 4 x 384 forward 1.81 s with OpenBLAS's default, 1.24 s with threads that sleep at once, 2.14 s on
-# OneFlow's own BLAS (2 cores, quiet; with a CPU hog beside: 2.36 / 1.78 / 3.16 s); the suite took
-# 27 min beside a hog with spinning threads, ~12 min before. The user's own setting wins.
+# 200 ms). Beside OneFlow's own busy threads that takes the cores from the next kernel: a forward is
+# slower with spinning threads than on OneFlow's own BLAS (bench/blas_bench.py; docs/benchmarks.md
+# has the figures). The user's own setting wins.
 SPIN = {"OPENBLAS_THREAD_TIMEOUT": "4"}  # the minimum: 2^4 cycles
 
 

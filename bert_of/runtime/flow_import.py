@@ -1,5 +1,9 @@
 """Import OneFlow on machines without CUDA libraries installed system-wide.
 
+OneFlow 0.9's only wheel links libcublas.so.11 / libcudnn*.so.8, which pip's nvidia-* wheels ship
+off the loader path. Remove the preloading when a OneFlow wheel imports on a machine without
+system-wide CUDA libraries and no preload (a CPU wheel, or one that finds pip's CUDA wheels itself).
+
 OneFlow 0.9's only wheel is a CUDA build whose core links libcublas.so.11 and
 libcudnn*.so.8. The pip packages nvidia-cublas-cu11 / nvidia-cudnn-cu11 ship
 them, but not on the loader path; loading them RTLD_GLOBAL first (in

@@ -1,5 +1,10 @@
 """Small C shims that bert_of compiles once per machine and loads before OneFlow.
 
+OneFlow 0.9 is a binary wheel bert_of cannot patch or rebuild, so its fixes go in as C functions
+that take the place of liboneflow's own. Remove this module when its users are gone:
+:mod:`~bert_of.runtime.oneflow_fix`, :mod:`~bert_of.runtime.blas` and :mod:`~bert_of.runtime.kernels`
+(each says when).
+
 OneFlow 0.9 is a binary wheel; where it needs a fix or a faster library, bert_of puts a few C
 functions in front of liboneflow's own (its calls go through the PLT, so a definition loaded
 RTLD_GLOBAL first wins): :mod:`bert_of.runtime.oneflow_fix` (its graph-launch race) and

@@ -5,8 +5,8 @@
  * LazyJobStreamPolicy::EnqueueNNGraph; the run's finish callback calls DequeueNNGraph. When the
  * launching thread is descheduled between the two (any loaded machine), a short run ends first and
  * DequeueNNGraph pops an empty std::queue: heap corruption, then a segfault in DequeueNNGraph or in
- * the next launch's WaitUntilQueueEmptyIfFrontNNGraphNotEquals, or a hang there. Measured: 0.3-2.6%
- * of the launches of a small CPU graph come in that order on a busy machine (bench/graph_launch_race.py).
+ * the next launch's WaitUntilQueueEmptyIfFrontNNGraphNotEquals, or a hang there. How often launches
+ * come in that order: bench/graph_launch_race.py ("reordered"; docs/benchmarks.md).
  *
  * liboneflow calls both methods through its PLT, so these definitions, loaded RTLD_GLOBAL before
  * it, take their place: per queue they count what is queued; a dequeue with nothing queued is

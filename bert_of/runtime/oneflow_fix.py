@@ -1,10 +1,14 @@
 """The guard against OneFlow 0.9's graph-launch race, built and loaded before OneFlow.
 
+OneFlow 0.9 queues an ``nn.Graph`` run only after handing it to its actors, so a short run can end
+first and pop an empty queue: a random segfault or hang. Remove this guard when
+``bench/graph_launch_race.py`` on a new OneFlow shows every "without guard" trial finished (none
+crashed or hung; bench/results/graph_launch_race.json holds OneFlow 0.9's count).
+
 OneFlow 0.9 hands an ``nn.Graph`` run to its actors before it queues the run in its lazy-job
 queue, and the run's end takes it off that queue: when the launching thread is descheduled between
 the two, a short run ends first and pops an empty ``std::queue``. The process then segfaults or hangs at
-random: 4 of 5 processes launching a small CPU graph 20,000 times crashed within 3,000 launches
-(``bench/graph_launch_race.py``; the suite's crashes in ``infer``). ``oneflow_fix.c`` takes
+random (``bench/graph_launch_race.py``; the suite's crashes in ``infer``). ``oneflow_fix.c`` takes
 the place of the two queue methods (liboneflow calls them through its PLT) and keeps the queue in
 order; this module builds it once (:func:`bert_of.runtime.native.build`) and loads it
 RTLD_GLOBAL before ``import oneflow`` (:mod:`bert_of._flow`).

@@ -1,5 +1,12 @@
 """The process a bert_of command runs in: its set-up, and every signal rule of bert_of.
 
+OneFlow 0.9's ``import oneflow`` installs a C SIGINT handler over Python's, adds WORLD_SIZE, RANK,
+MASTER_* (and more) to os.environ, writes a start-up line on fd 2, and a rank reaching the rendezvous
+before rank 0 listens sleeps 10 s; :func:`oneflow_import` and :func:`wait_for_rank0` undo that.
+Remove those two when ``python -c 'import os; e = set(os.environ); import oneflow; print(set(os.environ) - e)'``
+prints ``set()`` with nothing on stderr and Ctrl-C in a bare ``import oneflow`` script raises
+KeyboardInterrupt (the signal rules below are bert_of's own and stay).
+
 Importing bert_of changes nothing in the process. A command line (``bert-of``, ``python -m
 bert_of.cli``, the sub-CLIs) and every rank the launcher starts call :func:`setup` once, first:
 
@@ -300,7 +307,7 @@ def _import_environment() -> dict:
     """Variables OneFlow's start-up reads, for its import only. glog's "CUDA driver version is
     insufficient" on CPU-only machines is noise. OneFlow 0.9's bundled DYNAMIC_ARCH OpenBLAS does not
     recognise recent Xeons and runs its SSE3 "Prescott" kernels; its Haswell (AVX2+FMA) kernels do the
-    same GEMMs 3x faster, so they run unless BERT_OF_BLAS=exact (they serve the GEMMs only with
+    same GEMMs faster (bench/blas_bench.py: ``exact`` vs ``oneflow``), so they run unless BERT_OF_BLAS=exact (they serve the GEMMs only with
     BERT_OF_BLAS=oneflow, or when no threaded BLAS is installed: bert_of.runtime.blas). An OPENBLAS_CORETYPE
     the user set always wins; the threaded BLAS has loaded by now and detected the CPU itself.
     ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=0 (without a CUDA driver, unless the user set it): OneFlow's VM

@@ -49,9 +49,9 @@ class Runtime:
     def mode(self, mode: str, job: str) -> str:
         """``--mode auto`` made concrete for ``job`` (pretrain, finetune or predict): eager under DDP,
         which has no graph; nn.Graph on CUDA; on CPU, the one measured faster there
-        (docs/benchmarks.md, 2026-12-03): nn.Graph for pretraining (1.2x eager's samples/s), eager
-        for fine-tuning (1.1-1.4x the graph, whose CPU memory bound splits steps into micro-batches,
-        at 0.7x its RSS) and prediction (1.0-1.2x the graph at 0.6-0.7x its RSS)."""
+        (bench/pretrain_bench.py, bench/infer_bench.py; figures in docs/benchmarks.md): nn.Graph for
+        pretraining, eager for fine-tuning (the graph's CPU memory bound splits steps into
+        micro-batches) and prediction, each at less memory than the graph."""
         if job not in ("pretrain", "finetune", "predict"):
             raise ValueError(f"job {job!r}: expected pretrain, finetune or predict")
         if mode != "auto":

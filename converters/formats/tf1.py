@@ -23,7 +23,7 @@ from bert_of.converters.containers import tf1_bundle, tf1_bundle_writer
 from bert_of.converters.source import Options, Source, write_google_sidecars
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import Entry, Hit, finish, hit, sort, whole
-from bert_of.converters.descriptor import Format
+from bert_of.converters.descriptor import TF_CHECKPOINT, Format
 from bert_of.converters.verify import reference_np
 
 NAME = "tf"
@@ -196,6 +196,6 @@ FORMAT = Format(
     NAME, "Google TF1 checkpoint (bert_model.ckpt.* + bert_config.json + vocab.txt)", detect, read, write_files,
     reference_np.Google, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"), owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"),
     token_classifier=True,  # bert_config.json's bert_of key
-    table=TABLE, ecosystem="tf-checkpoint", read_reference_side=_read_reference_side, inspect=inspect,
+    table=TABLE, ecosystem=TF_CHECKPOINT, read_reference_side=_read_reference_side, inspect=inspect,
     numerics_recorded="google-research/bert computes bert_config.json's \"gelu\" as the tanh GELU, LayerNorm "
                       "eps 1e-12 (and a bert_config.json bert_of wrote names its exact activation)")

@@ -23,16 +23,13 @@ second detection, no second reading of the index); ``bert-of verify A B`` calls 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
-import bert_of.runtime.process as process
-from bert_of.errors import BertOfError, CheckpointError, NeedsOneFlow
+from bert_of.errors import CheckpointError, NeedsOneFlow
 from bert_of.tokenization import FullTokenizer
-from bert_of.converters.verify import transformers_run as hf_torch, reference_forward, reference_np
+from bert_of.converters.verify import ecosystems, reference_forward, reference_np
 from bert_of.converters import registry
-from bert_of.converters.formats import onnx as onnx_format
 from bert_of.converters.source import Options, lower_case_of
 from bert_of.converters.convert import detect, model_path, numerics_gate, read
 from bert_of.progress import Progress, log
@@ -165,81 +162,6 @@ def _numpy_runs(source, batches: dict) -> dict:
         return {name: reference_forward.forward(layout, batch, heads) for name, batch in batches.items()}
 
 
-TF_EXTRA = "pip install 'bert_of[tf]'"
-
-
-class NeedsTensorFlow(BertOfError):
-    """The TF reference (Google's model in TensorFlow) was asked for and TensorFlow is not installed."""
-
-
-def tf_reference_module(name: str = "bert_of.converters.verify.tf_reference", why: str = "verifying a TF1 checkpoint"):
-    """Module ``name`` (the TF reference, or align's TF training), which imports TensorFlow: the
-    optional ``tf`` extra. Without it, one line saying so."""
-    import importlib
-
-    process.set_environ({"TF_CPP_MIN_LOG_LEVEL": "2"}, keep_existing=True)  # TF's start-up banner is noise here
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] != "tensorflow":
-            raise
-        raise NeedsTensorFlow(f"{why} runs the TF reference, which needs TensorFlow (the tf extra): "
-                              f"{TF_EXTRA}") from None
-
-
-def _tf_runs(source, batches: dict, dtype: str):
-    """{batch: outputs} of TensorFlow's graph of Google's modeling.py: restoring a Google checkpoint
-    from its own files; for a Keras h5, fed its weights (Google's names, the file's numerics).
-    Or a string saying why it cannot run."""
-    try:
-        tf_reference = tf_reference_module(why="TensorFlow's run beside the reference")
-    except NeedsTensorFlow:
-        return f"not run: TensorFlow is not installed (the tf extra: {TF_EXTRA})"
-    cfg = source.config.to_google_dict()
-    if registry.get(source.format).ecosystem == "tf-checkpoint":  # TF restores the file itself
-        return {name: tf_reference.run_reference(source.path, cfg, batch, dtype=dtype)
-                for name, batch in batches.items()}
-    layout = registry.reference_layout(source)
-    weights = layout.as_google()
-    H = source.config.hidden_size  # Google's model always builds a pooler; a file without one (QA, token
-    weights.setdefault("bert/pooler/dense/kernel", np.zeros((H, H), np.float32))  # heads) never reads it
-    weights.setdefault("bert/pooler/dense/bias", np.zeros((H,), np.float32))
-    cfg.update(bert_of_hidden_act=layout.act, layer_norm_eps=layout.eps)
-    return {name: tf_reference.forward_numpy_weights(weights, cfg, batch, dtype=dtype)
-            for name, batch in batches.items()}
-
-
-def _onnxruntime_runs(path: str, batches: dict):
-    """{batch: outputs} of onnxruntime on bert_of's ONNX model at ``path``, or a string saying why
-    it cannot run (not installed: the NumPy reference of the model's weights decides)."""
-    try:
-        return {name: onnx_format.run_onnxruntime(path, batch) for name, batch in batches.items()}
-    except onnx_format.NeedsOnnxRuntime as e:
-        return f"not run: {e}; the NumPy reference of the model's weights decides"
-    except Exception as e:  # noqa: BLE001 -- onnxruntime's own error, reported (on B it fails the check)
-        return f"failed: onnxruntime ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-
-
-TORCH_EXTRA = "pip install torch transformers"
-
-
-def _torch_runs(side, batches: dict, dtype: str, python: str | None):
-    """{batch: outputs} of transformers' BERT (PyTorch) on an HF checkpoint's own files, in this
-    interpreter or in ``python``; or a string saying why it cannot run."""
-    model_dir = side.path if os.path.isdir(side.path) else os.path.dirname(side.path)
-    if hf_torch.weight_names(model_dir) is None:
-        return "not run: no safetensors weights (transformers would unpickle pytorch_model.bin; bert_of does not)"
-    try:
-        if python:
-            return hf_torch.forward_in(python, model_dir, batches, dtype)
-        if not hf_torch.importable():
-            return (f"not run: torch and transformers are not installed ({TORCH_EXTRA}, or pass "
-                    "--torch-python with an interpreter that has them)")
-        return hf_torch.forward(model_dir, batches, dtype)
-    except Exception as e:  # noqa: BLE001 -- transformers' own error, reported (on B it fails the check)
-        return f"failed: transformers ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-
-
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b|, where equal values count 0 even when they are inf or NaN (weights holding NaN
     give NaN outputs on both sides: the same function), and a NaN on one side only counts inf."""
@@ -339,18 +261,12 @@ def verify_source(source, b: str, fb: str, tol: float | None = None, modes=("eag
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source.path}: the reference cannot compute this checkpoint ({e})") from None
         bar.update(1)
-        ecosystem = {}
-        own_a, own_b = registry.get(fa).ecosystem, registry.get(fb).ecosystem
-        if own_a in ("tf-checkpoint", "tf-weights"):
-            bar.describe(f"verify: TensorFlow on A ({reference_dtype})")
-            ecosystem[f"A:tf-{reference_dtype}"] = _tf_runs(source, batches, reference_dtype)
-        elif own_a == "transformers":
-            bar.describe(f"verify: transformers on A ({reference_dtype})")
-            ecosystem[f"A:transformers-{reference_dtype}"] = _torch_runs(source, batches, reference_dtype,
-                                                                         torch_python)
-        elif own_a == "onnxruntime":
-            bar.describe("verify: onnxruntime on A (float32)")
-            ecosystem["A:onnxruntime-float32"] = _onnxruntime_runs(source.path, batches)
+        eco_a, eco_b = registry.get(fa).ecosystem, registry.get(fb).ecosystem
+        ecosystem = {}  # {name: EcosystemRun} reported beside the reference
+        if eco_a is not None and eco_a.runs_a:
+            bar.describe(f"verify: {eco_a.title} on A ({eco_a.dtype or reference_dtype})")
+            run_a = ecosystems.run(eco_a, "A", source, source.path, batches, reference_dtype, torch_python)
+            ecosystem[run_a.name] = run_a
         bar.update(1)
         bar.describe(f"verify: bert_of on B ({' + '.join(modes)})")
         model = _bert_of_or_why(src_b, batches, modes, device)
@@ -360,24 +276,12 @@ def verify_source(source, b: str, fb: str, tol: float | None = None, modes=("eag
         if registry.get(fb).reference is not reference_np.BertOf or not runs:
             bar.describe(f"verify: B in its own layout ({fb})")
             runs[f"B:numpy-float64 ({fb} layout)"] = _numpy_runs(src_b, batches)
-            if own_b == "tf-checkpoint":
-                tf_b = _tf_runs(src_b, batches, reference_dtype)
-                if isinstance(tf_b, dict):
-                    runs[f"B:tf-{reference_dtype}"] = tf_b
+            if eco_b is not None and eco_b.runs_b:  # what B's own codebase computes from its files decides too
+                run_b = ecosystems.run(eco_b, "B", src_b, b, batches, reference_dtype, torch_python)
+                if run_b.outputs is not None:
+                    runs[run_b.name] = run_b.outputs
                 else:
-                    ecosystem[f"B:tf-{reference_dtype}"] = tf_b
-            elif own_b == "transformers":  # what transformers computes from the written files decides too
-                hf_b = _torch_runs(src_b, batches, reference_dtype, torch_python)
-                if isinstance(hf_b, dict):
-                    runs[f"B:transformers-{reference_dtype}"] = hf_b
-                else:
-                    ecosystem[f"B:transformers-{reference_dtype}"] = hf_b
-            elif own_b == "onnxruntime":  # what onnxruntime computes from the written graph decides too
-                ort_b = _onnxruntime_runs(b, batches)
-                if isinstance(ort_b, dict):
-                    runs["B:onnxruntime-float32"] = ort_b
-                else:
-                    ecosystem["B:onnxruntime-float32"] = ort_b
+                    ecosystem[run_b.name] = run_b
         bar.update(1)
     results = {k: _diffs(ref, v, batches) for k, v in runs.items()}
     rule = None
@@ -390,10 +294,9 @@ def verify_source(source, b: str, fb: str, tol: float | None = None, modes=("eag
     if isinstance(model, str):  # the report says so ("bert_of_model"); a note would be a second stderr line
         log.debug("verify: bert_of's OneFlow model %s; the NumPy reference in each file's layout decides", model)
     for k, v in ecosystem.items():
-        if isinstance(v, str) and v.startswith("not run"):  # the NumPy reference still decides
-            log.info("verify: %s %s", k, v)
-    failed = {k: v for k, v in ecosystem.items() if k.startswith("B:") and isinstance(v, str)
-              and v.startswith("failed")}
+        if v.skipped_reason is not None:  # the NumPy reference still decides
+            log.info("verify: %s %s", k, v.message)
+    failed = {k: v.message for k, v in ecosystem.items() if k.startswith("B:") and v.failure is not None}
     return {
         "a": {"path": source.path, "format": fa}, "b": {"path": shown_b or b, "format": fb},
         "reference": reference, "bert_of_model": " + ".join(modes) if isinstance(model, dict) else model,
@@ -401,7 +304,8 @@ def verify_source(source, b: str, fb: str, tol: float | None = None, modes=("eag
         "outputs": sorted({k for r in results.values() for k in r}),
         "max_abs_diff": results, "worst": worst, "ok": bool(results and worst <= tol and not failed),
         "failures": failed,
-        "ecosystem": {k: (_diffs(ref, v, batches) if isinstance(v, dict) else v) for k, v in ecosystem.items()},
+        "ecosystem": {k: (_diffs(ref, v.outputs, batches) if v.outputs is not None else v.message)
+                      for k, v in ecosystem.items()},
     }
 
 

@@ -47,7 +47,7 @@ from bert_of.converters.containers import hdf5
 from bert_of.converters.formats.hf.config import config_from_hf, read_hf_json
 from bert_of.converters.source import Options, ReportLine, Source
 from bert_of.converters.reader import Entry, finish, hit, pooler_zeros, sort, whole
-from bert_of.converters.descriptor import Format
+from bert_of.converters.descriptor import TF_WEIGHTS, Format
 from bert_of.converters.verify import reference_np
 from bert_of.converters.formats.h5.names import (CONFIG_FILE, LAYOUTS, NAME, POOLER, POOLER_NAMES, TABLE, UNSUPPORTED,
                                          VOCAB_FILE, WEIGHTS_FILE)
@@ -271,5 +271,5 @@ def _read(f, h5: str, opts: Options, side: dict) -> Source:
 FORMAT = Format(NAME, "HuggingFace Keras weights (tf_model.h5 + config.json)", detect, read, write_files,
                 reference_np.Keras, owns=(WEIGHTS_FILE, CONFIG_FILE, VOCAB_FILE),
                 token_classifier=True,  # config.json's architectures
-                table=TABLE, ecosystem="tf-weights", dtypes=("float32", "float16"),
+                table=TABLE, ecosystem=TF_WEIGHTS, dtypes=("float32", "float16"),
                 numerics_flag=("tf1", "lazy", "hf"))  # config.json as hf's  # h5py has no bfloat16

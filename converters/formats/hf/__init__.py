@@ -55,7 +55,7 @@ from bert_of.errors import CheckpointError
 from bert_of.converters.source import Options, ReportLine, Source
 from bert_of.converters.reader import (CLASSIFIER, POOLER, WORD_EMB, Entry, Hit, finish, hit, pooler_zeros,
                                        sort, whole)
-from bert_of.converters.descriptor import Format
+from bert_of.converters.descriptor import TRANSFORMERS, Format
 from bert_of.converters.verify import reference_np
 from bert_of.vocab import TOKENIZER_JSON, vocab_from_tokenizer_json
 from bert_of.converters.formats.hf.config import config_from_hf, read_hf_json
@@ -259,7 +259,7 @@ FORMAT = Format(NAME, "HuggingFace directory (config.json + model.safetensors)",
                 reference_np.HuggingFace, owns=(CONFIG_FILE, SAFETENSORS, SAFETENSORS_INDEX, VOCAB_FILE),
                 owns_patterns=(r"model-\d{5}-of-\d{5}\.safetensors",), shards=True,
                 token_classifier=True,  # config.json's architectures
-                table=TABLE, ecosystem="transformers",
+                table=TABLE, ecosystem=TRANSFORMERS,
                 # "gelu" is erf in transformers, but a Google model converted keeps the label it was
                 # trained under (tanh): --numerics says which the weights were made for
                 numerics_flag=("tf1", "lazy", "hf"))

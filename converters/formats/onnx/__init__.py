@@ -36,7 +36,7 @@ from bert_of.protobuf import key as _key, varint
 from bert_of.vocab import read_vocab_lines, vocab_looks_cased
 from bert_of.version import __version__
 from bert_of.converters.verify import reference_np
-from bert_of.converters.descriptor import Format
+from bert_of.converters.descriptor import ONNXRUNTIME, Format
 from bert_of.converters.source import Options, Source, lower_case_of
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import POOLER, Entry, finish, hit, pooler_zeros, sort, whole
@@ -296,4 +296,4 @@ FORMAT = Format(NAME, "ONNX inference graph of2onnx writes (model.onnx: opset 14
                 "+ vocab.txt)", detect, read, write_files, reference_np.Onnx, owns=(MODEL_FILE, VOCAB_FILE),
                 records_numerics=True,  # the graph computes the config's activation and epsilons, recorded beside
                 token_classifier=True,  # classifier_kind in the config, and in the graph
-                table=TABLE, ecosystem="onnxruntime", dtypes=("float32", "float16"))
+                table=TABLE, ecosystem=ONNXRUNTIME, dtypes=("float32", "float16"))

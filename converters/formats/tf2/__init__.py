@@ -47,7 +47,7 @@ from bert_of.converters.formats.tf2.object_graph import (GraphBuilder, aliases, 
 from bert_of.converters.mapping import Table, apply_shape, spell
 from bert_of.converters.reader import Entry, Hit, finish, sort, whole
 from bert_of.converters.source import Options, ReportLine, Source, write_google_sidecars
-from bert_of.converters.descriptor import Format
+from bert_of.converters.descriptor import TF_WEIGHTS, Format
 from bert_of.converters.verify import reference_np
 
 NAME = "tf2"
@@ -480,6 +480,6 @@ FORMAT = Format(
     NAME, "TensorFlow 2 Model Garden checkpoint (object-based tf.train.Checkpoint) or TF Hub SavedModel",
     detect, read, write_files, reference_np.ModelGarden, owns=(CONFIG_FILE, VOCAB_FILE, "checkpoint"),
     owns_patterns=(r".+\.index", r".+\.data-\d+-of-\d+"), table=TABLE,
-    ecosystem="tf-weights",
+    ecosystem=TF_WEIGHTS,
     numerics_recorded="Model Garden's BertEncoder computes its config's \"gelu\" as the tanh GELU with LayerNorm "
                       "eps 1e-12 (measured on tf-models-official 2.15), a Hub SavedModel computes the graph it holds")  # verify also runs Google's modeling.py in TensorFlow on these weights
