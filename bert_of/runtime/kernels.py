@@ -1,14 +1,14 @@
 """CPU kernel workarounds: the same maths as the plain formula, computed with the ops OneFlow 0.9
-vectorises on CPU. On CUDA each uses OneFlow's fused kernel.
+vectorises on CPU, or in bert_of's own C. On CUDA each uses OneFlow's fused kernel.
 
-Each is justified by a measurement, forward + backward at a pretraining step's shapes (B=16, S=128,
-H=256, I=1024; 2 CPUs), by ``bench/pretrain_profile.py`` (bench/results/pretrain_profile.json,
-column "of", min wall ms per call):
+What OneFlow 0.9 does wrong: its CPU element-wise kernels (LayerNorm, GELU, bias add, copies) run
+on one thread, and its CPU LayerNorm and tanh expression are slow even there. When no longer
+needed: when ``bench/pretrain_profile.py``'s "alt:" rows (OneFlow's own LayerNorm and Google's tanh
+expression) and ``bench/gelu_bench.py``'s OneFlow rows are as fast as these (the figures are in
+bench/results/pretrain_profile.json, bench/results/gelu.json and docs/benchmarks.md).
 
-- ``gelu_tanh`` through a sigmoid: 43.8 ms, against 193.8 ms for Google's tanh expression
-  ("alt: GELU tanh as Google's element-wise expression"): 4.4x.
-- ``LayerNorm`` through products with a ones vector: 9.5 ms, against 240.7 ms for OneFlow's CPU
-  kernel ("alt: LayerNorm [B,S,H] with OneFlow's CPU kernel (nn.LayerNorm)"): 25x.
+- ``gelu_tanh`` through a sigmoid, ``LayerNorm`` through products with a ones vector (training and
+  graphs: OneFlow's ops, differentiable).
 
 For inference (no autograd, local eager float32 CPU tensors) the layer's element-wise work runs in
 :file:`cpu_kernels.c`, one pass over every core instead of OneFlow's single-threaded kernels
