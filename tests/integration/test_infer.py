@@ -188,3 +188,36 @@ def test_a_model_whose_layers_differ_predicts_through_one_whole_model_graph():
     assert stats["graphs"] == 1 and not stats["layerwise"] and stats["batch_size"] == 2
     np.testing.assert_allclose(s2, s1, rtol=0, atol=1e-5)
     np.testing.assert_allclose(e2, e1, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("head", ["classify", "tag"])
+def test_a_fine_tuning_step_on_a_batch_padded_to_its_longest_row_has_the_max_padding_loss(head):
+    """ShuffledRows(pad_to_batch=True) draws the same rows and cuts them to the batch's longest row:
+    the step-1 loss (and the next, after an AdamW update) equal the max-padded batch's within 1e-6
+    relative (dropout off: its masks are drawn per shape, so they differ with the width)."""
+    from bert_of.training.loop import ShuffledRows
+    from bert_of.training.optim import TrainConfig
+    from bert_of.training.trainer import Trainer
+
+    rng = np.random.default_rng(11)
+    n, seq = 24, 96
+    lengths = rng.integers(4, 30, n)
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(5, TINY["vocab_size"], (n, seq)) * mask
+    if head == "classify":
+        cls, labels = BertForSequenceClassification, rng.integers(0, 3, n)
+    else:
+        cls, labels = BertForTokenClassification, np.where(mask == 1, rng.integers(0, 3, (n, seq)), -100)
+    arrays = dict(input_ids=ids, token_type_ids=np.zeros_like(ids), attention_mask=mask, labels=labels)
+    rt, runs = Runtime.create("cpu"), []
+    for to_batch in (False, True):
+        flow.manual_seed(5)
+        model = cls(BertConfig(**TINY, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        tr = Trainer(model, TrainConfig(mode="eager", lr=1e-3, steps=10, seed=3), rt)
+        data = ShuffledRows(arrays, 8, 3, rt, pad_to_batch=to_batch)
+        batches = [data.next_batch() for _ in range(2)]
+        runs.append(([tr.step(b)["loss"] for b in batches], [b["input_ids"].shape[1] for b in batches]))
+    (full, full_w), (cut, cut_w) = runs
+    assert full_w == [seq, seq] and all(w < 40 for w in cut_w)
+    np.testing.assert_allclose(cut[0], full[0], rtol=1e-6)
+    np.testing.assert_allclose(cut[1], full[1], rtol=1e-5)
