@@ -43,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "infer_worker.py")
 OF_PY = os.path.join(ROOT, ".venv", "bin", "python")
 HF_PY = os.environ.get("BERT_OF_BENCH_ANCHOR_PY") or os.path.join(ROOT, ".venv-anchor", "bin", "python")
+BERT_OF = [OF_PY, "-m", "bert_of.cli"]  # the bert-of command, as the tests run it
 
 
 def minilm_dir() -> str:
@@ -104,17 +105,16 @@ def timed(cmd, env, cwd=ROOT) -> dict:
 def prepare_user_model(work: str, hf_dir: str, steps: int) -> tuple:
     """(bert_of classifier folder, its transformers copy) in ``work``, made once: hf2of, a short
     `bert-of finetune classify` on tests/data/user/sentiment-train.csv (3 classes), of2hf."""
-    bert_of = os.path.join(ROOT, ".venv", "bin", "bert-of")
     of_base, run, hf_ft = (os.path.join(work, d) for d in ("minilm-of", "ft", "ft-hf"))
     final = os.path.join(run, "final")
     if not os.path.isdir(of_base):
-        subprocess.run([bert_of, "convert", "hf2of", hf_dir, "-o", of_base, "-q"], check=True)
+        subprocess.run([*BERT_OF, "convert", "hf2of", hf_dir, "-o", of_base, "-q"], check=True)
     if not os.path.isdir(final):
-        subprocess.run([bert_of, "finetune", "classify", "--model", of_base, "--train",
+        subprocess.run([*BERT_OF, "finetune", "classify", "--model", of_base, "--train",
                         os.path.join(ROOT, "tests", "data", "user", "sentiment-train.csv"), "--output", run,
                         "--steps", str(steps), "--batch-size", "16", "--lr", "1e-4", "--overwrite", "-q"], check=True)
     if not os.path.isdir(hf_ft):
-        subprocess.run([bert_of, "convert", "of2hf", final, "-o", hf_ft, "-q"], check=True)
+        subprocess.run([*BERT_OF, "convert", "of2hf", final, "-o", hf_ft, "-q"], check=True)
     return final, hf_ft
 
 
@@ -130,13 +130,12 @@ def user_rows_bench(a) -> dict:
         w.writerow(["text"])
         w.writerows([r] for r in rows)
     env = dict(os.environ, BERT_OF_HOME=os.path.join(work, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
-    bert_of = os.path.join(ROOT, ".venv", "bin", "bert-of")
     out = {k: os.path.join(work, f"{k}.out") for k in ("hf", "of_batch", "of_max")}
     cmds = {"hf": [a.hf_python, os.path.join(ROOT, "bench", "hf_pipeline_worker.py"), "--model", hf_model,
                    "--rows", data, "--batch", "32", "--out", out["hf"]],
-            "of_batch": [bert_of, "predict", "classify", "--model", of_model, "--data", data, "-o",
+            "of_batch": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
                          out["of_batch"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32"],
-            "of_max": [bert_of, "predict", "classify", "--model", of_model, "--data", data, "-o",
+            "of_max": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
                        out["of_max"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32",
                        "--pad-to-max-length"]}
     names = [k for k in ("hf", "of_max", "of_batch") if k in a.user_impls.split(",")]
