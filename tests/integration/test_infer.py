@@ -74,6 +74,18 @@ def test_short_rows_padded_to_the_batch_give_max_padding_predictions_and_probabi
     np.testing.assert_allclose(alone[0], cut[9], rtol=0, atol=2e-6)
 
 
+def test_a_graph_runs_short_rows_at_their_longest_with_one_graph(classifier):
+    """Graph mode: one shape for every call (no graph per batch width), the longest row of all
+    rounded up, not S; the same logits as eager."""
+    rt, rows = Runtime.create("cpu"), _rows(n=9, seq=80, seed=5)
+    rows = [np.where(np.arange(80)[None] < 17, r, 0) for r in rows]  # rows of at most 17 tokens
+    (eager,) = infer(classifier, rows, ("logits",), 4, "eager", rt, pad_to_batch=False)
+    stats = {}
+    (graph,) = infer(classifier, rows, ("logits",), 4, "graph", rt, stats=stats)
+    assert stats["graphs"] == 1 and stats["width"] == 24 and stats["positions"] <= 12 * 24
+    np.testing.assert_allclose(graph, eager, rtol=0, atol=1e-5)
+
+
 def test_a_tagger_padded_to_the_batch_tags_every_real_token_as_at_max_padding():
     """Position-wise outputs come back S wide: the real positions as at max padding, the rest ``fill``."""
     flow.manual_seed(6)
