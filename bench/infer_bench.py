@@ -180,6 +180,25 @@ def user_rows_bench(a) -> dict:
             "note": "measured beside other work (the load average of each run is recorded)"}
 
 
+def user_rows_markdown(res: dict) -> str:
+    """docs/benchmarks.md's table of a user-rows results object: per implementation the median wall
+    seconds (and vs transformers), CPU seconds, peak RSS, and each round's seconds with its load."""
+    names = {"hf": "transformers pipeline (batch 32)", "of_max": "bert-of predict, every row padded to 128 (before)",
+             "of_batch": "bert-of predict, each batch to its longest row (now)"}
+    med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2  # noqa: E731
+    lines = ["| whole process | median s | time / transformers' | median CPU s | peak RSS MiB | rounds: s (load before) |",
+             "|---|---|---|---|---|---|"]
+    for k in ("hf", "of_max", "of_batch"):
+        runs = [r for r in res["runs"] if r["impl"] == k and not r["status"]]
+        if not runs:
+            continue
+        ratio = res["vs_hf"].get(k)
+        lines.append(f"| {names[k]} | {res['median_seconds'][k]:.1f} | {f'{ratio:.2f}x' if ratio else '1'} | "
+                     f"{med([r['cpu_seconds'] for r in runs]):.1f} | {med([r['peak_rss_mib'] for r in runs])} | "
+                     + ", ".join(f"{r['seconds']:.0f} ({r['load_before']:.1f})" for r in runs) + " |")
+    return "\n".join(lines)
+
+
 def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
     """One row in a fresh process; ``ranks`` > 1: the worker as that many ranks through bert_of's own
     launcher (pinned one share of the CPUs each), rows split between them; peak RSS is their sum."""
@@ -341,7 +360,8 @@ def main():
     a = ap.parse_args()
     if a.render:
         with open(a.render) as f:
-            print(markdown(json.load(f)))
+            res = json.load(f)
+        print(user_rows_markdown(res) if res.get("workload") == "user-rows" else markdown(res))
         return
     if not os.path.exists(a.hf_python):
         raise SystemExit(f"no {a.hf_python} (transformers + torch): run `make bench-env` first, or pass --hf-python")
