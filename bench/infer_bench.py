@@ -153,7 +153,7 @@ def user_rows_bench(a) -> dict:
         if k in names:
             with open(out[k] + ".csv", encoding="utf-8", newline="") as f:
                 recs = list(csv.DictReader(f))
-            labels[k] = [r["label"] for r in recs]
+            labels[k] = [r["prediction"] for r in recs]
             labels[k + "_probs"] = [[float(v) for c, v in r.items() if c.startswith("p(")] for r in recs]
     agree = {}
     if "of_batch" in labels and "of_max" in labels:

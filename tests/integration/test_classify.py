@@ -185,7 +185,7 @@ def test_rows_padded_to_their_batch_predict_as_rows_padded_to_the_maximum(sentim
                 "--predict-batch-size", 4, *extra)
         got[name] = _rows(tmp_path / f"{name}.csv")
     assert [r["text"] for r in got["batch"]] == [r["text"] for r in got["max"]] == [r["text"] for r in _rows(S_DEV)]
-    assert [r["label"] for r in got["batch"]] == [r["label"] for r in got["max"]]
+    assert [r["prediction"] for r in got["batch"]] == [r["prediction"] for r in got["max"]]
     np.testing.assert_allclose([[float(r[f"p({c})"]) for c in CLASSES] for r in got["batch"]],
                                [[float(r[f"p({c})"]) for c in CLASSES] for r in got["max"]], rtol=0, atol=1e-5)
 
