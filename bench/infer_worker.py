@@ -117,7 +117,8 @@ def run_of(a, data):
         # one infer() call over every window, as `bert-of predict squad` makes (a graph builds inside)
         rows, stats = [data[k][:a.rows] for k in ("input_ids", "token_type_ids", "attention_mask")], {}
         t0 = time.perf_counter()
-        infer(model, rows, ("start_logits", "end_logits"), a.batch, a.mode, rt, stats=stats)
+        infer(model, rows, ("start_logits", "end_logits"), a.batch, a.mode, rt, stats=stats,
+              positions=("start_logits", "end_logits"), fill=float("-inf"))  # as predict squad (full windows here)
         secs = time.perf_counter() - t0
         build = stats["build_seconds"]
         return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded,

@@ -32,7 +32,9 @@ GRAMMAR = [
                "labeled or unlabeled file (predict, eval)",
      "pretrain, align, predict, eval"),
     ("--predictions", "a predictions file to score", "eval squad-score, eval glue-score"),
-    ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included", "data, pretrain, finetune, predict, eval, verify"),
+    ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included (finetune, predict, eval: the cap; each batch "
+                         "is padded to its longest row unless `--pad-to-max-length`)",
+     "data, pretrain, finetune, predict, eval, verify"),
     ("--max-predictions-per-seq", "masked positions per sequence", "data, pretrain"),
     ("--grad-accum-steps", "micro-batches per optimizer step", "pretrain, finetune"),
     ("--steps", "optimizer steps to train", "pretrain, finetune, align"),

@@ -204,7 +204,8 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = _arrays(table, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+                          pad_to_batch=not opts.pad_to_max_length)
         if problem == "regression":
             preds, probs = logits.reshape(-1).astype(np.float64), None
         elif problem == "multi_label":

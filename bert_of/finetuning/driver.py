@@ -43,6 +43,7 @@ from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
 from bert_of.training.inference import graph_accum_steps, infer  # noqa: F401 - infer: the tasks'
 from bert_of.training.loop import ShuffledRows, StopAfter, fit, note
+from bert_of.training.padding import cut, padded_width, row_lengths
 from bert_of.training.runtime import Runtime
 from bert_of.training.state import RunDir, check_finite
 from bert_of.training.trainer import Trainer
@@ -188,11 +189,16 @@ def check_head(path: str, num_labels: int, task: str, name: str) -> None:
 
 
 def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float, rt: Runtime, what: str,
-          unit: str = "examples"):
+          unit: str = "examples", pad_to_batch: bool = True):
     """Google's schedule over the feature ``arrays`` (named like the model's forward arguments,
     labels included) on the shared trainer: ``opts.steps``, else ``epochs`` over ``n_examples``;
     ``unit`` names what a row is in the progress line ("windows": SQuAD's features). Returns (the
-    trainer's config as run, summary for train_args.json, finished)."""
+    trainer's config as run, summary for train_args.json, finished).
+
+    ``pad_to_batch`` (unless ``--pad-to-max-length``): the arrays cut to the longest row of all, and
+    in eager mode each batch to its own longest (bert_of.training.padding; a graph keeps one
+    shape). False for a loss over every position (run_squad's spans: padding logits are in its
+    softmax)."""
     n = len(next(iter(arrays.values())))
     if n == 0:
         raise EvalDataError(f"{what}: no training features")
@@ -214,6 +220,10 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
         flow.manual_seed(cfg.seed)
         if run.resume_from and opts.mode == "auto":  # auto was made concrete once, when the run began
             cfg = replace(cfg, mode=run.state["train_config"]["mode"])
+        pad = pad_to_batch and not opts.pad_to_max_length
+        if pad:  # no row needs more than the longest: one width for a graph, each batch's own in eager
+            full = int(arrays["input_ids"].shape[1])
+            arrays = cut(arrays, padded_width(row_lengths(arrays["attention_mask"]), full), full)
         if cfg.mode == "graph":  # CPU graph memory grows with the micro-batch (graph_rows): bound it
             rows = opts.batch_size // rt.world
             accum = graph_accum_steps(model.config, int(arrays["input_ids"].shape[1]), rows, rt.device,
@@ -223,7 +233,7 @@ def train(model, arrays: dict, n_examples: int, opts: TaskOptions, epochs: float
                          "grows with the micro-batch; the step is the same to float rounding)")
                 cfg = replace(cfg, grad_accum_steps=accum)
         trainer = Trainer(model, cfg, rt)
-        data = ShuffledRows(arrays, opts.batch_size, cfg.seed, rt)
+        data = ShuffledRows(arrays, opts.batch_size, cfg.seed, rt, pad_to_batch=pad and cfg.mode == "eager")
         # what an exact resume must find unchanged besides the train config
         run.start(trainer, data, {"batch_size": opts.batch_size, "examples": n_examples, "features": n,
                                   "config": {k: v for k, v in model.config.to_dict().items() if k != "provenance"}})

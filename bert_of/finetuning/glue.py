@@ -161,7 +161,8 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt, bucket=True)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+                          pad_to_batch=not opts.pad_to_max_length)
         if labels is None:
             preds = [float(v) for v in logits.reshape(-1)]
         else:

@@ -36,6 +36,11 @@ class TaskOptions(RunOptions):
     device: str = arg("auto", choices=("auto", "cpu", "cuda"), group=MODEL,
                       help="auto: cuda when OneFlow sees a GPU, else cpu")
     predict_batch_size: int = arg(32, help="prediction batch", metavar="N", group=MODEL)
+    pad_to_max_length: bool = arg(False, group=MODEL,
+                                  help="pad every row to --max-seq-length, as run_classifier.py / run_squad.py do "
+                                       "(unset: rows grouped by length, each batch padded to its longest row: the "
+                                       "same results to float rounding, far less work on short rows; SQuAD "
+                                       "fine-tuning always pads, its loss spans every position)")
     ranks: Ranks = field(default_factory=Ranks)
     # fine-tuning
     train: str | None = arg(None, help="training data", metavar="FILE", group=TRAINING, commands=(TRAIN,), path=True)

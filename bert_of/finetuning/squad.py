@@ -125,7 +125,8 @@ def finetune_squad(opts: SquadOptions) -> dict:
                   "attention_mask": arr["input_mask"], "start_positions": arr["start_positions"],
                   "end_positions": arr["end_positions"]}
         task = f"squad-v{'2.0' if v2 else '1.1'}"
-        cfg, summary, finished = train(model, arrays, len(examples), opts, epochs, rt, f"finetune {task}", unit="windows")
+        cfg, summary, finished = train(model, arrays, len(examples), opts, epochs, rt, f"finetune {task}", unit="windows",
+                                       pad_to_batch=False)  # run_squad's loss: a softmax over every position
         args = base_args(task, opts, cfg, epochs, rt, ident, name, tok)
         args["hparams"].update(lengths)
         args.update(train_examples=len(examples), train_features=n_features)
@@ -161,8 +162,14 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         features = convert_examples_to_features(examples, tok, is_training=False, **lengths)
         arr = features_to_arrays(features)
         t0 = time.perf_counter()
+        # a short window runs at its batch's longest row, not max_seq_length: the positions past it are
+        # padding, not computed, and rank last in the n-best (-inf); run_squad ranks padding positions'
+        # logits with the real ones, so where they crowded a window's top n_best_size the n-best can
+        # differ from --pad-to-max-length's (answers equal on the fixtures: tests/test_finetune.py)
         start, end = infer(model, [arr["input_ids"], arr["segment_ids"], arr["input_mask"]],
-                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt)
+                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+                           pad_to_batch=not opts.pad_to_max_length, positions=("start_logits", "end_logits"),
+                           fill=float("-inf"))
         secs = time.perf_counter() - t0
         settings = dict(lengths, n_best_size=opts.n_best_size, max_answer_length=opts.max_answer_length,
                         null_score_diff_threshold=float(opts.null_score_diff_threshold),

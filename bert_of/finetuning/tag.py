@@ -170,7 +170,8 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt)
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+                          pad_to_batch=not opts.pad_to_max_length, positions=("logits",))
         best = logits.argmax(axis=-1)  # [n, S]
         preds = []
         for i, s in enumerate(sentences):

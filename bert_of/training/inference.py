@@ -2,7 +2,8 @@
 one compiled encoder layer run for every layer (OneFlow 0.9's CPU graphs share no memory).
 
 Memory budgets (``graph_rows``, ``eager_rows``, ``graph_accum_steps``) and :func:`infer`, which
-every task's predict step and ``bert-of predict`` use.
+every task's predict step and ``bert-of predict`` use; each batch padded to its longest row
+(:mod:`bert_of.training.padding`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bert_of._flow import flow
 from bert_of.inputs import check_inputs
 from bert_of.modeling import BertGraph
 from bert_of.progress import Progress, log
+from bert_of.training.padding import length_batches, padded_width, row_lengths
 from bert_of.training.runtime import Runtime, to_numpy
 
 
@@ -76,7 +78,6 @@ GRAPH_CPU_BUDGET = 512 * 2 ** 20  # bytes of activations one CPU predict graph m
 # Eager frees as it goes, but a call's [B, heads, L, L] attention tensors still peak with B; a few
 # rows per call keep the peak near transformers' (whose CPU attention is fused) at no cost in speed.
 EAGER_CPU_BUDGET = 128 * 2 ** 20
-LENGTH_STEP = 32  # a bucketed (eager) batch is cut to a multiple of this many tokens
 
 
 def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET, layers: int | None = None) -> int | None:
@@ -124,96 +125,106 @@ def graph_accum_steps(config, length: int, rows: int, device: str, k: int = 1,
     return k
 
 
-def _batches(lengths: np.ndarray, batch_size: int, bucket: bool, width: int):
-    """(row indices, tokens) of each batch: in input order, or (``bucket``) rows sorted by length
-    and each batch cut to its longest row rounded up to LENGTH_STEP (at most ``width``)."""
-    n = len(lengths)
-    order = np.argsort(lengths, kind="stable") if bucket else np.arange(n)
-    for lo in range(0, n, batch_size):
-        idx = order[lo:lo + batch_size]
-        if bucket:
-            longest = int(lengths[idx].max())
-            yield idx, min(width, max(LENGTH_STEP, -(-longest // LENGTH_STEP) * LENGTH_STEP))
-        else:
-            yield idx, width
-
-
 def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: Runtime, *,
-          bucket: bool = False, graph_budget: int = GRAPH_CPU_BUDGET, stats: dict | None = None) -> list:
+          pad_to_batch: bool = True, positions: tuple = (), fill: float = 0.0,
+          graph_budget: int = GRAPH_CPU_BUDGET, stats: dict | None = None) -> list:
     """Run ``model`` (eval mode, no autograd) over rows of ``inputs`` (input_ids, token_type_ids,
     attention_mask: [n, S]) in global batches of ``batch_size`` rows; returns one float32 array per
     output name, rows in input order.
 
-    ``bucket``: in eager mode, rows sorted by length and each batch cut to its longest row (rounded
-    up to LENGTH_STEP tokens); for outputs with no position axis (a classifier's logits), where the
-    attention mask makes the cut rows' results the same to float rounding. Position-wise outputs
-    (SQuAD's logits) keep all S positions, since run_squad's n-best also ranks padding positions.
+    ``pad_to_batch`` (bert_of.training.padding): rows sorted by length, each batch run at its
+    longest row (rounded up to PAD_MULTIPLE tokens), S only the cap; the attention mask makes the
+    real positions' results the same as at S to float rounding. False: every batch at S (max
+    padding, run_classifier's way). ``positions``: the names among ``outputs`` with a position axis
+    ([n, S, ...]: a tagger's logits, SQuAD's start/end logits); they come back S wide, ``fill`` at
+    the positions a batch did not compute (past its longest row: padding of every row in it).
 
     Graph mode compiles ONE graph and reports its build once. One, because OneFlow 0.9 frees
     nothing of a compiled graph when it is deleted (measured: +1.7 GB per MiniLM graph of 4 x 384,
-    kept after ``del`` and gc), so length buckets would each add a graph's memory for good. In one
-    CPU process that graph is one encoder layer, run for every layer (:class:`LayerwiseRunner`,
-    :func:`graph_rows` of one layer per call); on CUDA or several ranks it is the whole model,
-    [rows per call, S], the last batch padded to it. Eager CPU calls hold at most
-    :func:`eager_rows` rows, whatever ``batch_size`` says: the results are the same.
-    ``stats`` (a dict) receives the graphs built, their build seconds, the rows per call and the
-    token positions computed (padding included)."""
+    kept after ``del`` and gc), so a graph per batch width would each add a graph's memory for good:
+    padding to the batch, its width is the longest row of all (rounded up). In one CPU process that
+    graph is one encoder layer, run for every layer (:class:`LayerwiseRunner`, :func:`graph_rows`
+    of one layer per call); on CUDA or several ranks it is the whole model, [rows per call, width],
+    the last batch padded to it. Eager CPU calls hold at most :func:`eager_rows` rows of their
+    width, whatever ``batch_size`` says: the results are the same. ``stats`` (a dict) receives the
+    graphs built, their build seconds, the rows per call and the token positions computed (padding
+    included)."""
     model.eval()
     check_inputs(model.config, inputs[0], inputs[1])  # on the host, once: graphs do not check
     n = len(inputs[0])
     width = int(inputs[0].shape[1])
-    bucket = bucket and mode == "eager"
-    lengths = inputs[2].sum(axis=1) if bucket else np.full(n, width)
+    lengths = row_lengths(inputs[2]) if pad_to_batch else np.full(n, width)
     batch_size = max(1, min(batch_size, n))
     encoder = model.base_model.encoder
     layerwise = None
+    # graph: one shape for every call (a graph per width would each keep its memory)
+    gwidth = padded_width(lengths, width) if mode == "graph" else None
     # (post-LN without query-key layer scaling: every layer then computes the same function of its weights)
     if mode == "graph" and rt.device == "cpu" and rt.world == 1 and \
             not model.config.pre_ln and not model.config.query_key_layer_scaling:
-        cap = min(graph_rows(model.config, width, rt.device, graph_budget, layers=1), batch_size)
+        cap = min(graph_rows(model.config, gwidth, rt.device, graph_budget, layers=1), batch_size)
         rows = max(r for r in range(1, cap + 1) if batch_size % r == 0)  # a batch splits with no padding
         if 2 * rows < cap:  # unless that makes calls too small: fewest calls, least padding
             rows = -(-batch_size // -(-batch_size // cap))
         layerwise = LayerwiseRunner(encoder, model.config, rows)
-    else:
-        cap = (graph_rows(model.config, width, rt.device, graph_budget) if mode == "graph"
-               else eager_rows(model.config, width, rt.device))
+    elif mode == "graph":
+        cap = graph_rows(model.config, gwidth, rt.device, graph_budget)
         if cap is not None:
             batch_size = min(batch_size, cap * rt.world)
     batch_size = -(-batch_size // rt.world) * rt.world
     whole_graph = mode == "graph" and layerwise is None
     results = [None] * len(outputs)
-    graph, build_s, positions = None, 0.0, 0
+    graph, build_s = None, 0.0
+    calls = {"positions": 0, "rows": 0}
+
+    def calls_of(idx, tokens):
+        """(row indices, tokens) of each call of a batch: eager CPU calls hold what fits at its width."""
+        if mode == "graph":
+            yield idx, gwidth
+            return
+        cap = eager_rows(model.config, tokens, rt.device)
+        step = len(idx) if cap is None else max(rt.world, min(len(idx), cap * rt.world) // rt.world * rt.world)
+        for lo in range(0, len(idx), step):
+            yield idx[lo:lo + step], tokens
+
     runner = encoder.layers_run_by(layerwise) if layerwise is not None else contextlib.nullcontext()
     with runner, flow.no_grad(), Progress("predict", total=n, unit="window") as bar:
-        for idx, tokens in _batches(lengths, batch_size, bucket, width):
-            real = len(idx)
-            rows = [a[idx, :tokens] for a in inputs]
-            if (whole_graph or rt.world > 1) and real < batch_size:  # static shapes: pad with copies of row 0
-                rows = [np.concatenate([r, np.repeat(r[:1], batch_size - real, axis=0)]) for r in rows]
-            tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
-            positions += rows[0].size
-            t0 = None
-            if whole_graph and graph is None:
-                graph, t0 = BertGraph(model, outputs), time.perf_counter()
-            out = (graph if whole_graph else model)(*tensors)
-            vals = [to_numpy(getattr(out, k)) for k in outputs]
-            if t0 is not None:  # the first graph call compiles
-                build_s = time.perf_counter() - t0
-            for j, v in enumerate(vals):
-                v = v[:real].astype(np.float32)
-                if results[j] is None:
-                    results[j] = np.zeros((n,) + v.shape[1:], np.float32)
-                results[j][idx] = v
-            bar.update(real)
+        for batch_idx, batch_tokens in length_batches(lengths, batch_size, width):
+            for idx, tokens in calls_of(batch_idx, batch_tokens):
+                real = len(idx)
+                rows = [a[idx, :tokens] for a in inputs]
+                size = batch_size if whole_graph else -(-real // rt.world) * rt.world
+                if real < size:  # static shapes / whole ranks: pad with copies of row 0
+                    rows = [np.concatenate([r, np.repeat(r[:1], size - real, axis=0)]) for r in rows]
+                tensors = [rt.tensor(rt.rank_rows(r)) for r in rows]
+                calls["positions"] += rows[0].size
+                calls["rows"] = max(calls["rows"], len(rows[0]))
+                t0 = None
+                if whole_graph and graph is None:
+                    graph, t0 = BertGraph(model, outputs), time.perf_counter()
+                out = (graph if whole_graph else model)(*tensors)
+                vals = [to_numpy(getattr(out, k)) for k in outputs]
+                if t0 is not None:  # the first graph call compiles
+                    build_s = time.perf_counter() - t0
+                for j, (name, v) in enumerate(zip(outputs, vals)):
+                    v = v[:real].astype(np.float32)
+                    if results[j] is None:
+                        shape = (n, width, *v.shape[2:]) if name in positions else (n, *v.shape[1:])
+                        results[j] = np.full(shape, fill, np.float32) if name in positions else np.zeros(shape, np.float32)
+                    if name in positions:
+                        results[j][idx, :v.shape[1]] = v
+                    else:
+                        results[j][idx] = v
+                bar.update(real)
     built = 1 if (graph is not None or (layerwise is not None and layerwise.build_seconds)) else 0
     if layerwise is not None:
         build_s, per_call, what = layerwise.build_seconds, layerwise.rows, "one encoder layer"
     else:
-        per_call, what = batch_size, "the model"
+        per_call, what = (batch_size if mode == "graph" else calls["rows"]), "the model"
     if stats is not None:
-        stats.update(graphs=built, build_seconds=round(build_s, 3), batch_size=per_call, positions=positions,
-                     layerwise=layerwise is not None)
+        stats.update(graphs=built, build_seconds=round(build_s, 3), batch_size=per_call,
+                     positions=calls["positions"], layerwise=layerwise is not None,
+                     width=gwidth if mode == "graph" else width)
     if built:
-        log.info(f"predict: graph of {what}, {per_call} x {width} tokens, compiled (and run once) in {build_s:.1f} s")
+        log.info(f"predict: graph of {what}, {per_call} x {gwidth} tokens, compiled (and run once) in {build_s:.1f} s")
     return results

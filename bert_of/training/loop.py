@@ -19,6 +19,7 @@ import numpy as np
 from bert_of.files.atomic import append_jsonl
 from bert_of.progress import Progress, log
 from bert_of.runtime.process import interrupt_note
+from bert_of.training.padding import cut, padded_width, row_lengths
 from bert_of.training.state import NonFiniteError, RunDir
 
 
@@ -174,10 +175,16 @@ def fit(trainer, data, steps: int, *, batch_size: int, run: RunDir | None = None
 class ShuffledRows:
     """Batches of rows drawn from global arrays, epochs after each other without a gap (run_squad's
     ``repeat()``): each epoch a new permutation of a NumPy generator seeded with ``seed``. Every
-    rank draws the same global rows and keeps its share (``runtime.rank_rows``)."""
+    rank draws the same global rows and keeps its share (``runtime.rank_rows``).
 
-    def __init__(self, arrays: dict, batch_size: int, seed: int, runtime):
+    ``pad_to_batch``: each batch cut to its longest row (bert_of.training.padding; the attention
+    mask's ``attention_mask`` array says how long each row is), every [n, S] array alike (a tagger's
+    labels past it are all ignored). For eager steps: a graph would build again for each width. The
+    rows drawn are the same either way."""
+
+    def __init__(self, arrays: dict, batch_size: int, seed: int, runtime, pad_to_batch: bool = False):
         self.arrays, self.batch_size, self.seed, self.rt = arrays, batch_size, seed, runtime
+        self.pad_to_batch = pad_to_batch and "attention_mask" in arrays
         self.n = len(next(iter(arrays.values())))
         self._reset()
 
@@ -193,7 +200,11 @@ class ShuffledRows:
 
     def next_batch(self) -> dict:
         idx = self._indices()
-        return {k: self.rt.rank_rows(a[idx]) for k, a in self.arrays.items()}
+        batch = {k: a[idx] for k, a in self.arrays.items()}
+        if self.pad_to_batch:  # on the global batch: every rank cuts to the same width
+            mask = batch["attention_mask"]
+            batch = cut(batch, padded_width(row_lengths(mask), mask.shape[1]), mask.shape[1])
+        return {k: self.rt.rank_rows(a) for k, a in batch.items()}
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "batches": self.drawn, "rank": self.rt.rank}

@@ -193,6 +193,24 @@ def test_predict_squad_writes_the_official_files(squad, env, tmp_path):
     assert (tmp_path / "predictions.json").read_text().startswith("{\n    \"dan-1\": ")  # run_squad's indent=4
 
 
+def test_squad_windows_padded_to_the_batch_answer_as_windows_padded_to_384(squad, env, tmp_path):
+    """Short windows run at their batch's longest row: the same answers, null odds and n-best
+    logits (float rounding) as every window padded to --max-seq-length."""
+    runs = {}
+    for name, extra in (("batch", []), ("max", ["--pad-to-max-length"])):
+        out = tmp_path / name
+        ok("predict", "squad", "--model", squad.ft, "--data", DEV11, "--output", out,
+           "--mode", "eager", *extra)
+        runs[name] = (json.load(open(out / "predictions.json")), json.load(open(out / "nbest_predictions.json")))
+    (preds, nbest), (preds_max, nbest_max) = runs["batch"], runs["max"]
+    assert preds == preds_max
+    for qid, entries in nbest.items():
+        top = [(e["text"], e["start_logit"], e["end_logit"]) for e in entries[:3]]
+        ref = [(e["text"], e["start_logit"], e["end_logit"]) for e in nbest_max[qid][:3]]
+        assert [t for t, _, _ in top] == [t for t, _, _ in ref]
+        np.testing.assert_allclose([x[1:] for x in top], [x[1:] for x in ref], rtol=0, atol=1e-5)
+
+
 def test_zoo_list_shows_measured_squad_scores(squad, env):
     from bert_of.cli import main
 

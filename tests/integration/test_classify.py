@@ -175,6 +175,31 @@ def test_rows_from_a_pipe_stdin_and_process_substitution_predict_as_the_file(sen
     assert len({o.read_bytes() for o in outs}) == 1 and len(_rows(outs[0])) == len(_rows(S_NEW))
 
 
+def test_rows_padded_to_their_batch_predict_as_rows_padded_to_the_maximum(sentiment, tmp_path):
+    """The default (each batch padded to its longest row, rows grouped by length) and
+    --pad-to-max-length (every row at --max-seq-length, 32 here): the same labels, probabilities within 1e-5, rows
+    in input order both ways."""
+    got = {}
+    for name, extra in (("batch", []), ("max", ["--pad-to-max-length"])):
+        run_cli("predict", "classify", "--model", sentiment.ft, "--data", S_DEV, "-o", tmp_path / f"{name}.csv",
+                "--predict-batch-size", 4, *extra)
+        got[name] = _rows(tmp_path / f"{name}.csv")
+    assert [r["text"] for r in got["batch"]] == [r["text"] for r in got["max"]] == [r["text"] for r in _rows(S_DEV)]
+    assert [r["prediction"] for r in got["batch"]] == [r["prediction"] for r in got["max"]]
+    np.testing.assert_allclose([[float(r[f"p({c})"]) for c in CLASSES] for r in got["batch"]],
+                               [[float(r[f"p({c})"]) for c in CLASSES] for r in got["max"]], rtol=0, atol=1e-5)
+
+
+def test_the_first_fine_tuning_step_loses_the_same_padded_to_the_batch_or_the_maximum(env, tmp_path):
+    """One step on the same shuffled batch (one seed), dropout off: step 1's loss within 1e-6 relative."""
+    first = {}
+    for name, extra in (("batch", []), ("max", ["--pad-to-max-length"])):
+        run_cli("finetune", "classify", "--model", env.base, "--train", S_TRAIN, "-o", tmp_path / name, "--steps", 1,
+                "--lr", 3e-3, *FAST, "--no-record", *extra)
+        first[name] = json.load(open(tmp_path / name / "final" / "train_args.json"))["first_loss"]
+    assert first["batch"] == pytest.approx(first["max"], rel=1e-6)
+
+
 def test_eval_metrics_equal_the_formulas_on_its_predictions(sentiment, env, tmp_path):
     r = run_cli("eval", "classify", "--model", sentiment.ft, "--data", S_DEV, "-o", tmp_path, "--name", "senti")
     got = json.loads(r.stdout[r.stdout.index("{"):])
@@ -298,6 +323,9 @@ def test_tag_conll_end_to_end_with_entity_scores_recomputed(env, tmp_path):
     run_cli("predict", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "p.conll")
     assert _conll(tmp_path / "p.conll") == [(p["tokens"], p["prediction"]) for p in preds]  # tag last
     assert _conll(tmp_path / "p.conll", column=-2) == gold  # each word's columns as read before it
+    # every sentence padded to --max-seq-length (32 here) tags each word the same (eval padded to the batch)
+    run_cli("predict", "tag", "--model", ft, "--data", N_DEV, "-o", tmp_path / "max.conll", "--pad-to-max-length")
+    assert _conll(tmp_path / "max.conll") == _conll(tmp_path / "p.conll")
     from bert_of.eval.results import load_results
 
     assert [x["metrics"]["f1"] for x in load_results(env.results) if x["task"] == "tag"] == [pytest.approx(got["f1"])]
