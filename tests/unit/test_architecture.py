@@ -218,3 +218,12 @@ def test_library_modules_import_modules_not_the_package_facade():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "bert_of":
                 found.append(f"{path}:{node.lineno}")
     assert found == [], found
+
+
+def test_the_model_layer_reaches_oneflows_workarounds_only_through_flow():
+    """bert_of/runtime/ (OneFlow 0.9's workarounds) is quarantined: the model layer's modules import
+    it only through bert_of/_flow.py, so they read as maths."""
+    bad = [f"{MODULES[m]}:{line}: imports {t}" for m, es in EDGES.items()
+           if layer(m) == 1 and m != "bert_of._flow" and not m.startswith("bert_of.runtime")
+           for t, _, line in es if isinstance(t, str) and t.startswith("bert_of.runtime")]
+    assert not bad, "\n".join(bad)
