@@ -114,17 +114,18 @@ def test_finetune_squad_lifts_em_f1_far_above_the_untrained_model(squad):
     assert squad.after["exact_match"] >= 35 and squad.after["f1"] >= 40
     assert squad.after["exact_match"] - squad.before["exact_match"] >= 30
     log = [l for l in error_lines(squad.log) if l.startswith("step ")]
-    assert len(log) == 4 and log[-1].startswith("step 40/40")
+    # step 1 at once, then every --log-every (10)
+    assert len(log) == 5 and log[0].startswith("step 1/40") and log[-1].startswith("step 40/40"), log
     # the rate counts windows (SQuAD features), and the loss shown says it is the window's mean
-    assert all(" windows/s " in l and "(mean of 10 step(s); step " in l for l in log), log
+    assert all(" windows/s " in l and "(mean of 10 step(s); step " in l for l in log[1:]), log
     first, last = (float(l.split()[3]) for l in (log[0], log[-1]))
     assert last < 0.5 * first
 
 
 def test_finetuned_checkpoint_and_train_args(squad, env):
-    # -o is the run folder, as pretrain's; the model is its final/
+    # -o is the run folder, as pretrain's; the model is its final/, --eval-data's results its eval/
     # (the lock file stays, free, as in every run folder: the next writer takes it)
-    assert sorted(os.listdir(squad.ft)) == [".bert_of.lock", "final", "metrics.jsonl", "run.json"]
+    assert sorted(os.listdir(squad.ft)) == [".bert_of.lock", "eval", "final", "metrics.jsonl", "run.json"]
     final = os.path.join(squad.ft, "final")
     assert sorted(os.listdir(final)) == ["config.json", "model.safetensors", "train_args.json", "vocab.txt"]
     assert not [f for f in os.listdir(env.root) if f.startswith(".")]  # nothing half-written left behind
