@@ -10,7 +10,7 @@ CORE_VENV  := .venv-core
 CORE_PY    := $(CORE_VENV)/bin/python
 CORE_STAMP := $(CORE_VENV)/.bert_of-installed
 
-.PHONY: env core-env demo test test-fast test-core bench bench-pretrain bench-env clean-env
+.PHONY: env core-env demo test test-fast test-durations test-core bench bench-pretrain bench-env clean-env
 
 env: $(STAMP)
 
@@ -52,13 +52,18 @@ $(CORE_STAMP): pyproject.toml
 
 # Both suites run; either failing fails.
 test: env core-env
-	@$(PY) -m pytest -q tests; full=$$?; \
+	@$(PY) -m pytest -q --durations=25 tests; full=$$?; \
 	$(MAKE) --no-print-directory test-core; core=$$?; \
 	exit $$(( full || core ))
 
 # The inner loop: the unit tier (tests/unit/: no subprocess, no ranks), a few minutes.
 test-fast: env
 	@$(PY) -m pytest -q tests/unit
+
+# The committed snapshot of every test's time (tests/durations.txt): where the suite's minutes go.
+test-durations: env
+	@$(PY) -m pytest -q -p no:cacheprovider --durations=0 --durations-min=0.5 tests | \
+	  sed -n '/slowest durations/,/passed\|failed/p' > tests/durations.txt; tail -n 3 tests/durations.txt
 
 # The core suite (tests/conftest.py --core): no test marked oneflow or tf is collected there.
 test-core: core-env
