@@ -147,10 +147,7 @@ def read_tokenizer_json(path: str) -> WordPieceJson:
     bert_of's WordPiece would compute otherwise is refused in one line naming the file and field,
     never tokenized another way."""
     raw = read_bounded(path, MAX_TOKENIZER_JSON, TOKENIZER_JSON, BertOfError)
-    try:
-        d = read_json(path, TOKENIZER_JSON, BertOfError, raw=raw)
-    except ValueError:  # an integer of thousands of digits
-        raise BertOfError(f"{path}: a number too long to read in {TOKENIZER_JSON}") from None
+    d = read_json(path, TOKENIZER_JSON, BertOfError, raw=raw)  # huge integers, deep nesting: one line
     model = d.get("model")
     if not isinstance(model, dict) or model.get("type") != "WordPiece":
         kind = model.get("type") if isinstance(model, dict) else None

@@ -664,8 +664,8 @@ def test_token_classifier_kind_survives_every_format_that_records_it(tmp_path, f
     run_cli("convert", f"of2{fmt}", tmp_path / "of", "-o", tmp_path / fmt, *(["--verify"] if fmt != "lazy" else []))
     extra = ["--config", tmp_path / "of" / "config.json"] if fmt == "ofsd" else []
     r = run_cli("convert", f"{fmt}2of", tmp_path / fmt, "-o", tmp_path / "back", "--vocab",
-                os.path.join(src, "vocab.txt"), "--verify", *extra)
-    report = json.loads(r.stdout[r.stdout.index("{"):])
+                os.path.join(src, "vocab.txt"), "--verify", "--json", *extra)
+    report = json.loads(r.stdout)
     assert report["ok"] and "logits" in report["outputs"]
     cfg = json.loads((tmp_path / "back" / "config.json").read_text())
     assert cfg["classifier_kind"] == "token" and cfg["id2label"] == {str(i): t for i, t in enumerate(TAGS)}

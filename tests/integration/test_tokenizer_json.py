@@ -100,7 +100,7 @@ BAD = [  # (tokenizer.json text, what its one error line says)
     (json.dumps(mutated(lambda d: d["added_tokens"].append({"id": 101, "content": "<new>"}))),
      "added token '<new>' (id 101) is not the vocabulary's"),
     (json.dumps(mutated(lambda d: _set(d, ["model", "max_input_chars_per_word"], 0))), "is not a positive word length"),
-    ('{"model": {"type": "WordPiece", "vocab": {"a": ' + "9" * 5000 + "}}}", "number too long"),
+    ('{"model": {"type": "WordPiece", "vocab": {"a": ' + "9" * 5000 + "}}}", "not a tokenizer.json (Exceeds the limit"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
 ]
 
