@@ -32,7 +32,7 @@ step "4. bert-of convert of2tf (back to TF1) and compare every tensor bit for bi
 $BIN/bert-of convert of2tf "$OUT/bert_of" -o "$OUT/google_again" --with-optimizer
 $BIN/python - "$OUT/google" "$OUT/google_again" <<'PY'
 import sys
-from bert_of.converters import tf1_bundle as tb
+from bert_of.converters.containers import tf1_bundle as tb
 a, b = (tb.resolve_prefix(p) for p in sys.argv[1:3])
 ea, eb = tb.read_index(a), tb.read_index(b)
 assert list(ea) == list(eb), set(ea) ^ set(eb)
