@@ -180,7 +180,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
     ``opts.output``): per row, in input order, the label and every class's probability (or the
     regression value)."""
     from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, check_head, check_seq_len,
-                                            glue_seq_len, infer, load_model, make_tokenizer, model_folder,
+                                            glue_seq_len, infer, load_predictor, make_tokenizer, model_folder, predict_mode,
                                             note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     out_file = out_file or opts.output
@@ -198,13 +198,12 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         new_head = False
         if model is None:
             check_head(path, num_labels, NAME, name)
-            model, missing = load_model(BertForSequenceClassification, path, num_labels=num_labels)
+            model, missing = load_predictor(BertForSequenceClassification, path, name, opts, rt, num_labels=num_labels)
             new_head = bool(missing)
-            rt.place(model)
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = _arrays(table, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := predict_mode(opts, rt), rt,
                           pad_to_batch=not opts.pad_to_max_length)
         if problem == "regression":
             preds, probs = logits.reshape(-1).astype(np.float64), None
@@ -216,7 +215,7 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
             e = np.exp(z - z.max(axis=1, keepdims=True))
             probs = e / e.sum(axis=1, keepdims=True)
             preds = logits.argmax(axis=-1)
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode, "engine": opts.engine}
         if not rt.is_main:
             return None
         _write_predictions(out_file, table, problem, labels, preds, probs, opts.label_separator, rt)

@@ -24,7 +24,7 @@ from bert_of.cli_grammar import add_command, examples
 from bert_of.errors import ConfigError, OutputError
 from bert_of.files.locks import check_unlocked, LOCK_NAME
 from bert_of.files.reading import is_stream
-from bert_of.finetuning.options import EVAL, PREDICT, TRAIN
+from bert_of.finetuning.options import EVAL, PREDICT, TRAIN, check_engine
 from bert_of.finetuning.task import TASKS
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
@@ -106,6 +106,7 @@ def cmd_task(args) -> int:
             raise ConfigError(f"finetune {task}: {', '.join(missing)} required (a --resume takes all but -o from "
                               "the run's record)")
     _positive(opts, *POSITIVE[command])
+    check_engine(opts)
     if command == PREDICT:
         opts = predict_output(task, opts)
     code = _ranks(args, opts)

@@ -30,7 +30,7 @@ from bert_of.files.home import bert_of_home, utc_now
 from bert_of.files.owned import check_destination, check_sources
 from bert_of.files.publish import publishing
 from bert_of.files.reading import STDIN, is_stream, read_json
-from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, TaskOptions
+from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, ONNXRUNTIME, TaskOptions, check_engine
 from bert_of.finetuning.task import ModelRun
 from bert_of.heads import (BertForQuestionAnswering, BertForSequenceClassification,  # noqa: F401 - the tasks'
                            BertForTokenClassification)  # heads, imported from here when a task runs
@@ -42,6 +42,7 @@ from bert_of.options import record as options_record
 from bert_of.zoo import resolve_for
 from bert_of.tokenization import FullTokenizer
 from bert_of.training.inference import graph_accum_steps, infer  # noqa: F401 - infer: the tasks'
+from bert_of.training.onnxruntime_engine import OnnxModel
 from bert_of.training.loop import ShuffledRows, StopAfter, fit, note
 from bert_of.training.padding import cut, padded_width, row_lengths
 from bert_of.training.runtime import Runtime
@@ -112,6 +113,42 @@ def load_model(cls, path: str, seed: int = 0, **overrides):
     if missing:
         model.init_weights(seed, names=missing)
     return model, missing
+
+
+# the output a task's head gives, by the head class the task runs
+HEAD_OUTPUTS = {BertForSequenceClassification: ("logits", "sequence classifier"),
+                BertForTokenClassification: ("logits", "token classifier"),
+                BertForQuestionAnswering: ("start_logits", "SQuAD (qa_outputs)")}
+
+
+def load_predictor(cls, path: str, name: str, opts: TaskOptions, rt: Runtime, **overrides):
+    """The model ``predict``/``eval`` run, as ``opts.engine`` says: OneFlow's ``cls`` (``load_model``,
+    placed on the runtime), or onnxruntime's session over the checkpoint's ONNX graph
+    (:class:`~bert_of.training.onnxruntime_engine.OnnxModel`), which :func:`infer` runs the same way.
+    Returns (model, newly initialised tensor names). onnxruntime runs the checkpoint's own head
+    only: a checkpoint without it (which OneFlow would initialise at random) is refused."""
+    if opts.engine != ONNXRUNTIME:
+        model, missing = load_model(cls, path, **overrides)
+        rt.place(model)
+        return model, missing
+    check_engine(opts)  # the command line checked it before any work; the Python API here
+    model = OnnxModel(path)
+    output, head = HEAD_OUTPUTS[cls]
+    kind = "token" if cls is BertForTokenClassification else "sequence"
+    if output not in model.outputs or (output == "logits" and model.config.classifier_kind != kind):
+        raise CheckpointError(f"{name}: no trained {head} head; --engine onnxruntime runs the checkpoint's own head "
+                              "(--engine oneflow would initialise one at random)")
+    for line in model.notes:
+        note(rt, line)
+    note(rt, f"predict: engine onnxruntime {model.version} (CPU, {model.threads} threads; the ONNX graph of "
+             f"{name} built in memory in {model.build_seconds:.1f} s)")
+    return model, []
+
+
+def predict_mode(opts: TaskOptions, rt: Runtime) -> str:
+    """How prediction runs, as recorded in the settings: OneFlow's mode (``--mode auto`` made
+    concrete), or ``onnxruntime``."""
+    return ONNXRUNTIME if opts.engine == ONNXRUNTIME else rt.mode(opts.mode, "predict")
 
 
 def read_train_args(path: str) -> dict:

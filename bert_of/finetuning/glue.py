@@ -132,8 +132,8 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
     file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output``.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
     from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, check_head,
-                                            check_seq_len, glue_seq_len, infer, load_model, make_tokenizer,
-                                            model_folder, note, read_train_args)  # loads OneFlow: only when the task runs
+                                            check_seq_len, glue_seq_len, infer, load_predictor, make_tokenizer,
+                                            model_folder, predict_mode, note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict glue: no --output folder")
@@ -152,22 +152,21 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
         new_head = False
         if model is None:
             check_head(path, num_labels, spec.name, name)
-            model, missing = load_model(BertForSequenceClassification, path, seed=opts.seed, num_labels=num_labels)
+            model, missing = load_predictor(BertForSequenceClassification, path, name, opts, rt, seed=opts.seed, num_labels=num_labels)
             new_head = bool(missing)
             if new_head:
                 note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
                          "(newly initialised) head")
-            rt.place(model)
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = glue_arrays(examples, labels, max_seq, tok)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := predict_mode(opts, rt), rt,
                           pad_to_batch=not opts.pad_to_max_length)
         if labels is None:
             preds = [float(v) for v in logits.reshape(-1)]
         else:
             preds = [labels[i] for i in logits.argmax(axis=-1)]
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode, "engine": opts.engine}
         if opts.language:
             settings["language"] = opts.language
         if not rt.is_main:

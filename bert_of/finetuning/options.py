@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bert_of.converters.formats.onnx import ONNX_EXTRA, NeedsOnnxRuntime, import_onnxruntime
+from bert_of.errors import ConfigError
+from bert_of.launch import in_rank, topology
 from bert_of.options import TRAINING, Ranks, RunOptions, arg
 
 TRAIN, PREDICT, EVAL = "finetune", "predict", "eval"
 RUNS = (PREDICT, EVAL)  # the commands that run a model over a data file (fine-tuning too, on --eval-data)
 RECORDING = (TRAIN, EVAL)  # the commands that append to the results store
 MODEL, RESULTS = "model", "results store"
+ONEFLOW, ONNXRUNTIME = "oneflow", "onnxruntime"
+ENGINES = (ONEFLOW, ONNXRUNTIME)  # --engine: what runs the model in predict / eval (fine-tuning: OneFlow)
 GLUE_MAX_SEQ_LENGTH = 128  # run_classifier.py's
 RUN_FOLDER = ("run folder, as pretrain's: run.json, metrics.jsonl, checkpoints/ (--save-every), final/ (the "
               "fine-tuned checkpoint + train_args.json, published atomically; `--model RUN` uses it)")
@@ -35,6 +40,10 @@ class TaskOptions(RunOptions):
                                           "follows the model's train_args.json)")
     device: str = arg("auto", choices=("auto", "cpu", "cuda"), group=MODEL,
                       help="auto: cuda when OneFlow sees a GPU, else cpu")
+    engine: str = arg(ONEFLOW, choices=ENGINES, group=MODEL, commands=RUNS,
+                      help="what runs the model: oneflow, or onnxruntime (the onnx extra: the checkpoint's ONNX graph, "
+                           "as `convert of2onnx` writes it, built in memory; CPU, one process; the same predictions "
+                           "within 1e-5)")
     predict_batch_size: int = arg(32, help="prediction batch", metavar="N", group=MODEL)
     pad_to_max_length: bool = arg(False, group=MODEL,
                                   help="pad every row to --max-seq-length, as run_classifier.py / run_squad.py do "
@@ -75,4 +84,24 @@ class TaskOptions(RunOptions):
                                             "resume", "stop_after")}
 
 
-__all__ = ["EVAL", "GLUE_MAX_SEQ_LENGTH", "PREDICT", "RUN_FOLDER", "RUNS", "TRAIN", "TaskOptions"]
+def check_engine(opts) -> None:
+    """``--engine onnxruntime``: onnxruntime installed, and none of the options only OneFlow honours
+    (each refused in its own line, before any work: never accepted and ignored)."""
+    if getattr(opts, "engine", ONEFLOW) != ONNXRUNTIME:
+        return
+    try:
+        import_onnxruntime()
+    except NeedsOnnxRuntime:
+        raise ConfigError(f"--engine onnxruntime needs onnxruntime: {ONNX_EXTRA}") from None
+    if opts.mode != "auto":
+        raise ConfigError(f"--mode {opts.mode} is OneFlow's execution mode; --engine onnxruntime runs "
+                          "onnxruntime's own session (leave --mode unset)")
+    if opts.device == "cuda":
+        raise ConfigError("--device cuda: --engine onnxruntime runs on the CPU (onnxruntime's CPU provider); "
+                          "use --engine oneflow for a GPU")
+    if topology(opts.ranks).world > 1 or in_rank():
+        raise ConfigError("--engine onnxruntime runs in one process: --nproc / --nnodes (ranks) are OneFlow's; "
+                          "use --engine oneflow for several ranks")
+
+
+__all__ = ["check_engine", "ENGINES", "ONEFLOW", "ONNXRUNTIME", "EVAL", "GLUE_MAX_SEQ_LENGTH", "PREDICT", "RUN_FOLDER", "RUNS", "TRAIN", "TaskOptions"]

@@ -138,7 +138,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
     """Predictions for a SQuAD file; rank 0 writes them into ``opts.output`` and returns them.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
     from bert_of.finetuning.driver import (BertForQuestionAnswering, Runtime, check_seq_len, infer,
-                                            load_model, make_tokenizer, model_folder, note, read_train_args)  # loads OneFlow: only when the task runs
+                                            load_predictor, make_tokenizer, model_folder, predict_mode, note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict squad: no --output folder")
@@ -150,12 +150,11 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         lengths = _squad_lengths(opts, train_args)
         new_head = False
         if model is None:
-            model, missing = load_model(BertForQuestionAnswering, path, seed=opts.seed)
+            model, missing = load_predictor(BertForQuestionAnswering, path, name, opts, rt, seed=opts.seed)
             new_head = bool(missing)
             if new_head:
                 note(rt, f"warning: {name} has no trained SQuAD head: predictions come from a random "
                          "(newly initialised) head")
-            rt.place(model)
         lengths["max_seq_length"] = check_seq_len(model.config, lengths["max_seq_length"], path, rt,
                                                   given=opts.max_seq_length is not None)
         examples = read_squad_examples(sd, is_training=False, version_2_with_negative=v2)
@@ -167,13 +166,13 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         # logits with the real ones, so where they crowded a window's top n_best_size the n-best can
         # differ from --pad-to-max-length's (answers equal on the fixtures: tests/test_finetune.py)
         start, end = infer(model, [arr["input_ids"], arr["segment_ids"], arr["input_mask"]],
-                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+                           ("start_logits", "end_logits"), opts.predict_batch_size, mode := predict_mode(opts, rt), rt,
                            pad_to_batch=not opts.pad_to_max_length, positions=("start_logits", "end_logits"),
                            fill=float("-inf"))
         secs = time.perf_counter() - t0
         settings = dict(lengths, n_best_size=opts.n_best_size, max_answer_length=opts.max_answer_length,
                         null_score_diff_threshold=float(opts.null_score_diff_threshold),
-                        do_lower_case=tok.do_lower_case, version_2_with_negative=v2, predict_mode=mode)
+                        do_lower_case=tok.do_lower_case, version_2_with_negative=v2, predict_mode=mode, engine=opts.engine)
         if not rt.is_main:
             return None
         preds = postprocess_predictions(examples, features, start, end, n_best_size=settings["n_best_size"],

@@ -146,7 +146,7 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
     """A tag per word of every sentence of ``opts.data``; rank 0 writes them beside the input to
     ``out_file`` (default ``opts.output``; :func:`_write_tags`)."""
     from bert_of.finetuning.driver import (BertForTokenClassification, Runtime, check_head, check_seq_len,
-                                            glue_seq_len, infer, load_model, make_tokenizer, model_folder,
+                                            glue_seq_len, infer, load_predictor, make_tokenizer, model_folder, predict_mode,
                                             note, read_train_args)  # loads OneFlow: only when the task runs
     rt = rt or Runtime.create(opts.device)
     out_file = out_file or opts.output
@@ -164,20 +164,19 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         new_head = False
         if model is None:
             check_head(path, len(labels), NAME, name)
-            model, missing = load_model(BertForTokenClassification, path, num_labels=len(labels))
+            model, missing = load_predictor(BertForTokenClassification, path, name, opts, rt, num_labels=len(labels))
             new_head = bool(missing)
-            rt.place(model)
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
         inputs = [arrays[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := rt.mode(opts.mode, "predict"), rt,
+        (logits,) = infer(model, inputs, ("logits",), opts.predict_batch_size, mode := predict_mode(opts, rt), rt,
                           pad_to_batch=not opts.pad_to_max_length, positions=("logits",))
         best = logits.argmax(axis=-1)  # [n, S]
         preds = []
         for i, s in enumerate(sentences):
             got = [labels[int(best[i, p])] for p in firsts[i]]
             preds.append(got + ["O"] * (len(s.tokens) - len(got)))
-        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode}
+        settings = {"max_seq_length": max_seq, "do_lower_case": tok.do_lower_case, "predict_mode": mode, "engine": opts.engine}
         if not rt.is_main:
             return None
         _write_tags(out_file, opts.data, sentences, preds, rt)

@@ -17,7 +17,8 @@ from bert_of._flow import flow
 from bert_of.inputs import check_inputs
 from bert_of.modeling import BertGraph
 from bert_of.progress import Progress, log
-from bert_of.training.padding import length_batches, padded_width, row_lengths
+from bert_of.training.padding import EAGER_CPU_BUDGET, Gathered, eager_rows, length_batches, padded_width, row_lengths  # noqa: F401
+from bert_of.training.onnxruntime_engine import OnnxModel
 from bert_of.training.runtime import Runtime, to_numpy
 
 
@@ -75,9 +76,6 @@ class LayerwiseRunner:
 # where eager frees each tensor after use. A CPU graph therefore runs few rows per call (smaller
 # graphs are no slower per row: docs/benchmarks.md, fine-tuning and prediction); CUDA graphs reuse memory and keep the batch.
 GRAPH_CPU_BUDGET = 512 * 2 ** 20  # bytes of activations one CPU predict graph may hold
-# Eager frees as it goes, but a call's [B, heads, L, L] attention tensors still peak with B; a few
-# rows per call keep the peak near transformers' (whose CPU attention is fused) at no cost in speed.
-EAGER_CPU_BUDGET = 128 * 2 ** 20
 
 
 def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET, layers: int | None = None) -> int | None:
@@ -90,17 +88,6 @@ def graph_rows(config, length: int, device: str, budget: int = GRAPH_CPU_BUDGET,
     c = config
     per_row = 4 * (layers or c.num_hidden_layers) * (10 * c.num_attention_heads * length * length
                                          + 4 * length * c.intermediate_size + 12 * length * c.hidden_size)
-    return max(1, int(budget // per_row))
-
-
-def eager_rows(config, length: int, device: str, budget: int = EAGER_CPU_BUDGET) -> int | None:
-    """Rows per eager CPU call over ``length`` tokens (None: no limit): eager holds about three
-    [heads, L, L] tensors and a few [L, I] / [L, H] ones of one layer at a time."""
-    if device != "cpu":
-        return None
-    c = config
-    per_row = 4 * (3 * c.num_attention_heads * length * length + 2 * length * c.intermediate_size
-                   + 6 * length * c.hidden_size)
     return max(1, int(budget // per_row))
 
 
@@ -149,8 +136,11 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     width, whatever ``batch_size`` says: the results are the same. ``stats`` (a dict) receives the
     graphs built, their build seconds, the rows per call and the token positions computed (padding
     included)."""
-    model.eval()
     check_inputs(model.config, inputs[0], inputs[1])  # on the host, once: graphs do not check
+    if isinstance(model, OnnxModel):  # --engine onnxruntime: the same batches, on onnxruntime's session
+        return model.infer(inputs, outputs, batch_size, pad_to_batch=pad_to_batch, positions=positions, fill=fill,
+                           stats=stats)
+    model.eval()
     n = len(inputs[0])
     width = int(inputs[0].shape[1])
     lengths = row_lengths(inputs[2]) if pad_to_batch else np.full(n, width)
@@ -173,7 +163,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
             batch_size = min(batch_size, cap * rt.world)
     batch_size = -(-batch_size // rt.world) * rt.world
     whole_graph = mode == "graph" and layerwise is None
-    results = [None] * len(outputs)
+    results = Gathered(outputs, n, width, positions, fill)
     graph, build_s = None, 0.0
     calls = {"positions": 0, "rows": 0}
 
@@ -206,15 +196,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
                 vals = [to_numpy(getattr(out, k)) for k in outputs]
                 if t0 is not None:  # the first graph call compiles
                     build_s = time.perf_counter() - t0
-                for j, (name, v) in enumerate(zip(outputs, vals)):
-                    v = v[:real].astype(np.float32)
-                    if results[j] is None:
-                        shape = (n, width, *v.shape[2:]) if name in positions else (n, *v.shape[1:])
-                        results[j] = np.full(shape, fill, np.float32) if name in positions else np.zeros(shape, np.float32)
-                    if name in positions:
-                        results[j][idx, :v.shape[1]] = v
-                    else:
-                        results[j][idx] = v
+                results.put(idx, vals)
                 bar.update(real)
     built = 1 if (graph is not None or (layerwise is not None and layerwise.build_seconds)) else 0
     if layerwise is not None:
@@ -227,4 +209,4 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
                      width=gwidth if mode == "graph" else width)
     if built:
         log.info(f"predict: graph of {what}, {per_call} x {gwidth} tokens, compiled (and run once) in {build_s:.1f} s")
-    return results
+    return results.arrays

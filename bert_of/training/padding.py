@@ -47,3 +47,45 @@ def length_batches(lengths: np.ndarray, batch_size: int, cap: int, multiple: int
     for lo in range(0, len(order), batch_size):
         idx = order[lo:lo + batch_size]
         yield idx, padded_width(lengths[idx], cap, multiple)
+
+
+# Eager frees as it goes, but a call's [B, heads, L, L] attention tensors still peak with B; a few
+# rows per call keep the peak near transformers' (whose CPU attention is fused) at no cost in speed.
+EAGER_CPU_BUDGET = 128 * 2 ** 20
+
+
+def eager_rows(config, length: int, device: str, budget: int = EAGER_CPU_BUDGET) -> int | None:
+    """Rows per eager CPU call over ``length`` tokens (None: no limit): eager holds about three
+    [heads, L, L] tensors and a few [L, I] / [L, H] ones of one layer at a time."""
+    if device != "cpu":
+        return None
+    c = config
+    per_row = 4 * (3 * c.num_attention_heads * length * length + 2 * length * c.intermediate_size
+                   + 6 * length * c.hidden_size)
+    return max(1, int(budget // per_row))
+
+
+class Gathered:
+    """The outputs of batches run in any order, put back in input order: one float32 array per
+    output name, [n, ...]; the names in ``positions`` have a position axis and come back ``width``
+    wide, ``fill`` at the positions a batch did not compute (past its longest row). What every
+    engine's ``infer`` returns (:mod:`bert_of.training.inference`, onnxruntime's)."""
+
+    def __init__(self, names, n: int, width: int, positions=(), fill: float = 0.0):
+        self.names, self.n, self.width, self.positions, self.fill = tuple(names), n, width, positions, fill
+        self.arrays = [None] * len(self.names)
+
+    def put(self, idx, values) -> None:
+        """The rows ``idx`` (indices into the input) of each output (``values``, in ``names``'
+        order, at least ``len(idx)`` rows: padding rows past them are dropped)."""
+        real = len(idx)
+        for j, (name, v) in enumerate(zip(self.names, values)):
+            v = np.asarray(v)[:real].astype(np.float32)
+            if self.arrays[j] is None:
+                at = name in self.positions
+                shape = (self.n, self.width, *v.shape[2:]) if at else (self.n, *v.shape[1:])
+                self.arrays[j] = np.full(shape, self.fill, np.float32) if at else np.zeros(shape, np.float32)
+            if name in self.positions:
+                self.arrays[j][idx, :v.shape[1]] = v
+            else:
+                self.arrays[j][idx] = v

@@ -105,8 +105,10 @@ def _initializers(source: Source, tensors: list, data_type: int = FLOAT) -> list
     return out
 
 
-def write_files(source: Source, d: str, opts: Options) -> list:
-    """``model.onnx`` (+ ``vocab.txt``) into the directory ``d``, one tensor in memory at a time."""
+def _serialized(source: Source) -> tuple:
+    """The ModelProto of ``source`` as (total bytes, [bytes, or a producer of a weight's bytes, in
+    file order], notes): the lengths are known before any weight is read, so a writer streams one
+    tensor in memory at a time."""
     config = source.config
     notes = []
     if config.query_key_layer_scaling:
@@ -138,18 +140,42 @@ def write_files(source: Source, d: str, opts: Options) -> list:
         raise CheckpointError(f"{source.path}: cannot convert to onnx: the model would be {total / 1e9:.2f} GB, "
                               f"beyond protobuf's 2 GB limit on one ONNX file (ONNX's external-data files are "
                               f"not written)")
+    parts = [head + _key(7, 2) + varint(graph_len) + nodes]
+    for prefix, _, raw in entries:
+        parts += [prefix, raw]
+    return total, parts + [io + tail], notes
+
+
+def _pieces(parts):
+    """The bytes of :func:`_serialized`'s parts in order, each weight read when its turn comes."""
+    for part in parts:
+        yield part if isinstance(part, bytes) else part()
+
+
+def write_files(source: Source, d: str, opts: Options) -> list:
+    """``model.onnx`` (+ ``vocab.txt``) into the directory ``d``, one tensor in memory at a time."""
+    total, parts, notes = _serialized(source)
     path = os.path.join(d, MODEL_FILE)
     with writes_to(path), open(path, "wb") as f:
-        f.write(head + _key(7, 2) + varint(graph_len) + nodes)
-        for prefix, n, raw in entries:
-            f.write(prefix)
-            f.write(raw())
-        f.write(io + tail)
+        for piece in _pieces(parts):
+            f.write(piece)
         if f.tell() != total:  # the lengths announced before the weights were streamed
             raise AssertionError(f"{path}: wrote {f.tell()} bytes, not {total}")
     if source.vocab_file:
         copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
     return notes
+
+
+def model_bytes(source: Source) -> tuple:
+    """(the ``model.onnx`` of2onnx would write for ``source``, as bytes; its notes): the same graph
+    and initializers, built in memory (``--engine onnxruntime`` hands it to an InferenceSession;
+    nothing is written). onnxruntime takes ``bytes`` only: the pieces, then the file's bytes joined
+    (twice the model while they are joined)."""
+    total, parts, notes = _serialized(source)
+    data = b"".join(_pieces(parts))
+    if len(data) != total:
+        raise AssertionError(f"{source.path}: built {len(data)} bytes of ONNX, not {total}")
+    return data, notes
 
 
 # --------------------------------------------------------------------------- reading
@@ -272,15 +298,22 @@ class NeedsOnnxRuntime(BertOfError):
     """onnxruntime (the optional ``onnx`` extra) is not installed."""
 
 
-def run_onnxruntime(path: str, batch: dict) -> dict:
-    """{output: np.ndarray} of onnxruntime (CPU) on the model at ``path`` for an int [B, S] batch, the
-    outputs under verify's reference names (``sequence_output``, ``pooled_output``, ...)."""
+def import_onnxruntime():
+    """The ``onnxruntime`` module; :class:`NeedsOnnxRuntime` when it is not installed (an import
+    failing inside it is its own error, not "missing")."""
     try:
         import onnxruntime
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] != "onnxruntime":
             raise
         raise NeedsOnnxRuntime(f"onnxruntime is not installed (the onnx extra: {ONNX_EXTRA})") from None
+    return onnxruntime
+
+
+def run_onnxruntime(path: str, batch: dict) -> dict:
+    """{output: np.ndarray} of onnxruntime (CPU) on the model at ``path`` for an int [B, S] batch, the
+    outputs under verify's reference names (``sequence_output``, ``pooled_output``, ...)."""
+    onnxruntime = import_onnxruntime()
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only: its warnings are not ours to show
     session = onnxruntime.InferenceSession(model_path(path), options, providers=["CPUExecutionProvider"])
