@@ -24,7 +24,10 @@ then of2hf for transformers). Whole processes, load included, timed from outside
 classify` padding each batch to its longest row (now) and every row to --max-seq-length
 (`--pad-to-max-length`, as before), against transformers' `pipeline("text-classification")(rows,
 batch_size=32)` (bench/hf_pipeline_worker.py). The three run interleaved, their order rotating each
-round; each row records the 1-minute load average before it; the table shows medians.
+round; each row records the 1-minute load average before it; the table shows medians. With
+``--user-impls ...,onnxruntime``: `bert-of predict classify --engine onnxruntime` too (the same
+checkpoint's ONNX graph, built in memory, on onnxruntime; its labels and probabilities are compared
+with of_batch's).
 """
 
 import argparse
@@ -44,6 +47,7 @@ WORKER = os.path.join(ROOT, "bench", "infer_worker.py")
 OF_PY = os.path.join(ROOT, ".venv", "bin", "python")
 HF_PY = os.environ.get("BERT_OF_BENCH_ANCHOR_PY") or os.path.join(ROOT, ".venv-anchor", "bin", "python")
 BERT_OF = [OF_PY, "-m", "bert_of.cli"]  # the bert-of command, as the tests run it
+IMPLS = ("hf", "of_max", "of_batch", "onnxruntime")  # --workload user-rows: the table's rows, in order
 
 
 def minilm_dir() -> str:
@@ -130,15 +134,18 @@ def user_rows_bench(a) -> dict:
         w.writerow(["text"])
         w.writerows([r] for r in rows)
     env = dict(os.environ, BERT_OF_HOME=os.path.join(work, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
-    out = {k: os.path.join(work, f"{k}.out") for k in ("hf", "of_batch", "of_max")}
+    out = {k: os.path.join(work, f"{k}.out") for k in ("hf", "of_batch", "of_max", "onnxruntime")}
     cmds = {"hf": [a.hf_python, os.path.join(ROOT, "bench", "hf_pipeline_worker.py"), "--model", hf_model,
                    "--rows", data, "--batch", "32", "--out", out["hf"]],
             "of_batch": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
                          out["of_batch"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32"],
             "of_max": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
                        out["of_max"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32",
-                       "--pad-to-max-length"]}
-    names = [k for k in ("hf", "of_max", "of_batch") if k in a.user_impls.split(",")]
+                       "--pad-to-max-length"],
+            "onnxruntime": [*BERT_OF, "predict", "classify", "--model", of_model, "--data", data, "-o",
+                            out["onnxruntime"] + ".csv", "--overwrite", "-q", "--predict-batch-size", "32",
+                            "--engine", "onnxruntime"]}
+    names = [k for k in IMPLS if k in a.user_impls.split(",")]
     results, t_start = [], time.time()
     for rnd in range(a.rounds):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # the order rotates
@@ -149,7 +156,7 @@ def user_rows_bench(a) -> dict:
     if "hf" in names:
         with open(out["hf"]) as f:
             labels["hf"] = json.load(f)["labels"]
-    for k in ("of_batch", "of_max"):
+    for k in IMPLS[1:]:
         if k in names:
             with open(out[k] + ".csv", encoding="utf-8", newline="") as f:
                 recs = list(csv.DictReader(f))
@@ -162,7 +169,13 @@ def user_rows_bench(a) -> dict:
         agree["of_batch_vs_of_max_labels_equal"] = labels["of_batch"] == labels["of_max"]
         agree["of_batch_vs_of_max_max_prob_diff"] = float(np.abs(np.array(labels["of_batch_probs"])
                                                                 - np.array(labels["of_max_probs"])).max())
-    for k in ("of_batch", "of_max"):
+    if "of_batch" in labels and "onnxruntime" in labels:
+        import numpy as np
+
+        agree["onnxruntime_vs_of_batch_labels_equal"] = labels["onnxruntime"] == labels["of_batch"]
+        agree["onnxruntime_vs_of_batch_max_prob_diff"] = float(np.abs(np.array(labels["onnxruntime_probs"])
+                                                                     - np.array(labels["of_batch_probs"])).max())
+    for k in IMPLS[1:]:
         if k in labels and "hf" in labels:
             agree[f"{k}_vs_hf_labels_equal"] = sum(x == y for x, y in zip(labels[k], labels["hf"]))
     med = {}
@@ -184,11 +197,12 @@ def user_rows_markdown(res: dict) -> str:
     """docs/benchmarks.md's table of a user-rows results object: per implementation the median wall
     seconds (and vs transformers), CPU seconds, peak RSS, and each round's seconds with its load."""
     names = {"hf": "transformers pipeline (batch 32)", "of_max": "bert-of predict, every row padded to 128 (before)",
-             "of_batch": "bert-of predict, each batch to its longest row (now)"}
+             "of_batch": "bert-of predict, each batch to its longest row (now)",
+             "onnxruntime": "bert-of predict --engine onnxruntime (each batch to its longest row)"}
     med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2  # noqa: E731
     lines = ["| whole process | median s | time / transformers' | median CPU s | peak RSS MiB | rounds: s (load before) |",
              "|---|---|---|---|---|---|"]
-    for k in ("hf", "of_max", "of_batch"):
+    for k in IMPLS:
         runs = [r for r in res["runs"] if r["impl"] == k and not r["status"]]
         if not runs:
             continue
@@ -352,7 +366,8 @@ def main():
                          "rows classified, whole processes (module docstring)")
     ap.add_argument("--user-rows", type=int, default=1024, help="user-rows: rows classified")
     ap.add_argument("--user-impls", default="hf,of_max,of_batch",
-                    help="user-rows: hf (transformers' pipeline), of_max (bert-of, --pad-to-max-length), of_batch")
+                    help="user-rows: hf (transformers' pipeline), of_max (bert-of, --pad-to-max-length), of_batch, "
+                         "onnxruntime (bert-of predict --engine onnxruntime)")
     ap.add_argument("--finetune-steps", type=int, default=30, help="user-rows: steps of the classifier's fine-tuning")
     ap.add_argument("--work", help="user-rows: folder for the models and rows (kept; made once); default a new temp")
     ap.add_argument("--hf-python", default=HF_PY, help="the Python with torch + transformers (default .venv-anchor's)")

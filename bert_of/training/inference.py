@@ -1,9 +1,9 @@
 """Inference over many rows within a memory budget: batches cut to fit, length buckets, and on CPU
 one compiled encoder layer run for every layer (OneFlow 0.9's CPU graphs share no memory).
 
-Memory budgets (``graph_rows``, ``eager_rows``, ``graph_accum_steps``) and :func:`infer`, which
-every task's predict step and ``bert-of predict`` use; each batch padded to its longest row
-(:mod:`bert_of.training.padding`).
+Memory budgets (``graph_rows``, ``graph_accum_steps``; ``eager_rows`` is padding.py's) and
+:func:`infer`, which every task's predict step and ``bert-of predict`` use, whichever engine runs
+the model; each batch padded to its longest row (:mod:`bert_of.training.padding`).
 """
 
 from __future__ import annotations
@@ -135,7 +135,11 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     the last batch padded to it. Eager CPU calls hold at most :func:`eager_rows` rows of their
     width, whatever ``batch_size`` says: the results are the same. ``stats`` (a dict) receives the
     graphs built, their build seconds, the rows per call and the token positions computed (padding
-    included)."""
+    included).
+
+    ``model`` may also be an :class:`~bert_of.training.onnxruntime_engine.OnnxModel` (``--engine
+    onnxruntime``): the same inputs checked here, the same batches and outputs, run by its session
+    (``mode`` and ``rt`` are OneFlow's and do not apply)."""
     check_inputs(model.config, inputs[0], inputs[1])  # on the host, once: graphs do not check
     if isinstance(model, OnnxModel):  # --engine onnxruntime: the same batches, on onnxruntime's session
         return model.infer(inputs, outputs, batch_size, pad_to_batch=pad_to_batch, positions=positions, fill=fill,
