@@ -47,12 +47,12 @@ def env(tmp_path_factory):
             os.environ["BERT_OF_HOME"] = saved
 
 
-def finetuned(env, task: str, train: str, *extra) -> str:
+def finetuned(env, task: str, train: str, *extra, steps: int = 8) -> str:
     """The module's checkpoint of ``task`` on ``train`` (fine-tuned on first use, a few steps)."""
     key = (task, train, extra)
     if key not in env.models:
         run = env.root / f"{task}-{len(env.models)}"
-        run_cli("finetune", task, "--model", env.base, "--train", train, "-o", run, "--steps", 8, "--lr", 3e-3,
+        run_cli("finetune", task, "--model", env.base, "--train", train, "-o", run, "--steps", steps, "--lr", 3e-3,
                 *FAST, "--no-record", *extra)
         env.models[key] = str(run)
     return env.models[key]
@@ -101,8 +101,9 @@ def test_regression_values_agree_and_eval_records_the_engine(env, tmp_path):
     np.testing.assert_allclose(probabilities(rows["onnxruntime"], ["score"]), probabilities(rows["oneflow"], ["score"]),
                                rtol=0, atol=1e-5)
     assert scores["onnxruntime"]["problem"] == "regression"
-    for k in ("pearson", "spearman", "mse"):
-        assert scores["onnxruntime"][k] == pytest.approx(scores["oneflow"][k], abs=1e-3), k
+    # MSE follows the values; a few steps leave them within ~1e-3 of each other, where Pearson and
+    # Spearman are ruled by the 1e-6 differences, so only MSE is compared
+    assert scores["onnxruntime"]["mse"] == pytest.approx(scores["oneflow"]["mse"], rel=1e-5)
     assert records["onnxruntime"]["settings"]["engine"] == "onnxruntime"
     assert records["oneflow"]["settings"]["engine"] == "oneflow"
 
