@@ -35,6 +35,10 @@ GRAMMAR = [
     ("--max-seq-length", "tokens per sequence, [CLS]/[SEP] included (finetune, predict, eval: the cap; each batch "
                          "is padded to its longest row unless `--pad-to-max-length`)",
      "data, pretrain, finetune, predict, eval, verify"),
+    ("--engine", "what runs the model: `oneflow` (the default) or `onnxruntime` (the `onnx` extra: the checkpoint's "
+                 "ONNX graph as `convert of2onnx` writes it, built in memory, nothing written; CPU, one process; the "
+                 "same predictions within 1e-5, tested); `--mode`, `--device cuda` and ranks are OneFlow's and "
+                 "refused with it ([evaluation.md](evaluation.md), \"Engines\")", "predict, eval"),
     ("--max-predictions-per-seq", "masked positions per sequence", "data, pretrain"),
     ("--grad-accum-steps", "micro-batches per optimizer step", "pretrain, finetune"),
     ("--steps", "optimizer steps to train", "pretrain, finetune, align"),
