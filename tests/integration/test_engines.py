@@ -1,7 +1,8 @@
 """`bert-of predict|eval TASK --engine onnxruntime`: the same checkpoint, run by onnxruntime on the
 ONNX graph `convert of2onnx` writes for it (built in memory), predicts what `--engine oneflow` does:
 classes identical and probabilities within 1e-5 (classify, multi-label), regression values within
-1e-5, the same tags, the same SQuAD answers; the predictions files have the same columns and rows.
+1e-5, the same tags, the same SQuAD answers, the same GLUE labels; the predictions files have the
+same columns and rows.
 Options only OneFlow honours are refused, one line each, before any work.
 
 One tiny BERT per module (hidden 32, 2 layers), each task's checkpoint fine-tuned once for a few
@@ -19,8 +20,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import RANK_VARS, ROOT, error_lines, run_cli
-from tests.helpers.models import (DEV11, FAST, LENGTHS, S_DEV, S_TRAIN, TRAIN11, USER, build_vocab, tiny_bert,
-                                  user_rows, user_vocab)
+from tests.helpers.models import (DEV11, FAST, GL, LENGTHS, S_DEV, S_TRAIN, SST_TRAIN, TRAIN11, USER, build_vocab,
+                                  tiny_bert, user_rows, user_vocab)
 
 pytestmark = pytest.mark.oneflow
 pytest.importorskip("onnxruntime")
@@ -133,14 +134,20 @@ def test_tags_agree(env, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def squad_model(tmp_path_factory):
-    """A tiny BERT on the SQuAD fixtures' vocabulary, fine-tuned a few steps on SQuAD v1.1."""
-    root = tmp_path_factory.mktemp("engines-squad")
+def fixture_base(tmp_path_factory):
+    """A tiny BERT on the SQuAD and GLUE fixtures' vocabulary."""
+    root = tmp_path_factory.mktemp("engines-fixtures")
     vocab, n = build_vocab(root / "vocab.txt")
-    base = tiny_bert(root / "tiny", vocab, n, dropout=0.0)
-    run_cli("finetune", "squad", "--model", base, "--train", TRAIN11, "-o", root / "ft", *LENGTHS, "--batch-size", 16,
-            "--steps", 8, "--lr", 3e-3, "--mode", "eager", "--no-record")
-    return SimpleNamespace(ft=str(root / "ft"), base=base)
+    return SimpleNamespace(root=root, base=tiny_bert(root / "tiny", vocab, n, dropout=0.0))
+
+
+@pytest.fixture(scope="module")
+def squad_model(fixture_base):
+    """The fixtures' tiny BERT fine-tuned a few steps on SQuAD v1.1."""
+    ft = fixture_base.root / "squad"
+    run_cli("finetune", "squad", "--model", fixture_base.base, "--train", TRAIN11, "-o", ft, *LENGTHS,
+            "--batch-size", 16, "--steps", 8, "--lr", 3e-3, "--mode", "eager", "--no-record")
+    return SimpleNamespace(ft=str(ft))
 
 
 def test_squad_answers_agree_and_nbest_probabilities_within_1e_5(squad_model, tmp_path):
@@ -155,6 +162,23 @@ def test_squad_answers_agree_and_nbest_probabilities_within_1e_5(squad_model, tm
         np.testing.assert_allclose([x["probability"] for x in ort_list], [x["probability"] for x in flow_list],
                                    rtol=0, atol=1e-5)
     assert ENGINE_LINE in got["onnxruntime"][1]
+
+
+def test_glue_predictions_and_accuracy_agree(fixture_base, tmp_path):
+    ft = tmp_path / "sst"  # 20 sentences memorised: confident labels (not near-ties of 1e-6)
+    run_cli("finetune", "glue", "--task", "sst-2", "--model", fixture_base.base, "--train", SST_TRAIN, "-o", ft,
+            "--max-seq-length", 32, "--batch-size", 10, "--steps", 30, "--lr", 1e-3, "--mode", "eager", "--no-record")
+    both(tmp_path / "test", "predict", "glue", "--model", ft, "--data", os.path.join(GL, "sst-2-test.tsv"), name="")
+    flow, ort = ((tmp_path / "test" / e / "predictions.tsv").read_text() for e in ENGINES)
+    assert ort == flow and flow.startswith("index\tprediction\n")
+    scores = {}
+    for engine in ENGINES:
+        r = run_cli("eval", "glue", "--model", ft, "--data", SST_TRAIN, "-o", tmp_path / engine, "--engine", engine,
+                    "--no-record")
+        scores[engine] = json.loads(r.stdout[r.stdout.index("{"):])
+    assert scores["onnxruntime"] == scores["oneflow"] and scores["oneflow"]["examples"] == 20
+    flow, ort = ((tmp_path / e / "predictions.tsv").read_text() for e in ENGINES)
+    assert ort == flow and len(flow.splitlines()) == 21
 
 
 def _fails(*args):
