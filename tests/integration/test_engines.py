@@ -219,6 +219,22 @@ def test_a_checkpoint_without_the_tasks_head_is_refused_not_initialised(env, tmp
     assert not (tmp_path / "p").exists()
 
 
+def test_a_pre_ln_checkpoint_is_refused_the_post_ln_graph(fixture_base, tmp_path):
+    """of2onnx's graph is post-LN BERT's: a pre-LN checkpoint (LiBai's default) is refused, never run
+    as another network."""
+    from bert_of.config import BertConfig
+    from bert_of.heads import BertForQuestionAnswering
+
+    config = BertConfig.from_json_file(os.path.join(fixture_base.base, "config.json"))
+    model = BertForQuestionAnswering(BertConfig.from_dict(dict(config.to_dict(), layernorm_placement="pre")))
+    model.init_weights(seed=0)
+    model.save_pretrained(str(tmp_path / "pre"), vocab_file=os.path.join(fixture_base.base, "vocab.txt"))
+    line = _fails("predict", "squad", "--model", tmp_path / "pre", "--data", DEV11, *LENGTHS, "-o", tmp_path / "p",
+                  "--engine", "onnxruntime")
+    assert line.startswith(f"{tmp_path / 'pre'}: no ONNX graph: a pre-LN BERT (LayerNorm before attention"), line
+    assert not (tmp_path / "p").exists()
+
+
 _BLOCKER = '''
 import sys
 

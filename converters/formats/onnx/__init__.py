@@ -110,6 +110,9 @@ def _serialized(source: Source) -> tuple:
     file order], notes): the lengths are known before any weight is read, so a writer streams one
     tensor in memory at a time."""
     config = source.config
+    why = config.original_bert_mismatch()
+    if why:  # the graph is post-LN BERT's (convert refuses first; a graph built in memory here)
+        raise CheckpointError(f"{source.path}: no ONNX graph: {why}")
     notes = []
     if config.query_key_layer_scaling:
         notes.append("note: query-key layer scaling not recorded in the graph (the same function; LiBai's fp32 "
