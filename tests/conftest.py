@@ -3,10 +3,12 @@
 import contextlib
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 import pytest
@@ -172,6 +174,39 @@ TIERS = ("unit", "integration", "e2e")
 def pytest_addoption(parser):
     parser.addoption("--core", action="store_true",
                      help="the core suite: every test not marked oneflow or tf (tests/conftest.py)")
+    parser.addoption("--cpu-times", metavar="FILE",
+                     help="write each test's CPU seconds (this process and the children it waited for: "
+                          "what a busy machine cannot inflate) and wall seconds to FILE, slowest first")
+
+
+_CPU_TIMES: dict = {}
+
+
+def _cpu_now() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """--cpu-times: the CPU seconds of setup + call + teardown (a module fixture's cost lands on
+    the first test using it, as --durations shows it)."""
+    if not item.config.getoption("--cpu-times"):
+        yield
+        return
+    cpu, wall = _cpu_now(), time.perf_counter()
+    yield
+    _CPU_TIMES[item.nodeid] = (_cpu_now() - cpu, time.perf_counter() - wall)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--cpu-times")
+    if not path or not _CPU_TIMES:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # pytest-xdist: one file per worker, merged by the Makefile
+    with open(f"{path}.{worker}" if worker else path, "w") as f:
+        for nodeid, (cpu, wall) in sorted(_CPU_TIMES.items(), key=lambda kv: -kv[1][0]):
+            f.write(f"{cpu:8.2f} {wall:8.2f} {nodeid}\n")
 
 
 _FILE_MARK = re.compile(r"^pytestmark = .*\bpytest\.mark\.(oneflow|tf)\b", re.M)
