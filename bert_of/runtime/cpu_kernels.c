@@ -262,3 +262,211 @@ void bert_of_layer_norm(const float *x, const float *res, const float *w, const 
     ln_args a = {x, res, w, b, y, H, eps};
     parallel_rows(ln_rows, &a, T, H, threads);
 }
+
+/* ------------------------------------------------------------------ the attention core
+ *
+ * context[b, s, n*D + d] = sum_j softmax_j(scale * (q[b, n, s] . k[b, n, j]) [* coeff] + mask[b, s, j])
+ *                          * v[b, n, j, d]
+ * for q, k, v [B, N, S, D] (the heads' split) and an additive mask of [B, 1, 1, S] (mask_rows 0) or
+ * [B, 1, S, S] (mask_rows S), NULL for none; the heads' merge is the write. Bounded, not OneFlow's bits
+ * (its sums run in other orders): kernels.py checks the bound against float64 and OneFlow's own ops.
+ *
+ * Why here: OneFlow runs the two batched matmuls as B*N small GEMMs, each split over the BLAS's
+ * threads, then a softmax and a merge as separate single-threaded passes over [B, N, S, S]. Here each
+ * thread takes whole (b, n) pairs and, ROWS query rows at a time, computes a [ROWS, S] block of
+ * scores (in cache; [B, N, S, S] never exists), its softmax (max-subtracted; the row sums in float
+ * lanes, added in double) and its product with v, normalised by the row sum as it is written.
+ * The GEMMs are register-blocked outer products over GCC vectors of 8 floats (ymm with AVX2 and FMA
+ * where the CPU has them, picked at load time by target_clones; SSE2 pairs otherwise); their sums
+ * run in index order, so a thread count never changes a result. */
+#include <stdlib.h>
+#pragma GCC diagnostic ignored "-Wpsabi" /* vectors pass between always-inlined helpers only */
+
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+#define ATTN_ROWS 32 /* query rows per block: a [32, S] float block is 64 KB at S = 512 */
+#define ATTN_FAST __attribute__((optimize("O2,fp-contract=fast")))
+#define ATTN_INLINE static inline __attribute__((always_inline)) ATTN_FAST
+
+ATTN_INLINE v8f splat(float x) { return (v8f){0} + x; } /* a broadcast (the lane-by-lane constructor is not one at -O2) */
+
+/* exp(x) for x <= 0 (a max-subtracted score), 0 below -87.3 (e^x < 2^-126: no normal float). Cephes'
+ * expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 polynomial (~1 ulp), times 2^n by the
+ * exponent bits. */
+ATTN_INLINE v8f exp_le0(v8f x) {
+    const v8i under = x < splat(-87.3f);
+    x = (v8f)((v8i)x & ~under); /* those become 0: any finite value works, masked below */
+    const v8f magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const v8f n = (x * splat(1.44269504088896341f) + magic) - magic;
+    v8f r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    v8f p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * (r * r) + r + splat(1.0f);
+    const v8i two_n = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return (v8f)((v8i)(p * (v8f)two_n) & ~under);
+}
+
+typedef struct {
+    const float *q, *k, *v, *mask;
+    float *y;
+    int64_t N, S, D, mask_rows;
+    float alpha, coeff;
+    int use_coeff;
+} attn_args;
+
+ATTN_INLINE v8f load8(const float *p) { return *(const v8f *)p; }
+
+/* The GEMMs' micro-kernel: C[r, 0:8W] = (sum_t A[r, t] B[t, 0:8W]) (* rs[r] when rs is not NULL) for
+ * R rows (4 or 1) and W vectors of 8 columns (2 or 1), t from 0 to K in order. Written out so that
+ * the R x W accumulators stay in registers (GCC does not unroll arrays of them at -O2, and -O3's
+ * vectoriser regroups the broadcasts badly). The scores: A = q, B = k transposed; the context:
+ * A = the softmax's exponentials, B = v. */
+#define MK_ROW(r) const float x##r = A[(r) * lda + t]; c##r##0 += b0 * x##r; if (W > 1) c##r##1 += b1 * x##r;
+#define MK_STORE(r)                                                                                    \
+    {                                                                                                  \
+        const v8f f = splat(rs ? rs[r] : 1.0f);                                                        \
+        *(v8f *)(C + (r) * ldc) = rs ? c##r##0 * f : c##r##0;                                          \
+        if (W > 1)                                                                                     \
+            *(v8f *)(C + (r) * ldc + 8) = rs ? c##r##1 * f : c##r##1;                                  \
+    }
+ATTN_INLINE void micro(const int R, const int W, const float *A, int64_t lda, const float *B, int64_t ldb, int64_t K,
+                       float *C, int64_t ldc, const float *rs) {
+    v8f c00 = splat(0.0f), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+    for (int64_t t = 0; t < K; t++) {
+        const v8f b0 = load8(B + t * ldb), b1 = W > 1 ? load8(B + t * ldb + 8) : b0;
+        MK_ROW(0)
+        if (R > 1) {
+            MK_ROW(1)
+            MK_ROW(2)
+            MK_ROW(3)
+        }
+    }
+    MK_STORE(0)
+    if (R > 1) {
+        MK_STORE(1)
+        MK_STORE(2)
+        MK_STORE(3)
+    }
+}
+
+/* One (b, n) pair, rows [i0, i0 + R) of its queries. kt: k transposed, [D, Sp] (Sp = S rounded up to
+ * 8, zero columns past S); sc: [R, Sp]. */
+ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t R, const float *kt, float *sc,
+                            int64_t Sp) {
+    const int64_t S = a->S, D = a->D, N = a->N, ND = N * D, bi = bn / N, n = bn % N;
+    const float *q = a->q + (bn * S + i0) * D, *v = a->v + bn * S * D;
+    float inv[ATTN_ROWS];
+    /* scores */
+    int64_t i = 0;
+    for (; i < R; i += i + 4 <= R ? 4 : 1) {
+        const int rows = i + 4 <= R ? 4 : 1;
+        int64_t jc = 0;
+        for (; jc + 16 <= Sp; jc += 16)
+            rows == 4 ? micro(4, 2, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0)
+                      : micro(1, 2, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0);
+        for (; jc < Sp; jc += 8)
+            rows == 4 ? micro(4, 1, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0)
+                      : micro(1, 1, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0);
+    }
+    /* scale, mask, softmax's exponentials and row sums */
+    for (i = 0; i < R; i++) {
+        float *restrict row = sc + i * Sp;
+        const float *restrict m = a->mask ? a->mask + bi * (a->mask_rows ? S * S : S) + (a->mask_rows ? (i0 + i) * S : 0)
+                                          : 0;
+        const float alpha = a->alpha, coeff = a->coeff;
+        v8f mx = splat(-INFINITY);
+        int64_t j = 0;
+        for (; j + 8 <= S; j += 8) { /* the same float operations as the scalar tail, 8 at a time */
+            v8f x = load8(row + j) * alpha;
+            if (a->use_coeff)
+                x = x * coeff;
+            if (m)
+                x = x + load8(m + j);
+            *(v8f *)(row + j) = x;
+            const v8i more = x > mx;
+            mx = (v8f)(((v8i)x & more) | ((v8i)mx & ~more));
+        }
+        float top = mx[0];
+        for (int k = 1; k < 8; k++)
+            top = mx[k] > top ? mx[k] : top;
+        for (; j < S; j++) {
+            float x = row[j] * alpha;
+            if (a->use_coeff)
+                x = x * coeff;
+            if (m)
+                x = x + m[j];
+            row[j] = x;
+            top = x > top ? x : top;
+        }
+        for (; j < Sp; j++)
+            row[j] = -INFINITY;
+        v8f sum = splat(0.0f);
+        for (int64_t j = 0; j < Sp; j += 8) {
+            const v8f e = exp_le0(*(const v8f *)(row + j) - splat(top));
+            *(v8f *)(row + j) = e;
+            sum += e;
+        }
+        double total = 0.0;
+        for (int k = 0; k < 8; k++)
+            total += sum[k];
+        inv[i] = (float)(1.0 / total);
+    }
+    /* context, normalised, into the merged layout */
+    float *out = a->y + (bi * S + i0) * ND + n * D;
+    for (i = 0; i < R; i += i + 4 <= R ? 4 : 1) {
+        const int rows = i + 4 <= R ? 4 : 1;
+        int64_t dc = 0;
+        for (; dc + 16 <= D; dc += 16)
+            rows == 4 ? micro(4, 2, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i)
+                      : micro(1, 2, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i);
+        for (; dc + 8 <= D; dc += 8)
+            rows == 4 ? micro(4, 1, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i)
+                      : micro(1, 1, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i);
+    }
+    for (int64_t dc = D - D % 8; dc < D; dc++) /* a head size not a multiple of 8 */
+        for (i = 0; i < R; i++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < S; j++)
+                acc += sc[i * Sp + j] * v[j * D + dc];
+            out[i * ND + dc] = acc * inv[i];
+        }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) ATTN_FAST static void attn_pairs(const void *p, int64_t lo,
+                                                                                          int64_t hi) {
+    const attn_args *a = p;
+    const int64_t S = a->S, D = a->D, Sp = (S + 7) / 8 * 8;
+    float *kt = malloc(sizeof(float) * (size_t)(D * Sp + ATTN_ROWS * Sp));
+    if (!kt)
+        abort(); /* a few hundred KB: nothing sensible to return to */
+    float *sc = kt + D * Sp;
+    for (int64_t bn = lo; bn < hi; bn++) {
+        const float *k = a->k + bn * S * D;
+        for (int64_t d = 0; d < D; d++) {
+            for (int64_t j = 0; j < S; j++)
+                kt[d * Sp + j] = k[j * D + d];
+            for (int64_t j = S; j < Sp; j++)
+                kt[d * Sp + j] = 0.0f;
+        }
+        for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS)
+            attn_block(a, bn, i0, S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS, kt, sc, Sp);
+    }
+    free(kt);
+}
+
+/* y [B, S, N*D] = the attention's context for q, k, v [B, N, S, D] (see above); mask NULL, [B, 1, 1, S]
+ * (mask_rows 0) or [B, 1, S, S] (mask_rows 1). Scores are (q.k * alpha) * coeff when use_coeff (LiBai's
+ * layer scaling), else q.k * alpha. (b, n) pairs split over up to `threads` threads. */
+void bert_of_attention(const float *q, const float *k, const float *v, const float *mask, float *y, int64_t B,
+                       int64_t N, int64_t S, int64_t D, int mask_rows, float alpha, float coeff, int use_coeff,
+                       int threads) {
+    if (B * N * S * D == 0)
+        return;
+    attn_args a = {q, k, v, mask, y, N, S, D, mask_rows ? 1 : 0, alpha, coeff, use_coeff};
+    parallel_rows(attn_pairs, &a, B * N, S * S * D, threads);
+}
