@@ -139,7 +139,8 @@ def run_of(a, data):
 def pieces(fw, a):
     """--task profile: one encoder layer's pieces at [--batch rows, --seq] for --model's shape, in
     milliseconds (median of 5 after one warm-up): GEMMs (q/k/v + attention output, FFN up and
-    down), the attention's batched matmuls and softmax, the element-wise work around them (mask add,
+    down), the attention's batched matmuls and softmax, the attention core whole (scores, mask,
+    softmax, product with v, heads merged), the element-wise work around them (mask add,
     GELU, a bias add, LayerNorm, the heads' transpose), then the whole layer as each library runs it.
     Where a prediction's time goes, side by side. bert_of's rows call what its layer calls (for
     inference on CPU, cpu_kernels.c where it applies); its "alt:" rows time OneFlow's own ops for the
@@ -173,6 +174,9 @@ def pieces(fw, a):
                "softmax [B,N,S,S]": lambda: torch.softmax(scores, -1),
                "scores + mask [B,N,S,S]": lambda: scores + mask,
                "softmax(scores + mask) [B,N,S,S]": lambda: torch.softmax(scores + mask, -1),
+               "attention core: softmax(q.k^T/sqrt(D) + mask) v -> [B,S,H]":  # what its sdpa layer runs
+                   lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                   .transpose(1, 2).reshape(B, S, H),
                "GELU (tanh) [BS,I]": lambda: layer.intermediate.intermediate_act_fn(u),
                "bias add [BS,I]": lambda: u + b_up,
                "LayerNorm [BS,H]": lambda: layer.output.LayerNorm(hid),
@@ -206,6 +210,10 @@ def pieces(fw, a):
                "softmax [B,N,S,S]": lambda: flow.softmax(scores, dim=-1),
                "scores + mask [B,N,S,S]": lambda: scores + mask,
                "softmax(scores + mask) [B,N,S,S]": lambda: flow.softmax(scores + mask, dim=-1),
+               "attention core: softmax(q.k^T/sqrt(D) + mask) v -> [B,S,H]":
+                   lambda: kernels.attention(q, k, v, mask, D ** -0.5),
+               "alt: attention core, OneFlow's ops (2 matmuls, add, softmax, permute)":
+                   lambda: kernels._attention_oneflow(q, k, v, mask, D ** -0.5),
                "GELU (tanh) [BS,I]": lambda: layer.intermediate.act(u),
                "bias add [BS,I]": lambda: u + b_up,
                "LayerNorm [BS,H]": lambda: ln(hid),

@@ -316,43 +316,48 @@ typedef struct {
     float *y;
     int64_t N, S, D, mask_rows;
     float alpha, coeff;
-    int use_coeff;
+    int use_coeff, wide; /* wide: AVX-512 (micro16's 4 x 32 blocks) */
 } attn_args;
 
 ATTN_INLINE v8f load8(const float *p) { return *(const v8f *)p; }
 
-/* The GEMMs' micro-kernel: C[r, 0:8W] = (sum_t A[r, t] B[t, 0:8W]) (* rs[r] when rs is not NULL) for
- * R rows (4 or 1) and W vectors of 8 columns (2 or 1), t from 0 to K in order. Written out so that
+/* The GEMMs' micro-kernel: C[r, 0:L*W] = (sum_t A[r, t] B[t, 0:L*W]) (* rs[r] when rs is not NULL) for
+ * R rows (4 or 1) and W vectors of L columns (W 2 or 1), t from 0 to K in order. Written out so that
  * the R x W accumulators stay in registers (GCC does not unroll arrays of them at -O2, and -O3's
  * vectoriser regroups the broadcasts badly). The scores: A = q, B = k transposed; the context:
- * A = the softmax's exponentials, B = v. */
+ * A = the softmax's exponentials, B = v. micro8 works on vectors of 8 floats, micro16 of 16 (zmm
+ * with AVX-512: 4 x 32 columns, 8 accumulators of the 32 registers). */
 #define MK_ROW(r) const float x##r = A[(r) * lda + t]; c##r##0 += b0 * x##r; if (W > 1) c##r##1 += b1 * x##r;
-#define MK_STORE(r)                                                                                    \
+#define MK_STORE(r, VT, L)                                                                             \
     {                                                                                                  \
-        const v8f f = splat(rs ? rs[r] : 1.0f);                                                        \
-        *(v8f *)(C + (r) * ldc) = rs ? c##r##0 * f : c##r##0;                                          \
+        const float f = rs ? rs[r] : 1.0f;                                                             \
+        *(VT *)(C + (r) * ldc) = rs ? c##r##0 * f : c##r##0;                                           \
         if (W > 1)                                                                                     \
-            *(v8f *)(C + (r) * ldc + 8) = rs ? c##r##1 * f : c##r##1;                                  \
+            *(VT *)(C + (r) * ldc + L) = rs ? c##r##1 * f : c##r##1;                                   \
     }
-ATTN_INLINE void micro(const int R, const int W, const float *A, int64_t lda, const float *B, int64_t ldb, int64_t K,
-                       float *C, int64_t ldc, const float *rs) {
-    v8f c00 = splat(0.0f), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
-    for (int64_t t = 0; t < K; t++) {
-        const v8f b0 = load8(B + t * ldb), b1 = W > 1 ? load8(B + t * ldb + 8) : b0;
-        MK_ROW(0)
-        if (R > 1) {
-            MK_ROW(1)
-            MK_ROW(2)
-            MK_ROW(3)
-        }
+#define DEFINE_MICRO(NAME, VT, L)                                                                      \
+    ATTN_INLINE void NAME(const int R, const int W, const float *A, int64_t lda, const float *B, int64_t ldb, \
+                          int64_t K, float *C, int64_t ldc, const float *rs) {                         \
+        VT c00 = (VT){0}, c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00; \
+        for (int64_t t = 0; t < K; t++) {                                                              \
+            const VT b0 = *(const VT *)(B + t * ldb), b1 = W > 1 ? *(const VT *)(B + t * ldb + L) : b0; \
+            MK_ROW(0)                                                                                  \
+            if (R > 1) {                                                                               \
+                MK_ROW(1)                                                                              \
+                MK_ROW(2)                                                                              \
+                MK_ROW(3)                                                                              \
+            }                                                                                          \
+        }                                                                                              \
+        MK_STORE(0, VT, L)                                                                             \
+        if (R > 1) {                                                                                   \
+            MK_STORE(1, VT, L)                                                                         \
+            MK_STORE(2, VT, L)                                                                         \
+            MK_STORE(3, VT, L)                                                                         \
+        }                                                                                              \
     }
-    MK_STORE(0)
-    if (R > 1) {
-        MK_STORE(1)
-        MK_STORE(2)
-        MK_STORE(3)
-    }
-}
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+DEFINE_MICRO(micro8, v8f, 8)
+DEFINE_MICRO(micro16, v16f, 16)
 
 /* One (b, n) pair, rows [i0, i0 + R) of its queries. kt: k transposed, [D, Sp] (Sp = S rounded up to
  * 8, zero columns past S); sc: [R, Sp]. */
@@ -365,13 +370,19 @@ ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t 
     int64_t i = 0;
     for (; i < R; i += i + 4 <= R ? 4 : 1) {
         const int rows = i + 4 <= R ? 4 : 1;
+        const float *A = q + i * D;
+        float *C = sc + i * Sp;
         int64_t jc = 0;
+        if (a->wide)
+            for (; jc + 32 <= Sp; jc += 32)
+                rows == 4 ? micro16(4, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0)
+                          : micro16(1, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0);
         for (; jc + 16 <= Sp; jc += 16)
-            rows == 4 ? micro(4, 2, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0)
-                      : micro(1, 2, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0);
+            rows == 4 ? micro8(4, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0)
+                      : micro8(1, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0);
         for (; jc < Sp; jc += 8)
-            rows == 4 ? micro(4, 1, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0)
-                      : micro(1, 1, q + i * D, D, kt + jc, Sp, D, sc + i * Sp + jc, Sp, 0);
+            rows == 4 ? micro8(4, 1, A, D, kt + jc, Sp, D, C + jc, Sp, 0)
+                      : micro8(1, 1, A, D, kt + jc, Sp, D, C + jc, Sp, 0);
     }
     /* scale, mask, softmax's exponentials and row sums */
     for (i = 0; i < R; i++) {
@@ -420,13 +431,19 @@ ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t 
     float *out = a->y + (bi * S + i0) * ND + n * D;
     for (i = 0; i < R; i += i + 4 <= R ? 4 : 1) {
         const int rows = i + 4 <= R ? 4 : 1;
+        const float *A = sc + i * Sp;
+        float *C = out + i * ND;
         int64_t dc = 0;
+        if (a->wide)
+            for (; dc + 32 <= D; dc += 32)
+                rows == 4 ? micro16(4, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i)
+                          : micro16(1, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i);
         for (; dc + 16 <= D; dc += 16)
-            rows == 4 ? micro(4, 2, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i)
-                      : micro(1, 2, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i);
+            rows == 4 ? micro8(4, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i)
+                      : micro8(1, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i);
         for (; dc + 8 <= D; dc += 8)
-            rows == 4 ? micro(4, 1, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i)
-                      : micro(1, 1, sc + i * Sp, Sp, v + dc, D, S, out + i * ND + dc, ND, inv + i);
+            rows == 4 ? micro8(4, 1, A, Sp, v + dc, D, S, C + dc, ND, inv + i)
+                      : micro8(1, 1, A, Sp, v + dc, D, S, C + dc, ND, inv + i);
     }
     for (int64_t dc = D - D % 8; dc < D; dc++) /* a head size not a multiple of 8 */
         for (i = 0; i < R; i++) {
@@ -437,7 +454,7 @@ ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t 
         }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) ATTN_FAST static void attn_pairs(const void *p, int64_t lo,
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) ATTN_FAST static void attn_pairs(const void *p, int64_t lo,
                                                                                           int64_t hi) {
     const attn_args *a = p;
     const int64_t S = a->S, D = a->D, Sp = (S + 7) / 8 * 8;
@@ -467,6 +484,9 @@ void bert_of_attention(const float *q, const float *k, const float *v, const flo
                        int threads) {
     if (B * N * S * D == 0)
         return;
-    attn_args a = {q, k, v, mask, y, N, S, D, mask_rows ? 1 : 0, alpha, coeff, use_coeff};
+    attn_args a = {q, k, v, mask, y, N, S, D, mask_rows ? 1 : 0, alpha, coeff, use_coeff, 0};
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    a.wide = __builtin_cpu_supports("avx512f");
+#endif
     parallel_rows(attn_pairs, &a, B * N, S * S * D, threads);
 }

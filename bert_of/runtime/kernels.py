@@ -76,7 +76,8 @@ def _gelu(x, op: int):
 GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
 _ONEFLOW_GELU = {0: lambda x: flow.nn.functional.gelu(x),
                  1: lambda x: x * flow.sigmoid(GELU_TANH_C * (x + 0.044715 * (x * x * x)))}
-_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {}}
+_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {},
+           "attention_calls": 0}  # of "calls", the attention core's (its fallback still calls merge_heads)
 F32_EPS = 2.0 ** -24  # a float32 ulp at 1, relative
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = {
@@ -443,4 +444,5 @@ def attention(q, k, v, mask_adder, scale: float, coeff=None):
     _run_attention(lib, _arr(q), _arr(k), _arr(v), None if mask_adder is None else _arr(mask_adder), scale, coeff,
                    _native["threads"], y)  # the arrays live until the call returns
     _native["calls"] += 1
+    _native["attention_calls"] += 1
     return out
