@@ -268,17 +268,18 @@ void bert_of_layer_norm(const float *x, const float *res, const float *w, const 
  * context[b, s, n*D + d] = sum_j softmax_j(scale * (q[b, n, s] . k[b, n, j]) [* coeff] + mask[b, s, j])
  *                          * v[b, n, j, d]
  * for q, k, v [B, N, S, D] (the heads' split) and an additive mask of [B, 1, 1, S] (mask_rows 0) or
- * [B, 1, S, S] (mask_rows S), NULL for none; the heads' merge is the write. Bounded, not OneFlow's bits
- * (its sums run in other orders): kernels.py checks the bound against float64 and OneFlow's own ops.
+ * [B, 1, S, S] (mask_rows 1), NULL for none; the heads' merge is the write. Bounded, not OneFlow's bits
+ * (its sums run in other orders, with fused multiply-adds): kernels.py checks the bound against
+ * float64 and OneFlow's own ops.
  *
  * Why here: OneFlow runs the two batched matmuls as B*N small GEMMs, each split over the BLAS's
- * threads, then a softmax and a merge as separate single-threaded passes over [B, N, S, S]. Here each
- * thread takes whole (b, n) pairs and, ROWS query rows at a time, computes a [ROWS, S] block of
- * scores (in cache; [B, N, S, S] never exists), its softmax (max-subtracted; the row sums in float
- * lanes, added in double) and its product with v, normalised by the row sum as it is written.
- * The GEMMs are register-blocked outer products over GCC vectors of 8 floats (ymm with AVX2 and FMA
- * where the CPU has them, picked at load time by target_clones; SSE2 pairs otherwise); their sums
- * run in index order, so a thread count never changes a result. */
+ * threads, then the mask add, softmax and merge as separate passes over [B, N, S, S]. Here each
+ * thread takes whole (b, n) pairs and, ATTN_ROWS query rows at a time, computes a block of scores
+ * (in cache; [B, N, S, S] never exists), its softmax (max-subtracted; the row sums in float lanes,
+ * added in double) and its product with v, normalised by the row sum as it is written.
+ * The GEMMs are register-blocked outer products over GCC vectors (16 floats in zmm with AVX-512, 8 in
+ * ymm with AVX2 and FMA, SSE2 pairs otherwise: the copy for the CPU is picked when the library loads);
+ * each sum runs in index order whatever the thread count, so threads never change a result. */
 #include <stdlib.h>
 #pragma GCC diagnostic ignored "-Wpsabi" /* vectors pass between always-inlined helpers only */
 
@@ -287,8 +288,15 @@ typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 #define ATTN_ROWS 32 /* query rows per block: a [32, S] float block is 64 KB at S = 512 */
 #define ATTN_FAST __attribute__((optimize("O2,fp-contract=fast")))
 #define ATTN_INLINE static inline __attribute__((always_inline)) ATTN_FAST
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+/* one copy per instruction set, chosen when the library loads (GCC's ifunc) */
+#define ATTN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ATTN_CLONES
+#endif
 
-ATTN_INLINE v8f splat(float x) { return (v8f){0} + x; } /* a broadcast (the lane-by-lane constructor is not one at -O2) */
+/* a broadcast (GCC at -O2 builds the lane-by-lane constructor with 8 inserts) */
+ATTN_INLINE v8f splat(float x) { return (v8f){0} + x; }
 
 /* exp(x) for x <= 0 (a max-subtracted score), 0 below -87.3 (e^x < 2^-126: no normal float). Cephes'
  * expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 polynomial (~1 ulp), times 2^n by the
@@ -387,8 +395,8 @@ ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t 
     /* scale, mask, softmax's exponentials and row sums */
     for (i = 0; i < R; i++) {
         float *restrict row = sc + i * Sp;
-        const float *restrict m = a->mask ? a->mask + bi * (a->mask_rows ? S * S : S) + (a->mask_rows ? (i0 + i) * S : 0)
-                                          : 0;
+        const float *restrict m =
+            a->mask ? a->mask + (a->mask_rows ? (bi * S + i0 + i) * S : bi * S) : 0; /* this query's row */
         const float alpha = a->alpha, coeff = a->coeff;
         v8f mx = splat(-INFINITY);
         int64_t j = 0;
@@ -454,7 +462,7 @@ ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t 
         }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) ATTN_FAST static void attn_pairs(const void *p, int64_t lo,
+ATTN_CLONES ATTN_FAST static void attn_pairs(const void *p, int64_t lo,
                                                                                           int64_t hi) {
     const attn_args *a = p;
     const int64_t S = a->S, D = a->D, Sp = (S + 7) / 8 * 8;

@@ -20,13 +20,19 @@ use and stays off, with the reason in :func:`native_status`, where it does not h
   the projection's bias add) and merge.
 - Bounded (its sums cannot follow OneFlow's order): LayerNorm(x + residual), within
   ``LAYER_NORM_ULPS`` float ulps of the float64 LayerNorm, and no further from OneFlow's output
-  than that is from float64.
+  than that is from float64; the attention core (scores, mask, softmax, product with v, heads'
+  merge: :func:`attention`), within ``ATTENTION_ULPS`` ulps of :func:`attention_magnitude` of the
+  float64 result, likewise. OneFlow runs the attention's two batched matmuls as B*N small GEMMs
+  (each split over BLAS threads that rarely both run) and its softmax and merge as more passes over
+  [B, N, S, S]; the kernel gives each thread whole (batch, head) pairs and keeps a block of scores
+  in cache (docs/benchmarks.md, the attention core).
 
 Not here, because they measured no faster than OneFlow's own (docs/benchmarks.md, 2026-12-06): a
-standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and the
-softmax (OneFlow's is oneDNN's, vectorised).
+standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and a
+standalone softmax (OneFlow's is oneDNN's, vectorised; only fused into the attention core is it faster).
 
-``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout.
+``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout; ``BERT_OF_CPU_ATTENTION=0`` only for the
+attention core.
 
 Shapes: T tokens (B*S), H hidden.
 """
@@ -309,7 +315,9 @@ def _check_attention(lib, threads):
     padded keys, a row of only masked keys, per-query masks, LiBai's coeff and a head size not a
     multiple of 8 on the probe."""
     rng = np.random.default_rng(5)
-    for B, N, S, D, rows, coeff in ((3, 2, 37, 24, 1, None), (2, 3, 19, 20, 19, 3.0)):  # rows: the mask's query rows
+    # (rows: the mask's query rows) S = 37: a block of 32 query rows and a tail, 32 + 8 key columns;
+    # D = 40: 32 + 8 columns of v, D = 20: 16 + 4 (every path of the micro-kernels)
+    for B, N, S, D, rows, coeff in ((3, 2, 37, 40, 1, None), (2, 3, 19, 20, 19, 3.0)):
         q, k, v = (rng.standard_normal((B, N, S, D)).astype(np.float32) * 2 for _ in range(3))
         mask = np.zeros((B, 1, rows, S), np.float32)
         mask[0, ..., S // 2:] = -10000.0  # padding
