@@ -325,6 +325,7 @@ typedef struct {
     int64_t N, S, D, mask_rows;
     float alpha, coeff;
     int use_coeff, wide; /* wide: AVX-512 (micro16's 4 x 32 blocks) */
+    int64_t pairs, next; /* B * N; the next pair a worker takes */
 } attn_args;
 
 ATTN_INLINE v8f load8(const float *p) { return *(const v8f *)p; }
@@ -462,15 +463,18 @@ ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t 
         }
 }
 
-ATTN_CLONES ATTN_FAST static void attn_pairs(const void *p, int64_t lo,
-                                                                                          int64_t hi) {
-    const attn_args *a = p;
+/* A worker: takes the next (b, n) pair until none is left (a shared counter, not a fixed share, so a
+ * thread slowed by other work on its core leaves its pairs to the others). */
+ATTN_CLONES ATTN_FAST static void attn_worker(const void *p, int64_t lo, int64_t hi) {
+    (void)lo;
+    (void)hi;
+    attn_args *a = (attn_args *)p;
     const int64_t S = a->S, D = a->D, Sp = (S + 7) / 8 * 8;
     float *kt = malloc(sizeof(float) * (size_t)(D * Sp + ATTN_ROWS * Sp));
     if (!kt)
         abort(); /* a few hundred KB: nothing sensible to return to */
     float *sc = kt + D * Sp;
-    for (int64_t bn = lo; bn < hi; bn++) {
+    for (int64_t bn; (bn = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED)) < a->pairs;) {
         const float *k = a->k + bn * S * D;
         for (int64_t d = 0; d < D; d++) {
             for (int64_t j = 0; j < S; j++)
@@ -492,9 +496,11 @@ void bert_of_attention(const float *q, const float *k, const float *v, const flo
                        int threads) {
     if (B * N * S * D == 0)
         return;
-    attn_args a = {q, k, v, mask, y, N, S, D, mask_rows ? 1 : 0, alpha, coeff, use_coeff, 0};
+    attn_args a = {q, k, v, mask, y, N, S, D, mask_rows ? 1 : 0, alpha, coeff, use_coeff, 0, 0, 0};
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     a.wide = __builtin_cpu_supports("avx512f");
 #endif
-    parallel_rows(attn_pairs, &a, B * N, S * S * D, threads);
+    a.pairs = B * N;
+    const int64_t workers = threads < B * N ? threads : B * N; /* parallel_rows: one "row" per worker */
+    parallel_rows(attn_worker, &a, workers, B * N * S * S * D / workers, threads);
 }
