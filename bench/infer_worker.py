@@ -116,13 +116,13 @@ def run_of(a, data):
     if a.task == "predict":
         # one infer() call over every window, as `bert-of predict squad` makes (a graph builds inside)
         rows, stats = [data[k][:a.rows] for k in ("input_ids", "token_type_ids", "attention_mask")], {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         infer(model, rows, ("start_logits", "end_logits"), a.batch, a.mode, rt, stats=stats,
               positions=("start_logits", "end_logits"), fill=float("-inf"))  # as predict squad (full windows here)
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
         build = stats["build_seconds"]
-        return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded,
-                    graph_build_s=build or None, rows_per_call=stats["batch_size"])
+        return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
+                    loaded_rss_mib=loaded, graph_build_s=build or None, rows_per_call=stats["batch_size"])
     accum = graph_accum_steps(model.config, a.seq, a.batch, rt.device) if a.mode == "graph" else 1
     cfg = TrainConfig(mode=a.mode, optimizer="adamw", lr=5e-5, steps=1000, weight_decay=0.01, adam_eps=1e-6,
                       bias_correction=False, clip_grad_norm=1.0, grad_accum_steps=accum, seed=0)
@@ -243,12 +243,14 @@ def pieces(fw, a):
 
 
 def predict_loop(batch, a, loaded):
-    """--rows windows in batches of --batch, timed whole (as a prediction run is)."""
-    t0 = time.perf_counter()
+    """--rows windows in batches of --batch, timed whole (as a prediction run is); also the process's
+    CPU seconds (user + system, every thread) over the same span, less sensitive to other load."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for lo in range(0, a.rows, a.batch):
         batch(lo, min(lo + a.batch, a.rows))
-    secs = time.perf_counter() - t0
-    return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded)
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
+                loaded_rss_mib=loaded)
 
 
 def train_loop(step, a, loaded):

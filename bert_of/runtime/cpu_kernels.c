@@ -274,7 +274,8 @@ void bert_of_layer_norm(const float *x, const float *res, const float *w, const 
  *
  * Why here: OneFlow runs the two batched matmuls as B*N small GEMMs, each split over the BLAS's
  * threads, then the mask add, softmax and merge as separate passes over [B, N, S, S]. Here each
- * thread takes whole (b, n) pairs and, ATTN_ROWS query rows at a time, computes a block of scores
+ * thread takes whole (b, n) pairs, the next from a shared counter, and, ATTN_ROWS query rows at a time,
+ * computes a block of scores
  * (in cache; [B, N, S, S] never exists), its softmax (max-subtracted; the row sums in float lanes,
  * added in double) and its product with v, normalised by the row sum as it is written.
  * The GEMMs are register-blocked outer products over GCC vectors (16 floats in zmm with AVX-512, 8 in
