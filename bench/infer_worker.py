@@ -116,13 +116,13 @@ def run_of(a, data):
     if a.task == "predict":
         # one infer() call over every window, as `bert-of predict squad` makes (a graph builds inside)
         rows, stats = [data[k][:a.rows] for k in ("input_ids", "token_type_ids", "attention_mask")], {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         infer(model, rows, ("start_logits", "end_logits"), a.batch, a.mode, rt, stats=stats,
               positions=("start_logits", "end_logits"), fill=float("-inf"))  # as predict squad (full windows here)
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
         build = stats["build_seconds"]
-        return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded,
-                    graph_build_s=build or None, rows_per_call=stats["batch_size"])
+        return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
+                    loaded_rss_mib=loaded, graph_build_s=build or None, rows_per_call=stats["batch_size"])
     accum = graph_accum_steps(model.config, a.seq, a.batch, rt.device) if a.mode == "graph" else 1
     cfg = TrainConfig(mode=a.mode, optimizer="adamw", lr=5e-5, steps=1000, weight_decay=0.01, adam_eps=1e-6,
                       bias_correction=False, clip_grad_norm=1.0, grad_accum_steps=accum, seed=0)
@@ -139,7 +139,8 @@ def run_of(a, data):
 def pieces(fw, a):
     """--task profile: one encoder layer's pieces at [--batch rows, --seq] for --model's shape, in
     milliseconds (median of 5 after one warm-up): GEMMs (q/k/v + attention output, FFN up and
-    down), the attention's batched matmuls and softmax, the element-wise work around them (mask add,
+    down), the attention's batched matmuls and softmax, the attention core whole (scores, mask,
+    softmax, product with v, heads merged), the element-wise work around them (mask add,
     GELU, a bias add, LayerNorm, the heads' transpose), then the whole layer as each library runs it.
     Where a prediction's time goes, side by side. bert_of's rows call what its layer calls (for
     inference on CPU, cpu_kernels.c where it applies); its "alt:" rows time OneFlow's own ops for the
@@ -173,6 +174,9 @@ def pieces(fw, a):
                "softmax [B,N,S,S]": lambda: torch.softmax(scores, -1),
                "scores + mask [B,N,S,S]": lambda: scores + mask,
                "softmax(scores + mask) [B,N,S,S]": lambda: torch.softmax(scores + mask, -1),
+               "attention core: softmax(q.k^T/sqrt(D) + mask) v -> [B,S,H]":  # what its sdpa layer runs
+                   lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                   .transpose(1, 2).reshape(B, S, H),
                "GELU (tanh) [BS,I]": lambda: layer.intermediate.intermediate_act_fn(u),
                "bias add [BS,I]": lambda: u + b_up,
                "LayerNorm [BS,H]": lambda: layer.output.LayerNorm(hid),
@@ -206,6 +210,10 @@ def pieces(fw, a):
                "softmax [B,N,S,S]": lambda: flow.softmax(scores, dim=-1),
                "scores + mask [B,N,S,S]": lambda: scores + mask,
                "softmax(scores + mask) [B,N,S,S]": lambda: flow.softmax(scores + mask, dim=-1),
+               "attention core: softmax(q.k^T/sqrt(D) + mask) v -> [B,S,H]":
+                   lambda: kernels.attention(q, k, v, mask, D ** -0.5),
+               "alt: attention core, OneFlow's ops (2 matmuls, add, softmax, permute)":
+                   lambda: kernels._attention_oneflow(q, k, v, mask, D ** -0.5),
                "GELU (tanh) [BS,I]": lambda: layer.intermediate.act(u),
                "bias add [BS,I]": lambda: u + b_up,
                "LayerNorm [BS,H]": lambda: ln(hid),
@@ -235,12 +243,14 @@ def pieces(fw, a):
 
 
 def predict_loop(batch, a, loaded):
-    """--rows windows in batches of --batch, timed whole (as a prediction run is)."""
-    t0 = time.perf_counter()
+    """--rows windows in batches of --batch, timed whole (as a prediction run is); also the process's
+    CPU seconds (user + system, every thread) over the same span, less sensitive to other load."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for lo in range(0, a.rows, a.batch):
         batch(lo, min(lo + a.batch, a.rows))
-    secs = time.perf_counter() - t0
-    return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), loaded_rss_mib=loaded)
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
+                loaded_rss_mib=loaded)
 
 
 def train_loop(step, a, loaded):

@@ -23,7 +23,7 @@ import contextlib
 import math
 from typing import Optional
 
-from bert_of._flow import LayerNorm, flow, gelu_erf, gelu_tanh, merge_heads, split_heads
+from bert_of._flow import LayerNorm, attention, flow, gelu_erf, gelu_tanh, merge_heads, split_heads
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
 from bert_of.outputs import BertModelOutput
@@ -95,6 +95,11 @@ class BertSelfAttention(nn.Module):
         receives the attention probabilities [B, N, S, S] (before dropout, as transformers');
         ``head_mask`` [1, N, 1, 1] multiplies them (transformers' head_mask: 0 silences a head)."""
         q, k, v = self._heads(self.query, hidden), self._heads(self.key, hidden), self._heads(self.value, hidden)
+        if probs_out is None and head_mask is None and not (self.training and self.dropout.p > 0):
+            # CPU inference: scores, softmax, product with v and the heads' merge in one kernel
+            ctx = attention(q, k, v, mask_adder, self.scale, self.coeff)
+            if ctx is not None:
+                return ctx  # [B, S, H]
         # The scale rides in the GEMM's alpha (the same single rounding as a separate multiply, bit
         # for bit on CPU with either BLAS): one pass over [B, N, S, S] fewer, ~4% of a layer on CPU.
         if self.coeff is not None:

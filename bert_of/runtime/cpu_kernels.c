@@ -262,3 +262,246 @@ void bert_of_layer_norm(const float *x, const float *res, const float *w, const 
     ln_args a = {x, res, w, b, y, H, eps};
     parallel_rows(ln_rows, &a, T, H, threads);
 }
+
+/* ------------------------------------------------------------------ the attention core
+ *
+ * context[b, s, n*D + d] = sum_j softmax_j(scale * (q[b, n, s] . k[b, n, j]) [* coeff] + mask[b, s, j])
+ *                          * v[b, n, j, d]
+ * for q, k, v [B, N, S, D] (the heads' split) and an additive mask of [B, 1, 1, S] (mask_rows 0) or
+ * [B, 1, S, S] (mask_rows 1), NULL for none; the heads' merge is the write. Bounded, not OneFlow's bits
+ * (its sums run in other orders, with fused multiply-adds): kernels.py checks the bound against
+ * float64 and OneFlow's own ops.
+ *
+ * Why here: OneFlow runs the two batched matmuls as B*N small GEMMs, each split over the BLAS's
+ * threads, then the mask add, softmax and merge as separate passes over [B, N, S, S]. Here each
+ * thread takes whole (b, n) pairs, the next from a shared counter, and, ATTN_ROWS query rows at a time,
+ * computes a block of scores
+ * (in cache; [B, N, S, S] never exists), its softmax (max-subtracted; the row sums in float lanes,
+ * added in double) and its product with v, normalised by the row sum as it is written.
+ * The GEMMs are register-blocked outer products over GCC vectors (16 floats in zmm with AVX-512, 8 in
+ * ymm with AVX2 and FMA, SSE2 pairs otherwise: the copy for the CPU is picked when the library loads);
+ * each sum runs in index order whatever the thread count, so threads never change a result. */
+#include <stdlib.h>
+#pragma GCC diagnostic ignored "-Wpsabi" /* vectors pass between always-inlined helpers only */
+
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+#define ATTN_ROWS 32 /* query rows per block: a [32, S] float block is 64 KB at S = 512 */
+#define ATTN_FAST __attribute__((optimize("O2,fp-contract=fast")))
+#define ATTN_INLINE static inline __attribute__((always_inline)) ATTN_FAST
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+/* one copy per instruction set, chosen when the library loads (GCC's ifunc) */
+#define ATTN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ATTN_CLONES
+#endif
+
+/* a broadcast (GCC at -O2 builds the lane-by-lane constructor with 8 inserts) */
+ATTN_INLINE v8f splat(float x) { return (v8f){0} + x; }
+
+/* exp(x) for x <= 0 (a max-subtracted score), 0 below -87.3 (e^x < 2^-126: no normal float). Cephes'
+ * expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 polynomial (~1 ulp), times 2^n by the
+ * exponent bits. */
+ATTN_INLINE v8f exp_le0(v8f x) {
+    const v8i under = x < splat(-87.3f);
+    x = (v8f)((v8i)x & ~under); /* those become 0: any finite value works, masked below */
+    const v8f magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const v8f n = (x * splat(1.44269504088896341f) + magic) - magic;
+    v8f r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    v8f p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * (r * r) + r + splat(1.0f);
+    const v8i two_n = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return (v8f)((v8i)(p * (v8f)two_n) & ~under);
+}
+
+typedef struct {
+    const float *q, *k, *v, *mask;
+    float *y;
+    int64_t N, S, D, mask_rows;
+    float alpha, coeff;
+    int use_coeff, wide; /* wide: AVX-512 (micro16's 4 x 32 blocks) */
+    int64_t pairs, next; /* B * N; the next pair a worker takes */
+} attn_args;
+
+ATTN_INLINE v8f load8(const float *p) { return *(const v8f *)p; }
+
+/* The GEMMs' micro-kernel: C[r, 0:L*W] = (sum_t A[r, t] B[t, 0:L*W]) (* rs[r] when rs is not NULL) for
+ * R rows (4 or 1) and W vectors of L columns (W 2 or 1), t from 0 to K in order. Written out so that
+ * the R x W accumulators stay in registers (GCC does not unroll arrays of them at -O2, and -O3's
+ * vectoriser regroups the broadcasts badly). The scores: A = q, B = k transposed; the context:
+ * A = the softmax's exponentials, B = v. micro8 works on vectors of 8 floats, micro16 of 16 (zmm
+ * with AVX-512: 4 x 32 columns, 8 accumulators of the 32 registers). */
+#define MK_ROW(r) const float x##r = A[(r) * lda + t]; c##r##0 += b0 * x##r; if (W > 1) c##r##1 += b1 * x##r;
+#define MK_STORE(r, VT, L)                                                                             \
+    {                                                                                                  \
+        const float f = rs ? rs[r] : 1.0f;                                                             \
+        *(VT *)(C + (r) * ldc) = rs ? c##r##0 * f : c##r##0;                                           \
+        if (W > 1)                                                                                     \
+            *(VT *)(C + (r) * ldc + L) = rs ? c##r##1 * f : c##r##1;                                   \
+    }
+#define DEFINE_MICRO(NAME, VT, L)                                                                      \
+    ATTN_INLINE void NAME(const int R, const int W, const float *A, int64_t lda, const float *B, int64_t ldb, \
+                          int64_t K, float *C, int64_t ldc, const float *rs) {                         \
+        VT c00 = (VT){0}, c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00; \
+        for (int64_t t = 0; t < K; t++) {                                                              \
+            const VT b0 = *(const VT *)(B + t * ldb), b1 = W > 1 ? *(const VT *)(B + t * ldb + L) : b0; \
+            MK_ROW(0)                                                                                  \
+            if (R > 1) {                                                                               \
+                MK_ROW(1)                                                                              \
+                MK_ROW(2)                                                                              \
+                MK_ROW(3)                                                                              \
+            }                                                                                          \
+        }                                                                                              \
+        MK_STORE(0, VT, L)                                                                             \
+        if (R > 1) {                                                                                   \
+            MK_STORE(1, VT, L)                                                                         \
+            MK_STORE(2, VT, L)                                                                         \
+            MK_STORE(3, VT, L)                                                                         \
+        }                                                                                              \
+    }
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+DEFINE_MICRO(micro8, v8f, 8)
+DEFINE_MICRO(micro16, v16f, 16)
+
+/* One (b, n) pair, rows [i0, i0 + R) of its queries. kt: k transposed, [D, Sp] (Sp = S rounded up to
+ * 8, zero columns past S); sc: [R, Sp]. */
+ATTN_INLINE void attn_block(const attn_args *a, int64_t bn, int64_t i0, int64_t R, const float *kt, float *sc,
+                            int64_t Sp) {
+    const int64_t S = a->S, D = a->D, N = a->N, ND = N * D, bi = bn / N, n = bn % N;
+    const float *q = a->q + (bn * S + i0) * D, *v = a->v + bn * S * D;
+    float inv[ATTN_ROWS];
+    /* scores */
+    int64_t i = 0;
+    for (; i < R; i += i + 4 <= R ? 4 : 1) {
+        const int rows = i + 4 <= R ? 4 : 1;
+        const float *A = q + i * D;
+        float *C = sc + i * Sp;
+        int64_t jc = 0;
+        if (a->wide)
+            for (; jc + 32 <= Sp; jc += 32)
+                rows == 4 ? micro16(4, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0)
+                          : micro16(1, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0);
+        for (; jc + 16 <= Sp; jc += 16)
+            rows == 4 ? micro8(4, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0)
+                      : micro8(1, 2, A, D, kt + jc, Sp, D, C + jc, Sp, 0);
+        for (; jc < Sp; jc += 8)
+            rows == 4 ? micro8(4, 1, A, D, kt + jc, Sp, D, C + jc, Sp, 0)
+                      : micro8(1, 1, A, D, kt + jc, Sp, D, C + jc, Sp, 0);
+    }
+    /* scale, mask, softmax's exponentials and row sums */
+    for (i = 0; i < R; i++) {
+        float *restrict row = sc + i * Sp;
+        const float *restrict m =
+            a->mask ? a->mask + (a->mask_rows ? (bi * S + i0 + i) * S : bi * S) : 0; /* this query's row */
+        const float alpha = a->alpha, coeff = a->coeff;
+        v8f mx = splat(-INFINITY);
+        int64_t j = 0;
+        for (; j + 8 <= S; j += 8) { /* the same float operations as the scalar tail, 8 at a time */
+            v8f x = load8(row + j) * alpha;
+            if (a->use_coeff)
+                x = x * coeff;
+            if (m)
+                x = x + load8(m + j);
+            *(v8f *)(row + j) = x;
+            const v8i more = x > mx;
+            mx = (v8f)(((v8i)x & more) | ((v8i)mx & ~more));
+        }
+        float top = mx[0];
+        for (int k = 1; k < 8; k++)
+            top = mx[k] > top ? mx[k] : top;
+        for (; j < S; j++) {
+            float x = row[j] * alpha;
+            if (a->use_coeff)
+                x = x * coeff;
+            if (m)
+                x = x + m[j];
+            row[j] = x;
+            top = x > top ? x : top;
+        }
+        for (; j < Sp; j++)
+            row[j] = -INFINITY;
+        v8f sum = splat(0.0f);
+        for (int64_t j = 0; j < Sp; j += 8) {
+            const v8f e = exp_le0(*(const v8f *)(row + j) - splat(top));
+            *(v8f *)(row + j) = e;
+            sum += e;
+        }
+        double total = 0.0;
+        for (int k = 0; k < 8; k++)
+            total += sum[k];
+        inv[i] = (float)(1.0 / total);
+    }
+    /* context, normalised, into the merged layout */
+    float *out = a->y + (bi * S + i0) * ND + n * D;
+    for (i = 0; i < R; i += i + 4 <= R ? 4 : 1) {
+        const int rows = i + 4 <= R ? 4 : 1;
+        const float *A = sc + i * Sp;
+        float *C = out + i * ND;
+        int64_t dc = 0;
+        if (a->wide)
+            for (; dc + 32 <= D; dc += 32)
+                rows == 4 ? micro16(4, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i)
+                          : micro16(1, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i);
+        for (; dc + 16 <= D; dc += 16)
+            rows == 4 ? micro8(4, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i)
+                      : micro8(1, 2, A, Sp, v + dc, D, S, C + dc, ND, inv + i);
+        for (; dc + 8 <= D; dc += 8)
+            rows == 4 ? micro8(4, 1, A, Sp, v + dc, D, S, C + dc, ND, inv + i)
+                      : micro8(1, 1, A, Sp, v + dc, D, S, C + dc, ND, inv + i);
+    }
+    for (int64_t dc = D - D % 8; dc < D; dc++) /* a head size not a multiple of 8 */
+        for (i = 0; i < R; i++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < S; j++)
+                acc += sc[i * Sp + j] * v[j * D + dc];
+            out[i * ND + dc] = acc * inv[i];
+        }
+}
+
+/* A worker: takes the next (b, n) pair until none is left (a shared counter, not a fixed share, so a
+ * thread slowed by other work on its core leaves its pairs to the others). */
+ATTN_CLONES ATTN_FAST static void attn_worker(const void *p, int64_t lo, int64_t hi) {
+    (void)lo;
+    (void)hi;
+    attn_args *a = (attn_args *)p;
+    const int64_t S = a->S, D = a->D, Sp = (S + 7) / 8 * 8;
+    float *kt = malloc(sizeof(float) * (size_t)(D * Sp + ATTN_ROWS * Sp));
+    if (!kt)
+        abort(); /* a few hundred KB: nothing sensible to return to */
+    float *sc = kt + D * Sp;
+    for (int64_t bn; (bn = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED)) < a->pairs;) {
+        const float *k = a->k + bn * S * D;
+        for (int64_t d = 0; d < D; d++) {
+            for (int64_t j = 0; j < S; j++)
+                kt[d * Sp + j] = k[j * D + d];
+            for (int64_t j = S; j < Sp; j++)
+                kt[d * Sp + j] = 0.0f;
+        }
+        for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS)
+            attn_block(a, bn, i0, S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS, kt, sc, Sp);
+    }
+    free(kt);
+}
+
+/* y [B, S, N*D] = the attention's context for q, k, v [B, N, S, D] (see above); mask NULL, [B, 1, 1, S]
+ * (mask_rows 0) or [B, 1, S, S] (mask_rows 1). Scores are (q.k * alpha) * coeff when use_coeff (LiBai's
+ * layer scaling), else q.k * alpha. (b, n) pairs split over up to `threads` threads. */
+void bert_of_attention(const float *q, const float *k, const float *v, const float *mask, float *y, int64_t B,
+                       int64_t N, int64_t S, int64_t D, int mask_rows, float alpha, float coeff, int use_coeff,
+                       int threads) {
+    if (B * N * S * D == 0)
+        return;
+    attn_args a = {q, k, v, mask, y, N, S, D, mask_rows ? 1 : 0, alpha, coeff, use_coeff, 0, 0, 0};
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    a.wide = __builtin_cpu_supports("avx512f");
+#endif
+    a.pairs = B * N;
+    const int64_t workers = threads < B * N ? threads : B * N; /* parallel_rows: one "row" per worker */
+    parallel_rows(attn_worker, &a, workers, B * N * S * S * D / workers, threads);
+}

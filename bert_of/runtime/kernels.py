@@ -20,13 +20,19 @@ use and stays off, with the reason in :func:`native_status`, where it does not h
   the projection's bias add) and merge.
 - Bounded (its sums cannot follow OneFlow's order): LayerNorm(x + residual), within
   ``LAYER_NORM_ULPS`` float ulps of the float64 LayerNorm, and no further from OneFlow's output
-  than that is from float64.
+  than that is from float64; the attention core (scores, mask, softmax, product with v, heads'
+  merge: :func:`attention`), within ``ATTENTION_ULPS`` ulps of :func:`attention_magnitude` of the
+  float64 result, likewise. OneFlow runs the attention's two batched matmuls as B*N small GEMMs
+  (each split over BLAS threads that rarely both run) and its softmax and merge as more passes over
+  [B, N, S, S]; the kernel gives each thread whole (batch, head) pairs and keeps a block of scores
+  in cache (docs/benchmarks.md, the attention core).
 
 Not here, because they measured no faster than OneFlow's own (docs/benchmarks.md, 2026-12-06): a
-standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and the
-softmax (OneFlow's is oneDNN's, vectorised).
+standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and a
+standalone softmax (OneFlow's is oneDNN's, vectorised; only fused into the attention core is it faster).
 
-``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout.
+``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout; ``BERT_OF_CPU_ATTENTION=0`` only for the
+attention core.
 
 Shapes: T tokens (B*S), H hidden.
 """
@@ -76,7 +82,8 @@ def _gelu(x, op: int):
 GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
 _ONEFLOW_GELU = {0: lambda x: flow.nn.functional.gelu(x),
                  1: lambda x: x * flow.sigmoid(GELU_TANH_C * (x + 0.044715 * (x * x * x)))}
-_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {}}
+_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {},
+           "attention_calls": 0}  # of "calls", the attention core's (its fallback still calls merge_heads)
 F32_EPS = 2.0 ** -24  # a float32 ulp at 1, relative
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = {
@@ -84,6 +91,8 @@ _ARGTYPES = {
     "bert_of_split_heads": [_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int],
     "bert_of_merge_heads": [_PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int],
     "bert_of_layer_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_double, ctypes.c_int],
+    "bert_of_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_float,
+                          ctypes.c_float, ctypes.c_int, ctypes.c_int],
 }
 
 
@@ -183,7 +192,8 @@ def _kernel(name: str):
         return None
     if name not in _native["kernels"]:
         _native["kernels"][name] = "checking"
-        why = _CHECKS[name](lib, _native["threads"])
+        why = (_CHECKS[name](lib, _native["threads"]) if os.environ.get(_OFF_SWITCH.get(name, ""), "1") != "0"
+               else f"off ({_OFF_SWITCH[name]}=0)")
         _native["kernels"][name] = why
     return lib if _native["kernels"][name] is None else None
 
@@ -249,7 +259,86 @@ def _check_layer_norm(lib, threads):
     return None
 
 
-_CHECKS = {"heads": _check_heads, "layer_norm": _check_layer_norm}
+ATTENTION_ULPS = 8  # cpu_kernels.c's attention vs float64, in float ulps of attention_magnitude (measured <= 1.5)
+
+
+def attention_magnitude(q, k, v, mask, scale):
+    """The float64 attention context and the magnitude its float32 rounding errors scale with, both
+    [B, S, N*D], for q, k, v [B, N, S, D] and an additive mask [B, 1, 1 or S, S] (or None).
+
+    A score s_j = scale q.k_j + m_j carries an error of a few ulps of a_j = scale |q|.|k_j| + |m_j| (its
+    products, its sum, the mask's add); p = softmax(s) moves by dp_j = p_j (ds_j - sum_i p_i ds_i); the
+    products with v and their sums add ulps of M = sum_j p_j |v_j|. So each output's error is a few ulps
+    of M + sum_j p_j a_j |v_j| + M sum_j p_j a_j. (The -10000 of a masked key counts only with its
+    weight p_j; in a row whose keys are all masked every score is rounded at 10000's ulp, in OneFlow's
+    ops as here, and the bound says so.)"""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    m = 0.0 if mask is None else np.asarray(mask, np.float64)
+    s = np.einsum("bnid,bnjd->bnij", q, k) * scale + m
+    a = np.einsum("bnid,bnjd->bnij", np.abs(q), np.abs(k)) * scale + np.abs(m)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    mag = p @ np.abs(v)
+    mag = mag + (p * a) @ np.abs(v) + mag * (p * a).sum(-1, keepdims=True)
+    B, N, S, D = q.shape
+    merged = lambda c: c.transpose(0, 2, 1, 3).reshape(B, S, N * D)
+    return merged(p @ v), merged(mag)
+
+
+def _attention_oneflow(q, k, v, mask, scale, coeff=None):
+    """The attention core in OneFlow's ops, as BertSelfAttention.forward runs it: [B, N, S, D] -> [B, S, N*D]."""
+    if coeff is not None:
+        scores = flow.matmul(q, k, transpose_b=True, alpha=scale / coeff) * coeff
+    else:
+        scores = flow.matmul(q, k, transpose_b=True, alpha=scale)
+    if mask is not None:
+        scores = scores + mask
+    ctx = flow.matmul(flow.softmax(scores, dim=-1), v)
+    B, N, S, D = ctx.shape
+    return ctx.permute(0, 2, 1, 3).reshape(B, S, N * D)
+
+
+def _run_attention(lib, q, k, v, mask, scale, coeff, threads, y=None) -> np.ndarray:
+    """cpu_kernels.c's attention on C-contiguous float32 arrays (q, k, v [B, N, S, D], mask [B, 1, 1 or
+    S, S] or None) into y [B, S, N*D] (a new array when None)."""
+    B, N, S, D = q.shape
+    y = np.empty((B, S, N * D), np.float32) if y is None else y
+    lib.bert_of_attention(q.ctypes.data, k.ctypes.data, v.ctypes.data, None if mask is None else mask.ctypes.data,
+                          y.ctypes.data, B, N, S, D, int(mask is not None and mask.shape[2] != 1),
+                          scale / (coeff or 1.0), coeff or 1.0, int(coeff is not None), threads)
+    return y
+
+
+def _check_attention(lib, threads):
+    """Bounded (its sums run in other orders than OneFlow's): within ATTENTION_ULPS ulps of
+    attention_magnitude of the float64 result, and as near OneFlow's ops as they are to float64;
+    padded keys, a row of only masked keys, per-query masks, LiBai's coeff and a head size not a
+    multiple of 8 on the probe."""
+    rng = np.random.default_rng(5)
+    # (rows: the mask's query rows) S = 37: a block of 32 query rows and a tail, 32 + 8 key columns;
+    # D = 40: 32 + 8 columns of v, D = 20: 16 + 4 (every path of the micro-kernels)
+    for B, N, S, D, rows, coeff in ((3, 2, 37, 40, 1, None), (2, 3, 19, 20, 19, 3.0)):
+        q, k, v = (rng.standard_normal((B, N, S, D)).astype(np.float32) * 2 for _ in range(3))
+        mask = np.zeros((B, 1, rows, S), np.float32)
+        mask[0, ..., S // 2:] = -10000.0  # padding
+        mask[0, 0, -1, :3] = -10000.0  # per query where the mask has rows
+        mask[1] = -10000.0  # nothing to attend to
+        scale = 1.0 / math.sqrt(D)
+        theirs = _attention_oneflow(*(flow.tensor(t) for t in (q, k, v, mask)), scale, coeff).numpy()
+        ref, mag = attention_magnitude(q, k, v, mask, scale)
+        bound = ATTENTION_ULPS * F32_EPS * mag
+        for th in {1, threads}:
+            y = _run_attention(lib, q, k, v, mask, scale, coeff, th)
+            if not (np.abs(y - ref) <= bound).all():
+                return f"off: attention beyond {ATTENTION_ULPS} ulps of the float64 attention ({th} threads)"
+            if not (np.abs(y - theirs) <= np.abs(theirs - ref) + bound).all():
+                return f"off: attention further from OneFlow's ops than they are from float64 ({th} threads)"
+    return None
+
+
+# a kernel's own off switch, beside BERT_OF_CPU_KERNELS=0 for all (to measure one against OneFlow's ops)
+_OFF_SWITCH = {"attention": "BERT_OF_CPU_ATTENTION"}
+_CHECKS = {"heads": _check_heads, "layer_norm": _check_layer_norm, "attention": _check_attention}
 
 
 def split_heads(linear, x, num_heads: int):
@@ -340,3 +429,28 @@ def _layer_norm(m, x):
     var = flow.matmul(xc * xc, m.ones_col) * inv_h
     y = xc * flow.matmul(flow.rsqrt(var + m.eps), m.ones_row)
     return (y * m.weight + m.bias).reshape(shape)
+
+
+def attention(q, k, v, mask_adder, scale: float, coeff=None):
+    """The attention's context for inference on CPU, heads merged: q, k, v [B, N, S, D], mask_adder
+    [B, 1, 1 or S, S] (additive) or None -> [B, S, N*D]; softmax(scale q k^T (LiBai: / coeff, then
+    * coeff) + mask_adder) v in one pass of cpu_kernels.c over (batch, head) pairs, within
+    ATTENTION_ULPS of the float64 result. None where it does not apply (autograd, graphs, CUDA,
+    other dtypes or mask shapes): the caller runs OneFlow's ops. Dropout, head_mask and returning the
+    probabilities are the caller's to exclude."""
+    if not _applies(q, k, v, mask_adder) or q.ndim != 4 or is_cuda(q):
+        return None
+    B, N, S, D = q.shape
+    if tuple(k.shape) != (B, N, S, D) or tuple(v.shape) != (B, N, S, D):
+        return None
+    if mask_adder is not None and (mask_adder.ndim != 4 or tuple(mask_adder.shape) not in ((B, 1, 1, S), (B, 1, S, S))):
+        return None
+    lib = _kernel("attention")
+    if lib is None:
+        return None
+    out, y = _out((B, S, N * D))
+    _run_attention(lib, _arr(q), _arr(k), _arr(v), None if mask_adder is None else _arr(mask_adder), scale, coeff,
+                   _native["threads"], y)  # the arrays live until the call returns
+    _native["calls"] += 1
+    _native["attention_calls"] += 1
+    return out
