@@ -26,6 +26,7 @@ same state dict (the tests compare them), so ``flow.load`` reads the folder back
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import stat
@@ -389,15 +390,35 @@ def write_state_dict(d: str, items, folder_prefix: str = "tensor_") -> None:
 
 
 
+# The digest of the last pickle keys_of parsed and its answer, one tuple (swapped whole, so a thread
+# never pairs one file's digest with another's keys). Detection asks once per flow.save format and
+# again when a reader fails (converters/convert.py): five parses of the same bytes, each up to the
+# bounded work a hostile pickle costs (seconds near MAX_PICKLE), where one answers all. Keyed by
+# content, not by path or mtime: a file rewritten in place is parsed again.
+_last_keys: tuple = (None, None)
+
+
 def keys_of(path: str):
     """The state-dict keys of a flow.save folder, cheaply, for detection: a list, or None when
     ``pickled_data`` is there but not admitted (reading then says why)."""
+    global _last_keys
     pk = os.path.join(path, PICKLE_FILE)
     if os.path.lexists(pk):
         try:  # a FIFO, a device, a link to /dev/zero: refused, not read
-            return list(parse_pickled_data(read_bounded(pk, MAX_PICKLE, PICKLE_FILE, CheckpointError), pk))
+            raw = read_bounded(pk, MAX_PICKLE, PICKLE_FILE, CheckpointError)
         except (OSError, CheckpointError):
             return None
+        digest, keys = hashlib.sha256(raw).digest(), None
+        last = _last_keys
+        if last[0] == digest:
+            keys = last[1]
+        else:
+            try:
+                keys = tuple(parse_pickled_data(raw, pk))
+            except (OSError, CheckpointError):
+                keys = None
+            _last_keys = (digest, keys)
+        return None if keys is None else list(keys)
     try:
         return sorted(e.name for e in os.scandir(path) if e.is_dir())
     except OSError:

@@ -72,6 +72,18 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def sst2_graph(env):
+    """SST-2 fine-tuned as a graph, dropout off, in this process: the one-process run that two tests
+    compare with (a resumed run, a 2-rank run), trained once for both. ``args`` (without -o; the run
+    added ``--log-every 1 --save-every 2``, which change no number) and ``run``, its directory."""
+    args = ["finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN,
+            "--max-seq-length", 32, "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--no-record", "--mode", "graph"]
+    run = env.root / "sst2-graph"
+    ok(*args, "--log-every", 1, "--save-every", 2, "--output", run)
+    return SimpleNamespace(args=args, run=run)
+
+
+@pytest.fixture(scope="module")
 def squad(env):
     """The untrained model's score, then `bert-of finetune squad ... --eval-data dev` (graph mode)."""
     out, _ = ok("eval", "squad", "--model", env.base, "--data", DEV11, *LENGTHS, "--mode", "eager")
@@ -480,20 +492,13 @@ def test_finetune_resumes_exactly_and_eager_amp_changes_nothing_on_cpu(env, tmp_
         f"{tmp_path / 'd'}: nothing to resume (no run.json: not a run of bert-of finetune glue)"
 
 
-def test_a_run_resumes_in_the_mode_it_began_in(env, tmp_path):
+def test_a_run_resumes_in_the_mode_it_began_in(env, sst2_graph, tmp_path):
     """--mode auto is made concrete once, when a run begins: a run whose record says auto and whose
     checkpoint trained as nn.Graph (as auto chose for fine-tuning on CPU before 2026-12-03) resumes
     as a graph, to the straight graph run's numbers, not as today's eager. (Dropout off: OneFlow 0.9
     keeps a graph's dropout RNG inside the compiled job, so only eager resumes replay dropout.)"""
-    model = tmp_path / "no-dropout"
-    shutil.copytree(env.base, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    (model / "config.json").write_text(json.dumps(config))
-    base = ["finetune", "glue", "--task", "sst-2", "--model", model, "--train", SST_TRAIN, "--max-seq-length", 32,
-            "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--mode", "graph", "--no-record", "--log-every", 1,
-            "--save-every", 2]
-    ok(*base, "--output", tmp_path / "a")
+    base = [*sst2_graph.args, "--log-every", 1, "--save-every", 2]
+    a = sst2_graph.run  # the straight run: base -o a
     ok(*base, "--output", tmp_path / "b", "--stop-after", 2)
     record = tmp_path / "b" / "run.json"
     rec = json.loads(record.read_text())
@@ -502,11 +507,12 @@ def test_a_run_resumes_in_the_mode_it_began_in(env, tmp_path):
     record.write_text(json.dumps(rec))
     _, err = ok("finetune", "glue", "-o", tmp_path / "b", "--resume")
     assert "resuming" in err and "graph mode" in err
-    args = {k: json.load(open(tmp_path / k / "final" / "train_args.json")) for k in "ab"}
+    runs = {"a": a, "b": tmp_path / "b"}
+    args = {k: json.load(open(runs[k] / "final" / "train_args.json")) for k in "ab"}
     assert args["b"]["hparams"]["mode"] == "graph" and args["b"]["final_loss"] == args["a"]["final_loss"]
     from bert_of.files.atomic import read_jsonl
 
-    losses = {k: [(r["step"], r["loss"], r["mode"]) for r in read_jsonl(str(tmp_path / k / "metrics.jsonl"))]
+    losses = {k: [(r["step"], r["loss"], r["mode"]) for r in read_jsonl(str(runs[k] / "metrics.jsonl"))]
               for k in "ab"}
     assert len(losses["a"]) == 4 and losses["b"] == losses["a"]
 
@@ -539,25 +545,22 @@ def test_finetune_run_dir_faults_are_one_line_and_publish_nothing(env, tmp_path)
 
 
 @pytest.mark.skipif(os.environ.get("BERT_OF_SKIP_DIST") == "1", reason="BERT_OF_SKIP_DIST=1")
-def test_nproc_runs_the_command_on_two_ranks(env, tmp_path):
+def test_nproc_runs_the_command_on_two_ranks(env, sst2_graph, tmp_path):
     """`bert-of finetune ... --nproc 2` relaunches itself under OneFlow's launcher (graph mode, global
     tensors) and trains like one process; `predict --nproc 2` writes the same predictions."""
-    base = ["finetune", "glue", "--task", "sst-2", "--model", env.base_nodrop, "--train", SST_TRAIN,
-            "--max-seq-length", 32, "--batch-size", 10, "--steps", 4, "--lr", 1e-3, "--no-record",
-            "--mode", "graph"]
-    ok(*base, "--output", tmp_path / "one")
-    run_cli(*base, "--output", tmp_path / "two", "--nproc", 2)
-    one = json.load(open(tmp_path / "one" / "final" / "train_args.json"))
+    one_run = sst2_graph.run  # the same command in one process
+    run_cli(*sst2_graph.args, "--output", tmp_path / "two", "--nproc", 2)
+    one = json.load(open(one_run / "final" / "train_args.json"))
     two = json.load(open(tmp_path / "two" / "final" / "train_args.json"))
     assert (one["hparams"]["ranks"], two["hparams"]["ranks"]) == (1, 2)
     assert two["first_loss"] == pytest.approx(one["first_loss"], rel=1e-5)
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
     from bert_of.checkpoint import load_checkpoint
 
-    a, b = load_checkpoint(str(tmp_path / "one" / "final")), load_checkpoint(str(tmp_path / "two" / "final"))
+    a, b = load_checkpoint(str(one_run / "final")), load_checkpoint(str(tmp_path / "two" / "final"))
     for name, t in a.tensors.items():
         np.testing.assert_allclose(t, b.tensors[name], atol=2e-5, err_msg=name)
-    pred = ["predict", "glue", "--model", tmp_path / "one", "--data", SST_TRAIN, "--mode", "graph"]
+    pred = ["predict", "glue", "--model", one_run, "--data", SST_TRAIN, "--mode", "graph"]
     ok(*pred, "-o", tmp_path / "p1")
     run_cli(*pred, "--output", tmp_path / "p2", "--nproc", 2)
     assert (tmp_path / "p1" / "predictions.tsv").read_text() == (tmp_path / "p2" / "predictions.tsv").read_text()
