@@ -334,6 +334,9 @@ def of_rows(a, task: str) -> list:
         spec = dict(part.split("=", 1) for part in spec.split(";")).get(task, "")
     rows = []
     for item in filter(None, spec.split(",")):
+        if item == "ort":  # `--engine onnxruntime` (predict only)
+            rows.append(("ort", None, 1, True, False))
+            continue
         mode, blas, *rest = item.split(":")
         kernels = False if "k0" in rest[1:] else "a0" if "a0" in rest[1:] else True
         rows.append((mode, blas, int(rest[0]) if rest else 1, kernels, "vm1" in rest[1:]))
@@ -356,7 +359,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; ort: predict --engine onnxruntime (predict only); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
@@ -399,6 +402,16 @@ def main():
         hf_dir, of_dir = minilm_dir(), os.path.join(tmp, "minilm-of")
         subprocess.run([OF_PY, "-m", "bert_of.cli", "convert", "hf2of", hf_dir, "-o", of_dir,
                         "-q"], check=True)
+        qa_dirs = {}
+
+        def qa_dir(model):
+            """The QA checkpoint --impl ort reads: bert_of's row's model (seed 0), saved once."""
+            if model not in qa_dirs:
+                qa_dirs[model] = os.path.join(tmp, f"{model}-qa")
+                subprocess.run([OF_PY, WORKER, "--impl", "of", "--model", model, "--model-dir", of_dir, "--seq", "0",
+                                "--task", "save", "--out", qa_dirs[model]], check=True, cwd=ROOT)
+            return qa_dirs[model]
+
         for model in a.models.split(","):
             for seq in map(int, a.seqs.split(",")):
                 for task in a.tasks.split(","):
@@ -410,8 +423,12 @@ def main():
                         hf = run(a.hf_python, ["--impl", "hf", "--model-dir", hf_dir, *common], tmp)
                         group = [hf]
                         for mode, blas, ranks, kernels, vm_worker in of_rows(a, task):
-                            row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
-                                      blas=blas, ranks=ranks, kernels=kernels, vm_worker=vm_worker)
+                            if mode == "ort":
+                                row = run(OF_PY, ["--impl", "ort", "--model-dir", qa_dir(model), *common], tmp)
+                                row["impl"] = "of"  # a bert_of column (its mode: onnxruntime)
+                            else:
+                                row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,
+                                          blas=blas, ranks=ranks, kernels=kernels, vm_worker=vm_worker)
                             if "error" not in row and "error" not in hf:
                                 row["speed_vs_hf"] = round(row["windows_per_s"] / hf["windows_per_s"], 3)
                                 row["rss_vs_hf"] = round(row["peak_rss_mib"] / hf["peak_rss_mib"], 3)

@@ -4,7 +4,8 @@
         --seq 384 --task predict --rows 32 --out r.json
     .venv-anchor/bin/python bench/infer_worker.py --impl hf --model minilm --model-dir HF_DIR ...
 
---impl hf: transformers' BertForQuestionAnswering (PyTorch, 2 threads, eager); --impl of: bert_of's,
+--impl hf: transformers' BertForQuestionAnswering (PyTorch, 2 threads, eager); --impl ort: `bert-of
+predict --engine onnxruntime`'s engine on a checkpoint that --task save wrote; --impl of: bert_of's,
 through what `bert-of predict squad` / `finetune squad` run (bert_of/training/inference.py: infer, and the
 trainer with train()'s graph micro-batching). Both see the same windows: NumPy draws them from one
 seed here (SQuAD-like: [CLS] question [SEP] context [SEP], every window full, as run_squad's windows
@@ -134,6 +135,43 @@ def run_of(a, data):
     res = train_loop(step, a, loaded)
     res.update(micro_batches=accum)
     return res
+
+
+def save_qa(a):
+    """--task save: the model run_of times, as a checkpoint folder (--out): what --impl ort reads
+    (onnxruntime runs a checkpoint's own QA head; bert_of's rows initialise MiniLM's at seed 0)."""
+    os.environ.setdefault("BERT_OF_BLAS", "auto")
+    from bert_of._flow import flow
+    from bert_of.config import BertConfig
+    from bert_of.finetuning.driver import load_model, save_finetuned
+    from bert_of.heads import BertForQuestionAnswering
+    from bert_of.training.runtime import Runtime
+
+    flow.manual_seed(0)
+    if a.model == "minilm":
+        model, _ = load_model(BertForQuestionAnswering, a.model_dir)
+    else:
+        model = BertForQuestionAnswering(BertConfig(**BASE))
+    save_finetuned(model, a.out, {"task": "squad"}, False, Runtime.create("cpu"))
+    return {}
+
+
+def run_ort(a, data):
+    """`bert-of predict squad --engine onnxruntime`'s engine over the same windows: the checkpoint's
+    ONNX graph built in memory (its build, an onnxruntime session's optimisation, reported apart as
+    graph_build_s, as a OneFlow graph's), then infer's batching, timed whole."""
+    from bert_of.training.onnxruntime_engine import OnnxModel
+
+    model = OnnxModel(a.model_dir, threads=a.threads)
+    loaded = status("VmRSS")
+    rows = [data[k][:a.rows] for k in ("input_ids", "token_type_ids", "attention_mask")]
+    t0, c0 = time.perf_counter(), time.process_time()
+    model.infer(rows, ("start_logits", "end_logits"), a.batch, positions=("start_logits", "end_logits"),
+                fill=float("-inf"))
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
+                loaded_rss_mib=loaded, graph_build_s=round(model.build_seconds, 2), engine="onnxruntime",
+                ort_threads=model.threads)
 
 
 def pieces(fw, a):
@@ -270,12 +308,12 @@ def flow_world() -> int:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--impl", choices=("hf", "of"), required=True)
+    ap.add_argument("--impl", choices=("hf", "of", "ort"), required=True)
     ap.add_argument("--mode", choices=("eager", "graph"), default="eager")
     ap.add_argument("--model", choices=("minilm", "base"), required=True)
     ap.add_argument("--model-dir")
     ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--task", choices=("predict", "train", "profile"), required=True)
+    ap.add_argument("--task", choices=("predict", "train", "profile", "save"), required=True)
     ap.add_argument("--rows", type=int, default=32, help="predict: windows timed")
     ap.add_argument("--batch", type=int, default=32, help="predict batch / train step windows")
     ap.add_argument("--steps", type=int, default=2, help="train: steps timed")
@@ -283,11 +321,15 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     n = max(a.rows, a.batch) if a.task == "predict" else a.batch * (a.steps + 1)
+    if a.task == "save":
+        return save_qa(a)
     if a.task == "profile":
         res = pieces("torch" if a.impl == "hf" else "oneflow", a)
+    elif a.impl == "ort":
+        res = run_ort(a, windows(n, a.seq))
     else:
         res = (run_hf if a.impl == "hf" else run_of)(a, windows(n, a.seq))
-    res.update(impl=a.impl, mode="eager" if a.impl == "hf" else a.mode, model=a.model, seq=a.seq, task=a.task,
+    res.update(impl=a.impl, mode={"hf": "eager", "ort": "onnxruntime"}.get(a.impl, a.mode), model=a.model, seq=a.seq, task=a.task,
                batch=a.batch, peak_rss_mib=status("VmHWM"))
     if a.impl == "of":
         import bert_of.runtime.blas as blas

@@ -233,9 +233,14 @@ def die(signum: int) -> None:
             f.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    import threading
+
     signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-    os.kill(os.getpid(), signum)
+    # Sent to THIS thread, it is delivered before the call returns. Sent to the process, another
+    # thread with the signal unblocked (a reader's pool, NumPy's BLAS) may take it while this one
+    # reaches _exit first: a normal exit 130, which a shell loop takes as handled (seen under load).
+    signal.pthread_kill(threading.get_ident(), signum)
     os._exit(128 + signum)  # not reached
 
 

@@ -72,8 +72,9 @@ def test_attention_kernel_without_a_mask():
 
 
 def test_attention_kernel_serves_only_inference_without_probabilities():
-    """Autograd, the probabilities asked for, head_mask and active dropout: OneFlow's ops (no kernel
-    call), with the same context as the kernel's within its bound."""
+    """Autograd, the probabilities asked for, a head_mask silencing a head and active dropout: OneFlow's
+    ops (no kernel call), with the same context as the kernel's within its bound; a head_mask of ones
+    is the kernel's path."""
     cfg = BertConfig.from_google_dict(TINY)
     model = BertModel(cfg)
     model.init_weights(seed=4)
@@ -88,12 +89,16 @@ def test_attention_kernel_serves_only_inference_without_probabilities():
         fast = model(*args).sequence_output.numpy()
         assert used() == calls + cfg.num_hidden_layers and K._native["kernels"]["attention"] is None
         probs = model(*args, output_attentions=True)
-        masked = model(*args, head_mask=flow.ones(cfg.num_attention_heads)).sequence_output.numpy()
+        silenced = model(*args, head_mask=flow.tensor([1.0] * (cfg.num_attention_heads - 1) + [0.0]))
         model.train()  # dropout 0.1 on the probabilities
         model(*args)
         assert used() == calls + cfg.num_hidden_layers  # none of the three ran the kernel
+        model.eval()  # a head_mask of ones changes nothing (p * 1 == p): the kernel, the same bits
+        ones = model(*args, head_mask=flow.ones(cfg.num_attention_heads)).sequence_output.numpy()
+        assert used() == calls + 2 * cfg.num_hidden_layers
     np.testing.assert_allclose(probs.sequence_output.numpy(), fast, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(masked, fast, rtol=0, atol=1e-5)
+    assert np.array_equal(ones, fast)
+    assert not np.allclose(silenced.sequence_output.numpy(), fast, atol=1e-3)  # the head_mask was applied
 
 
 _FORWARD = """
