@@ -153,7 +153,6 @@ def save_qa(a):
     else:
         model = BertForQuestionAnswering(BertConfig(**BASE))
     save_finetuned(model, a.out, {"task": "squad"}, False, Runtime.create("cpu"))
-    return {}
 
 
 def run_ort(a, data):
@@ -322,7 +321,8 @@ def main():
     a = ap.parse_args()
     n = max(a.rows, a.batch) if a.task == "predict" else a.batch * (a.steps + 1)
     if a.task == "save":
-        return save_qa(a)
+        save_qa(a)
+        return 0
     if a.task == "profile":
         res = pieces("torch" if a.impl == "hf" else "oneflow", a)
     elif a.impl == "ort":
