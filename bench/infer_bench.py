@@ -289,7 +289,8 @@ def markdown(res: dict) -> str:
     rows = _medians([r for r in res["rows"] if "error" not in r])
     kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"},
                    key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4], not k[5]))
-    name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) else k[0])  # noqa: E731
+    name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) and k[0] != "onnxruntime"  # noqa: E731
+                       else k[0])
                       + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's kernels")
                       + (", VM worker thread (OneFlow's default)" if k[4] else "")
                       + (", OneFlow's attention ops" if k[3] and k[5] else ""))
