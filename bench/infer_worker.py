@@ -99,8 +99,9 @@ def run_of(a, data):
     os.environ.setdefault("BERT_OF_BLAS", "auto")  # as `bert-of predict` / `finetune` run (infer_bench sets it per row)
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.finetuning.driver import load_model
-    from bert_of.training.inference import graph_accum_steps, infer
+    from bert_of.finetuning.steps import load_model
+    from bert_of.training.inference import infer
+    from bert_of.training.oneflow_engine import graph_accum_steps
     from bert_of.heads import BertForQuestionAnswering
     from bert_of.options import TrainConfig
     from bert_of.training.runtime import Runtime
@@ -143,7 +144,8 @@ def save_qa(a):
     os.environ.setdefault("BERT_OF_BLAS", "auto")
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.finetuning.driver import load_model, save_finetuned
+    from bert_of.finetuning.driver import save_finetuned
+    from bert_of.finetuning.steps import load_model
     from bert_of.heads import BertForQuestionAnswering
     from bert_of.training.runtime import Runtime
 

@@ -27,6 +27,13 @@ _bars = []  # open tqdm bars: log lines are written through tqdm.write while one
 _allowed = [True]  # --no-progress of the running command
 
 
+def note(rt, msg: str) -> None:
+    """A note for the user (the ``bert_of`` logger: stderr, -q silences it), from rank 0 only (``rt``:
+    the run's Runtime, or None); a message starting "warning:" is a warning."""
+    if rt is None or rt.is_main:
+        (log.warning if msg.startswith("warning:") else log.info)(msg)
+
+
 def _off(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
@@ -218,4 +225,4 @@ def progress_iter(iterable, desc: str, total: float | None = None, unit: str = "
             p.update(1)
 
 
-__all__ = ["DISABLE_ENV", "EVERY_ENV", "Progress", "allow_bars", "bars_enabled", "log", "progress_iter", "setup_logging"]
+__all__ = ["DISABLE_ENV", "EVERY_ENV", "Progress", "allow_bars", "bars_enabled", "log", "note", "progress_iter", "setup_logging"]

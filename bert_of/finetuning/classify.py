@@ -32,6 +32,7 @@ from bert_of.files.atomic import atomic_open
 from bert_of.finetuning.glue import glue_arrays
 from bert_of.finetuning.task import Help, ModelRun, Task
 from bert_of.options import TRAINING, arg
+from bert_of.progress import note
 from bert_of.eval.user_data import FORMATS, LABEL_SEPARATOR
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
 
@@ -122,10 +123,10 @@ def _read(opts: ClassifyOptions, path: str, need_labels: bool, problem: str = "a
 def finetune_classify(opts: ClassifyOptions) -> dict:
     """Fine-tune on ``opts.train`` in the run folder ``opts.output``, publish its final/ (checkpoint +
     train_args.json with the class order), evaluate each ``opts.eval_data``."""
-    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, base_args,
-                                            check_eval_data, check_head, check_output, check_seq_len,
-                                            finish_finetuning, glue_seq_len, load_model, make_tokenizer,
-                                            model_folder, train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
+                                            train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.heads import BertForSequenceClassification
     rt = Runtime.create(opts.device)
     check_output(opts)
     table = _read(opts, opts.train, True, opts.problem)
@@ -179,9 +180,11 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
     """Predictions for every row of ``opts.data``; rank 0 writes them to ``out_file`` (default
     ``opts.output``): per row, in input order, the label and every class's probability (or the
     regression value)."""
-    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, check_head, check_seq_len,
-                                            glue_seq_len, infer, load_predictor, make_tokenizer, model_folder, predict_mode,
-                                            note, read_train_args)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_predictor, make_tokenizer,
+                                           model_folder, predict_mode, read_train_args)
+    from bert_of.heads import BertForSequenceClassification
+    from bert_of.training.inference import infer
     rt = rt or Runtime.create(opts.device)
     out_file = out_file or opts.output
     if not out_file:
@@ -231,8 +234,6 @@ def _write_predictions(path, table, problem, labels, preds, probs, separator="|"
     the predicted classes in the model's order, a list in JSON Lines, joined by ``separator`` in CSV)
     and ``p(CLASS)`` per class (softmax, or each class's sigmoid), or ``score`` (regression). A name
     the input already has becomes ``NAME.1`` (:func:`~bert_of.eval.user_data.free_name`), with a note."""
-    from bert_of.finetuning.driver import note
-
     wanted = ["score"] if problem == "regression" else ["prediction"] + [f"p({k})" for k in labels]
     names = prediction_names(wanted, table.columns)
     renamed = [f"{w!r} as {n!r}" for w, n in names.items() if w != n]
@@ -262,7 +263,8 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> dict | None:
     """Predict a labeled file, score it (accuracy, macro-F1, MCC; Pearson, Spearman, MSE; or for
     multi-label micro-F1, macro-F1 and subset accuracy), print the scores as JSON and record them."""
-    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, percent, record)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, record
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, NAME)

@@ -25,7 +25,7 @@ from bert_of.finetuning.task import Help, ModelRun, Task
 from bert_of.options import TRAINING, arg
 from bert_of.eval.glue_data import TASK_CHOICES
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, TRAIN, TaskOptions
-from bert_of.progress import progress_iter
+from bert_of.progress import note, progress_iter
 
 if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
     from bert_of.training.runtime import Runtime
@@ -89,10 +89,10 @@ def _labeled(opts: GlueOptions, path: str) -> None:
 def finetune_glue(opts: GlueOptions) -> dict:
     """Fine-tune in the run folder ``opts.output``, publish its final/ (checkpoint + train_args.json),
     evaluate ``opts.eval_data``."""
-    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, base_args,
-                                            check_eval_data, check_head, check_output, check_seq_len,
-                                            finish_finetuning, glue_seq_len, load_model, make_tokenizer,
-                                            model_folder, train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
+                                            train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.heads import BertForSequenceClassification
     rt = Runtime.create(opts.device)
     if not opts.task:
         raise ConfigError("--task is required")
@@ -131,9 +131,11 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
     """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
     file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output``.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
-    from bert_of.finetuning.driver import (BertForSequenceClassification, Runtime, check_head,
-                                            check_seq_len, glue_seq_len, infer, load_predictor, make_tokenizer,
-                                            model_folder, predict_mode, note, read_train_args)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_predictor, make_tokenizer,
+                                           model_folder, predict_mode, read_train_args)
+    from bert_of.heads import BertForSequenceClassification
+    from bert_of.training.inference import infer
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict glue: no --output folder")
@@ -183,8 +185,8 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
 
 def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict + score (eval.glue_metrics, percent) + record; prints the scores as JSON."""
-    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, percent,
-                                            read_train_args, record)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, read_train_args, record
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}

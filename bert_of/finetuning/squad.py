@@ -22,6 +22,7 @@ from bert_of.eval.squad_metrics import squad_score
 from bert_of.eval.squad_predictions import postprocess_predictions, write_prediction_files
 from bert_of.finetuning.task import Help, ModelRun, Task
 from bert_of.options import TRAINING, arg
+from bert_of.progress import note
 from bert_of.finetuning.options import EVAL, PREDICT, RUNS, TRAIN, TaskOptions
 
 if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
@@ -95,9 +96,10 @@ def _squad_version(opts: SquadOptions, sd) -> bool:
 def finetune_squad(opts: SquadOptions) -> dict:
     """Fine-tune in the run folder ``opts.output``, publish its final/ (checkpoint + train_args.json),
     evaluate ``opts.eval_data``."""
-    from bert_of.finetuning.driver import (BertForQuestionAnswering, Runtime, base_args, check_eval_data,
-                                            check_output, check_seq_len, finish_finetuning, load_model,
-                                            make_tokenizer, model_folder, note, train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
+                                            train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import check_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.heads import BertForQuestionAnswering
     rt = Runtime.create(opts.device)
     check_output(opts)
     sd = load_squad(opts.train)
@@ -137,8 +139,11 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> SquadRun | None:
     """Predictions for a SQuAD file; rank 0 writes them into ``opts.output`` and returns them.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
-    from bert_of.finetuning.driver import (BertForQuestionAnswering, Runtime, check_seq_len, infer,
-                                            load_predictor, make_tokenizer, model_folder, predict_mode, note, read_train_args)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import (check_seq_len, load_predictor, make_tokenizer, model_folder, predict_mode,
+                                           read_train_args)
+    from bert_of.heads import BertForQuestionAnswering
+    from bert_of.training.inference import infer
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         raise ConfigError("predict squad: no --output folder")
@@ -189,7 +194,8 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
 def eval_squad(opts: SquadOptions, trained: str | None = None, model=None,
                rt: Runtime | None = None) -> dict | None:
     """Predict + score (official-equivalent) + record; prints the official script's JSON."""
-    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, note, record)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, record
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, "squad")

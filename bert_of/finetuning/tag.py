@@ -26,7 +26,7 @@ from bert_of.files.atomic import atomic_open
 from bert_of.finetuning.task import Help, ModelRun, Task
 from bert_of.options import TRAINING, arg
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
-from bert_of.progress import progress_iter
+from bert_of.progress import note, progress_iter
 
 if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
     from bert_of.training.runtime import Runtime
@@ -113,9 +113,10 @@ def _known_tags(path: str, labels: list) -> None:
 
 
 def finetune_tag(opts: TagOptions) -> dict:
-    from bert_of.finetuning.driver import (BertForTokenClassification, Runtime, base_args, check_eval_data,
-                                            check_head, check_output, check_seq_len, finish_finetuning,
-                                            glue_seq_len, load_model, make_tokenizer, model_folder, train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
+                                            train)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.heads import BertForTokenClassification
     rt = Runtime.create(opts.device)
     check_output(opts)
     sentences = read_tagged(opts.train)
@@ -145,9 +146,11 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
                 need_tags: bool = False, out_file: str | None = None) -> TagRun | None:
     """A tag per word of every sentence of ``opts.data``; rank 0 writes them beside the input to
     ``out_file`` (default ``opts.output``; :func:`_write_tags`)."""
-    from bert_of.finetuning.driver import (BertForTokenClassification, Runtime, check_head, check_seq_len,
-                                            glue_seq_len, infer, load_predictor, make_tokenizer, model_folder, predict_mode,
-                                            note, read_train_args)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_predictor, make_tokenizer,
+                                           model_folder, predict_mode, read_train_args)
+    from bert_of.heads import BertForTokenClassification
+    from bert_of.training.inference import infer
     rt = rt or Runtime.create(opts.device)
     out_file = out_file or opts.output
     if not out_file:
@@ -192,8 +195,6 @@ def _write_tags(path: str, data: str, sentences: list, preds: list, rt=None) -> 
     tag; a blank line between sentences. JSON Lines: each sentence's object as read (a CoNLL input's:
     ``tokens``, and ``tags`` when it has them) with ``prediction``, the tag list (``prediction.1``...
     when the input has that key, with a note)."""
-    from bert_of.finetuning.driver import note
-
     renamed = set()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_open(path) as f:
@@ -216,7 +217,8 @@ def _write_tags(path: str, data: str, sentences: list, preds: list, rt=None) -> 
 def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict a tagged file, score it (entity precision / recall / F1, token accuracy), print the
     scores as JSON and record them."""
-    from bert_of.finetuning.driver import (Runtime, default_eval_dir, model_display_name, percent, record)  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, record
     rt = rt or Runtime.create(opts.device)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, NAME)

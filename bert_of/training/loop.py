@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bert_of.files.atomic import append_jsonl
-from bert_of.progress import Progress, log
+from bert_of.progress import Progress, note
 from bert_of.runtime.process import interrupt_note
 from bert_of.training.padding import cut, padded_width, row_lengths
 from bert_of.training.state import NonFiniteError, RunDir
@@ -29,13 +29,6 @@ class FitResult:
     losses: list = field(default_factory=list)  # the loss of every step this call ran
     seconds: float = 0.0
     stopped: bool = False  # ended early by a callback (e.g. StopAfter)
-
-
-def note(rt, msg: str) -> None:
-    """A note for the user (the ``bert_of`` logger: stderr, -q silences it), from rank 0 only; a
-    message starting "warning:" is a warning."""
-    if rt is None or rt.is_main:
-        (log.warning if msg.startswith("warning:") else log.info)(msg)
 
 
 def _json_number(v):

@@ -8,7 +8,8 @@ from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.heads import BertForQuestionAnswering, BertForSequenceClassification
 from bert_of.heads import BertForTokenClassification
-from bert_of.training.inference import graph_rows, infer
+from bert_of.training.inference import infer
+from bert_of.training.oneflow_engine import graph_rows
 from bert_of.training.padding import PAD_MULTIPLE, length_batches, padded_width
 from bert_of.training.runtime import Runtime
 
@@ -155,7 +156,7 @@ def test_cpu_graph_rows_follow_the_activation_budget():
 
 
 def test_cpu_train_graph_splits_a_step_into_micro_batches_that_fit():
-    from bert_of.training.inference import graph_accum_steps
+    from bert_of.training.oneflow_engine import graph_accum_steps
 
     minilm = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
     assert graph_accum_steps(minilm, 384, 32, "cpu") == 32  # one row per micro-batch at 384 tokens
