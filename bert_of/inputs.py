@@ -32,18 +32,44 @@ Shapes: B batch, S sequence, P predictions per sequence, V vocab, K labels.
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import numpy as np
 
-from bert_of._flow import flow
 from bert_of.config import BertConfig
 from bert_of.errors import InputError, InputTypeError
 
 IGNORE_INDEX = -100  # label of positions without a loss (later sub-tokens, [CLS], [SEP], padding): HF's
 
-_INT_DTYPES = {flow.int8, flow.int32, flow.int64, flow.uint8}
-_FLOAT_DTYPES = {flow.float16, flow.float32, flow.float64, flow.bfloat16}
+
+def _oneflow():
+    """OneFlow if this process has loaded it, else None. An input can be a OneFlow tensor only once
+    OneFlow is loaded, so NumPy arrays and lists are checked on the host without it (``--engine
+    onnxruntime`` predicts without OneFlow); OneFlow is imported only where a tensor is made
+    (:func:`as_input`)."""
+    return sys.modules.get("oneflow")
+
+
+def _is_tensor(x) -> bool:
+    flow = _oneflow()
+    return flow is not None and isinstance(x, flow.Tensor)
+
+
+def _int_dtypes() -> set:
+    """A OneFlow tensor's integer dtypes (asked of a tensor only: OneFlow is loaded)."""
+    flow = _oneflow()
+    return {flow.int8, flow.int32, flow.int64, flow.uint8}
+
+
+def _float_dtypes() -> set:
+    """A OneFlow tensor's floating dtypes."""
+    flow = _oneflow()
+    return {flow.float16, flow.float32, flow.float64, flow.bfloat16}
+
+
+def _number_dtypes() -> set:
+    return _int_dtypes() | _float_dtypes()
 
 
 # --------------------------------------------------------------------------- conversion
@@ -54,7 +80,7 @@ def as_input(x, name: str, like, ids: bool = True):
     Python list as a tensor on ``like``'s device (global: its placement, broadcast), int64 when
     integer (``ids``: it must be), else float32 (regression labels, masks of 1.0/0.0). None stays
     None. Anything that is not numbers is an :class:`InputTypeError`."""
-    if x is None or isinstance(x, flow.Tensor):
+    if x is None or _is_tensor(x):
         return x
     try:
         a = np.asarray(x)
@@ -68,6 +94,8 @@ def as_input(x, name: str, like, ids: bool = True):
             f"{name}: expected integers shaped [batch, sequence], got {a.dtype} {list(a.shape)}")
     if not integer and not np.issubdtype(a.dtype, np.floating):
         raise InputTypeError(f"{name}: expected numbers, got {a.dtype}")
+    from bert_of._flow import flow  # a tensor is made: OneFlow (the model loaded it already)
+
     dtype = flow.int64 if integer else flow.float32
     if like.is_global:
         return flow.tensor(a, dtype=dtype).to_global(placement=like.placement, sbp=flow.sbp.broadcast)
@@ -76,7 +104,7 @@ def as_input(x, name: str, like, ids: bool = True):
 
 def dims(x) -> tuple:
     """The shape of a tensor, array or nested list (without converting a tensor)."""
-    if isinstance(x, (flow.Tensor, np.ndarray)):
+    if isinstance(x, np.ndarray) or _is_tensor(x):
         return tuple(x.shape)
     try:
         return np.shape(x)
@@ -88,25 +116,26 @@ def dims(x) -> tuple:
 
 
 def _lazy(x) -> bool:
-    return isinstance(x, flow.Tensor) and x.is_lazy
+    return _is_tensor(x) and x.is_lazy
 
 
 def _is_int(x) -> bool:
-    if isinstance(x, flow.Tensor):
-        return x.dtype in _INT_DTYPES
+    if _is_tensor(x):
+        return x.dtype in _int_dtypes()
     return np.issubdtype(np.asarray(x).dtype, np.integer) or np.asarray(x).dtype == np.bool_
 
 
 def span(x) -> tuple:
     """(min, max) of a non-empty NumPy array or eager tensor: NumPy on the host, else one
     reduction (NaN shows as a NaN bound)."""
-    if not isinstance(x, flow.Tensor):
+    if not _is_tensor(x):
         a = np.asarray(x)
         return a.min().item(), a.max().item()
+    flow = _oneflow()
     if x.dtype == flow.bool:
         x = x.to(flow.int8)
     parts = [x.min(), x.max()]
-    if x.dtype in _FLOAT_DTYPES:  # OneFlow 0.9's min/max skip NaN (max of [1, nan, 0] is 0): count them
+    if x.dtype in _float_dtypes():  # OneFlow 0.9's min/max skip NaN (max of [1, nan, 0] is 0): count them
         parts.append(flow.isnan(x).sum().to(x.dtype))
     lo_hi = flow.stack(parts)
     if lo_hi.is_global:
@@ -126,7 +155,8 @@ def check_range(name: str, x, low, high, what: str, ignore: Optional[int] = None
         return
     lo, hi = span(x)
     if ignore is not None and lo < low:  # the smallest value below range: is it only the ignore index?
-        if isinstance(x, flow.Tensor):
+        if _is_tensor(x):
+            flow = _oneflow()
             lo = span(flow.where(x == ignore, flow.zeros_like(x) + low, x))[0]
         else:
             a = np.asarray(x)
@@ -159,7 +189,7 @@ def check_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_m
         if len(shape) != 3 or shape[2] != H:
             raise InputError(f"inputs_embeds: expected [batch, sequence, {H}] (hidden_size {H}), got shape "
                              f"{list(shape)}")
-        if isinstance(inputs_embeds, flow.Tensor) and inputs_embeds.dtype not in _FLOAT_DTYPES:
+        if _is_tensor(inputs_embeds) and inputs_embeds.dtype not in _float_dtypes():
             raise InputTypeError(f"inputs_embeds: expected floats, got {inputs_embeds.dtype}")
         shape = shape[:2]
     else:
@@ -193,8 +223,7 @@ def check_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_m
         if m not in ((B, S), (B, S, S), (B, 1, S, S)):
             raise InputError(f"attention_mask: shape {list(m)} does not fit input_ids {list(shape)}: expected "
                              f"[{B}, {S}] (1 = attend, 0 = padding), [{B}, {S}, {S}] or [{B}, 1, {S}, {S}]")
-        if isinstance(attention_mask, flow.Tensor) and attention_mask.dtype not in \
-                _INT_DTYPES | _FLOAT_DTYPES | {flow.bool}:
+        if _is_tensor(attention_mask) and attention_mask.dtype not in _number_dtypes() | {_oneflow().bool}:
             raise InputTypeError(f"attention_mask: expected numbers, got {attention_mask.dtype}")
         if not _lazy(attention_mask):
             lo, hi = span(attention_mask)
@@ -206,7 +235,7 @@ def check_inputs(config: BertConfig, input_ids, token_type_ids=None, attention_m
         if dims(head_mask) not in ((N,), (L, N)):
             raise InputError(f"head_mask: shape {list(dims(head_mask))}, expected [{N}] (every layer) or [{L}, {N}] "
                              f"(num_attention_heads {N}, num_hidden_layers {L})")
-        if isinstance(head_mask, flow.Tensor) and head_mask.dtype not in _INT_DTYPES | _FLOAT_DTYPES | {flow.bool}:
+        if _is_tensor(head_mask) and head_mask.dtype not in _number_dtypes() | {_oneflow().bool}:
             raise InputTypeError(f"head_mask: expected numbers, got {head_mask.dtype}")
         if not _lazy(head_mask):
             lo, hi = span(head_mask)
@@ -228,7 +257,7 @@ def check_labels(name: str, x, rows: tuple, low=0, high=None, what: str = "", ig
         raise InputError(f"{name}: shape {list(shape)}, expected {list(rows)}")
     if integer and not _is_int(x):
         raise InputTypeError(f"{name}: expected integer ids, got {getattr(x, 'dtype', None) or np.asarray(x).dtype}")
-    if isinstance(x, flow.Tensor) and x.dtype not in _INT_DTYPES | _FLOAT_DTYPES:
+    if _is_tensor(x) and x.dtype not in _number_dtypes():
         raise InputTypeError(f"{name}: expected numbers, got {x.dtype}")
     if high is None:
         if x is not None and not _lazy(x) and int(np.prod(shape)):

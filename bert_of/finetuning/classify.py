@@ -36,7 +36,7 @@ from bert_of.progress import note
 from bert_of.eval.user_data import FORMATS, LABEL_SEPARATOR
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
 
-if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+if TYPE_CHECKING:  # annotations only: the shared steps bring it when a task runs
     from bert_of.training.runtime import Runtime
 
 
@@ -125,7 +125,8 @@ def finetune_classify(opts: ClassifyOptions) -> dict:
     train_args.json with the class order), evaluate each ``opts.eval_data``."""
     from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
                                             train)  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer,
+                                          model_folder)
     from bert_of.heads import BertForSequenceClassification
     rt = Runtime.create(opts.device)
     check_output(opts)
@@ -180,12 +181,10 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
     """Predictions for every row of ``opts.data``; rank 0 writes them to ``out_file`` (default
     ``opts.output``): per row, in input order, the label and every class's probability (or the
     regression value)."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
     from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_predictor, make_tokenizer,
-                                           model_folder, predict_mode, read_train_args)
-    from bert_of.heads import BertForSequenceClassification
+                                          model_folder, predict_mode, predict_runtime, read_train_args)
     from bert_of.training.inference import infer
-    rt = rt or Runtime.create(opts.device)
+    rt = rt or predict_runtime(opts)
     out_file = out_file or opts.output
     if not out_file:
         raise ConfigError("predict classify: no -o FILE")
@@ -201,7 +200,8 @@ def predict_classify(opts: ClassifyOptions, trained: str | None = None, model=No
         new_head = False
         if model is None:
             check_head(path, num_labels, NAME, name)
-            model, missing = load_predictor(BertForSequenceClassification, path, name, opts, rt, num_labels=num_labels)
+            model, missing = load_predictor("BertForSequenceClassification", path, name, opts, rt,
+                                            num_labels=num_labels)
             new_head = bool(missing)
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays = _arrays(table, max_seq, tok)
@@ -263,9 +263,8 @@ def eval_classify(opts: ClassifyOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> dict | None:
     """Predict a labeled file, score it (accuracy, macro-F1, MCC; Pearson, Spearman, MSE; or for
     multi-label micro-F1, macro-F1 and subset accuracy), print the scores as JSON and record them."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, record
-    rt = rt or Runtime.create(opts.device)
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, predict_runtime, record
+    rt = rt or predict_runtime(opts)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, NAME)
     run = predict_classify(opts, trained=trained, model=model, rt=rt, need_labels=True,

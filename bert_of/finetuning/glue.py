@@ -27,7 +27,7 @@ from bert_of.eval.glue_data import TASK_CHOICES
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, TRAIN, TaskOptions
 from bert_of.progress import note, progress_iter
 
-if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+if TYPE_CHECKING:  # annotations only: the shared steps bring it when a task runs
     from bert_of.training.runtime import Runtime
 
 
@@ -91,7 +91,8 @@ def finetune_glue(opts: GlueOptions) -> dict:
     evaluate ``opts.eval_data``."""
     from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
                                             train)  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer,
+                                          model_folder)
     from bert_of.heads import BertForSequenceClassification
     rt = Runtime.create(opts.device)
     if not opts.task:
@@ -131,12 +132,10 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
     """Class predictions for a GLUE/XNLI TSV (labeled or test); rank 0 writes a GLUE submission
     file (``index<TAB>prediction``), ``predictions.tsv`` in the folder ``opts.output``.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
     from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_predictor, make_tokenizer,
-                                           model_folder, predict_mode, read_train_args)
-    from bert_of.heads import BertForSequenceClassification
+                                          model_folder, predict_mode, predict_runtime, read_train_args)
     from bert_of.training.inference import infer
-    rt = rt or Runtime.create(opts.device)
+    rt = rt or predict_runtime(opts)
     if not opts.output:
         raise ConfigError("predict glue: no --output folder")
     out_file = os.path.join(opts.output, PREDICTIONS_FILE)
@@ -154,7 +153,8 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
         new_head = False
         if model is None:
             check_head(path, num_labels, spec.name, name)
-            model, missing = load_predictor(BertForSequenceClassification, path, name, opts, rt, seed=opts.seed, num_labels=num_labels)
+            model, missing = load_predictor("BertForSequenceClassification", path, name, opts, rt, seed=opts.seed,
+                                            num_labels=num_labels)
             new_head = bool(missing)
             if new_head:
                 note(rt, f"warning: {name} has no trained classifier head: predictions come from a random "
@@ -185,9 +185,9 @@ def predict_glue(opts: GlueOptions, trained: str | None = None, model=None,
 
 def eval_glue(opts: GlueOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict + score (eval.glue_metrics, percent) + record; prints the scores as JSON."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, read_train_args, record
-    rt = rt or Runtime.create(opts.device)
+    from bert_of.finetuning.steps import (default_eval_dir, model_display_name, percent, predict_runtime,
+                                          read_train_args, record)
+    rt = rt or predict_runtime(opts)
     if not opts.output:
         train_args = read_train_args(opts.model) if os.path.isdir(opts.model) else {}
         task = _glue_task(opts, train_args)

@@ -25,7 +25,7 @@ from bert_of.options import TRAINING, arg
 from bert_of.progress import note
 from bert_of.finetuning.options import EVAL, PREDICT, RUNS, TRAIN, TaskOptions
 
-if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+if TYPE_CHECKING:  # annotations only: the shared steps bring it when a task runs
     from bert_of.training.runtime import Runtime
 
 
@@ -139,12 +139,10 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
                   rt: Runtime | None = None) -> SquadRun | None:
     """Predictions for a SQuAD file; rank 0 writes them into ``opts.output`` and returns them.
     ``trained``/``model``: the folder just written by fine-tuning and its model in memory."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
     from bert_of.finetuning.steps import (check_seq_len, load_predictor, make_tokenizer, model_folder, predict_mode,
-                                           read_train_args)
-    from bert_of.heads import BertForQuestionAnswering
+                                          predict_runtime, read_train_args)
     from bert_of.training.inference import infer
-    rt = rt or Runtime.create(opts.device)
+    rt = rt or predict_runtime(opts)
     if not opts.output:
         raise ConfigError("predict squad: no --output folder")
     sd = load_squad(opts.data, check_spans=False)
@@ -155,7 +153,7 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
         lengths = _squad_lengths(opts, train_args)
         new_head = False
         if model is None:
-            model, missing = load_predictor(BertForQuestionAnswering, path, name, opts, rt, seed=opts.seed)
+            model, missing = load_predictor("BertForQuestionAnswering", path, name, opts, rt, seed=opts.seed)
             new_head = bool(missing)
             if new_head:
                 note(rt, f"warning: {name} has no trained SQuAD head: predictions come from a random "
@@ -194,9 +192,8 @@ def predict_squad(opts: SquadOptions, trained: str | None = None, model=None,
 def eval_squad(opts: SquadOptions, trained: str | None = None, model=None,
                rt: Runtime | None = None) -> dict | None:
     """Predict + score (official-equivalent) + record; prints the official script's JSON."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import default_eval_dir, model_display_name, record
-    rt = rt or Runtime.create(opts.device)
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, predict_runtime, record
+    rt = rt or predict_runtime(opts)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, "squad")
     run = predict_squad(opts, trained=trained, model=model, rt=rt)

@@ -1,9 +1,11 @@
-"""The steps a task's ``predict`` and ``eval`` share with its fine-tuning: the model to run (resolved,
-converted once, loaded for the engine asked), its tokenizer, sequence lengths and head checks,
-and the records of scores in the results store.
+"""The steps a task's ``predict`` and ``eval`` share with its fine-tuning: the runtime and the model to
+run (resolved, converted once, loaded for the engine asked), its tokenizer, sequence lengths and
+head checks, and the records of scores in the results store.
 
-Training itself (the trainer, run folders, publishing the fine-tuned checkpoint) is
-:mod:`bert_of.finetuning.driver`'s."""
+This module imports no OneFlow: with ``--engine onnxruntime`` a prediction runs without it (one CPU
+process, :func:`predict_runtime`; the checkpoint's ONNX graph on onnxruntime, :func:`load_predictor`).
+OneFlow's engine loads it when it loads the model. Training itself (the trainer, run folders,
+publishing the fine-tuned checkpoint) is :mod:`bert_of.finetuning.driver`'s."""
 
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from bert_of.files.owned import register_own_files
 from bert_of.files.reading import read_json
 from bert_of.finetuning.options import GLUE_MAX_SEQ_LENGTH, ONNXRUNTIME, TaskOptions, check_engine
 from bert_of.finetuning.task import ModelRun
-from bert_of.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bert_of.options import RUN_RECORD
 from bert_of.progress import note
 from bert_of.tokenization import FullTokenizer
@@ -88,28 +89,40 @@ def load_model(cls, path: str, seed: int = 0, **overrides):
     return model, missing
 
 
-# the output a task's head gives, by the head class the task runs
-HEAD_OUTPUTS = {BertForSequenceClassification: ("logits", "sequence classifier"),
-                BertForTokenClassification: ("logits", "token classifier"),
-                BertForQuestionAnswering: ("start_logits", "SQuAD (qa_outputs)")}
+# the heads the tasks predict with, by their class name in bert_of.heads (OneFlow's engine imports
+# it; onnxruntime's runs the checkpoint's own graph): (the output the task reads, the head as
+# messages name it)
+HEAD_OUTPUTS = {"BertForSequenceClassification": ("logits", "sequence classifier"),
+                "BertForTokenClassification": ("logits", "token classifier"),
+                "BertForQuestionAnswering": ("start_logits", "SQuAD (qa_outputs)")}
 
 
-def load_predictor(cls, path: str, name: str, opts: TaskOptions, rt: Runtime, **overrides):
-    """The model ``predict``/``eval`` run, as ``opts.engine`` says: OneFlow's ``cls`` (``load_model``,
-    placed on the runtime), or onnxruntime's session over the checkpoint's ONNX graph
-    (:class:`~bert_of.training.onnxruntime_engine.OnnxModel`), which :func:`infer` runs the same way.
-    Returns (model, newly initialised tensor names). onnxruntime runs the checkpoint's own head
-    only: a checkpoint without it (which OneFlow would initialise at random) is refused."""
+def predict_runtime(opts: TaskOptions) -> Runtime:
+    """The runtime a ``predict``/``eval`` runs on: OneFlow's (:meth:`Runtime.create`: ``--device``,
+    the ranks launched), or for ``--engine onnxruntime`` one CPU process, rank 0 of 1, made without
+    OneFlow (:func:`~bert_of.finetuning.options.check_engine` refuses a GPU and ranks for it)."""
+    return Runtime() if opts.engine == ONNXRUNTIME else Runtime.create(opts.device)
+
+
+def load_predictor(head: str, path: str, name: str, opts: TaskOptions, rt: Runtime, **overrides):
+    """The model ``predict``/``eval`` run, as ``opts.engine`` says: OneFlow's ``head`` (a class of
+    :mod:`bert_of.heads`, by name; ``load_model``, placed on the runtime), or onnxruntime's session
+    over the checkpoint's ONNX graph (:class:`~bert_of.training.onnxruntime_engine.OnnxModel`),
+    which :func:`~bert_of.training.inference.infer` runs the same way. Returns (model, newly
+    initialised tensor names). onnxruntime runs the checkpoint's own head only: a checkpoint without
+    it (which OneFlow would initialise at random) is refused."""
     if opts.engine != ONNXRUNTIME:
-        model, missing = load_model(cls, path, **overrides)
+        import bert_of.heads as heads  # the model layer: OneFlow, for its engine only
+
+        model, missing = load_model(getattr(heads, head), path, **overrides)
         rt.place(model)
         return model, missing
     check_engine(opts)  # the command line checked it before any work; the Python API here
     model = OnnxModel(path)
-    output, head = HEAD_OUTPUTS[cls]
-    kind = "token" if cls is BertForTokenClassification else "sequence"
+    output, what = HEAD_OUTPUTS[head]
+    kind = "token" if head == "BertForTokenClassification" else "sequence"
     if output not in model.outputs or (output == "logits" and model.config.classifier_kind != kind):
-        raise CheckpointError(f"{name}: no trained {head} head; --engine onnxruntime runs the checkpoint's own head "
+        raise CheckpointError(f"{name}: no trained {what} head; --engine onnxruntime runs the checkpoint's own head "
                               "(--engine oneflow would initialise one at random)")
     for line in model.notes:
         note(rt, line)

@@ -24,11 +24,12 @@ from bert_of.eval.errors import EvalDataError
 from bert_of.eval.user_data import entity_scores, free_name, read_tagged, tag_list
 from bert_of.files.atomic import atomic_open
 from bert_of.finetuning.task import Help, ModelRun, Task
+from bert_of.inputs import IGNORE_INDEX
 from bert_of.options import TRAINING, arg
 from bert_of.finetuning.options import EVAL, GLUE_MAX_SEQ_LENGTH, PREDICT, RUNS, RUN_FOLDER, TRAIN, TaskOptions
 from bert_of.progress import note, progress_iter
 
-if TYPE_CHECKING:  # annotations only: the driver brings it when a task runs
+if TYPE_CHECKING:  # annotations only: the shared steps bring it when a task runs
     from bert_of.training.runtime import Runtime
 
 
@@ -73,7 +74,6 @@ def tag_features(sentences, labels, max_seq: int, tok, path: str) -> tuple:
     """(arrays named like the model's forward arguments, first-sub-token positions per sentence).
 
     ``labels``: the tag order, or None (no tags: every label IGNORE_INDEX)."""
-    from bert_of.inputs import IGNORE_INDEX  # loads OneFlow: only when the task runs
     index = {t: i for i, t in enumerate(labels or [])}
     n = len(sentences)
     ids = np.zeros((n, max_seq), np.int64)
@@ -115,7 +115,8 @@ def _known_tags(path: str, labels: list) -> None:
 def finetune_tag(opts: TagOptions) -> dict:
     from bert_of.finetuning.driver import (Runtime, base_args, check_eval_data, check_output, finish_finetuning,
                                             train)  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer, model_folder
+    from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_model, make_tokenizer,
+                                          model_folder)
     from bert_of.heads import BertForTokenClassification
     rt = Runtime.create(opts.device)
     check_output(opts)
@@ -146,12 +147,10 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
                 need_tags: bool = False, out_file: str | None = None) -> TagRun | None:
     """A tag per word of every sentence of ``opts.data``; rank 0 writes them beside the input to
     ``out_file`` (default ``opts.output``; :func:`_write_tags`)."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
     from bert_of.finetuning.steps import (check_head, check_seq_len, glue_seq_len, load_predictor, make_tokenizer,
-                                           model_folder, predict_mode, read_train_args)
-    from bert_of.heads import BertForTokenClassification
+                                          model_folder, predict_mode, predict_runtime, read_train_args)
     from bert_of.training.inference import infer
-    rt = rt or Runtime.create(opts.device)
+    rt = rt or predict_runtime(opts)
     out_file = out_file or opts.output
     if not out_file:
         raise ConfigError("predict tag: no -o FILE")
@@ -167,7 +166,7 @@ def predict_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Ru
         new_head = False
         if model is None:
             check_head(path, len(labels), NAME, name)
-            model, missing = load_predictor(BertForTokenClassification, path, name, opts, rt, num_labels=len(labels))
+            model, missing = load_predictor("BertForTokenClassification", path, name, opts, rt, num_labels=len(labels))
             new_head = bool(missing)
         max_seq = check_seq_len(model.config, max_seq, path, rt, given=opts.max_seq_length is not None)
         arrays, firsts = tag_features(sentences, labels if need_tags else None, max_seq, tok, opts.data)
@@ -217,9 +216,8 @@ def _write_tags(path: str, data: str, sentences: list, preds: list, rt=None) -> 
 def eval_tag(opts: TagOptions, trained: str | None = None, model=None, rt: Runtime | None = None) -> dict | None:
     """Predict a tagged file, score it (entity precision / recall / F1, token accuracy), print the
     scores as JSON and record them."""
-    from bert_of.finetuning.driver import Runtime  # loads OneFlow: only when the task runs
-    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, record
-    rt = rt or Runtime.create(opts.device)
+    from bert_of.finetuning.steps import default_eval_dir, model_display_name, percent, predict_runtime, record
+    rt = rt or predict_runtime(opts)
     if not opts.output:
         opts.output = default_eval_dir(model_display_name(opts.model), opts.data, NAME)
     run = predict_tag(opts, trained=trained, model=model, rt=rt, need_tags=True,

@@ -3,12 +3,14 @@
 A task declares its options (one dataclass: the parsers of ``finetune``/``predict``/``eval TASK``
 are generated from it), the help each command shows, the file its predictions go to, and three
 methods: ``finetune``, ``predict`` and ``evaluate`` (features, head, metrics and predictions
-writer live beside them in the task's module). The shared steps (models, tokenizers, training on
-the one trainer, publishing, records) are :mod:`bert_of.finetuning.driver`'s.
+writer live beside them in the task's module). The shared steps are :mod:`bert_of.finetuning.steps`'s
+(the runtime and model to run, tokenizers, lengths, records: no OneFlow) and
+:mod:`bert_of.finetuning.driver`'s (training on the one trainer, publishing: OneFlow).
 
 Adding a task = its module (declaring ``TASK = MyTask()``) + one line in :data:`MODULES`.
 A task module imports only cheap modules at its top (the CLI builds every task's parser without
-OneFlow); its methods import the driver, which loads OneFlow, when they run.
+OneFlow); its methods import the shared steps when they run (OneFlow loads with its engine's model,
+or the driver's trainer; ``--engine onnxruntime`` predicts without it).
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ predict step and ``bert-of predict`` use. The inputs pass the model's input gate
 host; then OneFlow's engine (:mod:`bert_of.training.oneflow_engine`: memory budgets, length
 buckets, one compiled encoder layer for every layer on CPU) or onnxruntime's
 (:mod:`bert_of.training.onnxruntime_engine`) runs the batches, each padded to its longest row
-(:mod:`bert_of.training.padding`).
+(:mod:`bert_of.training.padding`). OneFlow's engine, and OneFlow with it, is imported only for a
+OneFlow model: onnxruntime's predicts without it.
 """
 
 from __future__ import annotations
 
 from bert_of.inputs import check_inputs
-from bert_of.training.oneflow_engine import infer_oneflow
 from bert_of.training.onnxruntime_engine import OnnxModel
 from bert_of.training.runtime import Runtime
 
@@ -48,5 +48,7 @@ def infer(model, inputs: list, outputs: tuple, batch_size: int, mode: str, rt: R
     if isinstance(model, OnnxModel):  # --engine onnxruntime: the same batches, on onnxruntime's session
         return model.infer(inputs, outputs, batch_size, pad_to_batch=pad_to_batch, positions=positions, fill=fill,
                            stats=stats)
+    from bert_of.training.oneflow_engine import infer_oneflow  # OneFlow's model: OneFlow is loaded
+
     return infer_oneflow(model, inputs, outputs, batch_size, mode, rt, pad_to_batch=pad_to_batch, positions=positions,
                          fill=fill, graph_budget=graph_budget, stats=stats)

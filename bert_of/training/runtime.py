@@ -3,6 +3,10 @@
 Data parallel with global tensors: parameters ``broadcast`` over ``flow.placement(device,
 ranks)``, every batch ``split(0)`` (each rank contributes its own rows). Eager DDP: local
 tensors, each rank its own rows, gradients all-reduced by DDP's hooks.
+
+Importing this module loads no OneFlow: ``Runtime()`` (one CPU process, rank 0 of 1) is what
+``--engine onnxruntime`` runs with, without it; :meth:`Runtime.create` and the methods that place
+or make tensors load OneFlow (:func:`_flow`) when first called.
 """
 
 from __future__ import annotations
@@ -11,11 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bert_of._flow import flow
 from bert_of.errors import ConfigError
-from bert_of.model_io import to_local_full
 
 DISTS = ("auto", "global", "ddp", "none")
+
+
+def _flow():
+    """OneFlow (bert_of's door to it), imported on first use."""
+    from bert_of._flow import flow
+
+    return flow
 
 
 @dataclass
@@ -31,6 +40,7 @@ class Runtime:
         """device: cpu, cuda, or None / "auto" (cuda when OneFlow sees a GPU). dist: "auto" (global
         tensors when launched on several ranks), "global" (always, also on one rank), "ddp"
         (eager DDP), "none" (local tensors, one process)."""
+        flow = _flow()
         world, rank = flow.env.get_world_size(), flow.env.get_rank()
         if device in (None, "auto"):
             device = "cuda" if flow.cuda.is_available() else "cpu"
@@ -66,6 +76,7 @@ class Runtime:
 
     @property
     def local_device(self):
+        flow = _flow()
         if self.device == "cuda":
             return flow.device("cuda", flow.env.get_local_rank() if self.world > 1 else 0)
         return flow.device("cpu")
@@ -73,7 +84,7 @@ class Runtime:
     def place(self, model):
         """Parameters broadcast over the placement, or on this process's device."""
         if self.placement is not None:
-            model.to_global(placement=self.placement, sbp=flow.sbp.broadcast)
+            model.to_global(placement=self.placement, sbp=_flow().sbp.broadcast)
         elif self.device != "cpu":
             model.to(self.local_device)
         return model
@@ -87,6 +98,7 @@ class Runtime:
 
     def tensor(self, arr: np.ndarray):
         """This rank's rows (numpy) as an input tensor: float32 or int64, local or global split(0)."""
+        flow = _flow()
         dtype = flow.float32 if arr.dtype.kind == "f" else flow.int64
         t = flow.tensor(np.ascontiguousarray(arr), dtype=dtype, device=self.local_device)
         if self.placement is not None:
@@ -95,11 +107,13 @@ class Runtime:
 
     def barrier(self) -> None:
         if self.world > 1:
-            flow.comm.barrier()
+            _flow().comm.barrier()
 
 
 def to_numpy(t) -> np.ndarray:
     """A tensor as numpy; a global one gathered whole on every rank (a collective)."""
+    from bert_of.model_io import to_local_full  # the model layer (OneFlow): a tensor exists, so it is loaded
+
     return to_local_full(t).numpy()
 
 

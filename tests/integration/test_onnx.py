@@ -179,6 +179,7 @@ def test_of_onnx_of_is_bit_exact(models, tmp_path, name):
                            for r in kernels)
 
 
+@pytest.mark.oneflow  # B:eager is OneFlow's run of the checkpoint
 def test_verify_runs_onnxruntime_on_the_written_graph(models, tmp_path):
     of, onnx_dir = models["pretraining"]
     report = tmp_path / "report.json"
