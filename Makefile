@@ -56,8 +56,11 @@ JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$
 XDIST := -n $(JOBS) --dist loadfile
 
 # Both suites run, side by side (the core suite's output follows the full suite's); either failing fails.
+# (A shell without job control starts `cmd &` with SIGINT and SIGQUIT ignored, and every process
+# below inherits that: Ctrl-C would not stop the core suite, nor a bash its tests start. trap - puts
+# the defaults back.)
 test: env core-env
-	@core_log=$$(mktemp); $(MAKE) --no-print-directory test-core > $$core_log 2>&1 & core_pid=$$!; \
+	@core_log=$$(mktemp); ( trap - INT QUIT; exec $(MAKE) --no-print-directory test-core ) > $$core_log 2>&1 & core_pid=$$!; \
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests; full=$$?; \
 	wait $$core_pid; core=$$?; cat $$core_log; rm -f $$core_log; \
 	exit $$(( full || core ))

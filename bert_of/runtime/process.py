@@ -238,8 +238,8 @@ def die(signum: int) -> None:
     signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
     # Sent to THIS thread, it is delivered before the call returns. Sent to the process, another
-    # thread with the signal unblocked (a reader's pool, NumPy's BLAS) may take it while this one
-    # reaches _exit first: a normal exit 130, which a shell loop takes as handled (seen under load).
+    # thread with the signal unblocked (a reader's pool) could take it while this one reaches _exit
+    # first: a normal exit 130, which a shell loop takes as handled.
     signal.pthread_kill(threading.get_ident(), signum)
     os._exit(128 + signum)  # not reached
 

@@ -239,8 +239,11 @@ def test_ctrl_c_stops_a_shell_loop(tmp_path, big):
     out = tmp_path / "out"
     script = (f"for i in 1 2; do {sys.executable} -m bert_of.cli convert of2tf {big} -o {out}/dst$i; "
               f"echo status=$?; done; echo loop-finished")
-    p = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=_env(), cwd=ROOT, start_new_session=True)
+    # bash as a terminal starts it: SIGINT at its default, whatever this process inherited (a shell
+    # without job control starts `cmd &` with SIGINT ignored, and bash cannot undo an ignore it inherits)
+    reset = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp('bash', sys.argv[1:])"
+    p = subprocess.Popen([sys.executable, "-c", reset, "bash", "-c", script], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT, start_new_session=True)
     _wait_dir(out, p)
     _wait_for_staging(out, p)
     os.killpg(p.pid, signal.SIGINT)
