@@ -13,32 +13,14 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, error_lines
+from tests.helpers.blocked_imports import env_without
 
 HF_TINY = os.path.join(ROOT, "tests", "data", "hf", "tiny_pt")
-
-_BLOCKER = '''
-import sys
-
-
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "tensorflow":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NoTensorFlow())
-'''
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     d = tmp_path_factory.mktemp("no_tf")
-    (d / "sitecustomize.py").write_text(_BLOCKER)
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(d), ROOT])
-    return env
+    return env_without("tensorflow", d)
 
 
 def _bert_of(env, *args):

@@ -9,7 +9,6 @@ One tiny BERT per module (hidden 32, 2 layers), each task's checkpoint fine-tune
 steps (accuracy is not the point: the two engines' agreement is).
 """
 
-import csv
 import json
 import os
 import subprocess
@@ -19,7 +18,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import RANK_VARS, ROOT, error_lines, run_cli
+from tests.conftest import ROOT, error_lines, run_cli
+from tests.helpers.blocked_imports import env_without
 from tests.helpers.models import (DEV11, FAST, GL, LENGTHS, S_DEV, S_TRAIN, SST_TRAIN, TRAIN11, USER, build_vocab,
                                   tiny_bert, user_rows, user_vocab)
 
@@ -235,25 +235,8 @@ def test_a_pre_ln_checkpoint_is_refused_the_post_ln_graph(fixture_base, tmp_path
     assert not (tmp_path / "p").exists()
 
 
-_BLOCKER = '''
-import sys
-
-
-class _NoOnnxRuntime:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "onnxruntime":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NoOnnxRuntime())
-'''
-
-
 def test_without_onnxruntime_the_engine_is_one_line_naming_the_extra(env, tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(_BLOCKER)
-    child = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
-    child["PYTHONPATH"] = os.pathsep.join([str(tmp_path), ROOT])
+    child = env_without("onnxruntime", tmp_path)
     r = subprocess.run([sys.executable, "-c", "import onnxruntime"], capture_output=True, text=True, env=child)
     assert r.returncode == 1 and "No module named 'onnxruntime'" in r.stderr  # the control
     out = tmp_path / "p.csv"

@@ -25,6 +25,7 @@ from bert_of.converters.convert import read
 from bert_of.converters.source import Options, Source
 from bert_of.converters.verify.compare import make_batch
 from tests.conftest import ROOT, error_lines, run_cli, write_vocab
+from tests.helpers.blocked_imports import env_without
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -380,26 +381,8 @@ def test_damaged_onnx_files_are_refused_in_one_line(models, tmp_path):
 
 # --------------------------------------------------------------------------- without onnxruntime
 
-_BLOCKER = '''
-import sys
-
-
-class _NoOnnxRuntime:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "onnxruntime":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NoOnnxRuntime())
-'''
-
-
 def test_without_onnxruntime_writing_works_and_verify_says_so_in_one_note(models, tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(_BLOCKER)
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), ROOT])
+    env = env_without("onnxruntime", tmp_path)
 
     def bert_of(*args):
         return subprocess.run([sys.executable, "-m", "bert_of.cli", *map(str, args)], capture_output=True,
