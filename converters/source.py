@@ -32,7 +32,6 @@ from bert_of.checkpoint import copy_file
 from bert_of.config import BertConfig
 from bert_of.errors import CheckpointError, ConfigError
 from bert_of.files.atomic import writes_to
-from bert_of.files.reading import read_json
 from bert_of.tensors import TensorSpec, check_tensors, checked_producer
 from bert_of.vocab import lower_case_for, recorded_lower_case
 

@@ -162,8 +162,8 @@ def expand_inputs(patterns: Sequence[str]) -> List[str]:
     """Files named by arguments: paths, comma-separated lists, glob patterns, or directories
     (their regular files, sorted). Order is kept: it decides each file's seed."""
     files: List[str] = []
-    for arg in patterns:
-        for pat in (p for p in arg.split(",") if p):
+    for pattern in patterns:
+        for pat in (p for p in pattern.split(",") if p):
             if os.path.isdir(pat):
                 found = sorted(os.path.join(pat, n) for n in os.listdir(pat)
                                if os.path.isfile(os.path.join(pat, n)) and not n.startswith("."))

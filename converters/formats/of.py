@@ -7,7 +7,7 @@ import os
 from bert_of.checkpoint import CONFIG_NAME, OPTIMIZER_NAME, VOCAB_NAME, WEIGHTS_NAME, SafetensorsFile, is_checkpoint_dir, load_checkpoint, write_checkpoint_files
 from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
-from bert_of.errors import CheckpointError, MissingVocab
+from bert_of.errors import MissingVocab
 from bert_of.converters.source import Options, ReportLine, Source, cast_spec
 from bert_of.converters.reader import whole
 from bert_of.converters.descriptor import Format

@@ -40,7 +40,7 @@ import numpy as np
 from bert_of.config import BertConfig
 from bert_of.errors import ConfigError
 from bert_of.tensors import SCOPES
-from bert_of.converters.containers.onnx_proto import FLOAT, FLOAT16, INT64, attribute, len_field, value_info
+from bert_of.converters.containers.onnx_proto import FLOAT, INT64, attribute, len_field, value_info
 
 OPSET = 14
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
