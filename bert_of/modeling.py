@@ -23,7 +23,8 @@ import contextlib
 import math
 from typing import Optional
 
-from bert_of._flow import LayerNorm, attention, flow, gelu_erf, gelu_tanh, merge_heads, split_heads
+from bert_of._flow import (LayerNorm, attention, flow, gelu_erf, gelu_tanh, layer_spec, layer_stack, merge_heads,
+                           split_heads)
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
 from bert_of.outputs import BertModelOutput
@@ -171,9 +172,26 @@ class BertLayer(nn.Module):
         attn = self.attention(hidden, mask_adder, probs_out, head_mask)
         return self.output(self.intermediate(attn), attn)
 
+    def native_spec(self):
+        """This layer for :func:`~bert_of.runtime.kernels.layer_stack` (one native call per layer
+        for CPU inference), or None where that cannot run what :meth:`forward` runs: active dropout
+        or an activation other than the native GELUs."""
+        sa, so, out = self.attention.self, self.attention.output, self.output
+        if self.training and any(d.p > 0 for d in (sa.dropout, so.dropout, out.dropout)):
+            return None
+        mods = (sa.query, sa.key, sa.value, so.dense, so.LayerNorm, self.intermediate.dense, out.dense, out.LayerNorm)
+        return layer_spec([t for m in mods for t in (m.weight, m.bias)], sa.num_heads, sa.scale, sa.coeff,
+                          self.intermediate.act, (so.LayerNorm.eps, out.LayerNorm.eps))
+
 
 def run_layers(layers, hidden, mask_adder):
-    """Each layer in turn: what an encoder does unless given another ``layer_runner``."""
+    """Each layer in turn: what an encoder does unless given another ``layer_runner``. Post-LN layers
+    for CPU inference run one native call each (:func:`~bert_of.runtime.kernels.layer_stack`, the
+    same bits; off with ``BERT_OF_CPU_LAYER=0``)."""
+    if all(type(layer) is BertLayer for layer in layers):
+        out = layer_stack(lambda: [layer.native_spec() for layer in layers], hidden, mask_adder)
+        if out is not None:
+            return out
     for layer in layers:
         hidden = layer(hidden, mask_adder)
     return hidden

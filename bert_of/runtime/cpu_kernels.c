@@ -13,6 +13,7 @@
  *       OneFlow's CPU sigmoid computes in double: (float)(1.0 / (1.0 + exp(-(double)u))).
  * Built without floating-point contraction (bert_of/runtime/native.py): a fused multiply-add would round
  * differently from OneFlow's separate kernels. */
+#define _GNU_SOURCE /* dl_iterate_phdr, RTLD_DEFAULT: the layer finds the cblas_sgemm OneFlow calls */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -27,24 +28,30 @@ typedef struct {
     int op;
 } span_t;
 
+/* GELU op 0 (exact) of one value */
+static inline float gelu_erf_one(float s) {
+    const float inv_sqrt2 = (float)sqrt(0.5);
+    return 0.5f * s * (1.0f + erff(inv_sqrt2 * s));
+}
+
+/* GELU op 1 (tanh, as a sigmoid) of one value */
+static inline float gelu_tanh_one(float s) {
+    const float a = 0.044715f, c = (float)(2.0 * sqrt(2.0 / M_PI));
+    float u = s * s;
+    u = u * s;
+    u = u * a;
+    u = s + u;
+    u = u * c;
+    return s * (float)(1.0 / (1.0 + exp(-(double)u)));
+}
+
 static void gelu_span(const float *x, float *y, int64_t lo, int64_t hi, int op) {
     if (op == 0) {
-        const float inv_sqrt2 = (float)sqrt(0.5);
-        for (int64_t i = lo; i < hi; i++) {
-            const float s = x[i];
-            y[i] = 0.5f * s * (1.0f + erff(inv_sqrt2 * s));
-        }
+        for (int64_t i = lo; i < hi; i++)
+            y[i] = gelu_erf_one(x[i]);
     } else {
-        const float a = 0.044715f, c = (float)(2.0 * sqrt(2.0 / M_PI));
-        for (int64_t i = lo; i < hi; i++) {
-            const float s = x[i];
-            float u = s * s;
-            u = u * s;
-            u = u * a;
-            u = s + u;
-            u = u * c;
-            y[i] = s * (float)(1.0 / (1.0 + exp(-(double)u)));
-        }
+        for (int64_t i = lo; i < hi; i++)
+            y[i] = gelu_tanh_one(x[i]);
     }
 }
 
@@ -206,14 +213,17 @@ static double sum_lanes(const double acc[LANES]) {
     return s;
 }
 
-/* LayerNorm over rows of [T, H]: t = x (+ res when not NULL: the residual, one float add), mean and
- * biased variance in double (two passes), y = (float)((t - mean) / sqrt(var + eps)) * w + b (the
- * last multiply and add in float, as OneFlow's separate ops). */
+/* LayerNorm over rows of [T, H]: t = x (+ res when not NULL: the residual, one float add; with xb
+ * not NULL t = (x + xb) + res, a projection's bias added first, each add rounded as OneFlow's
+ * separate ops round it), mean and biased variance in double (two passes),
+ * y = (float)((t - mean) / sqrt(var + eps)) * w + b (the last multiply and add in float, as
+ * OneFlow's separate ops). */
 typedef struct {
     const float *x, *res, *w, *b;
     float *y;
     int64_t H;
     double eps;
+    const float *xb;
 } ln_args;
 
 VECTORISE static void ln_rows(const void *p, int64_t lo, int64_t hi) {
@@ -226,8 +236,16 @@ VECTORISE static void ln_rows(const void *p, int64_t lo, int64_t hi) {
         if (a->res) {
             const float *restrict xs = x, *restrict res = a->res + r * H;
             float *restrict ys = y;
-            for (int64_t c = 0; c < H; c++)
-                ys[c] = xs[c] + res[c];
+            if (a->xb) {
+                const float *restrict xb = a->xb;
+                for (int64_t c = 0; c < H; c++) {
+                    const float biased = xs[c] + xb[c];
+                    ys[c] = biased + res[c];
+                }
+            } else {
+                for (int64_t c = 0; c < H; c++)
+                    ys[c] = xs[c] + res[c];
+            }
             x = y;
         }
         double acc[LANES] = {0};
@@ -259,7 +277,7 @@ VECTORISE static void ln_rows(const void *p, int64_t lo, int64_t hi) {
 
 void bert_of_layer_norm(const float *x, const float *res, const float *w, const float *b, float *y, int64_t T,
                         int64_t H, double eps, int threads) {
-    ln_args a = {x, res, w, b, y, H, eps};
+    ln_args a = {x, res, w, b, y, H, eps, 0};
     parallel_rows(ln_rows, &a, T, H, threads);
 }
 
@@ -504,4 +522,124 @@ void bert_of_attention(const float *q, const float *k, const float *v, const flo
     a.pairs = B * N;
     const int64_t workers = threads < B * N ? threads : B * N; /* parallel_rows: one "row" per worker */
     parallel_rows(attn_worker, &a, workers, B * N * S * S * D / workers, threads);
+}
+
+/* ------------------------------------------------------------------ a whole post-LN layer
+ *
+ * BERT's post-LN encoder layer for inference in one call (bert_of/runtime/kernels.py: layer_stack):
+ *   q, k, v = split(x Wq^T + bq), split(x Wk^T + bk), split(x Wv^T + bv)      [B, N, S, D]
+ *   ctx     = the attention core (bert_of_attention, heads merged)              [B, S, H]
+ *   a       = LayerNorm1((ctx Wo^T + bo) + x)                                    [B, S, H]
+ *   y       = LayerNorm2((GELU(a Wi^T + bi) W2^T + b2) + a)                       [B, S, H]
+ * The six GEMMs are cblas_sgemm calls with the arguments OneFlow's CPU matmul passes for x @ W^T
+ * (row-major, W transposed, beta 0), through the very routine liboneflow's PLT reaches (the global
+ * scope's cblas_sgemm: bert_of's BLAS shim when bert_of.runtime.blas installed one, else
+ * liboneflow's own), so their bits and threads are OneFlow's. Each bias add is the first float
+ * operation of the pass after its GEMM (the heads' split, the LayerNorm's residual add, the GELU), in
+ * OneFlow's order; the passes are the kernels above. So the result is that of the layer run op by op
+ * with these kernels, bit for bit (kernels.py checks that on first use). */
+#include <dlfcn.h>
+#include <link.h>
+#include <string.h>
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                         float *, int);
+static sgemm_fn layer_sgemm;
+
+static int find_liboneflow(struct dl_phdr_info *info, size_t size, void *out) {
+    (void)size;
+    if (info->dlpi_name && strstr(info->dlpi_name, "/liboneflow")) {
+        void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            *(void **)out = h;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The cblas_sgemm liboneflow's calls resolve to: the global scope's first (liboneflow is loaded
+ * RTLD_LOCAL, so its PLT looks there before its own), else its own. 1 when found. */
+int bert_of_layer_blas(void) {
+    if (layer_sgemm)
+        return 1;
+    void *f = dlsym(RTLD_DEFAULT, "cblas_sgemm"), *h = 0;
+    if (!f) {
+        dl_iterate_phdr(find_liboneflow, &h);
+        if (h)
+            f = dlsym(h, "cblas_sgemm");
+    }
+    layer_sgemm = (sgemm_fn)f;
+    return f != 0;
+}
+
+/* y [T, out] = x [T, in] @ w[out, in]^T, as OneFlow's matmul(x, w, transpose_b=True) calls it */
+static void gemm_nt(const float *x, const float *w, float *y, int64_t T, int64_t in, int64_t out) {
+    enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+    layer_sgemm(ROW_MAJOR, NO_TRANS, TRANS, (int)T, (int)out, (int)in, 1.0f, x, (int)in, w, (int)in, 0.0f, y,
+                (int)out);
+}
+
+/* y[r, c] = GELU(y[r, c] + bias[c]) in place over rows of `cols`: the intermediate's bias and activation */
+typedef struct {
+    float *y;
+    const float *b;
+    int64_t cols;
+    int op;
+} bias_gelu_args;
+
+static void bias_gelu_rows(const void *p, int64_t lo, int64_t hi) {
+    const bias_gelu_args *a = p;
+    const int64_t C = a->cols;
+    for (int64_t r = lo; r < hi; r++) {
+        float *restrict y = a->y + r * C;
+        const float *restrict b = a->b;
+        if (a->op == 0)
+            for (int64_t c = 0; c < C; c++)
+                y[c] = gelu_erf_one(y[c] + b[c]);
+        else
+            for (int64_t c = 0; c < C; c++)
+                y[c] = gelu_tanh_one(y[c] + b[c]);
+    }
+}
+
+/* Floats of scratch bert_of_layer needs: 5 T H + T I. */
+int64_t bert_of_layer_scratch(int64_t T, int64_t H, int64_t I) { return 5 * T * H + T * I; }
+
+/* One post-LN layer (above): x [B, S, H] -> y [B, S, H] (y must not overlap x or scratch), mask as
+ * bert_of_attention's (NULL, [B, 1, 1, S] or [B, 1, S, S] with mask_rows 1). p: the layer's 16
+ * parameters, Wq [H, H], bq [H], Wk, bk, Wv, bv, Wo [H, H], bo, LayerNorm1's weight [H] and bias,
+ * Wi [I, H], bi [I], W2 [H, I], b2 [H], LayerNorm2's weight and bias. act: 0 exact GELU, 1 tanh.
+ * scratch: bert_of_layer_scratch(B S, H, I) floats. Returns 0, -1 when no cblas_sgemm was found, -2
+ * for sizes past a BLAS's 32-bit integers or an unknown act. */
+int bert_of_layer(const float *x, const float *mask, int mask_rows, float *y, float *scratch, const float *const *p,
+                  int64_t B, int64_t S, int64_t H, int64_t N, int64_t I, float alpha, float coeff, int use_coeff,
+                  double eps1, double eps2, int act, int threads) {
+    const int64_t T = B * S, D = H / N;
+    if (!bert_of_layer_blas())
+        return -1;
+    if ((act != 0 && act != 1) || N * D != H || T * (H > I ? H : I) > INT32_MAX)
+        return -2;
+    if (T == 0)
+        return 0;
+    float *tmp = scratch, *qh = tmp + T * H, *kh = qh + T * H, *vh = kh + T * H, *ctx = vh + T * H,
+          *inter = ctx + T * H;
+    float *heads[3] = {qh, kh, vh};
+    for (int k = 0; k < 3; k++) { /* the projections and the heads' split with their biases */
+        gemm_nt(x, p[2 * k], tmp, T, H, H);
+        heads_args h = {tmp, p[2 * k + 1], heads[k], S, N, D};
+        parallel_rows(split_rows, &h, T, H, threads);
+    }
+    bert_of_attention(qh, kh, vh, mask, ctx, B, N, S, D, mask_rows, alpha, coeff, use_coeff, threads);
+    float *attn = qh; /* q, k, v are spent */
+    gemm_nt(ctx, p[6], tmp, T, H, H);
+    ln_args ln1 = {tmp, x, p[8], p[9], attn, H, eps1, p[7]};
+    parallel_rows(ln_rows, &ln1, T, H, threads);
+    gemm_nt(attn, p[10], inter, T, H, I);
+    bias_gelu_args g = {inter, p[11], I, act};
+    parallel_rows(bias_gelu_rows, &g, T, I, threads);
+    gemm_nt(inter, p[12], tmp, T, I, H);
+    ln_args ln2 = {tmp, attn, p[14], p[15], y, H, eps2, p[13]};
+    parallel_rows(ln_rows, &ln2, T, H, threads);
+    return 0;
 }

@@ -42,6 +42,8 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import threading
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -83,7 +85,8 @@ GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
 _ONEFLOW_GELU = {0: lambda x: flow.nn.functional.gelu(x),
                  1: lambda x: x * flow.sigmoid(GELU_TANH_C * (x + 0.044715 * (x * x * x)))}
 _native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {},
-           "attention_calls": 0}  # of "calls", the attention core's (its fallback still calls merge_heads)
+           "attention_calls": 0,  # of "calls", the attention core's (its fallback still calls merge_heads)
+           "layer_calls": 0}  # of "calls", whole layers (layer_stack)
 F32_EPS = 2.0 ** -24  # a float32 ulp at 1, relative
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = {
@@ -93,6 +96,10 @@ _ARGTYPES = {
     "bert_of_layer_norm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, ctypes.c_double, ctypes.c_int],
     "bert_of_attention": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_float,
                           ctypes.c_float, ctypes.c_int, ctypes.c_int],
+    "bert_of_layer": [_PTR, _PTR, ctypes.c_int, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, ctypes.c_float,
+                      ctypes.c_float, ctypes.c_int, ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_int],
+    "bert_of_layer_scratch": [_I64, _I64, _I64],
+    "bert_of_layer_blas": [],
 }
 
 
@@ -119,6 +126,7 @@ def _native_lib():
         return None
     for name, argtypes in _ARGTYPES.items():
         getattr(lib, name).argtypes = argtypes
+    lib.bert_of_layer_scratch.restype = _I64
     # every binade from 1e-38 to 1e38 of both signs, the range around zero densely, and the specials
     probe = np.concatenate([np.geomspace(1e-38, 1e38, 4096), np.linspace(0, 12, 1 << 16)])
     probe = np.concatenate([probe, -probe, [np.inf, -np.inf, np.nan, -0.0]]).astype(np.float32)
@@ -336,9 +344,46 @@ def _check_attention(lib, threads):
     return None
 
 
+def _check_layer(lib, threads):
+    """OneFlow's bits: the whole layer in one call equals the same layer run op by op (OneFlow's
+    Linear, this module's split, attention, LayerNorm and GELU) to the last bit, on probe layers
+    with both GELUs, padded and per-query masks, LiBai's coeff and a GEMM longer than a BLAS block."""
+    if not lib.bert_of_layer_blas():
+        return "off: no cblas_sgemm in the process to run the layer's GEMMs"
+    for part in ("heads", "layer_norm", "attention"):
+        if _kernel(part) is None:
+            return f"off: needs the {part} kernel ({_native['kernels'][part]})"
+    rng = np.random.default_rng(6)
+    for B, S, H, N, I, rows, act, coeff in ((2, 37, 96, 3, 384, 1, 1, None), (3, 19, 64, 4, 1040, 19, 0, 3.0)):
+        mods = [nn.Linear(H, H) for _ in range(4)] + [nn.Linear(H, I), nn.Linear(I, H)]
+        lns = [LayerNorm(H, eps=1e-12), LayerNorm(H, eps=1e-6)]
+        with flow.no_grad():
+            for m in mods + lns:
+                for t in (m.weight, m.bias):
+                    t.copy_(flow.tensor((rng.standard_normal(tuple(t.shape)) * 0.1 + (m in lns)).astype(np.float32)))
+            x = (rng.standard_normal((B, S, H)) * 2).astype(np.float32)
+            mask = np.zeros((B, 1, rows, S), np.float32)
+            mask[0, ..., S // 2:] = -10000.0
+            mask[-1, 0, -1, :3] = -10000.0
+            q, k, v, o, inter, out = mods
+            xt, mt = flow.tensor(x), flow.tensor(mask)
+            scale = 1.0 / math.sqrt(H // N)
+            heads = [split_heads(m, xt, N) for m in (q, k, v)]
+            a = lns[0](o(attention(*heads, mt, scale, coeff)), xt)
+            want = lns[1](out(_gelu(inter(a), act)), a).numpy()
+            spec = layer_spec([t for m in (q, k, v, o, lns[0], inter, out, lns[1]) for t in (m.weight, m.bias)], N,
+                              scale, coeff, _NATIVE_ACT[act], (lns[0].eps, lns[1].eps))
+            for th in {1, threads}:
+                got = _run_layers(lib, [spec], x, mask, th)
+                if not _same_bits(got, want):
+                    return f"off: the layer differs from the same layer op by op ({th} threads)"
+    return None
+
+
 # a kernel's own off switch, beside BERT_OF_CPU_KERNELS=0 for all (to measure one against OneFlow's ops)
-_OFF_SWITCH = {"attention": "BERT_OF_CPU_ATTENTION"}
-_CHECKS = {"heads": _check_heads, "layer_norm": _check_layer_norm, "attention": _check_attention}
+_OFF_SWITCH = {"attention": "BERT_OF_CPU_ATTENTION", "layer": "BERT_OF_CPU_LAYER"}
+_CHECKS = {"heads": _check_heads, "layer_norm": _check_layer_norm, "attention": _check_attention,
+           "layer": _check_layer}
 
 
 def split_heads(linear, x, num_heads: int):
@@ -454,3 +499,101 @@ def attention(q, k, v, mask_adder, scale: float, coeff=None):
     _native["calls"] += 1
     _native["attention_calls"] += 1
     return out
+
+
+# --------------------------------------------------------------------------- a whole post-LN layer
+
+
+_NATIVE_ACT = {0: gelu_erf, 1: gelu_tanh}
+
+
+class LayerSpec(NamedTuple):
+    """One post-LN layer for :func:`layer_stack`: its 16 parameters in cpu_kernels.c's order (query,
+    key, value, attention output, LayerNorm 1, intermediate, output, LayerNorm 2: weight then bias
+    each), its heads, the scores' scale, LiBai's coeff (or None), the GELU (0 exact, 1 tanh) and the
+    two LayerNorms' eps."""
+
+    params: tuple
+    num_heads: int
+    scale: float
+    coeff: Optional[float]
+    act: int
+    eps: tuple
+
+
+def layer_spec(params, num_heads: int, scale: float, coeff, act_fn, eps: tuple) -> Optional[LayerSpec]:
+    """A :class:`LayerSpec`, or None when the layer's activation is not one of the native GELUs
+    (``gelu_erf``, ``gelu_tanh``) or a parameter is missing (a Linear without bias)."""
+    act = next((op for op, fn in _NATIVE_ACT.items() if fn is act_fn), None)
+    if act is None or len(params) != 16 or any(p is None for p in params):
+        return None
+    return LayerSpec(tuple(params), int(num_heads), float(scale), coeff, act, tuple(eps))
+
+
+_scratch = threading.local()  # each thread's scratch (ctypes releases the GIL: threads may run layers at once)
+
+
+def _scratch_floats(n: int) -> np.ndarray:
+    """This thread's scratch, at least n floats (grown, never shrunk: the widest batch so far)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch.buf = None  # the old one goes before the new one is made
+        buf = _scratch.buf = np.empty(n, np.float32)
+    return buf
+
+
+def _layer_shapes_ok(spec: LayerSpec, H: int) -> bool:
+    shapes = [tuple(p.shape) for p in spec.params]
+    I = shapes[10][0] if len(shapes[10]) == 2 else -1
+    want = [(H, H), (H,)] * 4 + [(H,), (H,), (I, H), (I,), (H, I), (H,), (H,), (H,)]
+    return shapes == want and I > 0 and H % spec.num_heads == 0
+
+
+def _run_layers(lib, specs, x: np.ndarray, mask, threads: int) -> np.ndarray:
+    """cpu_kernels.c's bert_of_layer for each spec in turn on x [B, S, H] (C-contiguous float32, not
+    written), mask [B, 1, 1 or S, S] or None; a new array [B, S, H]. The hidden state between layers
+    stays here, in two arrays the layers write in turn (the last layer's is the result)."""
+    B, S, H = x.shape
+    out, mid = np.empty_like(x), (np.empty_like(x) if len(specs) > 1 else None)
+    T, I_max = B * S, max(int(s.params[10].shape[0]) for s in specs)
+    scratch = _scratch_floats(int(lib.bert_of_layer_scratch(T, H, I_max)))
+    mask_ptr, mask_rows = (None, 0) if mask is None else (mask.ctypes.data, int(mask.shape[2] != 1))
+    for i, spec in enumerate(specs):
+        y = out if (len(specs) - 1 - i) % 2 == 0 else mid
+        arrays = [_arr(p) for p in spec.params]  # alive until the call returns
+        ptrs = (_PTR * 16)(*[a.ctypes.data for a in arrays])
+        coeff = spec.coeff
+        rc = lib.bert_of_layer(x.ctypes.data, mask_ptr, mask_rows, y.ctypes.data, scratch.ctypes.data, ptrs, B, S, H,
+                               spec.num_heads, arrays[10].shape[0], spec.scale / (coeff or 1.0), coeff or 1.0,
+                               int(coeff is not None), spec.eps[0], spec.eps[1], spec.act, threads)
+        if rc != 0:
+            raise RuntimeError(f"bert_of_layer returned {rc}")  # the shapes were checked: a bug
+        x = y
+    return x
+
+
+def layer_stack(specs, hidden, mask_adder):
+    """Post-LN layers for inference on CPU, each in one call of cpu_kernels.c: ``specs()`` gives
+    their :class:`LayerSpec` (called only where the kernel may apply); hidden [B, S, H], mask_adder
+    [B, 1, 1 or S, S] (additive) or None -> [B, S, H], the same bits as the layers run op by op with
+    this module's kernels. The hidden state stays in NumPy from the first layer to the last. None
+    where it does not apply (a spec None, autograd, graphs, CUDA, other dtypes or shapes, the kernel
+    off): the caller runs the layers op by op."""
+    if not _applies(hidden, mask_adder) or hidden.ndim != 3 or is_cuda(hidden):
+        return None
+    specs = specs()
+    if not specs or any(s is None for s in specs):
+        return None
+    B, S, H = hidden.shape
+    if mask_adder is not None and (mask_adder.ndim != 4 or tuple(mask_adder.shape) not in ((B, 1, 1, S), (B, 1, S, S))):
+        return None
+    if not all(_applies(*s.params) and _layer_shapes_ok(s, H) for s in specs):
+        return None
+    lib = _kernel("layer")
+    if lib is None:
+        return None
+    y = _run_layers(lib, specs, _arr(hidden), None if mask_adder is None else _arr(mask_adder), _native["threads"])
+    _native["calls"] += len(specs)
+    _native["layer_calls"] += len(specs)
+    _native["attention_calls"] += len(specs)  # each layer ran the attention core
+    return flow.from_numpy(y)
