@@ -200,8 +200,10 @@ def _kernel(name: str):
         return None
     if name not in _native["kernels"]:
         _native["kernels"][name] = "checking"
+        counts = {k: _native[k] for k in ("calls", "attention_calls", "layer_calls")}
         why = (_CHECKS[name](lib, _native["threads"]) if os.environ.get(_OFF_SWITCH.get(name, ""), "1") != "0"
                else f"off ({_OFF_SWITCH[name]}=0)")
+        _native.update(counts)  # a check's own kernel calls (the layer's runs the others) are not the caller's
         _native["kernels"][name] = why
     return lib if _native["kernels"][name] is None else None
 

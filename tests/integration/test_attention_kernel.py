@@ -138,7 +138,8 @@ def test_whole_model_forward_equals_oneflows_ops():
     fast, plain, no_attn = _forward(), _forward(BERT_OF_CPU_KERNELS="0"), _forward(BERT_OF_CPU_ATTENTION="0")
     assert fast["attention"] is None and fast["status"]["active"], fast["status"]
     assert plain["status"] == {"active": False, "why": "off (BERT_OF_CPU_KERNELS=0)"}
-    assert no_attn["status"]["off"] == {"attention": "off (BERT_OF_CPU_ATTENTION=0)"}
+    assert no_attn["status"]["off"] == {"attention": "off (BERT_OF_CPU_ATTENTION=0)",  # the whole-layer kernel with it
+                                        "layer": "off: needs the attention kernel (off (BERT_OF_CPU_ATTENTION=0))"}
     assert fast["attention_calls"] == 2 * TINY["num_hidden_layers"] and no_attn["attention_calls"] == 0
     assert no_attn["status"]["calls"] > 0  # the other kernels ran
     for key, want in plain["out"].items():
