@@ -27,12 +27,23 @@ use and stays off, with the reason in :func:`native_status`, where it does not h
   [B, N, S, S]; the kernel gives each thread whole (batch, head) pairs and keeps a block of scores
   in cache (docs/benchmarks.md, the attention core).
 
+A whole post-LN layer (:func:`layer_stack`, for the encoder's default layer runner): the six GEMMs
+through the ``cblas_sgemm`` OneFlow's CPU matmul reaches (bert_of's threaded BLAS shim, else
+liboneflow's own), with the arguments OneFlow passes, and the kernels above, each bias add fused
+into the pass after its GEMM, in one C call per layer; the hidden state stays in NumPy from the
+first layer to the last (no OneFlow op or VM wait between them). OneFlow's bits of the same layer
+run op by op with these kernels (checked on probe layers when first used; on only where the heads',
+LayerNorm's and attention kernels are). Not for autograd, graphs, CUDA, pre-LN layers, activations
+other than the two GELUs, active dropout, ``output_attentions``, ``output_hidden_states`` or a
+``head_mask``: those run the layers op by op.
+
 Not here, because they measured no faster than OneFlow's own (docs/benchmarks.md, 2026-12-06): a
 standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and a
 standalone softmax (OneFlow's is oneDNN's, vectorised; only fused into the attention core is it faster).
 
 ``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout; ``BERT_OF_CPU_ATTENTION=0`` only for the
-attention core.
+attention core (and the whole layer with it); ``BERT_OF_CPU_LAYER=0`` runs the layers op by op with
+the other kernels.
 
 Shapes: T tokens (B*S), H hidden.
 """
