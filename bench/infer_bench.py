@@ -223,7 +223,8 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
     load = os.getloadavg()[0]
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
     for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS",
-              "BERT_OF_CPU_ATTENTION", "BERT_OF_CPU_LAYER", "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"):
+              "BERT_OF_CPU_ATTENTION", "BERT_OF_CPU_LAYER", "BERT_OF_CPU_TRAIN_KERNELS",
+              "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"):
         env.pop(k, None)
     if not kernels:
         env["BERT_OF_CPU_KERNELS"] = "0"
@@ -231,6 +232,8 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
         env["BERT_OF_CPU_ATTENTION"] = "0"
     elif kernels == "l0":  # every kernel, each layer op by op (not the whole-layer call)
         env["BERT_OF_CPU_LAYER"] = "0"
+    elif kernels == "t0":  # the inference kernels, not the training ones (bert_of/runtime/train_kernels.py)
+        env["BERT_OF_CPU_TRAIN_KERNELS"] = "0"
     # bert_of's default on CPU: OneFlow's scheduler thread runs the kernels (no worker for it to spin
     # beside); vm1: OneFlow's own default, a worker thread runs them and the scheduler spins
     env["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = "1" if vm_worker else "0"
@@ -280,24 +283,30 @@ def _medians(rows: list) -> list:
 
 def _kind(row) -> tuple:
     """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU kernels on, OneFlow's VM
-    computing on its worker thread, the attention core's kernel off, the whole-layer kernel off)."""
-    return (row["mode"], row.get("blas_choice"), row.get("ranks", 1), row.get("cpu_gelu", True) is not False,
+    computing on its worker thread, the attention core's kernel off, the whole-layer kernel off, the
+    training kernels off by BERT_OF_CPU_TRAIN_KERNELS=0)."""
+    # kernels on unless switched off (a training row's inference kernels report "not used yet")
+    on = ("BERT_OF_CPU_KERNELS=0" not in str(row["cpu_kernels"].get("why")) if "cpu_kernels" in row
+          else row.get("cpu_gelu", True) is not False)
+    return (row["mode"], row.get("blas_choice"), row.get("ranks", 1), on,
             row.get("vm_worker_thread", False) is True,
             "attention" in (row.get("cpu_kernels") or {}).get("off", {}),
-            "layer" in (row.get("cpu_kernels") or {}).get("off", {}))
+            "layer" in (row.get("cpu_kernels") or {}).get("off", {}),
+            "BERT_OF_CPU_TRAIN_KERNELS=0" in str((row.get("cpu_train_kernels") or {}).get("why")))
 
 
 def markdown(res: dict) -> str:
     """docs/benchmarks.md's tables from a results object: one column per bert_of (mode, BERT_OF_BLAS)."""
     rows = _medians([r for r in res["rows"] if "error" not in r])
     kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"},
-                   key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4], not k[5], not k[6]))
+                   key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4], not k[5], not k[6], k[7]))
     name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) and k[0] != "onnxruntime"  # noqa: E731
                        else k[0])
                       + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's kernels")
                       + (", VM worker thread (OneFlow's default)" if k[4] else "")
                       + (", OneFlow's attention ops" if k[3] and k[5] else "")
-                      + (", layers op by op" if k[3] and k[6] and not k[5] else ""))
+                      + (", layers op by op" if k[3] and k[6] and not k[5] else "")
+                      + (", no training kernels" if k[3] and k[7] else ""))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
@@ -343,8 +352,7 @@ def of_rows(a, task: str) -> list:
             rows.append(("ort", None, 1, True, False))
             continue
         mode, blas, *rest = item.split(":")
-        kernels = (False if "k0" in rest[1:] else "a0" if "a0" in rest[1:] else "l0" if "l0" in rest[1:]
-                   else True)
+        kernels = next((c for c in ("a0", "l0", "t0") if c in rest[1:]), True) if "k0" not in rest[1:] else False
         rows.append((mode, blas, int(rest[0]) if rest else 1, kernels, "vm1" in rest[1:]))
     return rows
 
@@ -365,7 +373,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; ort: predict --engine onnxruntime (predict only); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, no training kernels; ort: predict --engine onnxruntime (predict only); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,

@@ -296,10 +296,11 @@ def train_loop(step, a, loaded):
     t0 = time.perf_counter()
     step(0, a.batch)
     warm = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     losses = [step(i * a.batch, (i + 1) * a.batch) for i in range(1, a.steps + 1)]
-    secs = time.perf_counter() - t0
-    return dict(windows_per_s=round(a.steps * a.batch / secs, 3), seconds=round(secs, 2), warmup_s=round(warm, 2),
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dict(windows_per_s=round(a.steps * a.batch / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
+                warmup_s=round(warm, 2),
                 loaded_rss_mib=loaded, losses=[round(v, 4) for v in losses])
 
 
@@ -337,10 +338,11 @@ def main():
         import bert_of.runtime.blas as blas
 
         from bert_of.runtime.kernels import native_status
+        from bert_of.runtime.train_kernels import train_status
 
         res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
                    blas_choice=os.environ.get("BERT_OF_BLAS"), cpu_gelu=native_status()["active"],
-                   cpu_kernels=native_status(),
+                   cpu_kernels=native_status(), cpu_train_kernels=train_status(),
                    vm_worker_thread=os.environ.get("ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "0") not in ("0", "false"))
     if a.impl == "of" and flow_world() > 1:
         res.update(ranks=flow_world())

@@ -53,7 +53,7 @@ def oneflow_pieces():
     sys.path.insert(0, ROOT)
     from bert_of._flow import flow
     from bert_of.config import BertConfig
-    from bert_of.runtime.kernels import LayerNorm, gelu_tanh
+    from bert_of._flow import LayerNorm, gelu_tanh  # what the model runs: for a training step the training kernels
     from bert_of.heads import BertForPreTraining
     from bert_of.modeling import BertEmbeddings, BertLayer, _mask_adder
     from bert_of.outputs import pretraining_loss

@@ -1,6 +1,8 @@
 """The model's one door to OneFlow: ``flow`` itself, and the CPU kernels that stand in for some of
 OneFlow 0.9's own for inference (LayerNorm, the GELUs, the heads' split and merge, the attention core, a
-whole post-LN layer: every core, each checked against OneFlow's ops).
+whole post-LN layer: every core, each checked against OneFlow's ops), and for a training step on CPU
+the LayerNorm and the intermediate dense layer's GELU whose forward and backward run bert_of's C
+(:mod:`bert_of.runtime.train_kernels`, checked likewise).
 
 Everything that exists only because of OneFlow 0.9's last release (how it is imported, its
 graph-launch race, the BLAS under its CPU GEMMs, its signal and environment habits, the C shims)
@@ -9,8 +11,8 @@ maths.
 """
 
 from bert_of.runtime.flow_import import flow
-from bert_of.runtime.kernels import (LayerNorm, attention, gelu_erf, gelu_tanh, layer_spec, layer_stack, merge_heads,
-                                     split_heads)
+from bert_of.runtime.kernels import attention, gelu_erf, gelu_tanh, layer_spec, layer_stack, merge_heads, split_heads
+from bert_of.runtime.train_kernels import LayerNorm, dense_act
 
-__all__ = ["flow", "LayerNorm", "attention", "gelu_erf", "gelu_tanh", "layer_spec", "layer_stack", "merge_heads",
-           "split_heads"]
+__all__ = ["flow", "LayerNorm", "attention", "dense_act", "gelu_erf", "gelu_tanh", "layer_spec", "layer_stack",
+           "merge_heads", "split_heads"]

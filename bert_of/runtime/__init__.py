@@ -6,6 +6,7 @@ OneFlow does wrong and how to tell when it is no longer needed.
 - ``oneflow_fix`` (+ ``oneflow_fix.c``): the graph-launch race guarded
 - ``blas`` (+ ``blas_shim.c``): a threaded BLAS under OneFlow's single-threaded CPU GEMMs
 - ``kernels`` (+ ``cpu_kernels.c``): CPU LayerNorm, GELUs, bias adds, heads, softmax on every core, checked
+- ``train_kernels`` (+ ``cpu_train_kernels.c``): LayerNorm and GELU with their backward for CPU training steps, checked
 - ``native``: builds and loads the C shims
 
 The model layer reaches them only through :mod:`bert_of._flow`.

@@ -9,7 +9,7 @@ OneFlow 0.9 is a binary wheel; where it needs a fix or a faster library, bert_of
 functions in front of liboneflow's own (its calls go through the PLT, so a definition loaded
 RTLD_GLOBAL first wins): :mod:`bert_of.runtime.oneflow_fix` (its graph-launch race) and
 :mod:`bert_of.runtime.blas` (a threaded BLAS); :mod:`bert_of.runtime.kernels` loads one more, its own (GELU for
-inference). :func:`build` compiles a source with the system's C compiler into bert_of's cache
+inference), and :mod:`bert_of.runtime.train_kernels` another (training steps). :func:`build` compiles a source with the system's C compiler into bert_of's cache
 (``~/.cache/bert_of/native``, else the temp folder) and reuses it.
 """
 

@@ -1,0 +1,171 @@
+"""The training kernels for CPU (bert_of/runtime/cpu_train_kernels.c through train_kernels.py's autograd
+Functions): LayerNorm(x + residual) and GELU(a + bias), forward and gradients within their bounds of
+float64 and of OneFlow's own ops on odd shapes, used only where they apply, and a few fine-tuning
+steps with them giving the losses and parameters of the same steps on OneFlow's ops."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_of._flow import flow
+from bert_of.runtime import kernels as K
+from bert_of.runtime import train_kernels as TK
+from tests.conftest import ROOT, TINY
+
+pytestmark = pytest.mark.oneflow
+
+
+def _oneflow_layer_norm(x, r, w, b, eps):
+    """Output and gradients (x, r, w, b) of sum(LayerNorm(x + r) * g) in bert_of's OneFlow ops."""
+    ln = K.LayerNorm(x.shape[-1], eps=eps)
+    return lambda g: TK._grads(lambda x_, r_, w_, b_: K._layer_norm(TK._Params(w_, b_, eps, ln), x_ + r_),
+                               (x, r, w, b), g)
+
+
+@pytest.mark.parametrize("T,H", [(1, 8), (3, 37), (50, 384), (9, 768)])
+def test_layer_norm_module_within_its_bounds(T, H):
+    """Through the model's LayerNorm (autograd on): the output within LAYER_NORM_ULPS, the four
+    gradients within GRAD_ULPS of their float64 magnitudes, each as near OneFlow's as OneFlow's is to
+    float64 plus that; one kernel call per forward, with a residual and without."""
+    rng = np.random.default_rng(T * H)
+    x = (rng.standard_normal((T, H)) * 2 + 0.5).astype(np.float32)
+    r = rng.standard_normal((T, H)).astype(np.float32)
+    x[0, : H // 2] *= 300.0
+    w = (rng.standard_normal(H) * 0.3 + 1).astype(np.float32)
+    b = (rng.standard_normal(H) * 0.2).astype(np.float32)
+    g = rng.standard_normal((T, H)).astype(np.float32)
+    eps = 1e-12
+    ln = TK.LayerNorm(H, eps=eps)
+    with flow.no_grad():
+        ln.weight.copy_(flow.tensor(w))
+        ln.bias.copy_(flow.tensor(b))
+    of = _oneflow_layer_norm(x, r, w, b, eps)(g)
+    refs = TK._ln_ref(x + r, w, b, g, eps)  # x + r: one float add, as both take it
+    for residual in (True, False):
+        xt = flow.tensor(x + (0 if residual else r), requires_grad=True)
+        rt = flow.tensor(r, requires_grad=True)
+        ln.weight.grad = ln.bias.grad = None
+        calls = TK.train_status().get("calls", 0)
+        y = ln(xt.reshape(1, T, H), rt.reshape(1, T, H)) if residual else ln(xt)
+        (y.reshape(T, H) * flow.tensor(g)).sum().backward()
+        assert TK.train_status()["calls"] == calls + 1, TK.train_status()
+        got = [y.numpy().reshape(T, H), xt.grad.numpy(), ln.weight.grad.numpy(), ln.bias.grad.numpy()]
+        if residual:
+            got.append(rt.grad.numpy())
+        for i, (mine, theirs, (ref, mag), ulps) in enumerate(zip(
+                got, [of[0], of[1], of[3], of[4], of[2]], [refs[0], refs[1], refs[2], refs[3], refs[1]],
+                [TK.LAYER_NORM_ULPS] + [TK.GRAD_ULPS] * 4)):
+            bound = ulps * TK.F32_EPS * mag
+            assert (np.abs(theirs - ref) <= bound + np.abs(theirs - ref)).all()
+            assert (np.abs(mine - ref) <= bound).all(), (i, np.max(np.abs(mine - ref) / (TK.F32_EPS * mag)))
+            assert (np.abs(mine - theirs) <= np.abs(theirs - ref) + bound).all(), i
+
+
+@pytest.mark.parametrize("op", [0, 1])
+@pytest.mark.parametrize("T,C", [(1, 5), (13, 37), (64, 1536)])
+def test_dense_gelu_within_its_bounds(op, T, C):
+    """act(dense(x)) for a training step: the output within GELU_ULPS of |dense(x)| of the float64 GELU
+    and of OneFlow's (bias add, then GELU in OneFlow's ops), the gradients of x, the weight and the
+    bias within GRAD_ULPS-derived bounds of OneFlow's."""
+    rng = np.random.default_rng(T + C + op)
+    act = (K.gelu_erf, K.gelu_tanh)[op]
+    dense = flow.nn.Linear(11, C)
+    x = flow.tensor((rng.standard_normal((2, T, 11)) * 2).astype(np.float32), requires_grad=True)
+    g = flow.tensor(rng.standard_normal((2, T, C)).astype(np.float32))
+    calls = TK.train_status().get("calls", 0)
+    y = TK.dense_act(dense, x, act)
+    assert TK.train_status()["calls"] == calls + 1
+    (y * g).sum().backward()
+    mine = [y.numpy(), x.grad.numpy(), dense.weight.grad.numpy(), dense.bias.grad.numpy()]
+    x.grad = dense.weight.grad = dense.bias.grad = None
+    y2 = K._ONEFLOW_GELU[op](dense(x))
+    (y2 * g).sum().backward()
+    theirs = [y2.numpy(), x.grad.numpy(), dense.weight.grad.numpy(), dense.bias.grad.numpy()]
+    # float64 gradient of the pre-activation, carried through the dense layer's sums by magnitude
+    a = (flow.matmul(x, dense.weight, transpose_b=True) + dense.bias).numpy()
+    ref = TK._gelu64(a, op)
+    bound = TK.GELU_ULPS * TK.F32_EPS * np.abs(a)
+    assert (np.abs(mine[0] - ref) <= bound).all() and (np.abs(mine[0] - theirs[0]) <= np.abs(theirs[0] - ref) + bound).all()
+    da, mag = TK._gelu_ref(a, g.numpy(), op)
+    xs = np.abs(x.numpy().astype(np.float64))
+    refs = [(da @ dense.weight.numpy().astype(np.float64), mag @ np.abs(dense.weight.numpy().astype(np.float64))),
+            (np.einsum("btc,bti->ci", da, x.numpy().astype(np.float64)), np.einsum("btc,bti->ci", mag, xs)),
+            (da.sum((0, 1)), mag.sum((0, 1)))]
+    for i, (m, t, (ref, mg)) in enumerate(zip(mine[1:], theirs[1:], refs)):
+        bound = TK.GRAD_ULPS * TK.F32_EPS * mg
+        assert (np.abs(m - ref) <= bound + np.abs(t - ref)).all(), i
+        assert (np.abs(m - t) <= 2 * bound + np.abs(t - ref)).all(), i
+
+
+def test_the_kernels_serve_only_training_steps_on_cpu():
+    """No autograd, nothing requiring grad, float64: the parent's paths (no training kernel call) with
+    the same output; a relu is OneFlow's Linear then relu."""
+    ln = TK.LayerNorm(16)
+    x = flow.tensor(np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32))
+    calls = TK.train_status().get("calls", 0)
+    with flow.no_grad():
+        a = ln(x).numpy()
+    b = ln(x.detach()).numpy()  # parameters require grad: the kernel
+    assert TK.train_status()["calls"] == calls + 1
+    ln.weight.requires_grad = ln.bias.requires_grad = False
+    c = ln(x).numpy()  # nothing requires grad
+    assert TK.gelu_bias(x, None, 0) is None and TK.gelu_bias(x.double().requires_grad_(), None, 0) is None
+    dense = flow.nn.Linear(16, 4)
+    r = TK.dense_act(dense, flow.tensor(x.numpy(), requires_grad=True), flow.relu)
+    assert TK.train_status()["calls"] == calls + 1
+    assert np.array_equal(r.numpy(), flow.relu(dense(x)).numpy())
+    np.testing.assert_allclose(b, a, rtol=0, atol=4e-6)
+    assert np.array_equal(a, c)
+
+
+_STEPS = """
+import json, sys
+import numpy as np
+from bert_of import BertConfig, BertForQuestionAnswering
+from bert_of._flow import flow
+from bert_of.options import TrainConfig
+from bert_of.runtime.train_kernels import train_status
+from bert_of.training.runtime import Runtime
+from bert_of.training.trainer import Trainer
+cfg = BertConfig.from_google_dict(json.loads(sys.argv[1]))
+cfg.hidden_act = sys.argv[2]
+flow.manual_seed(0)
+model = BertForQuestionAnswering(cfg)
+model.init_weights(seed=3)
+rng = np.random.default_rng(0)
+B, S = 4, 21
+batch = dict(input_ids=rng.integers(5, cfg.vocab_size, (B, S)), token_type_ids=(np.arange(S) > 8).astype(np.int64)[None].repeat(B, 0),
+             attention_mask=np.ones((B, S), np.int64), start_positions=rng.integers(9, S, B), end_positions=rng.integers(9, S, B))
+batch["attention_mask"][1, 15:] = 0
+trainer = Trainer(model, TrainConfig(mode="eager", optimizer="adamw", lr=1e-3, steps=10, weight_decay=0.01,
+                                     clip_grad_norm=1.0, seed=0), Runtime.create("cpu"))
+losses = [trainer.step({k: v.astype(np.int64) for k, v in batch.items()})["loss"] for _ in range(4)]
+params = {k: v.numpy().tolist() for k, v in model.state_dict().items() if "LayerNorm" in k or "intermediate" in k}
+print(json.dumps({"status": train_status(), "losses": losses, "params": params}))
+"""
+
+
+def _steps(act, **env):
+    p = subprocess.run([sys.executable, "-c", _STEPS, json.dumps(TINY), act], env=dict(os.environ, **env), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("act", ["gelu_erf", "gelu_tanh"])
+def test_fine_tuning_steps_match_oneflows_ops(act):
+    """Four AdamW steps of a tiny QA model (dropout 0.1, a padded row): with the training kernels the
+    losses and the LayerNorm and intermediate parameters equal the same steps with
+    BERT_OF_CPU_TRAIN_KERNELS=0 within float32 noise (OneFlow's dropout draws are the same: the
+    kernels draw nothing); the switch turns them off with its reason."""
+    fast, plain = _steps(act), _steps(act, BERT_OF_CPU_TRAIN_KERNELS="0")
+    assert fast["status"]["active"] and "off" not in fast["status"] and fast["status"]["calls"] > 0, fast["status"]
+    assert plain["status"] == {"active": False, "why": "off (BERT_OF_CPU_TRAIN_KERNELS=0)"}
+    np.testing.assert_allclose(fast["losses"], plain["losses"], rtol=1e-5, atol=0)
+    assert fast["losses"][-1] < fast["losses"][0]  # it trains
+    for k, v in plain["params"].items():
+        np.testing.assert_allclose(np.array(fast["params"][k]), np.array(v), rtol=0, atol=2e-5, err_msg=k)
