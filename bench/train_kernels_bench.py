@@ -3,7 +3,8 @@ process: eager fine-tuning steps of a QA model, alternating one step with the ke
 without (``train_kernels.off()``, what BERT_OF_CPU_TRAIN_KERNELS=0 gives), so both arms see the same
 machine load; then the pieces alone (LayerNorm(x + residual) and dense + GELU, forward + backward).
 
-    .venv/bin/python bench/train_kernels_bench.py --model minilm --seq 384 --batch 8 --steps 4
+    .venv/bin/python bench/train_kernels_bench.py --model minilm --seq 384 --batch 8 --steps 2 \
+        --out bench/results/train_kernels_minilm384.json
 
 Wall and process CPU seconds per step (medians), the load average before and after. Prints one
 JSON object and writes it to --out (default bench/results/train_kernels.json). For the ratio to

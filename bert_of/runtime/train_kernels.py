@@ -1,5 +1,6 @@
 """CPU kernels for training: the layer's LayerNorm(x + residual) and its intermediate dense layer's
-GELU(a + bias) as autograd Functions whose forward and backward run :file:`cpu_train_kernels.c`, one pass each over every core.
+GELU(a + bias) as autograd Functions whose forward and backward run :file:`cpu_train_kernels.c`,
+one pass each over every core.
 
 What OneFlow 0.9 does wrong: for a local eager CPU step with autograd, bert_of's LayerNorm is ~10
 OneFlow ops forward (:func:`bert_of.runtime.kernels._layer_norm`: products with a ones vector, so
@@ -249,8 +250,8 @@ def gelu_bias(a, bias, op: int):
 
 
 def dense_act(linear, x, act):
-    """``act(linear(x))``: x [..., in] -> [..., out]. For a training step on CPU with a GELU (this
-    module's), the bias add rides in the GELU's kernel (one pass forward, its gradient's row sums
+    """``act(linear(x))``: x [..., in] -> [..., out]. For a training step on CPU with a GELU
+    (:func:`~bert_of.runtime.kernels.gelu_erf` or ``gelu_tanh``), the bias add rides in the GELU's kernel (one pass forward, its gradient's row sums
     in the backward's): OneFlow's matmul, then cpu_train_kernels.c."""
     op = _GELU_OP.get(act)
     if op is not None and linear.bias is not None and trains(x, linear.weight, linear.bias):
