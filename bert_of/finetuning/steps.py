@@ -126,8 +126,9 @@ def load_predictor(head: str, path: str, name: str, opts: TaskOptions, rt: Runti
                               "(--engine oneflow would initialise one at random)")
     for line in model.notes:
         note(rt, line)
+    graph = "in onnxruntime's fused ops" if model.fused else "as of2onnx writes it"
     note(rt, f"predict: engine onnxruntime {model.version} (CPU, {model.threads} threads; the ONNX graph of "
-             f"{name} built in memory in {model.build_seconds:.1f} s)")
+             f"{name} {graph}, built in memory in {model.build_seconds:.1f} s)")
     return model, []
 
 

@@ -40,7 +40,8 @@ from bert_of.converters.descriptor import ONNXRUNTIME, Format
 from bert_of.converters.source import Options, Source, lower_case_of
 from bert_of.converters.mapping import Table, apply, inverse, spell
 from bert_of.converters.reader import POOLER, Entry, finish, hit, pooler_zeros, sort, whole
-from bert_of.converters.formats.onnx.graph import INPUTS, MLM_ONLY_OUTPUT, OPSET, graph_io, heads_of, mlm_only
+from bert_of.converters.formats.onnx.graph import (CONTRIB, FUSED_OPSET, INPUTS, MLM_ONLY_OUTPUT, OPSET, graph_io,
+                                                  heads_of, mlm_only)
 from bert_of.converters.containers.onnx_proto import FLOAT, FLOAT16, Message, int_field, len_field
 
 NAME = "onnx"
@@ -105,10 +106,11 @@ def _initializers(source: Source, tensors: list, data_type: int = FLOAT) -> list
     return out
 
 
-def _serialized(source: Source) -> tuple:
+def _serialized(source: Source, fused: bool = False) -> tuple:
     """The ModelProto of ``source`` as (total bytes, [bytes, or a producer of a weight's bytes, in
     file order], notes): the lengths are known before any weight is read, so a writer streams one
-    tensor in memory at a time."""
+    tensor in memory at a time. ``fused``: the graph in onnxruntime's fused ops (graph.py's
+    ``build_graph``; opset 17 + onnxruntime's contrib domain), for ``--engine onnxruntime`` only."""
     config = source.config
     why = config.original_bert_mismatch()
     if why:  # the graph is post-LN BERT's (convert refuses first; a graph built in memory here)
@@ -125,11 +127,12 @@ def _serialized(source: Source) -> tuple:
     tensors = source.tensors
     if _zero_pooler_unread(source):
         tensors = [(s, p) for s, p in tensors if s.name not in POOLER]
-    nodes, inputs, outputs = graph_io(config, heads_of(s.name for s, _ in tensors), data_type)
+    nodes, inputs, outputs = graph_io(config, heads_of(s.name for s, _ in tensors), data_type, fused)
     inits = _initializers(source, tensors, data_type)
     metadata = {CONFIG_KEY: config.to_json_string(), LOWER_CASE_KEY: json.dumps(lower_case_of(source))}
     head = (int_field(1, IR_VERSION) + len_field(2, PRODUCER) + len_field(3, __version__))
-    tail = len_field(8, len_field(1, "") + int_field(2, OPSET)) + b"".join(
+    opsets = [("", FUSED_OPSET), (CONTRIB, 1)] if fused else [("", OPSET)]  # OperatorSetIdProto: domain, version
+    tail = b"".join(len_field(8, len_field(1, d) + int_field(2, v)) for d, v in opsets) + b"".join(
         len_field(14, len_field(1, k) + len_field(2, v)) for k, v in metadata.items())
     nodes = b"".join(len_field(1, n) for n in nodes) + len_field(2, "bert_of")
     io = b"".join(len_field(11, i) for i in inputs) + b"".join(len_field(12, o) for o in outputs)
@@ -169,12 +172,13 @@ def write_files(source: Source, d: str, opts: Options) -> list:
     return notes
 
 
-def model_bytes(source: Source) -> tuple:
+def model_bytes(source: Source, fused: bool = False) -> tuple:
     """(the ``model.onnx`` of2onnx would write for ``source``, as bytes; its notes): the same graph
     and initializers, built in memory (``--engine onnxruntime`` hands it to an InferenceSession;
-    nothing is written). onnxruntime takes ``bytes`` only: the pieces, then the file's bytes joined
-    (twice the model while they are joined)."""
-    total, parts, notes = _serialized(source)
+    nothing is written); ``fused``: the same function in onnxruntime's fused ops (graph.py), a graph
+    only onnxruntime runs and never written. onnxruntime takes ``bytes`` only: the pieces, then the
+    file's bytes joined (twice the model while they are joined)."""
+    total, parts, notes = _serialized(source, fused)
     data = b"".join(_pieces(parts))
     if len(data) != total:
         raise AssertionError(f"{source.path}: built {len(data)} bytes of ONNX, not {total}")

@@ -43,6 +43,11 @@ from bert_of.tensors import SCOPES
 from bert_of.converters.containers.onnx_proto import FLOAT, INT64, attribute, len_field, value_info
 
 OPSET = 14
+# The engine's fused graph (``fused=True``, never written to a file): LayerNormalization is opset 17's,
+# Attention / SkipLayerNormalization / BiasGelu / FastGelu onnxruntime's contrib domain (version 1)
+FUSED_OPSET = 17
+CONTRIB = "com.microsoft"
+INT32 = 6  # TensorProto.DataType: the contrib Attention's mask is int32
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_VALUE = -10000.0
 
@@ -63,13 +68,15 @@ class Graph:
             self._cast[name] = self.op("Cast", name, out=name + ":float32", to=FLOAT)
         return self._cast[name]
 
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
-        """NodeProto: input (1), output (2), name (3), op_type (4), attribute (5)."""
+    def op(self, op_type: str, *inputs: str, out: str | None = None, domain: str = "", **attrs) -> str:
+        """NodeProto: input (1), output (2), name (3), op_type (4), attribute (5), domain (7: onnxruntime's
+        contrib ops only; the default domain otherwise, as of2onnx writes)."""
         self._count += 1
         name = f"{op_type}_{self._count}"
         out = out or name
         self.nodes.append(b"".join(len_field(1, i) for i in inputs) + len_field(2, out) + len_field(3, name) + len_field(4, op_type)
-                          + b"".join(len_field(5, attribute(k, v)) for k, v in attrs.items()))
+                          + b"".join(len_field(5, attribute(k, v)) for k, v in attrs.items())
+                          + (len_field(7, domain) if domain else b""))
         return out
 
     def const(self, value, dtype=np.float32) -> str:
@@ -85,6 +92,26 @@ class Graph:
         normed = self.op("Div", centred, self.op("Sqrt", self.op("Add", var, self.const(eps))))
         return self.op("Add", self.op("Mul", normed, self.w(scope + ".LayerNorm.weight")),
                        self.w(scope + ".LayerNorm.bias"), out=out)
+
+    def fused_layer_norm(self, x: str, scope: str, eps: float, out: str | None = None) -> str:
+        """The same LayerNorm as one LayerNormalization node (opset 17; the fused graph's)."""
+        return self.op("LayerNormalization", x, self.w(scope + ".LayerNorm.weight"), self.w(scope + ".LayerNorm.bias"),
+                       out=out, axis=-1, epsilon=eps)
+
+    def skip_layer_norm(self, x: str, dense: str, skip: str, scope: str, eps: float, out: str | None = None) -> str:
+        """LN(x @ kernel + bias + skip) with the add, the bias and the LayerNorm in one contrib
+        SkipLayerNormalization (the fused graph's residual + LayerNorm)."""
+        return self.op("SkipLayerNormalization", self.op("MatMul", x, self.w(dense + ".kernel")), skip,
+                       self.w(scope + ".LayerNorm.weight"), self.w(scope + ".LayerNorm.bias"), self.w(dense + ".bias"),
+                       out=out, domain=CONTRIB, epsilon=eps)
+
+    def dense_activation(self, x: str, scope: str, act: str, fused: bool) -> str:
+        """act(x @ kernel + bias); fused: the bias and the GELU in one contrib node, the same GELU
+        (BiasGelu is erf GELU, FastGelu tanh GELU: each the formula the config names)."""
+        if fused and act in ("gelu_erf", "gelu_tanh"):
+            return self.op("BiasGelu" if act == "gelu_erf" else "FastGelu", self.op("MatMul", x, self.w(scope + ".kernel")),
+                           self.w(scope + ".bias"), domain=CONTRIB)
+        return self.activation(self.dense(x, scope), act)
 
     def activation(self, x: str, act: str) -> str:
         if act == "gelu_erf":
@@ -123,38 +150,29 @@ def mlm_only(heads: dict) -> bool:
     return heads["mlm"] and not (heads["nsp"] or heads["qa"] or heads["classifier"])
 
 
-def build_graph(config: BertConfig, heads: dict, weights: int = FLOAT) -> tuple:
+def build_graph(config: BertConfig, heads: dict, weights: int = FLOAT, fused: bool = False) -> tuple:
     """(Graph, [(output name, dims)]): BERT's forward on the weights' initializer names
-    (``weights``: their data type, FLOAT or FLOAT16)."""
+    (``weights``: their data type, FLOAT or FLOAT16). ``fused``: the same function in onnxruntime's
+    fused ops (``--engine onnxruntime``'s graph, never written to a file: :func:`fused_io`):
+    LayerNormalization; per layer one contrib Attention (q, k, v in one [H, 3H] GEMM: the kernels
+    joined by a Concat onnxruntime folds at load; the mask as int32 [B, S], masked scores
+    ``-10000``, as the adder here), SkipLayerNormalization for each residual + bias + LayerNorm,
+    BiasGelu / FastGelu for an erf / tanh GELU."""
     g = Graph(weights)
-    H, N = config.hidden_size, config.num_attention_heads
-    d = H // N
-    act, eps = config.hidden_act, float(config.layer_norm_eps)
+    H, act, eps = config.hidden_size, config.hidden_act, float(config.layer_norm_eps)
     ids, mask, types = INPUTS
     length = g.op("Slice", g.op("Shape", ids), g.const([1], np.int64), g.const([2], np.int64))  # [S]
     positions = g.op("Slice", g.w("bert.embeddings.position_embeddings.weight"), g.const([0], np.int64), length,
                      g.const([0], np.int64))  # the first S rows [S, H]
     x = g.op("Add", g.op("Add", g.op("Gather", g.w("bert.embeddings.word_embeddings.weight"), ids),
                          g.op("Gather", g.w("bert.embeddings.token_type_embeddings.weight"), types)), positions)
-    x = g.layer_norm(x, "bert.embeddings", eps)
-    keep = g.op("Cast", mask, to=FLOAT)
-    adder = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(MASK_VALUE))
-    adder = g.op("Unsqueeze", adder, g.const([1, 2], np.int64))  # [B, 1, 1, S]
-    split, merge, scale = g.const([0, 0, N, d], np.int64), g.const([0, 0, H], np.int64), g.const(math.sqrt(d))
+    layer_norm = g.fused_layer_norm if fused else g.layer_norm
+    x = layer_norm(x, "bert.embeddings", eps)
     outputs = [("last_hidden_state", ("batch", "sequence", H))]
-    for i in range(config.num_hidden_layers):
-        s = f"bert.encoder.layer.{i}."
-        q, k, v = (g.op("Reshape", g.dense(x, s + "attention.self." + n), split) for n in ("query", "key", "value"))
-        q, k, v = g.op("Transpose", q, perm=[0, 2, 1, 3]), g.op("Transpose", k, perm=[0, 2, 3, 1]), \
-            g.op("Transpose", v, perm=[0, 2, 1, 3])  # [B, N, S, d], k as [B, N, d, S]
-        scores = g.op("Add", g.op("Div", g.op("MatMul", q, k), scale), adder)
-        context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
-        context = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), merge)  # [B, S, H]
-        x = g.layer_norm(g.op("Add", g.dense(context, s + "attention.output.dense"), x), s + "attention.output", eps)
-        inter = g.activation(g.dense(x, s + "intermediate.dense"), act)
-        last = i == config.num_hidden_layers - 1
-        x = g.layer_norm(g.op("Add", g.dense(inter, s + "output.dense"), x), s + "output", eps,
-                         out="last_hidden_state" if last else None)
+    if fused:
+        x = _fused_layers(g, config, x, mask)
+    else:
+        x = _layers(g, config, x, mask)
     if config.num_hidden_layers == 0:  # no layer produced it
         x = g.op("Identity", x, out="last_hidden_state")
     pooled = None
@@ -163,8 +181,8 @@ def build_graph(config: BertConfig, heads: dict, weights: int = FLOAT) -> tuple:
         pooled = g.op("Tanh", g.dense(first, "bert.pooler.dense"), out="pooler_output")
         outputs.append(("pooler_output", ("batch", H)))
     if heads["mlm"]:
-        h = g.activation(g.dense(x, "cls.predictions.transform.dense"), act)
-        h = g.layer_norm(h, "cls.predictions.transform", float(config.head_eps))
+        h = g.dense_activation(x, "cls.predictions.transform.dense", act, fused)
+        h = layer_norm(h, "cls.predictions.transform", float(config.head_eps))
         decoder = g.op("Transpose", g.w("bert.embeddings.word_embeddings.weight"), perm=[1, 0])  # tied: [H, V]
         name = MLM_ONLY_OUTPUT if mlm_only(heads) else "prediction_logits"  # transformers' BertForMaskedLM: logits
         g.op("Add", g.op("MatMul", h, decoder), g.w("cls.predictions.bias"), out=name)
@@ -186,9 +204,53 @@ def build_graph(config: BertConfig, heads: dict, weights: int = FLOAT) -> tuple:
     return g, outputs
 
 
-def graph_io(config: BertConfig, heads: dict, weights: int = FLOAT) -> tuple:
-    """(nodes, inputs, outputs) as of2onnx writes them, each a list of serialized messages; the
-    inputs and outputs are the same whatever the initializers' data type ``weights``."""
-    graph, outputs = build_graph(config, heads, weights)
+def _fused_layers(g: Graph, config: BertConfig, x: str, mask: str) -> str:
+    """The encoder layers of :func:`_layers` in onnxruntime's fused ops (:func:`build_graph`)."""
+    N, act, eps = config.num_attention_heads, config.hidden_act, float(config.layer_norm_eps)
+    mask32 = g.op("Cast", mask, to=INT32)  # [B, S]: 1 attends, 0 masked (-10000 added to its scores)
+    for i in range(config.num_hidden_layers):
+        s = f"bert.encoder.layer.{i}."
+        qkv = [s + "attention.self." + n for n in ("query", "key", "value")]
+        kernel = g.op("Concat", *(g.w(p + ".kernel") for p in qkv), axis=1)  # [H, 3H]
+        bias = g.op("Concat", *(g.w(p + ".bias") for p in qkv), axis=0)  # [3H]
+        context = g.op("Attention", x, kernel, bias, mask32, domain=CONTRIB, num_heads=N,
+                       mask_filter_value=MASK_VALUE)  # [B, S, H]
+        x = g.skip_layer_norm(context, s + "attention.output.dense", x, s + "attention.output", eps)
+        inter = g.dense_activation(x, s + "intermediate.dense", act, True)
+        last = i == config.num_hidden_layers - 1
+        x = g.skip_layer_norm(inter, s + "output.dense", x, s + "output", eps, out="last_hidden_state" if last else None)
+    return x
+
+
+def _layers(g: Graph, config: BertConfig, x: str, mask: str) -> str:
+    """The encoder layers as of2onnx writes them (:func:`build_graph`'s docstring): [B, S, H] -> [B, S, H]."""
+    H, N = config.hidden_size, config.num_attention_heads
+    d = H // N
+    act, eps = config.hidden_act, float(config.layer_norm_eps)
+    keep = g.op("Cast", mask, to=FLOAT)
+    adder = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(MASK_VALUE))
+    adder = g.op("Unsqueeze", adder, g.const([1, 2], np.int64))  # [B, 1, 1, S]
+    split, merge, scale = g.const([0, 0, N, d], np.int64), g.const([0, 0, H], np.int64), g.const(math.sqrt(d))
+    for i in range(config.num_hidden_layers):
+        s = f"bert.encoder.layer.{i}."
+        q, k, v = (g.op("Reshape", g.dense(x, s + "attention.self." + n), split) for n in ("query", "key", "value"))
+        q, k, v = g.op("Transpose", q, perm=[0, 2, 1, 3]), g.op("Transpose", k, perm=[0, 2, 3, 1]), \
+            g.op("Transpose", v, perm=[0, 2, 1, 3])  # [B, N, S, d], k as [B, N, d, S]
+        scores = g.op("Add", g.op("Div", g.op("MatMul", q, k), scale), adder)
+        context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+        context = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), merge)  # [B, S, H]
+        x = g.layer_norm(g.op("Add", g.dense(context, s + "attention.output.dense"), x), s + "attention.output", eps)
+        inter = g.activation(g.dense(x, s + "intermediate.dense"), act)
+        last = i == config.num_hidden_layers - 1
+        x = g.layer_norm(g.op("Add", g.dense(inter, s + "output.dense"), x), s + "output", eps,
+                         out="last_hidden_state" if last else None)
+    return x
+
+
+def graph_io(config: BertConfig, heads: dict, weights: int = FLOAT, fused: bool = False) -> tuple:
+    """(nodes, inputs, outputs) as of2onnx writes them (``fused``: the engine's fused graph, the same
+    inputs and outputs), each a list of serialized messages; the inputs and outputs are the same
+    whatever the initializers' data type ``weights``."""
+    graph, outputs = build_graph(config, heads, weights, fused)
     return (graph.nodes, [value_info(n, INT64, ("batch", "sequence")) for n in INPUTS],
             [value_info(n, FLOAT, dims) for n, dims in outputs])
