@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from bert_of.converters.convert import read as read_checkpoint
-from bert_of.converters.formats.onnx import import_onnxruntime, model_bytes
+from bert_of.converters.formats.onnx import import_onnxruntime, model_bytes, stream
 from bert_of.errors import ConfigError
 from bert_of.progress import Progress
 from bert_of.runtime.blas import default_threads
@@ -40,6 +40,7 @@ from bert_of.training.padding import Gathered, eager_rows, length_batches, row_l
 
 # infer()'s inputs, in its order ([n, S] each): the graph's inputs are named
 INFER_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+PROC_FDS = "/proc/self/fd"  # this process's open files by number (Linux): the in-memory model's path
 FUSED_SWITCH = "BERT_OF_ORT_FUSED"  # "0": of2onnx's graph, not the fused one (to compare them)
 
 
@@ -93,16 +94,28 @@ class OnnxModel:
         self.build_seconds = time.perf_counter() - t0
 
     def _session(self, ort, source, fused: bool) -> tuple:
-        """(an InferenceSession over the checkpoint's graph, fused or of2onnx's; the writer's notes)."""
-        data, notes = model_bytes(source, fused)
+        """(an InferenceSession over the checkpoint's graph, fused or of2onnx's; the writer's notes).
+
+        Memory: onnxruntime's Python session keeps the ``bytes`` it was made from for as long as
+        it lives (the model's size again: ~440 MB for BERT-base), and joining them holds the model
+        twice. On Linux the graph is streamed one tensor at a time into an anonymous in-memory
+        file (``memfd_create``: nothing on disk, not mapped into this process) that onnxruntime
+        reads by path and that is closed once the session holds its weights; elsewhere, bytes."""
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only: its warnings are not ours to show
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
-        try:
-            return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]), list(notes)
-        finally:
-            del data
+        providers = ["CPUExecutionProvider"]
+        if hasattr(os, "memfd_create") and os.path.isdir(PROC_FDS):
+            fd = os.memfd_create("bert_of-model.onnx", os.MFD_CLOEXEC)
+            try:
+                with open(fd, "wb", closefd=False) as f:
+                    notes = stream(source, f, fused)
+                return ort.InferenceSession(os.path.join(PROC_FDS, str(fd)), options, providers=providers), notes
+            finally:
+                os.close(fd)
+        data, notes = model_bytes(source, fused)
+        return ort.InferenceSession(data, options, providers=providers), list(notes)
 
     def infer(self, inputs: list, outputs: tuple, batch_size: int, *, pad_to_batch: bool = True,
               positions: tuple = (), fill: float = 0.0, stats: dict | None = None) -> list:

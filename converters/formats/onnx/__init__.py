@@ -160,16 +160,30 @@ def _pieces(parts):
 
 def write_files(source: Source, d: str, opts: Options) -> list:
     """``model.onnx`` (+ ``vocab.txt``) into the directory ``d``, one tensor in memory at a time."""
-    total, parts, notes = _serialized(source)
+    total, parts, notes = _serialized(source)  # refused (beyond 2 GB, ...) before the file is opened
     path = os.path.join(d, MODEL_FILE)
     with writes_to(path), open(path, "wb") as f:
-        for piece in _pieces(parts):
-            f.write(piece)
-        if f.tell() != total:  # the lengths announced before the weights were streamed
-            raise AssertionError(f"{path}: wrote {f.tell()} bytes, not {total}")
+        _write(f, total, parts, path)
     if source.vocab_file:
         copy_file(source.vocab_file, os.path.join(d, VOCAB_FILE))
     return notes
+
+
+def stream(source: Source, f, fused: bool = False) -> list:
+    """Write the ``model.onnx`` of2onnx would write for ``source`` (``fused``: the engine's graph,
+    graph.py) into the binary file ``f`` from its start, one tensor in memory at a time; its notes."""
+    total, parts, notes = _serialized(source, fused)
+    _write(f, total, parts, source.path)
+    return notes
+
+
+def _write(f, total: int, parts: list, where: str) -> None:
+    """:func:`_serialized`'s parts into ``f``, each weight read when its turn comes."""
+    start = f.tell()
+    for piece in _pieces(parts):
+        f.write(piece)
+    if f.tell() - start != total:  # the lengths announced before the weights were streamed
+        raise AssertionError(f"{where}: wrote {f.tell() - start} bytes of ONNX, not {total}")
 
 
 def model_bytes(source: Source, fused: bool = False) -> tuple:
