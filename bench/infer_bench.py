@@ -213,9 +213,11 @@ def user_rows_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
+def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=True):
     """One row in a fresh process; ``ranks`` > 1: the worker as that many ranks through bert_of's own
-    launcher (pinned one share of the CPUs each), rows split between them; peak RSS is their sum."""
+    launcher (pinned one share of the CPUs each), rows split between them; peak RSS is their sum.
+    ``ort`` (the onnxruntime row): "plain" of2onnx's graph (BERT_OF_ORT_FUSED=0), "spin0" / "spin1"
+    its pool's spinning (BERT_OF_ORT_SPIN), else the engine's defaults."""
     out = os.path.join(tmp, "row.json")
     for f in [out] + [f"{out}.rank{r}" for r in range(1, ranks)]:
         if os.path.exists(f):
@@ -224,8 +226,12 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False):
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
     for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS",
               "BERT_OF_CPU_ATTENTION", "BERT_OF_CPU_LAYER", "BERT_OF_CPU_TRAIN_KERNELS",
-              "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"):
+              "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "BERT_OF_ORT_FUSED", "BERT_OF_ORT_SPIN"):
         env.pop(k, None)
+    if ort == "plain":
+        env["BERT_OF_ORT_FUSED"] = "0"
+    elif ort in ("spin0", "spin1"):
+        env["BERT_OF_ORT_SPIN"] = ort[-1]
     if not kernels:
         env["BERT_OF_CPU_KERNELS"] = "0"
     elif kernels == "a0":  # every kernel but the attention core's
@@ -300,7 +306,7 @@ def markdown(res: dict) -> str:
     rows = _medians([r for r in res["rows"] if "error" not in r])
     kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"},
                    key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4], not k[5], not k[6], k[7]))
-    name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) and k[0] != "onnxruntime"  # noqa: E731
+    name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) and not k[0].startswith("onnxruntime")  # noqa: E731
                        else k[0])
                       + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's kernels")
                       + (", VM worker thread (OneFlow's default)" if k[4] else "")
@@ -348,8 +354,8 @@ def of_rows(a, task: str) -> list:
         spec = dict(part.split("=", 1) for part in spec.split(";")).get(task, "")
     rows = []
     for item in filter(None, spec.split(",")):
-        if item == "ort":  # `--engine onnxruntime` (predict only)
-            rows.append(("ort", None, 1, True, False))
+        if item.split(":")[0] == "ort":  # `--engine onnxruntime` (predict only); ort:plain, ort:spin0, ort:spin1
+            rows.append(("ort", None, 1, item.partition(":")[2] or True, False))
             continue
         mode, blas, *rest = item.split(":")
         kernels = next((c for c in ("a0", "l0", "t0") if c in rest[1:]), True) if "k0" not in rest[1:] else False
@@ -373,7 +379,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, no training kernels; ort: predict --engine onnxruntime (predict only); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, no training kernels; ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
@@ -438,7 +444,8 @@ def main():
                         group = [hf]
                         for mode, blas, ranks, kernels, vm_worker in of_rows(a, task):
                             if mode == "ort":
-                                row = run(OF_PY, ["--impl", "ort", "--model-dir", qa_dir(model), *common], tmp)
+                                row = run(OF_PY, ["--impl", "ort", "--model-dir", qa_dir(model), *common], tmp,
+                                          ort=kernels)
                                 row["impl"] = "of"  # a bert_of column (its mode: onnxruntime)
                             else:
                                 row = run(OF_PY, ["--impl", "of", "--mode", mode, "--model-dir", of_dir, *common], tmp,

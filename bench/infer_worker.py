@@ -157,6 +157,13 @@ def save_qa(a):
     save_finetuned(model, a.out, {"task": "squad"}, False, Runtime.create("cpu"))
 
 
+def ort_mode() -> str:
+    """The onnxruntime row's column: ``onnxruntime``, with the engine's switches when set."""
+    fused = "" if os.environ.get("BERT_OF_ORT_FUSED", "1") != "0" else " of2onnx graph"
+    spin = {"0": " spin0", "1": " spin1"}.get(os.environ.get("BERT_OF_ORT_SPIN", ""), "")
+    return "onnxruntime" + fused + spin
+
+
 def run_ort(a, data):
     """`bert-of predict squad --engine onnxruntime`'s engine over the same windows: the checkpoint's
     ONNX graph built in memory (its build, an onnxruntime session's optimisation, reported apart as
@@ -172,7 +179,7 @@ def run_ort(a, data):
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dict(windows_per_s=round(a.rows / secs, 3), seconds=round(secs, 2), cpu_seconds=round(cpu, 2),
                 loaded_rss_mib=loaded, graph_build_s=round(model.build_seconds, 2), engine="onnxruntime",
-                ort_threads=model.threads)
+                ort_threads=model.threads, ort_fused=model.fused)
 
 
 def pieces(fw, a):
@@ -332,7 +339,7 @@ def main():
         res = run_ort(a, windows(n, a.seq))
     else:
         res = (run_hf if a.impl == "hf" else run_of)(a, windows(n, a.seq))
-    res.update(impl=a.impl, mode={"hf": "eager", "ort": "onnxruntime"}.get(a.impl, a.mode), model=a.model, seq=a.seq, task=a.task,
+    res.update(impl=a.impl, mode={"hf": "eager", "ort": ort_mode()}.get(a.impl, a.mode), model=a.model, seq=a.seq, task=a.task,
                batch=a.batch, peak_rss_mib=status("VmHWM"))
     if a.impl == "of":
         import bert_of.runtime.blas as blas

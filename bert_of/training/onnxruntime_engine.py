@@ -42,6 +42,17 @@ from bert_of.training.padding import Gathered, eager_rows, length_batches, row_l
 INFER_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 PROC_FDS = "/proc/self/fd"  # this process's open files by number (Linux): the in-memory model's path
 FUSED_SWITCH = "BERT_OF_ORT_FUSED"  # "0": of2onnx's graph, not the fused one (to compare them)
+SPIN_SWITCH, SPIN_DEFAULT = "BERT_OF_ORT_SPIN", "1"  # the intra-op pool's spinning (spinning())
+
+
+def spinning() -> str:
+    """onnxruntime's ``session.intra_op.allow_spinning``: "1" (its default: the pool's threads spin
+    between ops, waiting for work) unless ``BERT_OF_ORT_SPIN`` says "0" (they sleep: less CPU burnt
+    when other work shares the cores)."""
+    given = os.environ.get(SPIN_SWITCH, SPIN_DEFAULT).strip()
+    if given not in ("0", "1"):
+        raise ConfigError(f"{SPIN_SWITCH}={given!r}: not 0 or 1")
+    return given
 
 
 def ort_errors(ort) -> tuple:
@@ -105,6 +116,7 @@ class OnnxModel:
         options.log_severity_level = 3  # errors only: its warnings are not ours to show
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning())
         providers = ["CPUExecutionProvider"]
         if hasattr(os, "memfd_create") and os.path.isdir(PROC_FDS):
             fd = os.memfd_create("bert_of-model.onnx", os.MFD_CLOEXEC)
