@@ -21,8 +21,8 @@ from bert_of.converters.convert import read
 from bert_of.converters.formats.onnx import model_bytes
 from bert_of.converters.verify import reference_forward
 from bert_of.tensors import expected_shapes
-from bert_of.training.onnxruntime_engine import FUSED_SWITCH, OnnxModel
-from tests.conftest import run_cli
+from bert_of.training.onnxruntime_engine import FUSED_SWITCH, SPIN_SWITCH, OnnxModel
+from tests.conftest import error_lines, run_cli
 from tests.helpers.models import S_DEV, build_vocab, minilm_dir, user_rows, user_vocab
 
 pytest.importorskip("onnxruntime")
@@ -131,9 +131,14 @@ def test_predict_says_which_graph_runs_and_both_give_the_same_classes(tmp_path, 
     (model / "train_args.json").write_text(json.dumps({"task": "classify", "problem": "single_label",
                                                        "labels": ["negative", "neutral", "positive"],
                                                        "do_lower_case": True}))
+    r = run_cli("predict", "classify", "--model", model, "--data", S_DEV, "-o", tmp_path / "x.csv", "--engine",
+                "onnxruntime", check=False, env={SPIN_SWITCH: "yes"})
+    assert r.returncode == 1 and error_lines(r.stderr) == ["bert-of: error: BERT_OF_ORT_SPIN='yes': not 0 or 1"]
+    assert not (tmp_path / "x.csv").exists()
     out = {}
     for switch in ("1", "0"):
         monkeypatch.setenv(FUSED_SWITCH, switch)
+        monkeypatch.setenv(SPIN_SWITCH, switch)  # both settings of the pool's spinning: the same answers
         target = tmp_path / f"p{switch}.csv"
         r = run_cli("predict", "classify", "--model", model, "--data", S_DEV, "-o", target, "--engine", "onnxruntime",
                     "--max-seq-length", 32)
