@@ -379,7 +379,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, no training kernels; ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, no training kernels; ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,

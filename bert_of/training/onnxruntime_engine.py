@@ -21,7 +21,8 @@ contrib ops) runs of2onnx's graph too, the reason in :attr:`OnnxModel.notes`.
 Threads: onnxruntime's intra-op pool gets bert_of's thread count
 (:func:`bert_of.runtime.blas.default_threads`: ``BERT_OF_BLAS_THREADS``, else the CPUs this
 process may use), or ``OMP_NUM_THREADS`` when the user set it (onnxruntime's CPU build reads no
-environment variable for it); one inter-op thread (the graph is a chain).
+environment variable for it); one inter-op thread (the graph is a chain); the pool's threads sleep
+between ops rather than spin (:func:`spinning`: ``BERT_OF_ORT_SPIN=1`` spins).
 """
 
 from __future__ import annotations
@@ -42,13 +43,16 @@ from bert_of.training.padding import Gathered, eager_rows, length_batches, row_l
 INFER_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 PROC_FDS = "/proc/self/fd"  # this process's open files by number (Linux): the in-memory model's path
 FUSED_SWITCH = "BERT_OF_ORT_FUSED"  # "0": of2onnx's graph, not the fused one (to compare them)
-SPIN_SWITCH, SPIN_DEFAULT = "BERT_OF_ORT_SPIN", "1"  # the intra-op pool's spinning (spinning())
+SPIN_SWITCH, SPIN_DEFAULT = "BERT_OF_ORT_SPIN", "0"  # the intra-op pool's spinning (spinning())
 
 
 def spinning() -> str:
-    """onnxruntime's ``session.intra_op.allow_spinning``: "1" (its default: the pool's threads spin
-    between ops, waiting for work) unless ``BERT_OF_ORT_SPIN`` says "0" (they sleep: less CPU burnt
-    when other work shares the cores)."""
+    """onnxruntime's ``session.intra_op.allow_spinning``: "0" (the pool's threads sleep between
+    ops) unless ``BERT_OF_ORT_SPIN`` says "1" (onnxruntime's own default: they spin, waiting for
+    work). On the 2-core machine shared with other work, spinning took 1.1-1.5x the wall time of
+    sleeping and up to 1.5x its CPU seconds (docs/benchmarks.md, 2026-12-06 "fused ops"); alone
+    on its cores it saves a thread wake-up per parallel op (microseconds, against milliseconds of
+    work per op)."""
     given = os.environ.get(SPIN_SWITCH, SPIN_DEFAULT).strip()
     if given not in ("0", "1"):
         raise ConfigError(f"{SPIN_SWITCH}={given!r}: not 0 or 1")
