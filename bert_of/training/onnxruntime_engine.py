@@ -3,7 +3,8 @@ by the user, never switched to silently.
 
 The model is the graph ``convert of2onnx`` writes for the checkpoint (the same reader, the same
 writer: converters/formats/onnx), built in memory and handed to ``onnxruntime.InferenceSession``
-as bytes: nothing is written beside the user's files. :meth:`OnnxModel.infer` is
+(an in-memory file on Linux, bytes elsewhere: :meth:`OnnxModel._session`): nothing is written
+beside the user's files. :meth:`OnnxModel.infer` is
 :func:`bert_of.training.inference.infer`'s engine for it: the same inputs and outputs, rows grouped
 by length and each batch padded to its longest row (:mod:`bert_of.training.padding`), outputs back
 in input order (:class:`~bert_of.training.padding.Gathered`), so the tasks' post-processing
