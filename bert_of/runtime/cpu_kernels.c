@@ -1,22 +1,21 @@
 /* Inference kernels on CPU, each one pass split over the process's cores (bert_of/runtime/kernels.py
  * checks each against OneFlow's own op on first use and otherwise stays with OneFlow's).
  *
- * GELU for inference on CPU, the float operations OneFlow 0.9's CPU kernels perform, in the same
- * order and with the same libm calls, so the result is the same to the last bit (bert_of/runtime/kernels.py
- * checks that on first use and otherwise stays with OneFlow's kernels). What differs is the pass:
- * OneFlow runs each op as its own single-threaded loop over the tensor (gelu_tanh takes seven); this
- * does one pass, split over the process's cores.
+ * GELU for inference on CPU, both flavours (op 0 exact, op 1 Google's tanh as bert_of writes it for
+ * OneFlow, kernels.gelu_tanh), vectorised without libm in gelu_vec.h: bounded, within GELU_ULPS float
+ * ulps of |x| of the float64 GELU (kernels.py checks it), where OneFlow's kernels call libm's erff or exp
+ * once per value. OneFlow also runs each op as its own single-threaded loop over the tensor (gelu_tanh
+ * takes seven); this does one pass, split over the process's cores.
  *
- * op 0, exact GELU (OneFlow's gelu kernel): 0.5f * x * (1.0f + erff(sqrt(0.5) * x))
- * op 1, Google's tanh GELU as bert_of writes it for OneFlow (kernels.gelu_tanh):
- *       x * sigmoid(c * (x + 0.044715f * (x * x * x))), c = 2 sqrt(2/pi) as a float, and
- *       OneFlow's CPU sigmoid computes in double: (float)(1.0 / (1.0 + exp(-(double)u))).
- * Built without floating-point contraction (bert_of/runtime/native.py): a fused multiply-add would round
- * differently from OneFlow's separate kernels. */
+ * Built without floating-point contraction (bert_of/runtime/native.py): the kernels that keep OneFlow's
+ * bits (the heads' split and merge) must round each add as OneFlow's separate kernels do; the vectorised
+ * parts (GELU, attention) allow it per function. */
 #define _GNU_SOURCE /* dl_iterate_phdr, RTLD_DEFAULT: the layer finds the cblas_sgemm OneFlow calls */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+
+#include "gelu_vec.h"
 
 #define MAX_THREADS 64
 #define MIN_PER_THREAD 32768 /* below this a thread costs more than it saves */
@@ -28,31 +27,8 @@ typedef struct {
     int op;
 } span_t;
 
-/* GELU op 0 (exact) of one value */
-static inline float gelu_erf_one(float s) {
-    const float inv_sqrt2 = (float)sqrt(0.5);
-    return 0.5f * s * (1.0f + erff(inv_sqrt2 * s));
-}
-
-/* GELU op 1 (tanh, as a sigmoid) of one value */
-static inline float gelu_tanh_one(float s) {
-    const float a = 0.044715f, c = (float)(2.0 * sqrt(2.0 / M_PI));
-    float u = s * s;
-    u = u * s;
-    u = u * a;
-    u = s + u;
-    u = u * c;
-    return s * (float)(1.0 / (1.0 + exp(-(double)u)));
-}
-
 static void gelu_span(const float *x, float *y, int64_t lo, int64_t hi, int op) {
-    if (op == 0) {
-        for (int64_t i = lo; i < hi; i++)
-            y[i] = gelu_erf_one(x[i]);
-    } else {
-        for (int64_t i = lo; i < hi; i++)
-            y[i] = gelu_tanh_one(x[i]);
-    }
+    gelu_vec_row(x + lo, 0, y + lo, hi - lo, op);
 }
 
 static void *gelu_thread(void *arg) {
@@ -591,16 +567,8 @@ typedef struct {
 static void bias_gelu_rows(const void *p, int64_t lo, int64_t hi) {
     const bias_gelu_args *a = p;
     const int64_t C = a->cols;
-    for (int64_t r = lo; r < hi; r++) {
-        float *restrict y = a->y + r * C;
-        const float *restrict b = a->b;
-        if (a->op == 0)
-            for (int64_t c = 0; c < C; c++)
-                y[c] = gelu_erf_one(y[c] + b[c]);
-        else
-            for (int64_t c = 0; c < C; c++)
-                y[c] = gelu_tanh_one(y[c] + b[c]);
-    }
+    for (int64_t r = lo; r < hi; r++) /* the same code as bert_of_gelu's after OneFlow's bias add: its bits */
+        gelu_vec_row(a->y + r * C, a->b, a->y + r * C, C, a->op);
 }
 
 /* Floats of scratch bert_of_layer needs: 5 T H + T I. */

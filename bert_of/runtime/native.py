@@ -8,9 +8,10 @@ that take the place of liboneflow's own. Remove this module when its users are g
 OneFlow 0.9 is a binary wheel; where it needs a fix or a faster library, bert_of puts a few C
 functions in front of liboneflow's own (its calls go through the PLT, so a definition loaded
 RTLD_GLOBAL first wins): :mod:`bert_of.runtime.oneflow_fix` (its graph-launch race) and
-:mod:`bert_of.runtime.blas` (a threaded BLAS); :mod:`bert_of.runtime.kernels` loads one more, its own (GELU for
-inference), and :mod:`bert_of.runtime.train_kernels` another (training steps). :func:`build` compiles a source with the system's C compiler into bert_of's cache
-(``~/.cache/bert_of/native``, else the temp folder) and reuses it.
+:mod:`bert_of.runtime.blas` (a threaded BLAS); :mod:`bert_of.runtime.kernels` loads one more, its own
+(inference kernels; their GELU is the header gelu_vec.h, included from the same folder), and
+:mod:`bert_of.runtime.train_kernels` another (training steps). :func:`build` compiles a source with the
+system's C compiler into bert_of's cache (``~/.cache/bert_of/native``, else the temp folder) and reuses it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -51,12 +53,24 @@ def _compile(cc: str, source: str, lib: str) -> None:
     os.replace(tmp, lib)  # ranks building at once: each renames a whole file
 
 
-def build(name: str) -> str:
-    """The shared library built from ``bert_of/<name>.c`` (compiled once per source and machine,
-    then reused). Raises OSError (no compiler, no writable cache, a failed compile)."""
-    source = os.path.join(HERE, f"{name}.c")
+def _source_bytes(source: str) -> bytes:
+    """The C file and the headers it includes from this folder (``#include "x.h"``, one level: the
+    headers here include none of their own), so a changed header builds a new library."""
     with open(source, "rb") as f:
-        tag = hashlib.sha256(f.read() + platform.machine().encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        text = f.read()
+    parts = [text]
+    for header in re.findall(rb'^\s*#\s*include\s+"([^"/]+)"', text, re.M):
+        with open(os.path.join(HERE, header.decode()), "rb") as f:
+            parts.append(f.read())
+    return b"\0".join(parts)
+
+
+def build(name: str) -> str:
+    """The shared library built from ``bert_of/<name>.c`` and the headers it includes from this folder
+    (compiled once per source and machine, then reused). Raises OSError (no compiler, no writable cache,
+    a failed compile)."""
+    source = os.path.join(HERE, f"{name}.c")
+    tag = hashlib.sha256(_source_bytes(source) + platform.machine().encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     last = "no writable cache folder"
     for folder in _cache_dirs():
