@@ -16,8 +16,10 @@ For inference (no autograd, local eager float32 CPU tensors) the layer's element
 bench/results and docs/benchmarks.md). Each kernel is checked against OneFlow's own op on its first
 use and stays off, with the reason in :func:`native_status`, where it does not hold:
 
-- OneFlow's bits (the same float operations and libm calls): both GELUs, the heads' split (with
-  the projection's bias add) and merge.
+- OneFlow's bits (the same float operations): the heads' split (with the projection's bias add) and merge.
+- Bounded: both GELUs (vectorised without libm in :file:`gelu_vec.h`, where OneFlow calls libm's erff or
+  exp once per value), within ``GELU_ULPS`` float ulps of |x| of the float64 GELU (:func:`gelu_ulps`;
+  :func:`native_status` reports it beside OneFlow's own distance).
 - Bounded (its sums cannot follow OneFlow's order): LayerNorm(x + residual), within
   ``LAYER_NORM_ULPS`` float ulps of the float64 LayerNorm, and no further from OneFlow's output
   than that is from float64; the attention core (scores, mask, softmax, product with v, heads'
@@ -31,7 +33,7 @@ A whole post-LN layer (:func:`layer_stack`, for the encoder's default layer runn
 through the ``cblas_sgemm`` OneFlow's CPU matmul reaches (bert_of's threaded BLAS shim, else
 liboneflow's own), with the arguments OneFlow passes, and the kernels above, each bias add fused
 into the pass after its GEMM, in one C call per layer; the hidden state stays in NumPy from the
-first layer to the last (no OneFlow op or VM wait between them). OneFlow's bits of the same layer
+first layer to the last (no OneFlow op or VM wait between them). The same bits as the same layer
 run op by op with these kernels (checked on probe layers when first used; on only where the heads',
 LayerNorm's and attention kernels are). Not for autograd, graphs, CUDA, pre-LN layers, activations
 other than the two GELUs, active dropout, ``output_attentions``, ``output_hidden_states`` or a
@@ -405,7 +407,7 @@ def _check_attention(lib, threads):
 
 
 def _check_layer(lib, threads):
-    """OneFlow's bits: the whole layer in one call equals the same layer run op by op (OneFlow's
+    """The same bits: the whole layer in one call equals the same layer run op by op (OneFlow's
     Linear, this module's split, attention, LayerNorm and GELU) to the last bit, on probe layers
     with both GELUs, padded and per-query masks, LiBai's coeff and a GEMM longer than a BLAS block."""
     if not lib.bert_of_layer_blas():
