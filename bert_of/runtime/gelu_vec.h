@@ -94,7 +94,7 @@ GELU_VEC_INLINE gelu_vf gelu_vec_phi(gelu_vf x) {
     g = g * t + gelu_vec_splat(2.341307998e-01f);
     g = g * t + gelu_vec_splat(-4.250064790e-01f);
     g = g * t + gelu_vec_splat(2.384544462e-01f);
-    g = g * t + gelu_vec_splat(-1.322626509e-02f);
+    g = g * t + gelu_vec_splat(-1.322626602e-02f);
     g = g * t + gelu_vec_splat(2.006662935e-01f);
     g = g * t + gelu_vec_splat(2.430657148e-01f);
     g = g * t + gelu_vec_splat(2.824226022e-01f);

@@ -227,3 +227,21 @@ def test_the_model_layer_reaches_oneflows_workarounds_only_through_flow():
            if layer(m) == 1 and m != "bert_of._flow" and not m.startswith("bert_of.runtime")
            for t, _, line in es if isinstance(t, str) and t.startswith("bert_of.runtime")]
     assert not bad, "\n".join(bad)
+
+
+def test_native_sources_and_their_headers_ship_as_package_data():
+    """bert_of/runtime/native.py compiles the .c files on the user's machine: an installed wheel needs
+    each of them and every header they include from the same folder (gelu_vec.h), listed in pyproject's
+    package data."""
+    runtime = os.path.join(ROOT, "bert_of", "runtime")
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        listed = re.search(r'^"bert_of\.runtime" = \[(.*)\]$', f.read(), re.M)
+    assert listed, "pyproject.toml lists no package data for bert_of.runtime"
+    shipped = set(re.findall(r'"([^"]+)"', listed.group(1)))
+    sources = {n for n in os.listdir(runtime) if n.endswith(".c")}
+    headers = set()
+    for name in sources:
+        with open(os.path.join(runtime, name)) as f:
+            headers |= set(re.findall(r'^\s*#\s*include\s+"([^"/]+)"', f.read(), re.M))
+    assert "gelu_vec.h" in headers and headers <= set(os.listdir(runtime))
+    assert sources | headers <= shipped, sorted(sources | headers - shipped)
