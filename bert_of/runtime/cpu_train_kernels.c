@@ -10,9 +10,9 @@
  * - LayerNorm(x + residual): forward saves x_hat = (t - mean) * rstd and rstd (per row) for the
  *   backward: dt = rstd * (g w - mean(g w) - x_hat mean(g w x_hat)), dw = sum_rows g x_hat,
  *   db = sum_rows g (dx = dresidual = dt). Row sums in double.
- * - GELU(a + bias) (bias optional): forward and backward 8 floats at a time without libm (below; OneFlow's
- *   and cpu_kernels.c's GELUs call libm's scalar erff / exp per element, ~20 ns each), within a few
- *   float ulps of |a + bias| of the float64 GELU; the forward saves a + bias; backward
+ * - GELU(a + bias) (bias optional): forward and backward 8 floats at a time without libm (gelu_vec.h,
+ *   the inference kernels' GELU too; OneFlow's GELUs call libm's scalar erff / exp per element,
+ *   ~20 ns each), within a few float ulps of |a + bias| of the float64 GELU; the forward saves a + bias; backward
  *   d = g * GELU'(a + bias), db = sum_rows d in double.
  *
  * Built without floating-point contraction (bert_of/runtime/native.py), as cpu_kernels.c; the
@@ -22,6 +22,9 @@
 #include <stdint.h>
 #include <string.h>
 #pragma GCC diagnostic ignored "-Wpsabi" /* vectors pass between always-inlined helpers only */
+
+#define GELU_VEC_LANES 8 /* this file's v8f */
+#include "gelu_vec.h"
 
 #define MAX_THREADS 64
 #define MIN_PER_THREAD 32768 /* elements: below this a thread costs more than it saves */
@@ -200,10 +203,10 @@ typedef struct {
     int op;
 } gelu_args;
 
-/* GELU' on 8 floats at once, without libm (its erff and expf are scalar calls: the backward took
- * twice the forward's time). exp by Cephes' expf polynomial (~1 ulp) on x <= 0; erf by Abramowitz and
- * Stegun 7.1.26 on that exponential (|error| <= 1.5e-7 absolute): GELU' within a few float ulps of
- * its magnitude, which train_kernels.py checks against float64. */
+/* GELU and GELU' on 8 floats at once, without libm (its erff and expf are scalar calls: the backward
+ * took twice the forward's time): gelu_vec.h's exp, normal CDF and sigmoid, the inference kernels' own
+ * (one GELU for both). GELU' within a few float ulps of its magnitude, which train_kernels.py checks
+ * against float64. */
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 #define VFAST __attribute__((optimize("O2,fp-contract=fast")))
@@ -218,66 +221,17 @@ VINLINE v8f splat(float x) { return (v8f){0} + x; }
 VINLINE v8f vabs(v8f a) { return (v8f)((v8i)a & 0x7fffffff); }
 VINLINE v8f select(v8i m, v8f a, v8f b) { return (v8f)((m & (v8i)a) | (~m & (v8i)b)); }
 
-/* exp(x) for x <= 0, 0 below -87.3 */
-VINLINE v8f exp_le0(v8f x) {
-    const v8i under = x < splat(-87.3f);
-    x = (v8f)((v8i)x & ~under);
-    const v8f magic = splat(12582912.0f);
-    const v8f n = (x * splat(1.44269504088896341f) + magic) - magic;
-    v8f r = x - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
-    v8f q = splat(1.9875691500e-4f);
-    q = q * r + splat(1.3981999507e-3f);
-    q = q * r + splat(8.3334519073e-3f);
-    q = q * r + splat(4.1665795894e-2f);
-    q = q * r + splat(1.6666665459e-1f);
-    q = q * r + splat(5.0000001201e-1f);
-    q = q * (r * r) + r + splat(1.0f);
-    const v8i two_n = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return (v8f)((v8i)(q * (v8f)two_n) & ~under);
-}
-
-/* Phi(s), the normal CDF, and *e = exp(-s^2 / 2): 1 - Phi(|s|) = erfc(|s| / sqrt 2) / 2 = q(t) t e / 2
- * (A&S 7.1.26), taken from 1 only for s >= 0 (no cancellation in the left tail). */
-VINLINE v8f normal_cdf(v8f s, v8f *e) {
-    const v8f z = vabs(s) * splat(0.70710678118654752f); /* |s| / sqrt 2 */
-    *e = exp_le0(-(z * z));
-    const v8f t = splat(1.0f) / (splat(1.0f) + splat(0.3275911f) * z);
-    v8f q = splat(1.061405429f);
-    q = q * t + splat(-1.453152027f);
-    q = q * t + splat(1.421413741f);
-    q = q * t + splat(-0.284496736f);
-    q = q * t + splat(0.254829592f);
-    const v8f tail = splat(0.5f) * q * t * *e;
-    return select(s < splat(0.0f), tail, splat(1.0f) - tail);
-}
-
-/* sigmoid(u) and *e = exp(-|u|) */
-VINLINE v8f sigmoid8(v8f u, v8f *e, v8f *inv) {
-    *e = exp_le0(-vabs(u));
-    *inv = splat(1.0f) / (splat(1.0f) + *e);
-    return select(u < splat(0.0f), *e * *inv, *inv);
-}
-
-/* GELU op of 8 floats (s + a s^3 rounded as cpu_kernels.c's, the rest vectorised: bounded) */
-VINLINE v8f gelu8(v8f s, int op) {
-    v8f e, inv;
-    if (op == 0)
-        return s * normal_cdf(s, &e);
-    return s * sigmoid8(splat(1.5957691216057308f) * (s + splat(0.044715f) * s * s * s), &e, &inv);
-}
+/* GELU op of 8 floats (gelu_vec.h's) */
+VINLINE v8f gelu8(v8f s, int op) { return gelu_vec(s, op); }
 
 VINLINE v8f dgelu8(v8f s, int op) {
-    if (op == 0) { /* Phi(s) + s phi(s) */
-        v8f e;
-        const v8f cdf = normal_cdf(s, &e);
-        return cdf + s * e * splat(0.39894228040143268f);
-    }
+    if (op == 0) /* Phi(s) + s phi(s) */
+        return gelu_vec_phi(s) + s * gelu_vec_exp_le0(splat(-0.5f) * (s * s)) * splat(0.39894228040143268f);
     /* sigmoid(u) + s sigmoid(u) (1 - sigmoid(u)) c (1 + 3 a s^2), u = c (s + a s^3) */
     const v8f c = splat(1.5957691216057308f), a = splat(0.044715f);
     const v8f u = c * (s + a * s * s * s);
-    v8f e, inv;
-    const v8f sg = sigmoid8(u, &e, &inv);
+    const v8f e = gelu_vec_exp_le0(-vabs(u)), inv = splat(1.0f) / (splat(1.0f) + e);
+    const v8f sg = select(u < splat(0.0f), e * inv, inv);
     /* sigmoid (1 - sigmoid) = e / (1 + e)^2 either side: 1 - sg would cancel where sg nears 1 */
     return sg + s * (e * inv * inv) * c * (splat(1.0f) + splat(3.0f) * a * s * s);
 }

@@ -121,8 +121,8 @@ GELU_VEC_INLINE gelu_vf gelu_vec(gelu_vf x, int op) {
 
 /* y[0:n] = GELU op of x[0:n] (+ bias[0:n] when bias is not NULL: one float add, as OneFlow's bias add
  * rounds it). y may be x (in place). The last n % GELU_VEC_LANES values go through the same vector code. */
-GELU_VEC_CLONES GELU_VEC_FAST static void gelu_vec_row(const float *x, const float *bias, float *y, int64_t n,
-                                                        int op) {
+__attribute__((unused)) GELU_VEC_CLONES GELU_VEC_FAST static void gelu_vec_row(const float *x, const float *bias,
+                                                                               float *y, int64_t n, int op) {
     int64_t i = 0;
     for (; i + GELU_VEC_LANES <= n; i += GELU_VEC_LANES) {
         gelu_vf s;

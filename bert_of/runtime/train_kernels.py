@@ -18,8 +18,8 @@ first use against float64 and OneFlow's ops, forward and gradients, and stays of
 - LayerNorm(x + residual): output within ``LAYER_NORM_ULPS`` float ulps of (|n w| + |b|) of the float64
   LayerNorm (n normalised); gradients within ``GRAD_ULPS`` ulps of their float64 magnitudes (sums
   of absolute terms, below); each no further from OneFlow's than OneFlow's is from float64 plus that.
-- GELU(a + bias), exact or tanh: vectorised without libm (OneFlow's CPU GELUs call libm's erff or
-  exp per element), the output within ``GELU_ULPS`` float ulps of |a + bias| of the float64 GELU
+- GELU(a + bias), exact or tanh: vectorised without libm (gelu_vec.h, the inference kernels' GELU too;
+  OneFlow's CPU GELUs call libm's erff or exp per element), the output within ``GELU_ULPS`` float ulps of |a + bias| of the float64 GELU
   (the rounding of a + bias itself moves it by half an ulp of that); the input's and bias's
   gradients within GRAD_ULPS of their magnitudes, as above.
 
@@ -45,7 +45,7 @@ from bert_of.runtime.flow_import import flow
 
 F32_EPS = kernels.F32_EPS
 LAYER_NORM_ULPS = kernels.LAYER_NORM_ULPS
-GELU_ULPS = 8  # the GELU's output vs float64, in float ulps of |input| (A&S 7.1.26's erf: 1.5e-7 absolute)
+GELU_ULPS = kernels.GELU_ULPS  # the GELU's output vs float64, in float ulps of |input| (gelu_vec.h, inference's too)
 GRAD_ULPS = 16  # gradients vs float64, in float ulps of their magnitudes (each a few roundings of float inputs)
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES = {
@@ -357,13 +357,7 @@ def _gelu_ref(s, g, op):
     return g * d, np.abs(g) * (mag + 1)
 
 
-def _gelu64(s, op):
-    """The float64 GELU op of s."""
-    s = np.asarray(s, np.float64)
-    if op == 0:
-        return 0.5 * s * (1 + np.vectorize(math.erf)(s / math.sqrt(2)))
-    with np.errstate(over="ignore"):
-        return s / (1 + np.exp(-2 * math.sqrt(2 / math.pi) * (s + 0.044715 * s ** 3)))
+_gelu64 = kernels.gelu64  # the float64 GELU op of s
 
 
 def _check_gelu(lib):
