@@ -162,6 +162,12 @@ class TrainConfig:
                               help="decoupled weight decay (not on LayerNorm / bias)")
     clip_grad_norm: float = arg(1.0, group=TRAINING, help="global-norm clip; 0 turns it off", metavar="C")
     adam_eps: float = arg(1e-6, group=TRAINING, help="Adam / LAMB epsilon", metavar="EPS")
+    # Google's AdamWeightDecayOptimizer has none: its first updates are m/sqrt(v) uncorrected, 3-6x
+    # torch.optim.AdamW's over the first ~100 steps, so a short run with transformers' hyper-parameters
+    # needs this to train alike (bench/squad_bench.py)
+    bias_correction: bool = arg(False, flag="--adam-bias-correction", group=TRAINING,
+                                help="Adam / LAMB bias correction, as torch.optim.AdamW (transformers' Trainer) "
+                                     "does; off: Google's AdamWeightDecay, which has none")
     grad_accum_steps: int = arg(1, group=TRAINING, help="micro-batches per optimizer step", metavar="K")
     amp: bool = arg(False, group=TRAINING, help="mixed precision: fp16 autocast + loss scaling (GPU; graph: "
                                                 "OneFlow's GradScaler, eager: bert_of's dynamic loss scaler)")
@@ -172,7 +178,6 @@ class TrainConfig:
     power: float = 1.0
     no_decay: tuple = ("bias", "LayerNorm", "layer_norm")
     betas: tuple = (0.9, 0.999)
-    bias_correction: bool = False  # Google's AdamWeightDecayOptimizer has none
     momentum: float = 0.9
     extra: dict = field(default_factory=dict)
 

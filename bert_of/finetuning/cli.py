@@ -29,7 +29,8 @@ from bert_of.finetuning.task import TASKS
 from bert_of.launch import in_rank, maybe_relaunch, topology
 from bert_of.options import from_args, resume_from_record
 
-FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correction, weight decay not on "
+FINETUNE_NOTE = ("Defaults are google-research/bert's (AdamW without bias correction unless "
+                 "--adam-bias-correction, weight decay not on "
                  "LayerNorm/bias, linear warmup then linear decay to 0, global-norm clipping); steps = "
                  "int(examples / batch * epochs). --nproc N: N ranks on this machine; --nnodes M --node-rank R "
                  "--master-addr A --master-port P: across machines (--batch-size is the global batch).")

@@ -85,6 +85,37 @@ def test_clipping_and_weight_decay_matter():
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_adam_bias_correction_takes_torch_adamws_first_step(mode):
+    """`--adam-bias-correction` (TrainConfig.bias_correction): the first AdamW update is
+    lr * g / (|g| + eps), torch.optim.AdamW's; Google's AdamWeightDecay (the default) has no bias
+    correction and moves (1 - 0.9) / sqrt(1 - 0.999) = 3.16x as far where |g| >> eps."""
+    from bert_of.cli import build_parser
+    from bert_of.finetuning.task import TASKS
+    from bert_of.options import from_args
+
+    squad_options = TASKS["squad"].options
+    argv = ["finetune", "squad", "--model", "m", "--train", "t.json", "-o", "out"]
+    flagged = from_args(squad_options, build_parser().parse_args(argv + ["--adam-bias-correction"]))
+    assert TrainConfig.of(flagged, steps=1).bias_correction is True
+    assert TrainConfig.of(from_args(squad_options, build_parser().parse_args(argv)), steps=1).bias_correction is False
+    start = BertForPreTraining(BertConfig(**CONFIG))
+    start.init_weights(seed=0)
+    w0 = {n: p.numpy().copy() for n, p in start.named_parameters()}
+    kw = dict(mode=mode, warmup_steps=0, weight_decay=0.0, clip_grad_norm=None)
+    _, google = _train(steps=1, **kw)
+    _, torch_like = _train(steps=1, bias_correction=True, **kw)
+    lr = TRAIN["lr"]
+    moved = 0
+    for (n, p), (_, q) in zip(google.named_parameters(), torch_like.named_parameters()):
+        dg, dt = p.numpy() - w0[n], q.numpy() - w0[n]
+        assert np.abs(dt).max() <= lr * (1 + 1e-4), n  # a corrected first step is never longer than lr
+        big = np.abs(dt) > lr * (1 - 1e-3)  # |g| > ~1e3 eps: the step is lr * sign(g)
+        moved += int(big.sum())
+        np.testing.assert_allclose(dg[big] / dt[big], 0.1 / np.sqrt(1e-3), rtol=0.04, err_msg=n)
+    assert moved > 1000
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_gradient_accumulation_matches_the_full_batch(mode):
     full, _ = _train(mode=mode, optimizer="sgd", clip_grad_norm=None, weight_decay=0.0)
     accum, _ = _train(mode=mode, optimizer="sgd", clip_grad_norm=None, weight_decay=0.0, grad_accum_steps=4)
