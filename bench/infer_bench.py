@@ -238,8 +238,8 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=Tr
         env["BERT_OF_CPU_ATTENTION"] = "0"
     elif kernels == "l0":  # every kernel, each layer op by op (not the whole-layer call)
         env["BERT_OF_CPU_LAYER"] = "0"
-    elif kernels == "t0":  # the inference kernels, not the training ones (bert_of/runtime/train_kernels.py)
-        env["BERT_OF_CPU_TRAIN_KERNELS"] = "0"
+    elif kernels == "t1":  # the opt-in training kernels too (bert_of/runtime/train_kernels.py)
+        env["BERT_OF_CPU_TRAIN_KERNELS"] = "1"
     # bert_of's default on CPU: OneFlow's scheduler thread runs the kernels (no worker for it to spin
     # beside); vm1: OneFlow's own default, a worker thread runs them and the scheduler spins
     env["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = "1" if vm_worker else "0"
@@ -290,7 +290,7 @@ def _medians(rows: list) -> list:
 def _kind(row) -> tuple:
     """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU kernels on, OneFlow's VM
     computing on its worker thread, the attention core's kernel off, the whole-layer kernel off, the
-    training kernels off by BERT_OF_CPU_TRAIN_KERNELS=0)."""
+    opt-in training kernels on: BERT_OF_CPU_TRAIN_KERNELS=1)."""
     # kernels on unless switched off (a training row's inference kernels report "not used yet")
     on = ("BERT_OF_CPU_KERNELS=0" not in str(row["cpu_kernels"].get("why")) if "cpu_kernels" in row
           else row.get("cpu_gelu", True) is not False)
@@ -298,7 +298,7 @@ def _kind(row) -> tuple:
             row.get("vm_worker_thread", False) is True,
             "attention" in (row.get("cpu_kernels") or {}).get("off", {}),
             "layer" in (row.get("cpu_kernels") or {}).get("off", {}),
-            "BERT_OF_CPU_TRAIN_KERNELS=0" in str((row.get("cpu_train_kernels") or {}).get("why")))
+            bool((row.get("cpu_train_kernels") or {}).get("active", False)))
 
 
 def markdown(res: dict) -> str:
@@ -312,7 +312,7 @@ def markdown(res: dict) -> str:
                       + (", VM worker thread (OneFlow's default)" if k[4] else "")
                       + (", OneFlow's attention ops" if k[3] and k[5] else "")
                       + (", layers op by op" if k[3] and k[6] and not k[5] else "")
-                      + (", no training kernels" if k[3] and k[7] else ""))
+                      + (", training kernels" if k[3] and k[7] else ""))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
@@ -358,7 +358,7 @@ def of_rows(a, task: str) -> list:
             rows.append(("ort", None, 1, item.partition(":")[2] or True, False))
             continue
         mode, blas, *rest = item.split(":")
-        kernels = next((c for c in ("a0", "l0", "t0") if c in rest[1:]), True) if "k0" not in rest[1:] else False
+        kernels = next((c for c in ("a0", "l0", "t1") if c in rest[1:]), True) if "k0" not in rest[1:] else False
         rows.append((mode, blas, int(rest[0]) if rest else 1, kernels, "vm1" in rest[1:]))
     return rows
 
@@ -379,7 +379,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, no training kernels; ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t1: BERT_OF_CPU_TRAIN_KERNELS=1, the opt-in training kernels too; ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
