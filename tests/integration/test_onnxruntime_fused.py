@@ -23,7 +23,7 @@ from bert_of.converters.verify import reference_forward
 from bert_of.tensors import expected_shapes
 from bert_of.training.onnxruntime_engine import FUSED_SWITCH, SPIN_SWITCH, OnnxModel
 from tests.conftest import error_lines, run_cli
-from tests.helpers.models import S_DEV, build_vocab, minilm_dir, user_rows, user_vocab
+from tests.helpers.models import S_DEV, build_vocab, minilm_dir, random_checkpoint, user_rows, user_vocab
 
 pytest.importorskip("onnxruntime")
 
@@ -41,17 +41,7 @@ HEADS = {  # canonical name prefixes of each checkpoint's heads -> the outputs i
 def checkpoint(path, act: str, heads: tuple, seed: int = 0) -> str:
     """A tiny BERT checkpoint (hidden 32, 4 heads, 2 layers) of random weights, ``act`` its activation."""
     vocab, n = build_vocab(path.parent / f"vocab-{path.name}.txt")
-    cfg = BertConfig(vocab_size=n, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                     max_position_embeddings=64, hidden_act=act, num_labels=3)
-    rng = np.random.default_rng(seed)
-    tensors = []
-    for name, shape in expected_shapes(cfg).items():
-        if name.startswith(("bert.embeddings.", "bert.encoder.")) or name.startswith(heads):
-            value = 1.0 + 0.1 * rng.standard_normal(shape) if name.endswith("LayerNorm.weight") else \
-                0.3 * rng.standard_normal(shape)
-            tensors.append((name, value.astype(np.float32)))
-    write_checkpoint(str(path), tensors, cfg, vocab)
-    return str(path)
+    return random_checkpoint(path, vocab, n, heads, seed, max_position_embeddings=64, hidden_act=act, num_labels=3)
 
 
 def rows(n: int, seq: int, vocab_size: int, seed: int = 1) -> list:

@@ -16,17 +16,14 @@ import sys
 import numpy as np
 import pytest
 
-from bert_of.checkpoint import write_checkpoint
-from bert_of.config import BertConfig
 from bert_of.converters import registry
 from bert_of.converters.convert import read
 from bert_of.converters.verify import reference_forward
 from bert_of.eval.glue_data import InputExample, convert_example_to_features
 from bert_of.eval.user_data import read_tagged, tag_list
-from bert_of.tensors import expected_shapes
 from bert_of.tokenization import FullTokenizer
 from tests.conftest import RANK_VARS, ROOT, run_cli
-from tests.helpers.models import DEV11, GL, LENGTHS, S_DEV, USER, build_vocab, user_rows, user_vocab
+from tests.helpers.models import DEV11, GL, LENGTHS, S_DEV, USER, build_vocab, random_checkpoint, user_rows, user_vocab
 
 pytest.importorskip("onnxruntime")
 
@@ -34,29 +31,11 @@ SENTIMENT = ["negative", "neutral", "positive"]  # sentiment-dev.csv's classes, 
 N_DEV = os.path.join(USER, "ner-dev.conll")
 
 
-def checkpoint(path, vocab, n_vocab, heads, seed, train_args=None, **config):
-    """A bert_of checkpoint folder of a tiny BERT (hidden 32, 2 layers) with random weights for the
-    encoder and ``heads`` (canonical name prefixes: "bert.pooler.", "classifier.", "qa_outputs.")."""
-    cfg = BertConfig(vocab_size=n_vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=37, max_position_embeddings=128, **config)
-    rng = np.random.default_rng(seed)
-    tensors = []
-    for name, shape in expected_shapes(cfg).items():
-        if name.startswith(("bert.embeddings.", "bert.encoder.")) or name.startswith(heads):
-            value = 1.0 + 0.1 * rng.standard_normal(shape) if name.endswith("LayerNorm.weight") else \
-                0.3 * rng.standard_normal(shape)
-            tensors.append((name, value.astype(np.float32)))
-    write_checkpoint(str(path), tensors, cfg, vocab)
-    if train_args is not None:
-        (path / "train_args.json").write_text(json.dumps(train_args))
-    return str(path)
-
-
 def classifier(root):
     vocab, n = user_vocab(root / "vocab.txt")
-    return checkpoint(root / "classify", vocab, n, ("bert.pooler.", "classifier."), seed=1, num_labels=3,
-                      train_args={"task": "classify", "problem": "single_label", "labels": SENTIMENT,
-                                  "do_lower_case": True})
+    return random_checkpoint(root / "classify", vocab, n, ("bert.pooler.", "classifier."), seed=1, num_labels=3,
+                             train_args={"task": "classify", "problem": "single_label", "labels": SENTIMENT,
+                                         "do_lower_case": True})
 
 
 def test_predict_classify_on_onnxruntime_gives_the_reference_classes_and_probabilities(tmp_path):
@@ -101,18 +80,19 @@ def test_predict_and_eval_of_every_task_on_onnxruntime_import_no_oneflow(tmp_pat
     cls = classifier(tmp_path)
     vocab, n = user_vocab(tmp_path / "vocab.txt")
     tags = tag_list(read_tagged(N_DEV, need_tags=True))
-    tagger = checkpoint(tmp_path / "tag", vocab, n, ("bert.pooler.", "classifier."), seed=2, num_labels=len(tags),
-                        classifier_kind="token", train_args={"task": "tag", "labels": tags, "do_lower_case": True})
-    regressor = checkpoint(tmp_path / "regress", vocab, n, ("bert.pooler.", "classifier."), seed=3, num_labels=1,
-                           train_args={"task": "classify", "problem": "regression", "labels": [],
-                                       "do_lower_case": True})
+    head = ("bert.pooler.", "classifier.")
+    tagger = random_checkpoint(tmp_path / "tag", vocab, n, head, seed=2, num_labels=len(tags), classifier_kind="token",
+                               train_args={"task": "tag", "labels": tags, "do_lower_case": True})
+    regressor = random_checkpoint(tmp_path / "regress", vocab, n, head, seed=3, num_labels=1,
+                                  train_args={"task": "classify", "problem": "regression", "labels": [],
+                                              "do_lower_case": True})
     topics = ["a", "b", "c"]
-    multi = checkpoint(tmp_path / "multi", vocab, n, ("bert.pooler.", "classifier."), seed=4, num_labels=3,
-                       train_args={"task": "classify", "problem": "multi_label", "labels": topics,
-                                   "do_lower_case": True})
+    multi = random_checkpoint(tmp_path / "multi", vocab, n, head, seed=4, num_labels=3,
+                              train_args={"task": "classify", "problem": "multi_label", "labels": topics,
+                                          "do_lower_case": True})
     fvocab, fn = build_vocab(tmp_path / "fixtures-vocab.txt")
-    squad = checkpoint(tmp_path / "squad", fvocab, fn, ("bert.pooler.", "qa_outputs."), seed=5)
-    glue = checkpoint(tmp_path / "glue", fvocab, fn, ("bert.pooler.", "classifier."), seed=6, num_labels=2)
+    squad = random_checkpoint(tmp_path / "squad", fvocab, fn, ("bert.pooler.", "qa_outputs."), seed=5)
+    glue = random_checkpoint(tmp_path / "glue", fvocab, fn, ("bert.pooler.", "classifier."), seed=6, num_labels=2)
     out = tmp_path / "out"
     ort = ["--engine", "onnxruntime"]
     runs = [
