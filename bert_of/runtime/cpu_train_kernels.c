@@ -207,19 +207,15 @@ typedef struct {
  * took twice the forward's time): gelu_vec.h's exp, normal CDF and sigmoid, the inference kernels' own
  * (one GELU for both). GELU' within a few float ulps of its magnitude, which train_kernels.py checks
  * against float64. */
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
-typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
-#define VFAST __attribute__((optimize("O2,fp-contract=fast")))
-#define VINLINE static inline __attribute__((always_inline)) VFAST
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define VCLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define VCLONES
-#endif
+typedef gelu_vf v8f; /* 8 lanes: GELU_VEC_LANES above */
+typedef gelu_vi v8i;
+#define VFAST GELU_VEC_FAST
+#define VINLINE GELU_VEC_INLINE
+#define VCLONES GELU_VEC_CLONES
 
-VINLINE v8f splat(float x) { return (v8f){0} + x; }
-VINLINE v8f vabs(v8f a) { return (v8f)((v8i)a & 0x7fffffff); }
-VINLINE v8f select(v8i m, v8f a, v8f b) { return (v8f)((m & (v8i)a) | (~m & (v8i)b)); }
+VINLINE v8f splat(float x) { return gelu_vec_splat(x); }
+VINLINE v8f vabs(v8f a) { return gelu_vec_abs(a); }
+VINLINE v8f select(v8i m, v8f a, v8f b) { return gelu_vec_select(m, a, b); }
 
 /* GELU op of 8 floats (gelu_vec.h's) */
 VINLINE v8f gelu8(v8f s, int op) { return gelu_vec(s, op); }
