@@ -43,6 +43,10 @@ Not here, because they measured no faster than OneFlow's own (docs/benchmarks.md
 standalone bias add (memory-bound, and each tensor handed to NumPy waits for OneFlow's VM) and a
 standalone softmax (OneFlow's is oneDNN's, vectorised; only fused into the attention core is it faster).
 
+A check's verdict is kept beside the built library (:class:`native.Verdicts`, keyed by the library's
+bytes, the CPU and :func:`verdict_context`), so a process after the first on the same machine reads it
+(~0.6 CPU-s of checks a process otherwise); ``BERT_OF_CPU_KERNELS_RECHECK=1`` runs them again.
+
 ``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout; ``BERT_OF_CPU_ATTENTION=0`` only for the
 attention core (and the whole layer with it); ``BERT_OF_CPU_LAYER=0`` runs the layers op by op with
 the other kernels. A training step (autograd) on CPU has its own kernels with a backward, LayerNorm and
@@ -61,6 +65,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+import bert_of.runtime.blas as blas
 import bert_of.runtime.native as native
 from bert_of.runtime.flow_import import flow
 from bert_of.runtime.blas import default_threads
@@ -184,7 +189,8 @@ def _native_lib():
         _native["why"] = "off (BERT_OF_CPU_KERNELS=0)"
         return None
     try:
-        lib = ctypes.CDLL(native.build("cpu_kernels"))
+        path = native.build("cpu_kernels")
+        lib = ctypes.CDLL(path)
     except OSError as e:
         _native["why"] = f"off: {e}"
         return None
@@ -192,12 +198,22 @@ def _native_lib():
         getattr(lib, name).argtypes = argtypes
     lib.bert_of_layer_scratch.restype = _I64
     threads = default_threads()
-    why, _native["gelu_ulps"] = _check_gelu(lib, threads)
+    verdicts = _native["verdicts"] = native.Verdicts(path, verdict_context(threads))
+    kept = verdicts.check("gelu", lambda: dict(zip(("why", "ulps"), _check_gelu(lib, threads))))
+    why, _native["gelu_ulps"] = kept["why"], {int(op): u for op, u in kept["ulps"].items()}
     if why:
         _native["why"] = why
         return None
     _native.update(lib=lib, threads=threads)
     return lib
+
+
+def verdict_context(threads: int) -> dict:
+    """What a kernel's check depends on besides its library and the CPU (:class:`native.Verdicts`):
+    OneFlow's ops it is compared with, NumPy's float64 reference, the BLAS and the thread count."""
+    b = blas.status()
+    return {"oneflow": flow.__version__, "numpy": np.__version__, "threads": threads,
+            "blas": [b.get(k) for k in ("blas", "library", "version", "threads")]}
 
 
 def _applies(*tensors) -> bool:
@@ -241,8 +257,11 @@ def native_gelu(x, op: int):
 def native_status() -> dict:
     """{"active": bool, "threads", "calls": kernel calls so far, "off": {kernel: why} for kernels
     that failed their check, "why": when all are off, "gelu_ulps": {op: {"bert_of": ulps, "oneflow":
-    ulps}} once checked: each GELU's largest distance from float64 on the probe, in float ulps of |x|}."""
+    ulps}} once checked: each GELU's largest distance from float64 on the probe, in float ulps of |x|,
+    "verdicts_kept": checks whose verdict was read from beside the library instead of run}."""
     ulps = {"gelu_ulps": _native["gelu_ulps"]} if _native.get("gelu_ulps") else {}
+    if _native.get("verdicts") is not None:
+        ulps["verdicts_kept"] = _native["verdicts"].hits
     if _native["lib"] is None:
         return {"active": False, "why": _native["why"], **ulps}
     off = {k: v for k, v in _native["kernels"].items() if v is not None}
@@ -261,11 +280,21 @@ def _kernel(name: str):
     if name not in _native["kernels"]:
         _native["kernels"][name] = "checking"
         counts = {k: _native[k] for k in ("calls", "attention_calls", "layer_calls")}
-        why = (_CHECKS[name](lib, _native["threads"]) if os.environ.get(_OFF_SWITCH.get(name, ""), "1") != "0"
-               else f"off ({_OFF_SWITCH[name]}=0)")
+        why = _verdict(lib, name)
         _native.update(counts)  # a check's own kernel calls (the layer's runs the others) are not the caller's
         _native["kernels"][name] = why
     return lib if _native["kernels"][name] is None else None
+
+
+def _verdict(lib, name: str):
+    """None (kernel ``name`` may run) or why not: its switch, a kernel it needs, or its check's verdict
+    (kept beside the library by :class:`native.Verdicts`, else its check run now)."""
+    if os.environ.get(_OFF_SWITCH.get(name, ""), "1") == "0":
+        return f"off ({_OFF_SWITCH[name]}=0)"
+    for part in _NEEDS.get(name, ()):
+        if _kernel(part) is None:
+            return f"off: needs the {part} kernel ({_native['kernels'][part]})"
+    return _native["verdicts"].check(name, lambda: _CHECKS[name](lib, _native["threads"]))
 
 
 def _probe(rng, *shape) -> np.ndarray:
@@ -412,9 +441,6 @@ def _check_layer(lib, threads):
     with both GELUs, padded and per-query masks, LiBai's coeff and a GEMM longer than a BLAS block."""
     if not lib.bert_of_layer_blas():
         return "off: no cblas_sgemm in the process to run the layer's GEMMs"
-    for part in ("heads", "layer_norm", "attention"):
-        if _kernel(part) is None:
-            return f"off: needs the {part} kernel ({_native['kernels'][part]})"
     rng = np.random.default_rng(6)
     for B, S, H, N, I, rows, act, coeff in ((2, 37, 96, 3, 384, 1, 1, None), (3, 19, 64, 4, 1040, 19, 0, 3.0)):
         mods = [nn.Linear(H, H) for _ in range(4)] + [nn.Linear(H, I), nn.Linear(I, H)]
@@ -444,6 +470,8 @@ def _check_layer(lib, threads):
 
 # a kernel's own off switch, beside BERT_OF_CPU_KERNELS=0 for all (to measure one against OneFlow's ops)
 _OFF_SWITCH = {"attention": "BERT_OF_CPU_ATTENTION", "layer": "BERT_OF_CPU_LAYER"}
+# kernels a kernel runs (each checked, or switched off, on its own: not part of the verdict kept for it)
+_NEEDS = {"layer": ("heads", "layer_norm", "attention")}
 _CHECKS = {"heads": _check_heads, "layer_norm": _check_layer_norm, "attention": _check_attention,
            "layer": _check_layer}
 

@@ -12,11 +12,15 @@ RTLD_GLOBAL first wins): :mod:`bert_of.runtime.oneflow_fix` (its graph-launch ra
 (inference kernels; their GELU is the header gelu_vec.h, included from the same folder), and
 :mod:`bert_of.runtime.train_kernels` another (training steps). :func:`build` compiles a source with the
 system's C compiler into bert_of's cache (``~/.cache/bert_of/native``, else the temp folder) and reuses it.
+:class:`Verdicts` keeps the kernels' first-use checks beside the library they checked, so a process
+after the first on the same machine, library and OneFlow does not run them again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import platform
 import re
@@ -88,3 +92,90 @@ def build(name: str) -> str:
         except OSError as e:  # this folder is not writable: the next one
             last = f"{folder}: {e.strerror or e}"
     raise OSError(last)
+
+
+KEEP_KEYS = 8
+RECHECK = "BERT_OF_CPU_KERNELS_RECHECK"  # =1: run every first-use check again (and keep the new verdicts)
+
+
+def _cpu() -> str:
+    """This CPU as its kernels see it: the machine, the first processor's model name and flags."""
+    seen = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "flags", "Features") and key not in seen:
+                    seen[key] = value.strip()
+                if not line.strip() and seen:
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}|{seen.get('model name', '')}|{seen.get('flags', seen.get('Features', ''))}"
+
+
+class Verdicts:
+    """The first-use checks' verdicts of one built library, in ``<library>.checks.json`` beside it.
+
+    A check's verdict depends on the library's bytes, this CPU and what ``context`` names (the caller's
+    OneFlow and NumPy versions, BLAS, thread count); the file keeps one entry per such key, so a
+    changed library, CPU, OneFlow or BLAS runs the checks again. Verdicts are JSON values (None: the
+    kernel passed; a string: why it is off; with what the check measured). A file that is missing,
+    unreadable or not what this writes reads as empty; writes are whole-file renames (ranks starting
+    at once each write a whole file; the last one wins, the others' checks run again next time).
+    ``BERT_OF_CPU_KERNELS_RECHECK=1`` ignores what is kept and writes what the checks find now.
+    """
+
+    def __init__(self, library: str, context: dict):
+        self.path = library + ".checks.json"
+        try:
+            with open(library, "rb") as f:
+                lib_hash = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            lib_hash = "?"
+        blob = json.dumps({"library": lib_hash, "cpu": _cpu(), **context}, sort_keys=True, default=str)
+        self.key = hashlib.sha256(blob.encode()).hexdigest()[:24]
+        self.recheck = os.environ.get(RECHECK, "0") == "1"
+        self.hits = 0  # verdicts read from the file (the checks not run) in this process
+
+    def _load(self) -> dict:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                kept = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return kept if isinstance(kept, dict) else {}
+
+    def get(self, name: str):
+        """(True, verdict) when kept for this key, else (False, None)."""
+        if self.recheck:
+            return False, None
+        entry = self._load().get(self.key)
+        if isinstance(entry, dict) and name in entry:
+            self.hits += 1
+            return True, entry[name]
+        return False, None
+
+    def put(self, name: str, verdict) -> None:
+        """Keep ``verdict`` (JSON) for ``name``; a folder that is not writable keeps nothing."""
+        kept = self._load()
+        entry = kept.pop(self.key, None)
+        kept[self.key] = {**(entry if isinstance(entry, dict) else {}), name: verdict}
+        kept = dict(list(kept.items())[-KEEP_KEYS:])  # the newest keys (venvs sharing the cache take turns)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(kept, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+    def check(self, name: str, run):
+        """``run()``'s verdict for ``name``, kept: read from the file when there, else run and kept."""
+        found, verdict = self.get(name)
+        if not found:
+            verdict = run()
+            self.put(name, verdict)
+        return verdict

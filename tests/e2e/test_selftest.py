@@ -25,6 +25,8 @@ def test_selftest_without_cuda_runs_the_cpu_parts_and_exits_0(tmp_path):
     assert 0 < verify["cpu"]["worst"] <= 1e-5
     kernels = checks["kernels"]["max_abs_diff"]["cpu"]
     assert checks["kernels"]["status"] == "pass" and 0 < kernels["layer_norm"] < 1e-4 and 0 < kernels["gelu_tanh"] < 1e-4
+    gelu = checks["kernels"]["cpu_gelu"]  # bert_of's CPU kernels: checked here, not read from a kept verdict
+    assert gelu["active"] is True and gelu["verdicts_kept"] == 0 and set(gelu["gelu_ulps"]) == {"0", "1"}
     launch = checks["graph_launch"]  # OneFlow 0.9's graph-launch race guarded (bert_of/runtime/oneflow_fix.py)
     assert launch["status"] == "pass" and launch["guard"]["active"] is True
     assert launch["guard"]["launches"] >= launch["launches"] == 2000

@@ -114,11 +114,7 @@ def test_the_layer_kernel_leaves_what_it_does_not_cover_to_the_layers_op_by_op()
         assert used() == calls
 
 
-def test_the_layer_kernel_reports_its_state_and_turns_off():
-    """native_status: active with the layer checked; BERT_OF_CPU_LAYER=0 turns off only it (the other
-    kernels run), BERT_OF_CPU_KERNELS=0 everything, BERT_OF_CPU_ATTENTION=0 it with the attention core;
-    the outputs are the same bits in all but the last two (OneFlow's own ops there, to 1e-5)."""
-    script = """
+_STATUS_SCRIPT = """
 import json, sys
 import numpy as np
 from bert_of import BertConfig, BertModel
@@ -137,14 +133,22 @@ print(json.dumps({"status": kernels.native_status(), "layer_calls": kernels._nat
                   "out": out.numpy().tolist()}))
 """
 
-    def run(**env):
-        p = subprocess.run([sys.executable, "-c", script, json.dumps(TINY)], env=dict(os.environ, **env), cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-2000:]
-        return json.loads(p.stdout.strip().splitlines()[-1])
 
-    on, off, none, no_attn = run(), run(BERT_OF_CPU_LAYER="0"), run(BERT_OF_CPU_KERNELS="0"), run(
-        BERT_OF_CPU_ATTENTION="0")
+
+def _run_status(**env):
+    """The tiny model's forward in a new process with ``env``: {"status": native_status(), "layer_calls", "out"}."""
+    p = subprocess.run([sys.executable, "-c", _STATUS_SCRIPT, json.dumps(TINY)], env=dict(os.environ, **env), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_the_layer_kernel_reports_its_state_and_turns_off():
+    """native_status: active with the layer checked; BERT_OF_CPU_LAYER=0 turns off only it (the other
+    kernels run), BERT_OF_CPU_KERNELS=0 everything, BERT_OF_CPU_ATTENTION=0 it with the attention core;
+    the outputs are the same bits in all but the last two (OneFlow's own ops there, to 1e-5)."""
+    on, off, none, no_attn = (_run_status(), _run_status(BERT_OF_CPU_LAYER="0"), _run_status(BERT_OF_CPU_KERNELS="0"),
+                              _run_status(BERT_OF_CPU_ATTENTION="0"))
     layers = TINY["num_hidden_layers"]
     assert on["status"]["active"] and "off" not in on["status"] and on["layer_calls"] == layers, on["status"]
     assert off["status"]["off"] == {"layer": "off (BERT_OF_CPU_LAYER=0)"} and off["layer_calls"] == 0
@@ -156,3 +160,19 @@ print(json.dumps({"status": kernels.native_status(), "layer_calls": kernels._nat
     assert K._same_bits(np.array(on["out"], np.float32), np.array(off["out"], np.float32))
     for other in (none, no_attn):
         np.testing.assert_allclose(np.array(other["out"]), np.array(on["out"]), rtol=0, atol=1e-5)
+
+
+def test_the_kernels_checks_run_once_then_their_verdicts_are_kept():
+    """The first-use checks' verdicts are kept beside the built library (native.Verdicts): a process
+    after the first reads them instead of checking again, with the same kernels on and the same bits;
+    BERT_OF_CPU_KERNELS_RECHECK=1 runs every check again. A kernel switched off is not a kept verdict:
+    BERT_OF_CPU_ATTENTION=0 still turns the layer off after the layer's verdict was kept."""
+    fresh = _run_status(BERT_OF_CPU_KERNELS_RECHECK="1")
+    kept = _run_status()
+    assert fresh["status"]["verdicts_kept"] == 0 and kept["status"]["verdicts_kept"] >= 2, kept["status"]
+    assert {k: v for k, v in kept["status"].items() if k != "verdicts_kept"} == \
+        {k: v for k, v in fresh["status"].items() if k != "verdicts_kept"}
+    assert kept["layer_calls"] == fresh["layer_calls"] == TINY["num_hidden_layers"]
+    assert K._same_bits(np.array(kept["out"], np.float32), np.array(fresh["out"], np.float32))
+    no_attn = _run_status(BERT_OF_CPU_ATTENTION="0")
+    assert no_attn["layer_calls"] == 0 and no_attn["status"]["off"]["attention"] == "off (BERT_OF_CPU_ATTENTION=0)"
