@@ -60,6 +60,19 @@ def write_vocab(path, n):
     return str(path)
 
 
+# Sets PR_SET_PDEATHSIG in the child itself, then execs the real command (it survives exec): no
+# preexec_fn, which is unsafe in a process with threads (OneFlow's, in the test process).
+_DIES_WITH_PARENT = ("import ctypes, os, sys; ppid = int(sys.argv[1]); ctypes.CDLL(None).prctl(1, 9); "
+                     "os.getppid() == ppid or os._exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def dies_with_the_suite(cmd: list) -> list:
+    """``cmd`` (a list starting with the program's path) so that the kernel kills it when the test
+    process dies (PR_SET_PDEATHSIG): a long-running child (a pretrain of 100,000 steps a test stops
+    itself) of a crashed or killed suite is not left behind to load the machine."""
+    return [sys.executable, "-c", _DIES_WITH_PARENT, str(os.getpid()), *map(str, cmd)]
+
+
 RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
 # BERT_OF_TEST_SUBPROCESS=1 runs every run_cli() in its own process (slower; what CI did before).
 ALWAYS_SUBPROCESS = os.environ.get("BERT_OF_TEST_SUBPROCESS", "") not in ("", "0")

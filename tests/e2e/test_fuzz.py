@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.helpers import hostile_inputs as hi
-from tests.conftest import ROOT
+from tests.conftest import ROOT, dies_with_the_suite
 
 pytestmark = pytest.mark.oneflow
 
@@ -43,7 +43,7 @@ def reports(tmp_path_factory):
             out = str(root / f"{fmt}.json")
             cmd = [sys.executable, os.path.join(ROOT, "tests", "scripts", "fuzz_worker.py"), fmt, sources[fmt],
                    str(root / f"work-{fmt}"), str(SEED), str(COUNTS[fmt]), out]
-            running[fmt] = (subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+            running[fmt] = (subprocess.Popen(dies_with_the_suite(cmd), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                              stderr=subprocess.PIPE, text=True), out)
         for fmt, (p, out) in list(running.items()):
             if p.poll() is None and time.time() < deadline:

@@ -18,7 +18,7 @@ from bert_of.checkpoint import write_checkpoint
 from bert_of.tensors import expected_shapes
 from bert_of.cli import build_parser
 from bert_of.config import BertConfig
-from tests.conftest import ROOT, error_lines, run_cli
+from tests.conftest import ROOT, dies_with_the_suite, error_lines, run_cli
 
 TEXT = os.path.join(ROOT, "tests", "data", "text")
 
@@ -32,7 +32,7 @@ def _env():
 
 def _start(*args, **kw):
     """`bert-of ARGS` in its own process group (as a shell job: a terminal's Ctrl-C reaches all of it)."""
-    return subprocess.Popen([sys.executable, "-m", "bert_of.cli", *map(str, args)], stdout=subprocess.PIPE,
+    return subprocess.Popen(dies_with_the_suite([sys.executable, "-m", "bert_of.cli", *args]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT, start_new_session=True, **kw)
 
 

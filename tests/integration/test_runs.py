@@ -20,7 +20,7 @@ from bert_of.checkpoint import write_checkpoint
 from bert_of.tensors import expected_shapes
 from bert_of.config import BertConfig
 from bert_of.data.create_pretraining import PretrainingOptions, create_pretraining_data
-from tests.conftest import ROOT, error_lines, run_cli
+from tests.conftest import ROOT, dies_with_the_suite, error_lines, run_cli
 
 pytestmark = pytest.mark.oneflow
 
@@ -220,8 +220,8 @@ def test_one_writer_per_run_and_sigterm_then_resume(setup, tmp_path):
                                                             "MASTER_PORT", "LOCAL_WORLD_SIZE")}
     env["PYTHONPATH"] = ROOT
     long = [str(a) for a in _args(setup, run, "--steps", "100000", "--save-every", "5")]
-    first = subprocess.Popen([sys.executable, "-m", "bert_of.cli", *long], stderr=subprocess.PIPE, text=True,
-                             env=env, cwd=ROOT)
+    first = subprocess.Popen(dies_with_the_suite([sys.executable, "-m", "bert_of.cli", *long]), stderr=subprocess.PIPE,
+                             text=True, env=env, cwd=ROOT)
     try:
         _wait_for(lambda: _logged(run, 12), what="12 logged steps")
         t0 = time.monotonic()
