@@ -183,23 +183,25 @@ def _layer_norm_fn(eps: float, has_res: bool):
     """The autograd Function of LayerNorm(x + residual) with this eps (OneFlow 0.9's ``apply`` takes
     only tensors, and a None among them crashes it): apply(x [..., H], residual [..., H] (only
     ``has_res``), weight [H], bias [H]) -> [..., H]. Its forward saves x_hat [T, H] and rstd [T]
-    (NumPy, the kernel's own layout) for the backward."""
+    (the kernel's own layout, as tensors sharing the NumPy arrays' memory) and the weight for the backward."""
 
     def forward(ctx, x, *rest):
         residual, weight, bias = rest if has_res else (None, *rest)
         shape, H = tuple(x.shape), x.shape[-1]
         a = _arr(x).reshape(-1, H)
         r = None if residual is None else _arr(residual).reshape(-1, H)
-        w = _arr(weight)
-        y, xhat, rstd = _run_ln_fwd(_state["lib"], a, r, w, _arr(bias), eps, _state["threads"])
-        ctx.saved = (xhat, rstd, w, shape)
+        y, xhat, rstd = _run_ln_fwd(_state["lib"], a, r, _arr(weight), _arr(bias), eps, _state["threads"])
+        # tensors only, through save_for_backward: never an attribute of ctx (the module's docstring)
+        ctx.save_for_backward(flow.from_numpy(xhat), flow.from_numpy(rstd), weight)
         _state["calls"] += 1
         return flow.from_numpy(y.reshape(shape))
 
     def backward(ctx, dy):
-        xhat, rstd, w, shape = ctx.saved
-        dx, dw, db = _run_ln_bwd(_state["lib"], _arr(dy).reshape(xhat.shape), xhat, rstd, w, _state["threads"])
-        dx = flow.from_numpy(dx.reshape(shape))
+        xhat, rstd, weight = ctx.saved_tensors
+        xhat = _arr(xhat)
+        dx, dw, db = _run_ln_bwd(_state["lib"], _arr(dy).reshape(xhat.shape), xhat, _arr(rstd), _arr(weight),
+                                 _state["threads"])
+        dx = flow.from_numpy(dx.reshape(tuple(dy.shape)))
         return (dx, dx, flow.from_numpy(dw), flow.from_numpy(db)) if has_res else (dx, flow.from_numpy(dw),
                                                                                     flow.from_numpy(db))
 
@@ -210,21 +212,23 @@ def _layer_norm_fn(eps: float, has_res: bool):
 @functools.lru_cache(maxsize=None)
 def _gelu_fn(op: int, has_bias: bool):
     """The autograd Function of GELU op (0 exact, 1 tanh): apply(a [..., C], bias [C] (only
-    ``has_bias``)) -> GELU(a + bias) [..., C]; its forward saves a + bias (NumPy)."""
+    ``has_bias``)) -> GELU(a + bias) [..., C]; its forward saves a + bias [T, C] (a tensor sharing the
+    NumPy array's memory)."""
 
     def forward(ctx, a, *rest):
         bias = rest[0] if has_bias else None
-        shape, C = tuple(a.shape), a.shape[-1]
+        C = a.shape[-1]
         y, pre = _run_gelu_fwd(_state["lib"], _arr(a).reshape(-1, C), None if bias is None else _arr(bias), op,
                                _state["threads"])
-        ctx.saved = (pre, shape)
+        ctx.save_for_backward(flow.from_numpy(pre))  # a tensor, never an attribute of ctx (the module's docstring)
         _state["calls"] += 1
-        return flow.from_numpy(y.reshape(shape))
+        return flow.from_numpy(y.reshape(tuple(a.shape)))
 
     def backward(ctx, dy):
-        pre, shape = ctx.saved
+        (pre,) = ctx.saved_tensors
+        pre = _arr(pre)
         dx, db = _run_gelu_bwd(_state["lib"], _arr(dy).reshape(pre.shape), pre, op, has_bias, _state["threads"])
-        dx = flow.from_numpy(dx.reshape(shape))
+        dx = flow.from_numpy(dx.reshape(tuple(dy.shape)))
         return (dx, flow.from_numpy(db)) if has_bias else dx
 
     return type("GeluFunction", (flow.autograd.Function,),
