@@ -238,7 +238,9 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=Tr
         env["BERT_OF_CPU_ATTENTION"] = "0"
     elif kernels == "l0":  # every kernel, each layer op by op (not the whole-layer call)
         env["BERT_OF_CPU_LAYER"] = "0"
-    elif kernels == "t1":  # the opt-in training kernels too (bert_of/runtime/train_kernels.py)
+    elif kernels == "t0":  # every kernel but the training kernels (bert_of/runtime/train_kernels.py)
+        env["BERT_OF_CPU_TRAIN_KERNELS"] = "0"
+    elif kernels == "t1":  # the training kernels set on explicitly (their default)
         env["BERT_OF_CPU_TRAIN_KERNELS"] = "1"
     # bert_of's default on CPU: OneFlow's scheduler thread runs the kernels (no worker for it to spin
     # beside); vm1: OneFlow's own default, a worker thread runs them and the scheduler spins
@@ -290,7 +292,7 @@ def _medians(rows: list) -> list:
 def _kind(row) -> tuple:
     """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU kernels on, OneFlow's VM
     computing on its worker thread, the attention core's kernel off, the whole-layer kernel off, the
-    opt-in training kernels on: BERT_OF_CPU_TRAIN_KERNELS=1)."""
+    training kernels on (their default; off with BERT_OF_CPU_TRAIN_KERNELS=0))."""
     # kernels on unless switched off (a training row's inference kernels report "not used yet")
     on = ("BERT_OF_CPU_KERNELS=0" not in str(row["cpu_kernels"].get("why")) if "cpu_kernels" in row
           else row.get("cpu_gelu", True) is not False)
@@ -358,7 +360,7 @@ def of_rows(a, task: str) -> list:
             rows.append(("ort", None, 1, item.partition(":")[2] or True, False))
             continue
         mode, blas, *rest = item.split(":")
-        kernels = next((c for c in ("a0", "l0", "t1") if c in rest[1:]), True) if "k0" not in rest[1:] else False
+        kernels = next((c for c in ("a0", "l0", "t0", "t1") if c in rest[1:]), True) if "k0" not in rest[1:] else False
         rows.append((mode, blas, int(rest[0]) if rest else 1, kernels, "vm1" in rest[1:]))
     return rows
 
@@ -379,7 +381,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t1: BERT_OF_CPU_TRAIN_KERNELS=1, the opt-in training kernels too; ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, every kernel but the training kernels (t1: =1, their default); ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,

@@ -1,14 +1,14 @@
 """bert_of's training kernels for CPU (bert_of/runtime/train_kernels.py) vs OneFlow's ops, A/B in one
 process: eager fine-tuning steps of a QA model, alternating one step with the kernels and one
-without (``train_kernels.off()``: OneFlow's ops, the default), so both arms see the same
+without (``train_kernels.off()``: OneFlow's ops, as with BERT_OF_CPU_TRAIN_KERNELS=0), so both arms see the same
 machine load; then the pieces alone (LayerNorm(x + residual) and dense + GELU, forward + backward).
 
-    BERT_OF_CPU_TRAIN_KERNELS=1 .venv/bin/python bench/train_kernels_bench.py --model minilm --seq 384 --batch 8 --steps 2 \
+    .venv/bin/python bench/train_kernels_bench.py --model minilm --seq 384 --batch 8 --steps 2 \
         --out bench/results/train_kernels_minilm384.json
 
 Wall and process CPU seconds per step (medians), the load average before and after. Prints one
 JSON object and writes it to --out (default bench/results/train_kernels.json). For the ratio to
-transformers see bench/infer_bench.py --tasks train (its t1 rows: the opt-in kernels on).
+transformers see bench/infer_bench.py --tasks train (its t0 rows: the kernels off).
 """
 
 import argparse
@@ -40,7 +40,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "train_kernels.json"))
     a = ap.parse_args()
     os.environ.setdefault("BERT_OF_BLAS", "auto")  # as `bert-of finetune` runs
-    os.environ.setdefault("BERT_OF_CPU_TRAIN_KERNELS", "1")  # the A arm: the opt-in kernels
+    os.environ.setdefault("BERT_OF_CPU_TRAIN_KERNELS", "1")  # the A arm: the kernels (their default)
     from bert_of._flow import LayerNorm, dense_act, flow, gelu_erf
     from bert_of.config import BertConfig
     from bert_of.heads import BertForQuestionAnswering

@@ -50,7 +50,7 @@ bytes, the CPU and :func:`verdict_context`), so a process after the first on the
 ``BERT_OF_CPU_KERNELS=0`` keeps OneFlow's ops throughout; ``BERT_OF_CPU_ATTENTION=0`` only for the
 attention core (and the whole layer with it); ``BERT_OF_CPU_LAYER=0`` runs the layers op by op with
 the other kernels. A training step (autograd) on CPU has its own kernels with a backward, LayerNorm and
-the intermediate GELU: :mod:`bert_of.runtime.train_kernels` (opt-in: ``BERT_OF_CPU_TRAIN_KERNELS=1``).
+the intermediate GELU: :mod:`bert_of.runtime.train_kernels` (off: ``BERT_OF_CPU_TRAIN_KERNELS=0``).
 
 Shapes: T tokens (B*S), H hidden.
 """

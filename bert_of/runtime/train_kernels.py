@@ -8,7 +8,7 @@ oneDNN vectorises them) and more backward, and a GELU is several, each a single-
 the tensor (bench/op_profile_worker.py: LayerNorm fwd+bwd ~10x PyTorch's, GELU ~3x). The inference
 kernels (:mod:`bert_of.runtime.kernels`) have no backward, so training ran OneFlow's ops throughout.
 When no longer needed: when bench/op_profile_worker.py's OneFlow LayerNorm and GELU rows, run with
-without ``BERT_OF_CPU_TRAIN_KERNELS=1``, are as fast as these.
+``BERT_OF_CPU_TRAIN_KERNELS=0``, are as fast as these.
 
 They apply only to local eager float32 CPU tensors with autograd on (some input requiring grad);
 inference keeps :mod:`bert_of.runtime.kernels`, graphs and CUDA OneFlow's ops. Each is checked on its
@@ -23,14 +23,22 @@ first use against float64 and OneFlow's ops, forward and gradients, and stays of
   (the rounding of a + bias itself moves it by half an ulp of that); the input's and bias's
   gradients within GRAD_ULPS of their magnitudes, as above.
 
-Opt-in: ``BERT_OF_CPU_TRAIN_KERNELS=1`` uses them; unset (or ``0``, or ``BERT_OF_CPU_KERNELS=0``, every
-CPU kernel) keeps OneFlow's ops. Why not by default: with both Functions in use, a training step whose
-loss turned NaN followed by more work in the same process corrupted the Python heap (a segfault
-later, in unrelated allocations; PYTHONMALLOC=debug shows a freed block's header overwritten). Either
-Function alone did not; copies instead of ``from_numpy`` for every tensor handed to autograd, tensors
-saved through ``save_for_backward``, one checking point for both, distinct Function names and a
-separate residual gradient did not change it. Until that is understood they stay opt-in
-(docs/benchmarks.md has their speed).
+On by default: ``BERT_OF_CPU_TRAIN_KERNELS=0`` keeps OneFlow's ops for training steps
+(``BERT_OF_CPU_KERNELS=0``: every CPU kernel).
+
+What else OneFlow 0.9 does wrong, which these Functions work around: its ``FunctionCtx`` hands out
+an attribute set on it (``ctx.saved = ...``, then read back in the backward) as a borrowed reference
+where Python expects a new one (its getattro returns PyDict_GetItem's result), so every read drops
+the object's refcount by one: the object is freed while ctx's attribute dict still points at it,
+and when the ctx dies the dict releases whatever lives at that address by then. A step stopped by a
+non-finite loss keeps its graph, so its ctxs, alive in the exception's traceback long enough for that
+address to hold a live object: a NaN step then more work in the process corrupted the Python heap
+(PYTHONMALLOC=debug: a freed block's header overwritten; a segfault later, in unrelated allocations;
+tests/integration/test_train_kernels.py runs that sequence). So a Function here passes what its
+backward needs only as tensors through ``ctx.save_for_backward`` and reads them through
+``ctx.saved_tensors`` (a property: a new reference), never as an attribute of ctx; NumPy arrays
+cross as ``flow.from_numpy`` tensors, which hold their array. When no longer needed: when reading an
+attribute of a ctx twice leaves its refcount as it was.
 
 Shapes: T rows (B*S), H hidden, C columns (the intermediate size).
 """
@@ -72,8 +80,8 @@ def _lib():
     if os.environ.get("BERT_OF_CPU_KERNELS", "1") == "0":
         _state["why"] = "off (BERT_OF_CPU_KERNELS=0)"
         return None
-    if os.environ.get("BERT_OF_CPU_TRAIN_KERNELS", "0") != "1":
-        _state["why"] = "off (opt in with BERT_OF_CPU_TRAIN_KERNELS=1: the module's docstring says why)"
+    if os.environ.get("BERT_OF_CPU_TRAIN_KERNELS", "1") == "0":
+        _state["why"] = "off (BERT_OF_CPU_TRAIN_KERNELS=0)"
         return None
     try:
         lib = ctypes.CDLL(native.build("cpu_train_kernels"))
@@ -110,7 +118,7 @@ def train_status() -> dict:
 
 @contextlib.contextmanager
 def off():
-    """``with off():`` OneFlow's ops for the block, as without BERT_OF_CPU_TRAIN_KERNELS=1 (for A/B
+    """``with off():`` OneFlow's ops for the block, as with BERT_OF_CPU_TRAIN_KERNELS=0 (for A/B
     measurements in one process: bench/train_kernels_bench.py)."""
     before = _state["paused"]
     _state["paused"] = True

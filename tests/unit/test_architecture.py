@@ -245,3 +245,19 @@ def test_native_sources_and_their_headers_ship_as_package_data():
             headers |= set(re.findall(r'^\s*#\s*include\s+"([^"/]+)"', f.read(), re.M))
     assert "gelu_vec.h" in headers and headers <= set(os.listdir(runtime))
     assert sources | headers <= shipped, sorted(sources | headers - shipped)
+
+
+def test_autograd_functions_keep_nothing_as_an_attribute_of_ctx():
+    """OneFlow 0.9's FunctionCtx returns an attribute set on it as a borrowed reference: each read
+    frees what ctx still holds, and a late ctx death then corrupts the heap (bert_of/runtime/
+    train_kernels.py's docstring). A Function's forward and backward (functions of those names whose
+    first parameter is ``ctx``) touch only its tensor API."""
+    allowed = {"save_for_backward", "saved_tensors", "mark_non_differentiable"}
+    bad = []
+    for path in MODULES.values():
+        for f in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+            if (isinstance(f, ast.FunctionDef) and f.name in ("forward", "backward") and f.args.args
+                    and f.args.args[0].arg == "ctx"):
+                bad += [f"{path}:{n.lineno}: ctx.{n.attr}" for n in ast.walk(f) if isinstance(n, ast.Attribute)
+                        and isinstance(n.value, ast.Name) and n.value.id == "ctx" and n.attr not in allowed]
+    assert not bad, "\n".join(bad)
