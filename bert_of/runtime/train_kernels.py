@@ -27,18 +27,20 @@ On by default: ``BERT_OF_CPU_TRAIN_KERNELS=0`` keeps OneFlow's ops for training 
 (``BERT_OF_CPU_KERNELS=0``: every CPU kernel).
 
 What else OneFlow 0.9 does wrong, which these Functions work around: its ``FunctionCtx`` hands out
-an attribute set on it (``ctx.saved = ...``, then read back in the backward) as a borrowed reference
-where Python expects a new one (its getattro returns PyDict_GetItem's result), so every read drops
-the object's refcount by one: the object is freed while ctx's attribute dict still points at it,
-and when the ctx dies the dict releases whatever lives at that address by then. A step stopped by a
-non-finite loss keeps its graph, so its ctxs, alive in the exception's traceback long enough for that
-address to hold a live object: a NaN step then more work in the process corrupted the Python heap
-(PYTHONMALLOC=debug: a freed block's header overwritten; a segfault later, in unrelated allocations;
-tests/integration/test_train_kernels.py runs that sequence). So a Function here passes what its
-backward needs only as tensors through ``ctx.save_for_backward`` and reads them through
-``ctx.saved_tensors`` (a property: a new reference), never as an attribute of ctx; NumPy arrays
-cross as ``flow.from_numpy`` tensors, which hold their array. When no longer needed: when reading an
-attribute of a ctx twice leaves its refcount as it was.
+an attribute set on it (``ctx.saved = ...`` in the forward, read back in the backward) as a borrowed
+reference where Python expects a new one (its getattro returns PyDict_GetItem's result), so every
+``ctx.saved`` read drops the object's refcount by one: the object is freed while ctx's attribute dict
+still points at it, and when the ctx dies the dict releases whatever lives at that address by then.
+A step stopped by a non-finite loss keeps its graph, so its ctxs, alive in the exception's traceback
+long enough for that address to hold a live object: a NaN step then more work in the process
+corrupted the Python heap (PYTHONMALLOC=debug: a freed block's header overwritten; a segfault later,
+in unrelated allocations; tests/integration/test_train_kernels.py runs that sequence). So the
+backward reads it through :func:`_saved` (``object.__getattribute__``: Python's generic lookup,
+which finds the same dict through the type's dict offset and returns a new reference), never as
+``ctx.<name>`` (tests/unit/test_architecture.py holds every Function to that). Saving NumPy arrays
+as tensors through ``ctx.save_for_backward`` would do too, but each ``numpy()`` of them in the
+backward waits for OneFlow's VM (~1 ms of CPU at load 2-3, four per layer). When no longer needed:
+when reading ``ctx.saved`` twice leaves the object's refcount as it was.
 
 Shapes: T rows (B*S), H hidden, C columns (the intermediate size).
 """
@@ -186,30 +188,35 @@ def _run_gelu_bwd(lib, g, pre, op, with_bias, threads):
     return dx, db
 
 
+def _saved(ctx):
+    """What the forward set as ``ctx.saved``, read through Python's generic attribute lookup (a new
+    reference): never as ``ctx.saved``, which OneFlow 0.9's ctx hands out as a borrowed one (the
+    module's docstring). An attribute kept anywhere but ctx's instance dict raises AttributeError."""
+    return object.__getattribute__(ctx, "saved")
+
+
 @functools.lru_cache(maxsize=None)
 def _layer_norm_fn(eps: float, has_res: bool):
     """The autograd Function of LayerNorm(x + residual) with this eps (OneFlow 0.9's ``apply`` takes
     only tensors, and a None among them crashes it): apply(x [..., H], residual [..., H] (only
     ``has_res``), weight [H], bias [H]) -> [..., H]. Its forward saves x_hat [T, H] and rstd [T]
-    (the kernel's own layout, as tensors sharing the NumPy arrays' memory) and the weight for the backward."""
+    (NumPy, the kernel's own layout) for the backward."""
 
     def forward(ctx, x, *rest):
         residual, weight, bias = rest if has_res else (None, *rest)
         shape, H = tuple(x.shape), x.shape[-1]
         a = _arr(x).reshape(-1, H)
         r = None if residual is None else _arr(residual).reshape(-1, H)
-        y, xhat, rstd = _run_ln_fwd(_state["lib"], a, r, _arr(weight), _arr(bias), eps, _state["threads"])
-        # tensors only, through save_for_backward: never an attribute of ctx (the module's docstring)
-        ctx.save_for_backward(flow.from_numpy(xhat), flow.from_numpy(rstd), weight)
+        w = _arr(weight)
+        y, xhat, rstd = _run_ln_fwd(_state["lib"], a, r, w, _arr(bias), eps, _state["threads"])
+        ctx.saved = (xhat, rstd, w, shape)
         _state["calls"] += 1
         return flow.from_numpy(y.reshape(shape))
 
     def backward(ctx, dy):
-        xhat, rstd, weight = ctx.saved_tensors
-        xhat = _arr(xhat)
-        dx, dw, db = _run_ln_bwd(_state["lib"], _arr(dy).reshape(xhat.shape), xhat, _arr(rstd), _arr(weight),
-                                 _state["threads"])
-        dx = flow.from_numpy(dx.reshape(tuple(dy.shape)))
+        xhat, rstd, w, shape = _saved(ctx)
+        dx, dw, db = _run_ln_bwd(_state["lib"], _arr(dy).reshape(xhat.shape), xhat, rstd, w, _state["threads"])
+        dx = flow.from_numpy(dx.reshape(shape))
         return (dx, dx, flow.from_numpy(dw), flow.from_numpy(db)) if has_res else (dx, flow.from_numpy(dw),
                                                                                     flow.from_numpy(db))
 
@@ -220,23 +227,21 @@ def _layer_norm_fn(eps: float, has_res: bool):
 @functools.lru_cache(maxsize=None)
 def _gelu_fn(op: int, has_bias: bool):
     """The autograd Function of GELU op (0 exact, 1 tanh): apply(a [..., C], bias [C] (only
-    ``has_bias``)) -> GELU(a + bias) [..., C]; its forward saves a + bias [T, C] (a tensor sharing the
-    NumPy array's memory)."""
+    ``has_bias``)) -> GELU(a + bias) [..., C]; its forward saves a + bias (NumPy)."""
 
     def forward(ctx, a, *rest):
         bias = rest[0] if has_bias else None
-        C = a.shape[-1]
+        shape, C = tuple(a.shape), a.shape[-1]
         y, pre = _run_gelu_fwd(_state["lib"], _arr(a).reshape(-1, C), None if bias is None else _arr(bias), op,
                                _state["threads"])
-        ctx.save_for_backward(flow.from_numpy(pre))  # a tensor, never an attribute of ctx (the module's docstring)
+        ctx.saved = (pre, shape)
         _state["calls"] += 1
-        return flow.from_numpy(y.reshape(tuple(a.shape)))
+        return flow.from_numpy(y.reshape(shape))
 
     def backward(ctx, dy):
-        (pre,) = ctx.saved_tensors
-        pre = _arr(pre)
+        pre, shape = _saved(ctx)
         dx, db = _run_gelu_bwd(_state["lib"], _arr(dy).reshape(pre.shape), pre, op, has_bias, _state["threads"])
-        dx = flow.from_numpy(dx.reshape(tuple(dy.shape)))
+        dx = flow.from_numpy(dx.reshape(shape))
         return (dx, flow.from_numpy(db)) if has_bias else dx
 
     return type("GeluFunction", (flow.autograd.Function,),
