@@ -103,7 +103,7 @@ def _gelu(x, op: int):
 GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
 _ONEFLOW_GELU = {0: lambda x: flow.nn.functional.gelu(x),
                  1: lambda x: x * flow.sigmoid(GELU_TANH_C * (x + 0.044715 * (x * x * x)))}
-_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {},
+_native = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {}, "recheck": False,
            "attention_calls": 0,  # of "calls", the attention core's (its fallback still calls merge_heads)
            "layer_calls": 0}  # of "calls", whole layers (layer_stack)
 F32_EPS = 2.0 ** -24  # a float32 ulp at 1, relative
@@ -198,7 +198,7 @@ def _native_lib():
         getattr(lib, name).argtypes = argtypes
     lib.bert_of_layer_scratch.restype = _I64
     threads = default_threads()
-    verdicts = _native["verdicts"] = native.Verdicts(path, verdict_context(threads))
+    verdicts = _native["verdicts"] = native.Verdicts(path, verdict_context(threads), recheck=_native["recheck"])
     kept = verdicts.check("gelu", lambda: dict(zip(("why", "ulps"), _check_gelu(lib, threads))))
     why, _native["gelu_ulps"] = kept["why"], {int(op): u for op, u in kept["ulps"].items()}
     if why:
@@ -206,6 +206,13 @@ def _native_lib():
         return None
     _native.update(lib=lib, threads=threads)
     return lib
+
+
+def check_again() -> None:
+    """Every kernel's first-use check runs again at its next use in this process, whatever verdicts
+    were kept beside the library (and the new ones are kept): what ``bert-of selftest`` asks."""
+    _native.update(checked=False, lib=None, why="not used yet", kernels={}, verdicts=None, recheck=True)
+    _native.pop("gelu_ulps", None)
 
 
 def verdict_context(threads: int) -> dict:

@@ -124,10 +124,10 @@ class Verdicts:
     kernel passed; a string: why it is off; with what the check measured). A file that is missing,
     unreadable or not what this writes reads as empty; writes are whole-file renames (ranks starting
     at once each write a whole file; the last one wins, the others' checks run again next time).
-    ``BERT_OF_CPU_KERNELS_RECHECK=1`` ignores what is kept and writes what the checks find now.
+    ``BERT_OF_CPU_KERNELS_RECHECK=1`` (or ``recheck``) ignores what is kept and writes what the checks find now.
     """
 
-    def __init__(self, library: str, context: dict):
+    def __init__(self, library: str, context: dict, recheck: bool = False):
         self.path = library + ".checks.json"
         try:
             with open(library, "rb") as f:
@@ -136,7 +136,7 @@ class Verdicts:
             lib_hash = "?"
         blob = json.dumps({"library": lib_hash, "cpu": _cpu(), **context}, sort_keys=True, default=str)
         self.key = hashlib.sha256(blob.encode()).hexdigest()[:24]
-        self.recheck = os.environ.get(RECHECK, "0") == "1"
+        self.recheck = recheck or os.environ.get(RECHECK, "0") == "1"
         self.hits = 0  # verdicts read from the file (the checks not run) in this process
 
     def _load(self) -> dict:

@@ -34,7 +34,7 @@ import traceback
 import numpy as np
 
 import bert_of.runtime.blas as blas
-import bert_of.runtime.native as native
+import bert_of.runtime.kernels as kernels
 import bert_of.runtime.oneflow_fix as oneflow_fix
 import bert_of.runtime.process as process
 from bert_of._flow import flow
@@ -275,9 +275,8 @@ def _run(name: str, fn, *args) -> dict:
 def selftest(steps: int = 50, quick: bool = False) -> dict:
     """Run the checks; the summary (``ok`` False when a check failed)."""
     tf32 = os.environ.get(TF32_ENV)  # the user's, for the throughput runs
-    # verify, kernels, amp: fp32 means fp32 (no CUDA stream exists yet); the CPU kernels' first-use checks
-    # run again here, whatever verdicts were kept beside their library (and the new ones are kept)
-    process.set_environ({TF32_ENV: "0", native.RECHECK: "1"})
+    process.set_environ({TF32_ENV: "0"})  # verify, kernels, amp: fp32 means fp32 (no CUDA stream exists yet)
+    kernels.check_again()  # the CPU kernels' first-use checks run here, whatever verdicts were kept
     t0 = time.perf_counter()
     cuda = bool(flow.cuda.is_available())
     n_gpus = flow.cuda.device_count() if cuda else 0

@@ -107,8 +107,8 @@ def test_each_choice_runs_onefows_gemms_where_it_says():
 
 def test_results_do_not_depend_on_the_thread_count(tmp_path):
     """OpenBLAS splits a GEMM's rows and columns among its threads, never a sum: a forward (eager,
-    graph) and a backward give the same bits with 1 and 2 threads; against OneFlow's own OpenBLAS
-    they differ only by float rounding."""
+    graph) and a backward give the same bits with 1 and 2 threads; against OneFlow's own OpenBLAS,
+    and eager against graph, they differ only by float rounding."""
     runs = {}
     for name, kv in {"1": dict(BERT_OF_BLAS="openblas", BERT_OF_BLAS_THREADS="1"),
                      "2": dict(BERT_OF_BLAS="openblas", BERT_OF_BLAS_THREADS="2"),
@@ -123,7 +123,10 @@ def test_results_do_not_depend_on_the_thread_count(tmp_path):
         assert np.array_equal(runs["1"][k], runs["2"][k]), k
         scale = np.abs(runs["own"][k]).max()
         assert np.abs(runs["2"][k] - runs["own"][k]).max() <= 1e-5 * max(scale, 1.0), k
-    assert np.array_equal(runs["2"]["eager"], runs["2"]["graph"])
+    # eager with autograd on runs bert_of's CPU training kernels (bounded, not OneFlow's bits), the graph
+    # OneFlow's ops: equal within float rounding
+    scale = np.abs(runs["2"]["graph"]).max()
+    assert np.abs(runs["2"]["eager"] - runs["2"]["graph"]).max() <= 1e-5 * max(scale, 1.0)
 
 
 def test_auto_with_a_broken_install_falls_back_to_onefows_own(tmp_path):
