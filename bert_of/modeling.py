@@ -23,8 +23,8 @@ import contextlib
 import math
 from typing import Optional
 
-from bert_of._flow import (LayerNorm, attention, dense_act, flow, gelu_erf, gelu_tanh, layer_spec, layer_stack,
-                           merge_heads, split_heads)
+from bert_of._flow import (DropoutGenerator, LayerNorm, attention, dense_act, dropout, flow, gelu_erf, gelu_tanh,
+                           layer_spec, layer_stack, merge_heads, softmax_dropout, split_heads)
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
 from bert_of.outputs import BertModelOutput
@@ -70,8 +70,8 @@ class BertEmbeddings(nn.Module):
         else:
             x = x + self.position_embeddings(position_ids)
         if self.LayerNorm is None:
-            return self.dropout(x)
-        return self.dropout(self.LayerNorm(x))
+            return dropout(self.dropout, x)
+        return dropout(self.dropout, self.LayerNorm(x))
 
 
 class BertSelfAttention(nn.Module):
@@ -106,7 +106,13 @@ class BertSelfAttention(nn.Module):
         if self.coeff is not None:
             scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale / self.coeff) * self.coeff + mask_adder
         else:
-            scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale) + mask_adder  # [B, N, S, S]
+            scores = flow.matmul(q, k, transpose_b=True, alpha=self.scale)  # [B, N, S, S]
+            if probs_out is None and head_mask is None:
+                # a CPU training step: mask add, softmax and dropout in one kernel, forward and backward
+                dropped = softmax_dropout(scores, mask_adder, self.dropout)
+                if dropped is not None:
+                    return merge_heads(flow.matmul(dropped, v))
+            scores = scores + mask_adder
         probs = flow.softmax(scores, dim=-1)
         if head_mask is not None:  # before dropout: the same product as transformers' after it
             probs = probs * head_mask
@@ -124,7 +130,7 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden, residual):
-        return self.LayerNorm(self.dropout(self.dense(hidden)), residual)  # LayerNorm(dense + residual)
+        return self.LayerNorm(dropout(self.dropout, self.dense(hidden)), residual)  # LayerNorm(dense + residual)
 
 
 class BertAttention(nn.Module):
@@ -157,7 +163,7 @@ class BertOutput(nn.Module):
 
     def forward(self, intermediate, residual):
         """intermediate [B, S, I], residual [B, S, H] -> [B, S, H]."""
-        return self.LayerNorm(self.dropout(self.dense(intermediate)), residual)
+        return self.LayerNorm(dropout(self.dropout, self.dense(intermediate)), residual)
 
 
 class BertLayer(nn.Module):
@@ -370,7 +376,7 @@ class BertModel(PreTrained):
         self.embeddings = BertEmbeddings(config)
         self.encoder = (BertPreLNEncoder if config.pre_ln else BertEncoder)(config)
         self.pooler = BertPooler(config)
-        self.dropout_generator = flow.Generator()
+        self.dropout_generator = DropoutGenerator()  # flow.Generator(), counting the dropout kernels' calls
         for m in self.modules():
             if isinstance(m, nn.Dropout):
                 m.generator = self.dropout_generator

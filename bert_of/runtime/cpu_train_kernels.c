@@ -313,3 +313,186 @@ int bert_of_gelu_bwd(const float *g, const float *pre, float *dx, float *db, dou
         sum_parts(part, db, C, threads);
     return 0;
 }
+
+/* ------------------------------------------------------------------ dropout, softmax + dropout
+ *
+ * OneFlow 0.9's CPU dropout draws each element's mask from its generator one by one on one thread
+ * (~10 ns an element: 16 ms forward for one layer's attention probabilities at 8 x 12 x 128 x 128,
+ * more than the softmax and both batched matmuls together), and its softmax, mask add and their
+ * backward are single-threaded passes too. Here the mask is a counter-based hash: element i of a call
+ * is kept when the top 24 bits of mix(mix(i + s0) ^ s1 ^ i_hi) are >= thr (thr = p 2^24; mix is a
+ * 32-bit integer hash, a bijection), so the backward recomputes it from the call's seed (s0, s1: drawn
+ * from the model's dropout generator, train_kernels.py) instead of keeping it, and any thread count
+ * draws the same mask. Kept elements are x * scale (scale = 1 / (1 - p) in float, as OneFlow's).
+ *
+ * The softmax over the last axis of scores [R, S] (+ an additive mask of one row per R / B rows, or
+ * none): max-subtracted exponentials by gelu_vec.h's exp, the row sum in float lanes added in double,
+ * P = e / sum; its backward dx = P (g - sum_j g_j P_j) with g the output's gradient through the
+ * dropout. Rows split over the threads. */
+
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
+
+VINLINE v8u mix8(v8u h) {
+    h ^= h >> 16;
+    h *= 0x7feb352dU;
+    h ^= h >> 15;
+    h *= 0x846ca68bU;
+    h ^= h >> 16;
+    return h;
+}
+
+/* lanes of elements i0 .. i0 + 7 of the stream (s0, s1) that are kept: all ones, else 0 */
+VINLINE v8i keep8(uint64_t i0, uint32_t s0, uint32_t s1, uint32_t thr) {
+    const v8u lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const uint32_t lo = (uint32_t)i0, hi = (uint32_t)(i0 >> 32);
+    v8u i = lane + lo; /* a wrap past 2^32 inside the 8 lanes: i_hi below would be off by one for
+                          those, which only changes which hash they get */
+    const v8u h = mix8(mix8(i + s0) ^ (s1 ^ hi)) >> 8;
+    return (v8i)(h >= thr);
+}
+
+typedef struct {
+    const float *x, *mask, *P, *g;
+    float *y, *out;
+    int64_t S, rows_per_mask;
+    uint32_t s0, s1, thr;
+    float scale;
+} drop_args;
+
+/* y = x kept * scale over elements [lo, hi) * DROP_CHUNK (the "rows" of parallel_rows) */
+#define DROP_CHUNK 4096
+VCLONES VFAST static void dropout_rows(const void *p, int64_t lo, int64_t hi, int k) {
+    (void)k;
+    const drop_args *a = p;
+    const int64_t n = a->S; /* the element count */
+    const v8f scale = splat(a->scale);
+    for (int64_t i = lo * DROP_CHUNK; i < hi * DROP_CHUNK && i < n; i += 8) {
+        const v8i keep = keep8((uint64_t)i, a->s0, a->s1, a->thr);
+        if (i + 8 <= n) {
+            const v8f x = *(const v8f *)(a->x + i);
+            *(v8f *)(a->y + i) = (v8f)(keep & (v8i)(x * scale));
+        } else
+            for (int l = 0; i + l < n; l++)
+                a->y[i + l] = keep[l] ? a->x[i + l] * a->scale : 0.0f;
+    }
+}
+
+/* y [n] = dropout of x [n] with the stream (s0, s1), threshold thr and scale: the forward, and with
+ * the output's gradient for x the backward too (the same kept elements, the same scale). */
+void bert_of_dropout(const float *x, float *y, int64_t n, uint32_t s0, uint32_t s1, uint32_t thr, float scale,
+                     int threads) {
+    drop_args a = {x, 0, 0, 0, y, 0, n, 0, s0, s1, thr, scale};
+    const int64_t chunks = (n + DROP_CHUNK - 1) / DROP_CHUNK;
+    parallel_rows(dropout_rows, &a, chunks, bert_of_train_threads(chunks, DROP_CHUNK, threads));
+}
+
+VCLONES VFAST static void softmax_drop_fwd_rows(const void *p, int64_t lo, int64_t hi, int k) {
+    (void)k;
+    const drop_args *a = p;
+    const int64_t S = a->S, S8 = S - S % 8;
+    const v8f scale = splat(a->scale);
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = a->x + r * S, *m = a->mask ? a->mask + (r / a->rows_per_mask) * S : 0;
+        float *P = a->out + r * S; /* t = x + mask first, then the exponentials, then P, in place */
+        v8f mx = splat(-INFINITY);
+        int64_t j = 0;
+        for (; j < S8; j += 8) {
+            const v8f xv = *(const v8f *)(x + j);
+            const v8f t = m ? xv + *(const v8f *)(m + j) : xv; /* one float add, as OneFlow's */
+            *(v8f *)(P + j) = t;
+            mx = select(t > mx, t, mx);
+        }
+        float top = -INFINITY;
+        for (int l = 0; l < 8; l++)
+            top = mx[l] > top ? mx[l] : top;
+        for (; j < S; j++) {
+            const float t = m ? x[j] + m[j] : x[j];
+            P[j] = t;
+            top = t > top ? t : top;
+        }
+        v8f sum = splat(0.0f);
+        for (j = 0; j < S8; j += 8) {
+            const v8f e = gelu_vec_exp_le0(*(const v8f *)(P + j) - splat(top));
+            *(v8f *)(P + j) = e;
+            sum += e;
+        }
+        double total = 0.0;
+        if (j < S) {
+            v8f t = splat(-INFINITY);
+            for (int l = 0; j + l < S; l++)
+                t[l] = P[j + l] - top;
+            const v8f e = gelu_vec_exp_le0(t);
+            for (int l = 0; j + l < S; l++)
+                P[j + l] = e[l], total += e[l];
+        }
+        for (int l = 0; l < 8; l++)
+            total += sum[l];
+        const float tot = (float)total;
+        const v8f totv = splat(tot);
+        for (j = 0; j < S8; j += 8)
+            *(v8f *)(P + j) = *(const v8f *)(P + j) / totv;
+        for (; j < S; j++)
+            P[j] = P[j] / tot;
+        if (a->y) /* the dropout of this row: elements r S + j */
+            for (j = 0; j < S; j += 8) {
+                const v8i keep = keep8((uint64_t)(r * S + j), a->s0, a->s1, a->thr);
+                if (j + 8 <= S)
+                    *(v8f *)(a->y + r * S + j) = (v8f)(keep & (v8i)(*(const v8f *)(P + j) * scale));
+                else
+                    for (int l = 0; j + l < S; l++)
+                        a->y[r * S + j + l] = keep[l] ? P[j + l] * a->scale : 0.0f;
+            }
+    }
+}
+
+/* P [R, S] = softmax(x + mask) over rows of x [R, S] (mask [R / rows_per_mask, S], row r takes row
+ * r / rows_per_mask; or NULL); y [R, S] = dropout of P (stream s0, s1, thr, scale), or not written
+ * when y is NULL (no dropout: P is the output). */
+void bert_of_softmax_dropout_fwd(const float *x, const float *mask, float *P, float *y, int64_t R, int64_t S,
+                                 int64_t rows_per_mask, uint32_t s0, uint32_t s1, uint32_t thr, float scale,
+                                 int threads) {
+    drop_args a = {x, mask, 0, 0, y, P, S, rows_per_mask < 1 ? 1 : rows_per_mask, s0, s1, thr, scale};
+    parallel_rows(softmax_drop_fwd_rows, &a, R, bert_of_train_threads(R, S, threads));
+}
+
+VCLONES VFAST static void softmax_drop_bwd_rows(const void *p, int64_t lo, int64_t hi, int k) {
+    (void)k;
+    const drop_args *a = p;
+    const int64_t S = a->S;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *P = a->P + r * S, *g = a->g + r * S;
+        float *dx = a->out + r * S; /* first the gradient through the dropout, then dx in place */
+        if (a->thr) {
+            const v8f scale = splat(a->scale);
+            for (int64_t j = 0; j < S; j += 8) {
+                const v8i keep = keep8((uint64_t)(r * S + j), a->s0, a->s1, a->thr);
+                if (j + 8 <= S)
+                    *(v8f *)(dx + j) = (v8f)(keep & (v8i)(*(const v8f *)(g + j) * scale));
+                else
+                    for (int l = 0; j + l < S; l++)
+                        dx[j + l] = keep[l] ? g[j + l] * a->scale : 0.0f;
+            }
+        } else
+            memcpy(dx, g, sizeof(float) * (size_t)S);
+        v8f acc = splat(0.0f);
+        int64_t j = 0;
+        for (; j + 8 <= S; j += 8)
+            acc += *(const v8f *)(dx + j) * *(const v8f *)(P + j);
+        double dot = 0.0;
+        for (; j < S; j++)
+            dot += (double)dx[j] * P[j];
+        for (int l = 0; l < 8; l++)
+            dot += acc[l];
+        const float d = (float)dot;
+        for (j = 0; j < S; j++)
+            dx[j] = P[j] * (dx[j] - d);
+    }
+}
+
+/* The backward of bert_of_softmax_dropout_fwd: dx [R, S] (the scores' gradient; the mask has none)
+ * for the output's gradient g [R, S], the saved P and the same stream (thr 0: no dropout). */
+void bert_of_softmax_dropout_bwd(const float *g, const float *P, float *dx, int64_t R, int64_t S, uint32_t s0,
+                                 uint32_t s1, uint32_t thr, float scale, int threads) {
+    drop_args a = {0, 0, P, g, 0, dx, S, 1, s0, s1, thr, scale};
+    parallel_rows(softmax_drop_bwd_rows, &a, R, bert_of_train_threads(R, S, threads));
+}

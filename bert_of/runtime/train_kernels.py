@@ -1,6 +1,6 @@
-"""CPU kernels for training: the layer's LayerNorm(x + residual) and its intermediate dense layer's
-GELU(a + bias) as autograd Functions whose forward and backward run :file:`cpu_train_kernels.c`,
-one pass each over every core.
+"""CPU kernels for training: the layer's LayerNorm(x + residual), its intermediate dense layer's
+GELU(a + bias), the dropouts and the attention's softmax(scores + mask) with its dropout as autograd
+Functions whose forward and backward run :file:`cpu_train_kernels.c`, one pass each over every core.
 
 What OneFlow 0.9 does wrong: for a local eager CPU step with autograd, bert_of's LayerNorm is ~10
 OneFlow ops forward (:func:`bert_of.runtime.kernels._layer_norm`: products with a ones vector, so
@@ -22,6 +22,10 @@ first use against float64 and OneFlow's ops, forward and gradients, and stays of
   OneFlow's CPU GELUs call libm's erff or exp per element), the output within ``GELU_ULPS`` float ulps of |a + bias| of the float64 GELU
   (the rounding of a + bias itself moves it by half an ulp of that); the input's and bias's
   gradients within GRAD_ULPS of their magnitudes, as above.
+- Dropout, and softmax(scores + mask [B, 1, 1, S]) with its dropout (the section below): masks of the
+  same rate drawn by a counter-based hash from a seed of the module's generator, not OneFlow's draws
+  (``BERT_OF_CPU_DROPOUT=0`` keeps OneFlow's dropout, softmax and mask add); the probabilities within
+  ``SOFTMAX_ULPS`` of P (1 + |t - row max|) of float64, the scores' gradient within GRAD_ULPS.
 
 On by default: ``BERT_OF_CPU_TRAIN_KERNELS=0`` keeps OneFlow's ops for training steps
 (``BERT_OF_CPU_KERNELS=0``: every CPU kernel).
@@ -413,3 +417,262 @@ def _check_gelu(lib):
 
 
 _CHECKS = {"layer_norm": _check_layer_norm, "gelu": _check_gelu}
+
+
+# --------------------------------------------------------------------------- dropout, softmax + dropout
+#
+# OneFlow 0.9's CPU dropout draws its mask element by element from the module's generator on one thread
+# (bench/train_step_profile.py: 16 ms forward for one MiniLM layer's attention probabilities at
+# 8 x 12 x 128 x 128, more than its softmax and both batched matmuls); its softmax, the mask add and
+# their backward are single-threaded passes too. cpu_train_kernels.c's dropout keeps element i when a
+# counter-based hash of (i, the call's seed) clears the threshold, so the backward recomputes the mask
+# from the seed; the seed is drawn from the dropout module's generator (bert_of's model gives all its
+# dropouts one, the trainer seeds it), so runs repeat and a checkpoint's generator state resumes them.
+# The masks are not OneFlow's (the same rate, other draws): ``BERT_OF_CPU_DROPOUT=0`` keeps OneFlow's
+# dropout, softmax and mask add (its draws).
+
+DROPOUT_BITS = 24  # the mask's uniform: a keep threshold of p 2^24
+SOFTMAX_ULPS = 8  # probabilities vs float64, in float ulps of P (1 + |score - row max|): exp, sum, division
+_ARGTYPES.update({
+    "bert_of_dropout": [_PTR, _PTR, _I64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float,
+                        ctypes.c_int],
+    "bert_of_softmax_dropout_fwd": [_PTR] * 4 + [_I64, _I64, _I64, ctypes.c_uint32, ctypes.c_uint32,
+                                                 ctypes.c_uint32, ctypes.c_float, ctypes.c_int],
+    "bert_of_softmax_dropout_bwd": [_PTR] * 3 + [_I64, _I64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
+                                                 ctypes.c_float, ctypes.c_int],
+})
+_seeds: dict = {}  # id(generator) -> (generator, its initial seed, calls drawn since)
+_mask: list = [None, None]  # the last mask_adder tensor (kept, so its id stays its own) and its rows
+
+
+def _dropout_consts(p: float):
+    """(thr, scale) of dropout rate p: keep when the 24-bit uniform >= thr; kept values times scale
+    (1 / (1 - p) rounded to float, OneFlow's)."""
+    return int(round(p * (1 << DROPOUT_BITS))), float(np.float32(1.0 / (1.0 - p)))
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers that scatters nearby inputs."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+class DropoutGenerator(type(flow.Generator())):
+    """OneFlow's generator (device "auto", as ``flow.Generator()``) for a model's dropouts, which also
+    counts the dropout kernels' calls since it was last seeded: seeding it (``manual_seed``, also with
+    the seed it has, or ``set_state``) restarts the count, so the kernels' masks repeat as OneFlow's
+    draws would."""
+
+    def __init__(self, device: str = "auto"):
+        super().__init__(device)
+        self.kernel_calls = 0
+
+    def manual_seed(self, seed):
+        self.kernel_calls = 0
+        return super().manual_seed(seed)
+
+    def set_state(self, state):
+        self.kernel_calls = 0
+        return super().set_state(state)
+
+
+def _seed(generator):
+    """The next call's stream (s0, s1) for a dropout drawing from ``generator`` (None: OneFlow's
+    default): a hash of the generator's seed and the number of calls since it was seeded (a
+    :class:`DropoutGenerator`, bert_of's models'), or since a call found it with another seed (any
+    other generator: seeding it again with the seed it has does not restart the count). No draw from the generator itself (reading a tensor waits for OneFlow's VM, ~4 ms on a loaded machine): the trainer seeds
+    the model's generator every step from (seed, step, rank), so a step's masks follow from those
+    and resumes replay."""
+    g = flow.default_generator if generator is None else generator
+    seed = int(g.initial_seed())
+    if isinstance(g, DropoutGenerator):  # bert_of's models: the count since its last seeding
+        n, g.kernel_calls = g.kernel_calls, g.kernel_calls + 1
+    else:  # another generator: the count since it took another seed
+        held = _seeds.get(id(g))
+        n = held[2] + 1 if held is not None and held[0] is g and held[1] == seed else 0
+        if len(_seeds) > 64:  # generators come and go with models: keep the recent
+            _seeds.clear()
+        _seeds[id(g)] = (g, seed, n)
+    x = _mix64((seed * 0x9E3779B97F4A7C15 + n) & 0xFFFFFFFFFFFFFFFF)
+    return x & 0xFFFFFFFF, x >> 32
+
+
+def _mask_rows(mask_adder, B: int, S: int):
+    """mask_adder [B, 1, 1, S] as a C-contiguous [B, S] array: read once for all the layers of a step
+    (each read waits for OneFlow's VM)."""
+    if _mask[0] is not mask_adder:
+        _mask[:] = [mask_adder, _arr(mask_adder).reshape(B, S)]
+    return _mask[1]
+
+
+def _run_dropout(lib, x, seed, thr, scale, threads):
+    """dropout of the C-contiguous float32 array x (any shape) with seed (s0, s1): a new array."""
+    y = np.empty_like(x)
+    lib.bert_of_dropout(x.ctypes.data, y.ctypes.data, x.size, seed[0], seed[1], thr, scale, threads)
+    return y
+
+
+def _run_softmax_fwd(lib, x, mask, rows_per_mask, seed, thr, scale, threads):
+    """softmax(x + mask) over the last axis of x [R, S] (mask [R / rows_per_mask, S] or None), and
+    its dropout (None when thr is 0): P, y."""
+    R, S = x.shape
+    P = np.empty_like(x)
+    y = np.empty_like(x) if thr else None
+    lib.bert_of_softmax_dropout_fwd(x.ctypes.data, None if mask is None else mask.ctypes.data, P.ctypes.data,
+                                    None if y is None else y.ctypes.data, R, S, rows_per_mask, seed[0], seed[1], thr,
+                                    scale, threads)
+    return P, y
+
+
+def _run_softmax_bwd(lib, g, P, seed, thr, scale, threads):
+    """The scores' gradient [R, S] for the output's g [R, S]."""
+    R, S = g.shape
+    dx = np.empty_like(g)
+    lib.bert_of_softmax_dropout_bwd(g.ctypes.data, P.ctypes.data, dx.ctypes.data, R, S, seed[0], seed[1], thr,
+                                    scale, threads)
+    return dx
+
+
+def _apply(name: str, forward, backward, *inputs):
+    """OneFlow's autograd Function call (what ``Function.apply`` runs) with this call's own forward
+    and backward closures (inputs: tensors only). What the backward needs (NumPy arrays, the seed)
+    stays in the closures, which OneFlow holds until the graph is released: nothing on ``ctx`` (see
+    the module's docstring) and no saved tensor read back through ``numpy()`` (each waits for
+    OneFlow's VM, ~4 ms on a loaded machine), and no lookup of the call's state by key."""
+    return flow._oneflow_internal.autograd.AutogradFunctionBase.apply(name, forward, backward, *inputs)
+
+
+def _dropout_call(x, seed, thr: int, scale: float):
+    """dropout(x) [...] with stream ``seed`` as an autograd Function."""
+    lib, threads = _state["lib"], _state["threads"]
+
+    def forward(ctx, x_):
+        _state["calls"] += 1
+        return flow.from_numpy(_run_dropout(lib, _arr(x_), seed, thr, scale, threads))
+
+    def backward(ctx, dy):
+        return flow.from_numpy(_run_dropout(lib, _arr(dy), seed, thr, scale, threads))
+
+    return _apply("DropoutFunction", forward, backward, x)
+
+
+def _softmax_dropout_call(scores, mask, seed, thr: int, scale: float):
+    """dropout(softmax(scores + mask)) over the last axis of scores [B, N, Sq, S] (mask [B, S] rows or
+    None) as an autograd Function; P stays for the backward."""
+    lib, threads = _state["lib"], _state["threads"]
+    saved = []
+
+    def forward(ctx, x):
+        shape = tuple(x.shape)
+        a = _arr(x).reshape(-1, shape[-1])
+        rows = a.shape[0] // mask.shape[0] if mask is not None else 1
+        P, y = _run_softmax_fwd(lib, a, mask, rows, seed, thr, scale, threads)
+        saved.append(P)
+        _state["calls"] += 1
+        return flow.from_numpy((P if y is None else y).reshape(shape))
+
+    def backward(ctx, dy):
+        P = saved[0]
+        dx = _run_softmax_bwd(lib, _arr(dy).reshape(P.shape), P, seed, thr, scale, threads)
+        return flow.from_numpy(dx.reshape(tuple(dy.shape)))
+
+    return _apply("SoftmaxDropoutFunction", forward, backward, scores)
+
+
+def _dropout_on() -> bool:
+    return os.environ.get("BERT_OF_CPU_DROPOUT", "1") != "0"
+
+
+def dropout(module, x):
+    """``module(x)`` for an ``nn.Dropout`` module: for a training step on CPU with p > 0,
+    cpu_train_kernels.c's dropout (its own draws, see above) forward and backward; otherwise the
+    module (OneFlow's)."""
+    p = float(module.p)
+    if not (module.training and 0.0 < p < 1.0 and _dropout_on() and trains(x)) or _kernel("dropout") is None:
+        return module(x)
+    thr, scale = _dropout_consts(p)
+    return _dropout_call(x, _seed(getattr(module, "generator", None)), thr, scale)
+
+
+def softmax_dropout(scores, mask_adder, module):
+    """``module(softmax(scores + mask_adder, -1))`` for the attention's probabilities in a training step
+    on CPU (scores [B, N, Sq, S], mask_adder [B, 1, 1, S] or None, ``module`` its ``nn.Dropout``),
+    forward and backward by cpu_train_kernels.c; None where it does not apply (the caller runs
+    OneFlow's ops)."""
+    if not (_dropout_on() and scores.ndim == 4 and trains(scores)):
+        return None
+    B, S = scores.shape[0], scores.shape[-1]
+    if mask_adder is not None and (tuple(mask_adder.shape) != (B, 1, 1, S) or mask_adder.requires_grad
+                                   or not trains(mask_adder, scores)):  # the kernel gives the mask no gradient
+        return None
+    p = float(module.p) if module.training else 0.0
+    if not 0.0 <= p < 1.0 or _kernel("softmax_dropout") is None:
+        return None
+    thr, scale = _dropout_consts(p)
+    mask = None if mask_adder is None else _mask_rows(mask_adder, B, S)
+    return _softmax_dropout_call(scores, mask, _seed(getattr(module, "generator", None)) if thr else (0, 0), thr,
+                                 scale)
+
+
+def _check_dropout(lib):
+    """The dropout's rate over 2^20 elements within 6 sigma of p, kept values x * scale exactly (OneFlow's
+    product), the rest 0, the backward the same mask, and the same draws on 1 thread and all."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(1 << 20).astype(np.float32) + 2.0
+    for p in (0.1, 0.5):
+        thr, scale = _dropout_consts(p)
+        ys = [_run_dropout(lib, x, (12345, 678), thr, scale, th) for th in {1, _state["threads"]}]
+        y = ys[0]
+        kept = y != 0
+        rate = 1.0 - kept.mean()
+        if abs(rate - p) > 6 * math.sqrt(p * (1 - p) / x.size):
+            return f"off: dropout's rate {rate:.4f}, not {p}"
+        if not (_same_bits(y[kept], x[kept] * np.float32(scale)) and all(_same_bits(v, y) for v in ys)):
+            return "off: dropout's kept values differ from x * scale, or with the thread count"
+        other = _run_dropout(lib, x, (12346, 678), thr, scale, _state["threads"])
+        if ((other != 0) == kept).mean() > 1 - p * (1 - p):  # another seed: other draws
+            return "off: dropout's mask does not change with the seed"
+    return None
+
+
+def _check_softmax_dropout(lib):
+    """softmax(x + mask) within SOFTMAX_ULPS of P (1 + |x + mask - row max|) of float64 and as near OneFlow's
+    softmax as that is; its dropout the dropout kernel's mask times scale; the scores' gradient (with
+    and without dropout) within GRAD_ULPS of float64 and OneFlow's (softmax, then OneFlow's product
+    with the same mask)."""
+    rng = np.random.default_rng(10)
+    B, N, Sq, S = 2, 3, 5, 37
+    x = (rng.standard_normal((B, N, Sq, S)) * 4).astype(np.float32)
+    x[0, 0, 0] = 0.0
+    mask = np.zeros((B, 1, 1, S), np.float32)
+    mask[1, ..., 30:] = -10000.0
+    g = rng.standard_normal((B, N, Sq, S)).astype(np.float32)
+    t = (flow.tensor(x) + flow.tensor(mask)).numpy().astype(np.float64)
+    e = np.exp(t - t.max(-1, keepdims=True))
+    P64 = e / e.sum(-1, keepdims=True)
+    # t - max is a float: its rounding moves P by |t - max| ulps of P (OneFlow's softmax as much)
+    P_mag = P64 * (1 + np.abs(t - t.max(-1, keepdims=True)))
+    for p in (0.0, 0.1):
+        thr, scale = _dropout_consts(p)
+        keep = (_run_dropout(lib, np.ones(x.size, np.float32), (77, 88), thr, 1.0, 1) != 0).reshape(x.shape)
+        km = keep.astype(np.float32) * np.float32(scale)
+        of = _grads(lambda x_: flow.softmax(x_ + flow.tensor(mask), dim=-1) * flow.tensor(km), (x,), g)
+        ofP = flow.softmax(flow.tensor(x) + flow.tensor(mask), dim=-1).numpy()
+        gk = g.astype(np.float64) * km
+        dx64 = P64 * (gk - (gk * P64).sum(-1, keepdims=True))
+        dx_mag = P_mag * (np.abs(gk) + np.abs(gk * P64).sum(-1, keepdims=True))  # P's rounding, as above
+        for th in {1, _state["threads"]}:
+            P, y = _run_softmax_fwd(lib, x.reshape(-1, S), mask.reshape(B, S), N * Sq, (77, 88), thr, scale, th)
+            P = P.reshape(x.shape)
+            if not _within(P, P64, ofP, P_mag, SOFTMAX_ULPS):
+                return f"off: softmax beyond {SOFTMAX_ULPS} ulps of float64 or OneFlow's ({th} threads)"
+            if y is not None and not _same_bits(y.reshape(x.shape), P * km):
+                return "off: softmax's dropout is not the dropout kernel's mask times scale"
+            dx = _run_softmax_bwd(lib, g.reshape(-1, S), P.reshape(-1, S), (77, 88), thr, scale, th).reshape(x.shape)
+            if not _within(dx, dx64, of[1], dx_mag, GRAD_ULPS):
+                return f"off: softmax's gradient beyond {GRAD_ULPS} ulps of float64 or OneFlow's (p {p}, {th} threads)"
+    return None
+
+
+_CHECKS.update(dropout=_check_dropout, softmax_dropout=_check_softmax_dropout)

@@ -165,7 +165,8 @@ print(json.dumps({"status": train_status(), "losses": losses, "params": params})
 
 def _env(**env):
     """This process's environment without the kernels' switches, plus ``env``."""
-    out = {k: v for k, v in os.environ.items() if k not in ("BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_KERNELS")}
+    out = {k: v for k, v in os.environ.items()
+           if k not in ("BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_KERNELS", "BERT_OF_CPU_DROPOUT")}
     return dict(out, **env)
 
 
@@ -180,9 +181,10 @@ def _steps(act, **env):
 def test_fine_tuning_steps_match_oneflows_ops(act):
     """Four AdamW steps of a tiny QA model (dropout 0.1, a padded row): with the training kernels the
     losses and the LayerNorm and intermediate parameters equal the same steps with
-    the kernels off within float32 noise (OneFlow's dropout draws are the same: the
-    kernels draw nothing); on by default, the switch turns them off with its reason."""
-    fast, plain = _steps(act), _steps(act, BERT_OF_CPU_TRAIN_KERNELS="0")
+    the kernels off within float32 noise (OneFlow's dropout draws are the same: BERT_OF_CPU_DROPOUT=0
+    keeps OneFlow's dropout; test_train_dropout.py has the kernels' own); on by default, the switch turns
+    them off with its reason."""
+    fast, plain = _steps(act, BERT_OF_CPU_DROPOUT="0"), _steps(act, BERT_OF_CPU_TRAIN_KERNELS="0")
     assert fast["status"]["active"] and "off" not in fast["status"] and fast["status"]["calls"] > 0, fast["status"]
     assert not plain["status"]["active"] and "BERT_OF_CPU_TRAIN_KERNELS=0" in plain["status"]["why"]
     np.testing.assert_allclose(fast["losses"], plain["losses"], rtol=1e-5, atol=0)
