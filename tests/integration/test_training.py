@@ -302,3 +302,24 @@ def test_pre_ln_layers_own_their_layer_norms_and_store_them_under_the_canonical_
         for k in names:
             if ".LayerNorm." in k:
                 np.testing.assert_allclose(decayed[k], plain[k], rtol=0, atol=1e-6, err_msg=(mode, k))
+
+
+def test_clip_by_global_norm_scales_only_beyond_the_limit():
+    """Within max_norm the gradients keep their bits (the factor is exactly 1, the pass skipped); beyond
+    it each is scaled by max_norm / ||g|| (||g|| over every parameter, float64 within float noise)."""
+    from bert_of.training.optim import clip_by_global_norm
+
+    rng = np.random.default_rng(4)
+    grads = [rng.standard_normal(shape).astype(np.float32) for shape in ((7, 5), (5,), (300,))]
+    total = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
+    for max_norm in (total * 1.5, total / 3):
+        params = [flow.nn.Parameter(flow.zeros(*g.shape)) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = flow.tensor(g)
+        norm = float(clip_by_global_norm(params, max_norm).numpy())
+        assert abs(norm - total) <= 1e-6 * total
+        for p, g in zip(params, grads):
+            if max_norm > total:
+                assert np.array_equal(p.grad.numpy(), g)
+            else:
+                np.testing.assert_allclose(p.grad.numpy(), g * (max_norm / total), rtol=1e-6)
