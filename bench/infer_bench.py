@@ -225,7 +225,7 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=Tr
     load = os.getloadavg()[0]
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
     for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS",
-              "BERT_OF_CPU_ATTENTION", "BERT_OF_CPU_LAYER", "BERT_OF_CPU_TRAIN_KERNELS",
+              "BERT_OF_CPU_ATTENTION", "BERT_OF_CPU_LAYER", "BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_DROPOUT",
               "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "BERT_OF_ORT_FUSED", "BERT_OF_ORT_SPIN"):
         env.pop(k, None)
     if ort == "plain":
@@ -242,6 +242,8 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=Tr
         env["BERT_OF_CPU_TRAIN_KERNELS"] = "0"
     elif kernels == "t1":  # the training kernels set on explicitly (their default)
         env["BERT_OF_CPU_TRAIN_KERNELS"] = "1"
+    elif kernels == "t1d0":  # the training kernels with OneFlow's dropout, softmax and mask add
+        env.update(BERT_OF_CPU_TRAIN_KERNELS="1", BERT_OF_CPU_DROPOUT="0")
     # bert_of's default on CPU: OneFlow's scheduler thread runs the kernels (no worker for it to spin
     # beside); vm1: OneFlow's own default, a worker thread runs them and the scheduler spins
     env["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = "1" if vm_worker else "0"
@@ -300,21 +302,22 @@ def _kind(row) -> tuple:
             row.get("vm_worker_thread", False) is True,
             "attention" in (row.get("cpu_kernels") or {}).get("off", {}),
             "layer" in (row.get("cpu_kernels") or {}).get("off", {}),
-            bool((row.get("cpu_train_kernels") or {}).get("active", False)))
+            bool((row.get("cpu_train_kernels") or {}).get("active", False)), row.get("cpu_dropout", True) is not False)
 
 
 def markdown(res: dict) -> str:
     """docs/benchmarks.md's tables from a results object: one column per bert_of (mode, BERT_OF_BLAS)."""
     rows = _medians([r for r in res["rows"] if "error" not in r])
     kinds = sorted({_kind(r) for r in rows if r["impl"] == "of"},
-                   key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4], not k[5], not k[6], k[7]))
+                   key=lambda k: (k[0], str(k[1]), k[2], not k[3], k[4], not k[5], not k[6], k[7], k[8]))
     name = lambda k: ((f"{k[0]}, {k[1] or 'default'} BLAS" if any(x[1] for x in kinds) and not k[0].startswith("onnxruntime")  # noqa: E731
                        else k[0])
                       + (f", {k[2]} ranks" if k[2] > 1 else "") + ("" if k[3] else ", OneFlow's kernels")
                       + (", VM worker thread (OneFlow's default)" if k[4] else "")
                       + (", OneFlow's attention ops" if k[3] and k[5] else "")
                       + (", layers op by op" if k[3] and k[6] and not k[5] else "")
-                      + (", training kernels" if k[3] and k[7] else ""))
+                      + (", training kernels" if k[3] and k[7] else "")
+                      + (" (OneFlow's dropout)" if k[3] and k[7] and not k[8] else ""))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
@@ -360,7 +363,7 @@ def of_rows(a, task: str) -> list:
             rows.append(("ort", None, 1, item.partition(":")[2] or True, False))
             continue
         mode, blas, *rest = item.split(":")
-        kernels = next((c for c in ("a0", "l0", "t0", "t1") if c in rest[1:]), True) if "k0" not in rest[1:] else False
+        kernels = next((c for c in ("a0", "l0", "t0", "t1d0", "t1") if c in rest[1:]), True) if "k0" not in rest[1:] else False
         rows.append((mode, blas, int(rest[0]) if rest else 1, kernels, "vm1" in rest[1:]))
     return rows
 
@@ -381,7 +384,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, every kernel but the training kernels (t1: =1, their default); ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, every kernel but the training kernels (t1: =1, their default); t1d0: them with BERT_OF_CPU_DROPOUT=0 (OneFlow's dropout, softmax and mask add); ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,

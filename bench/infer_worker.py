@@ -350,6 +350,7 @@ def main():
         res.update(blas=blas.status()["blas"], blas_threads=blas.status()["threads"],
                    blas_choice=os.environ.get("BERT_OF_BLAS"), cpu_gelu=native_status()["active"],
                    cpu_kernels=native_status(), cpu_train_kernels=train_status(),
+                   cpu_dropout=os.environ.get("BERT_OF_CPU_DROPOUT", "1") != "0",
                    vm_worker_thread=os.environ.get("ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "0") not in ("0", "false"))
     if a.impl == "of" and flow_world() > 1:
         res.update(ranks=flow_world())
