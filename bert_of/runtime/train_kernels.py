@@ -75,7 +75,8 @@ _ARGTYPES = {
     "bert_of_gelu_fwd": [_PTR] * 4 + [_I64, _I64, ctypes.c_int, ctypes.c_int],
     "bert_of_gelu_bwd": [_PTR] * 5 + [_I64, _I64, ctypes.c_int, ctypes.c_int],
 }
-_state = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {}, "paused": False}
+_state = {"checked": False, "lib": None, "why": "not used yet", "threads": 1, "calls": 0, "kernels": {}, "paused": False,
+          "recheck": False}
 
 
 def _lib():
@@ -90,14 +91,23 @@ def _lib():
         _state["why"] = "off (BERT_OF_CPU_TRAIN_KERNELS=0)"
         return None
     try:
-        lib = ctypes.CDLL(native.build("cpu_train_kernels"))
+        path = native.build("cpu_train_kernels")
+        lib = ctypes.CDLL(path)
     except OSError as e:
         _state["why"] = f"off: {e}"
         return None
     for name, argtypes in _ARGTYPES.items():
         getattr(lib, name).argtypes = argtypes
-    _state.update(lib=lib, threads=default_threads())
+    threads = default_threads()
+    _state.update(lib=lib, threads=threads, verdicts=native.Verdicts(path, kernels.verdict_context(threads),
+                                                                     recheck=_state["recheck"]))
     return lib
+
+
+def check_again() -> None:
+    """Every training kernel's first-use check runs again at its next use in this process, whatever
+    verdicts were kept beside the library (``bert-of selftest``)."""
+    _state.update(checked=False, lib=None, why="not used yet", kernels={}, verdicts=None, recheck=True)
 
 
 def _kernel(name: str):
@@ -109,17 +119,23 @@ def _kernel(name: str):
         return None
     if name not in _state["kernels"]:
         _state["kernels"][name] = "checking"
-        _state["kernels"][name] = _CHECKS[name](lib)
+        calls = _state["calls"]
+        # the verdict kept beside the library (native.Verdicts), else the check run now
+        why = _state["verdicts"].check(name, lambda: _CHECKS[name](lib))
+        _state.update(calls=calls)  # a check's own kernel calls are not the caller's
+        _state["kernels"][name] = why
     return lib if _state["kernels"][name] is None else None
 
 
 def train_status() -> dict:
-    """{"active": bool, "threads", "calls": forward calls so far, "off": {kernel: why} for kernels that
+    """{"active": bool, "threads", "calls": forward calls so far (not the checks'), "verdicts_kept": checks
+    whose verdict was read from beside the library instead of run, "off": {kernel: why} for kernels that
     failed their check, "why": when all are off}."""
     if _state["lib"] is None:
         return {"active": False, "why": _state["why"]}
     off = {k: v for k, v in _state["kernels"].items() if v is not None}
-    return {"active": True, "threads": _state["threads"], "calls": _state["calls"], **({"off": off} if off else {})}
+    return {"active": True, "threads": _state["threads"], "calls": _state["calls"],
+            "verdicts_kept": _state["verdicts"].hits, **({"off": off} if off else {})}
 
 
 @contextlib.contextmanager

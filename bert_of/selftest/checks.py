@@ -35,6 +35,7 @@ import numpy as np
 
 import bert_of.runtime.blas as blas
 import bert_of.runtime.kernels as kernels
+import bert_of.runtime.train_kernels as train_kernels
 import bert_of.runtime.oneflow_fix as oneflow_fix
 import bert_of.runtime.process as process
 from bert_of._flow import flow
@@ -277,6 +278,7 @@ def selftest(steps: int = 50, quick: bool = False) -> dict:
     tf32 = os.environ.get(TF32_ENV)  # the user's, for the throughput runs
     process.set_environ({TF32_ENV: "0"})  # verify, kernels, amp: fp32 means fp32 (no CUDA stream exists yet)
     kernels.check_again()  # the CPU kernels' first-use checks run here, whatever verdicts were kept
+    train_kernels.check_again()
     t0 = time.perf_counter()
     cuda = bool(flow.cuda.is_available())
     n_gpus = flow.cuda.device_count() if cuda else 0

@@ -257,3 +257,37 @@ def test_a_non_finite_step_then_more_work_leaves_the_heap_whole(tmp_path):
     assert res["status"]["active"] and res["status"]["calls"] > 0 and "off" not in res["status"], res
     assert res["stopped"] == 2 and np.isfinite(res["finite"])
     assert sorted(os.listdir(tmp_path / "w1")) == sorted(os.listdir(tmp_path / "w2"))
+
+
+_KEPT_SCRIPT = """
+import json
+import numpy as np
+from bert_of._flow import flow
+from bert_of.runtime import train_kernels as TK
+ln = TK.LayerNorm(37, eps=1e-12)
+x = flow.tensor(np.random.default_rng(0).standard_normal((3, 37)).astype(np.float32), requires_grad=True)
+y = ln(x)
+y.sum().backward()
+print(json.dumps({"status": TK.train_status(), "y": y.numpy().tolist(), "dx": x.grad.numpy().tolist()}))
+"""
+
+
+def test_the_checks_verdicts_are_kept_and_their_calls_are_not_the_callers():
+    """The training kernels' first-use checks are kept beside their library (native.Verdicts): a process
+    after the first reads them (same kernels, same bits), BERT_OF_CPU_KERNELS_RECHECK=1 runs them again;
+    either way ``calls`` counts the caller's forward calls only, not the check's."""
+    base = {k: v for k, v in os.environ.items() if k != "BERT_OF_CPU_KERNELS_RECHECK"}
+
+    def run(**env):
+        p = subprocess.run([sys.executable, "-c", _KEPT_SCRIPT], env=dict(base, **env), cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    env = {k: v for k, v in base.items() if k.startswith("BERT_OF_CPU")}
+    assert not env or env == {"BERT_OF_CPU_TRAIN_KERNELS": "1"}, env  # the kernels on, as by default
+    fresh, kept = run(BERT_OF_CPU_KERNELS_RECHECK="1"), run()
+    assert fresh["status"]["verdicts_kept"] == 0 and kept["status"]["verdicts_kept"] == 1, (fresh, kept)
+    for res in (fresh, kept):
+        assert res["status"]["active"] and res["status"]["calls"] == 1 and "off" not in res["status"], res
+    assert fresh["y"] == kept["y"] and fresh["dx"] == kept["dx"]
