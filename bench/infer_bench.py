@@ -294,7 +294,7 @@ def _medians(rows: list) -> list:
 def _kind(row) -> tuple:
     """A bert_of row's column: (mode, BERT_OF_BLAS, ranks, bert_of's CPU kernels on, OneFlow's VM
     computing on its worker thread, the attention core's kernel off, the whole-layer kernel off, the
-    training kernels on (their default; off with BERT_OF_CPU_TRAIN_KERNELS=0))."""
+    training kernels switched off (BERT_OF_CPU_TRAIN_KERNELS=0; on by default), OneFlow's dropout)."""
     # kernels on unless switched off (a training row's inference kernels report "not used yet")
     on = ("BERT_OF_CPU_KERNELS=0" not in str(row["cpu_kernels"].get("why")) if "cpu_kernels" in row
           else row.get("cpu_gelu", True) is not False)
@@ -302,7 +302,8 @@ def _kind(row) -> tuple:
             row.get("vm_worker_thread", False) is True,
             "attention" in (row.get("cpu_kernels") or {}).get("off", {}),
             "layer" in (row.get("cpu_kernels") or {}).get("off", {}),
-            bool((row.get("cpu_train_kernels") or {}).get("active", False)), row.get("cpu_dropout", True) is not False)
+            "BERT_OF_CPU_TRAIN_KERNELS=0" in str((row.get("cpu_train_kernels") or {}).get("why")),
+            row.get("cpu_dropout", True) is not False)
 
 
 def markdown(res: dict) -> str:
@@ -316,8 +317,8 @@ def markdown(res: dict) -> str:
                       + (", VM worker thread (OneFlow's default)" if k[4] else "")
                       + (", OneFlow's attention ops" if k[3] and k[5] else "")
                       + (", layers op by op" if k[3] and k[6] and not k[5] else "")
-                      + (", training kernels" if k[3] and k[7] else "")
-                      + (" (OneFlow's dropout)" if k[3] and k[7] and not k[8] else ""))
+                      + (", training kernels off" if k[3] and k[7] else "")
+                      + (", OneFlow's dropout" if k[3] and not k[7] and not k[8] else ""))
     lines = ["| model | seq | task | transformers w/s | " + " | ".join(f"bert_of {name(k)} w/s (x)" for k in kinds)
              + " | transformers peak RSS | " + " | ".join(f"{name(k)} RSS (x)" for k in kinds) + " |",
              "|---|---|---|---|" + "---|" * (2 * len(kinds) + 1)]
