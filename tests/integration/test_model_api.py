@@ -59,8 +59,10 @@ def test_hidden_states_and_attentions_have_transformers_shapes(pre_ln):
     assert np.array_equal(out.hidden_states[-1].numpy(), out.sequence_output.numpy())
     plain = model(ids, token_type_ids=tt, attention_mask=mask)  # asking for them changes nothing else
     assert plain.hidden_states is None and plain.attentions is None
-    assert np.array_equal(plain.sequence_output.numpy(), out.sequence_output.numpy())
-    assert np.array_equal(plain.pooled_output.numpy(), out.pooled_output.numpy())
+    # (within float rounding: with autograd on, the probabilities asked for come from OneFlow's softmax,
+    # the plain run's from the CPU training kernel's, as transformers' eager attention and its sdpa)
+    np.testing.assert_allclose(plain.sequence_output.numpy(), out.sequence_output.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(plain.pooled_output.numpy(), out.pooled_output.numpy(), rtol=0, atol=1e-5)
 
 
 def test_attention_probabilities_are_rows_of_a_softmax_over_the_unmasked_keys():
@@ -109,9 +111,11 @@ def test_layer0_attention_probabilities_equal_a_numpy_computation_from_the_weigh
 
 
 def _same(a, b):
+    """The same outputs in the same order, within float rounding (a run asking for the attention
+    probabilities takes OneFlow's softmax, one without the CPU training kernel's)."""
     if isinstance(a, tuple):
         return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return np.array_equal(a.numpy(), b.numpy())
+    return a.shape == b.shape and np.allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-5)
 
 
 def test_return_dict_false_gives_transformers_tuple_order():

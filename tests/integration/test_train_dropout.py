@@ -27,7 +27,7 @@ def _on():
     before, state = {k: os.environ.get(k) for k in names}, dict(TK._state)
     for k in names:
         os.environ.pop(k, None)
-    TK._state.update(checked=False, lib=None, kernels={})
+    TK._state.update(checked=False, lib=None, kernels={}, calls=0)  # calls: this module's, from 0
     yield
     for k, v in before.items():
         if v is not None:

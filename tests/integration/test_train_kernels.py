@@ -25,7 +25,7 @@ def _on():
     environment turned them off (BERT_OF_CPU_TRAIN_KERNELS=0), as before them afterwards."""
     before, state = os.environ.get("BERT_OF_CPU_TRAIN_KERNELS"), dict(TK._state)
     os.environ.pop("BERT_OF_CPU_TRAIN_KERNELS", None)
-    TK._state.update(checked=False, lib=None, kernels={})
+    TK._state.update(checked=False, lib=None, kernels={}, calls=0)  # calls: this module's, from 0
     yield
     if before is not None:
         os.environ["BERT_OF_CPU_TRAIN_KERNELS"] = before
