@@ -138,6 +138,7 @@ class Verdicts:
         self.key = hashlib.sha256(blob.encode()).hexdigest()[:24]
         self.recheck = recheck or os.environ.get(RECHECK, "0") == "1"
         self.hits = 0  # verdicts read from the file (the checks not run) in this process
+        self._entry = None  # this key's verdicts as read, once (a check run since is put, and kept here)
 
     def _load(self) -> dict:
         try:
@@ -151,8 +152,11 @@ class Verdicts:
         """(True, verdict) when kept for this key, else (False, None)."""
         if self.recheck:
             return False, None
-        entry = self._load().get(self.key)
-        if isinstance(entry, dict) and name in entry:
+        if self._entry is None:
+            entry = self._load().get(self.key)
+            self._entry = entry if isinstance(entry, dict) else {}
+        entry = self._entry
+        if name in entry:
             self.hits += 1
             return True, entry[name]
         return False, None
@@ -168,6 +172,7 @@ class Verdicts:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(kept, f)
             os.replace(tmp, self.path)
+            self._entry = kept[self.key]  # what the file now holds for this key
         except OSError:
             with contextlib.suppress(OSError):
                 os.remove(tmp)

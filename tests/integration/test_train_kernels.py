@@ -16,6 +16,8 @@ from bert_of.runtime import kernels as K
 from bert_of.runtime import train_kernels as TK
 from tests.conftest import ROOT, TINY
 
+STEPS = os.path.join(ROOT, "tests", "scripts", "eager_finetune_steps.py")  # the steps, in a process of their own
+
 pytestmark = pytest.mark.oneflow
 
 
@@ -135,34 +137,6 @@ def test_the_kernels_serve_only_training_steps_on_cpu():
     np.testing.assert_allclose(b, a, rtol=0, atol=4e-6)
     assert np.array_equal(a, c)
 
-
-_STEPS = """
-import json, sys
-import numpy as np
-from bert_of import BertConfig, BertForQuestionAnswering
-from bert_of._flow import flow
-from bert_of.options import TrainConfig
-from bert_of.runtime.train_kernels import train_status
-from bert_of.training.runtime import Runtime
-from bert_of.training.trainer import Trainer
-cfg = BertConfig.from_google_dict(json.loads(sys.argv[1]))
-cfg.hidden_act = sys.argv[2]
-flow.manual_seed(0)
-model = BertForQuestionAnswering(cfg)
-model.init_weights(seed=3)
-rng = np.random.default_rng(0)
-B, S = 4, 21
-batch = dict(input_ids=rng.integers(5, cfg.vocab_size, (B, S)), token_type_ids=(np.arange(S) > 8).astype(np.int64)[None].repeat(B, 0),
-             attention_mask=np.ones((B, S), np.int64), start_positions=rng.integers(9, S, B), end_positions=rng.integers(9, S, B))
-batch["attention_mask"][1, 15:] = 0
-trainer = Trainer(model, TrainConfig(mode="eager", optimizer="adamw", lr=1e-3, steps=10, weight_decay=0.01,
-                                     clip_grad_norm=1.0, seed=0), Runtime.create("cpu"))
-losses = [trainer.step({k: v.astype(np.int64) for k, v in batch.items()})["loss"] for _ in range(4)]
-params = {k: v.numpy().tolist() for k, v in model.state_dict().items() if "LayerNorm" in k or "intermediate" in k}
-print(json.dumps({"status": train_status(), "losses": losses, "params": params}))
-"""
-
-
 def _env(**env):
     """This process's environment without the kernels' switches, plus ``env``."""
     out = {k: v for k, v in os.environ.items()
@@ -171,7 +145,8 @@ def _env(**env):
 
 
 def _steps(act, **env):
-    p = subprocess.run([sys.executable, "-c", _STEPS, json.dumps(TINY), act], env=_env(**env), cwd=ROOT,
+    p = subprocess.run([sys.executable, STEPS, json.dumps(TINY), act, "LayerNorm,intermediate"],
+                       env=_env(PYTHONPATH=ROOT, **env), cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
