@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 
 import bert_of.resolver as _resolver
 from bert_of.config import BertConfig
-from bert_of.errors import BertOfError, CheckpointError
+from bert_of.errors import BertOfError, CheckpointError, InputTypeError
 from bert_of.files.atomic import writes_to
 from bert_of.files.pinned import PinnedDir
 from bert_of.files.publish import publishing, publishing_into
@@ -267,8 +268,19 @@ class SafetensorsFile:
     def get(self, name: str) -> np.ndarray:
         """A fresh, writable array. Read with pread, not mmap: pages of a mapped
         file count in RSS, and a streaming conversion must hold one tensor only."""
-        dtype, shape, start, end = self.entries[name]
+        dtype, shape, _, _ = self.entries[name]
         out = np.empty(shape, dtype=dtype)
+        self.read_into(name, out)
+        return out
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        """Read tensor ``name`` into ``out``, C-contiguous memory of its dtype and shape that the caller
+        owns (a parameter's own storage: a model then loads holding its weights once, not twice)."""
+        dtype, shape, start, end = self.entries[name]
+        if out.dtype != np.dtype(dtype) or tuple(out.shape) != tuple(shape) or not out.flags["C_CONTIGUOUS"] \
+                or not out.flags["WRITEABLE"]:
+            raise InputTypeError(f"read_into({name!r}): needs writable C-contiguous {np.dtype(dtype)} {list(shape)}, "
+                            f"got {out.dtype} {list(out.shape)}")
         view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
         pos, off = 0, self._base + start
         try:
@@ -279,7 +291,6 @@ class SafetensorsFile:
                 pos += n
         except OSError as e:
             raise CheckpointError(f"{self.path}: tensor {name}: cannot read ({e.strerror or e})") from None
-        return out
 
     def load_all(self) -> dict:
         return {k: self.get(k) for k in self.entries}
@@ -385,8 +396,38 @@ def resolve_checkpoint(name_or_path, vocab: Optional[str] = None) -> str:
     return _resolver.resolver(path) if vocab is None else _resolver.resolver(path, vocab=vocab)
 
 
-def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
-    """Read a bert_of checkpoint directory; the tensors are NumPy arrays.
+class StreamedTensors(Mapping):
+    """A checkpoint's tensors left in their (open, already checked) safetensors file, each read when
+    asked: ``[name]`` a fresh array, :meth:`read_into` into memory the caller owns. A model loads
+    through it holding its weights once (its parameters), not twice (they and every array) -- the
+    peak memory of ``from_pretrained``. The file stays open until :meth:`close` (or collection);
+    an open file reads the tree it was opened in, even if the folder is replaced meanwhile."""
+
+    def __init__(self, f: "SafetensorsFile"):
+        self._f = f
+
+    def spec(self, name: str) -> TensorSpec:
+        return self._f.spec(name)
+
+    def read_into(self, name: str, out: np.ndarray) -> None:
+        self._f.read_into(name, out)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._f.get(name)
+
+    def __iter__(self):
+        return iter(self._f.keys())
+
+    def __len__(self):
+        return len(self._f.entries)
+
+    def close(self):
+        self._f.close()
+
+
+def load_checkpoint(path: str, with_optimizer: bool = False, streamed: bool = False) -> Checkpoint:
+    """Read a bert_of checkpoint directory; the tensors are NumPy arrays (``streamed``: a
+    :class:`StreamedTensors` over the open file instead, read one tensor at a time).
 
     Every tensor passes :func:`bert_of.tensors.check_tensors` (dtype, shape, fit to the config)
     before any is read.
@@ -400,7 +441,7 @@ def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
             raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
         with d:
             try:
-                return _load_pinned(d, with_optimizer)
+                return _load_pinned(d, with_optimizer, streamed)
             except (OSError, CheckpointError) as e:
                 if attempt == 4 or not d.replaced():
                     if isinstance(e, OSError):
@@ -410,7 +451,7 @@ def load_checkpoint(path: str, with_optimizer: bool = False) -> Checkpoint:
                 # the tree we held was replaced and deleted while we read it: read the new one
 
 
-def _load_pinned(d: PinnedDir, with_optimizer: bool) -> Checkpoint:
+def _load_pinned(d: PinnedDir, with_optimizer: bool, streamed: bool = False) -> Checkpoint:
     path = d.path
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not d.isfile(name):
@@ -418,9 +459,15 @@ def _load_pinned(d: PinnedDir, with_optimizer: bool) -> Checkpoint:
     config_path = os.path.join(path, CONFIG_NAME)
     config = BertConfig.from_json_file(config_path, raw=d.read(CONFIG_NAME))
     weights = os.path.join(path, WEIGHTS_NAME)
-    with SafetensorsFile(weights, d.open(WEIGHTS_NAME)) as f:
+    f = SafetensorsFile(weights, d.open(WEIGHTS_NAME))
+    try:
         check_tensors([f.spec(k) for k in f.keys()], config, weights)  # before anything is read
-        tensors, metadata = f.load_all(), dict(f.metadata)
+        tensors, metadata = StreamedTensors(f) if streamed else f.load_all(), dict(f.metadata)
+    except BaseException:
+        f.close()
+        raise
+    if not streamed:
+        f.close()
     vocab = os.path.join(path, VOCAB_NAME)
     ck = Checkpoint(path, config, tensors, vocab if d.isfile(VOCAB_NAME) else None, metadata=metadata)
     opt = os.path.join(path, OPTIMIZER_NAME)

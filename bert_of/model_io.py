@@ -10,7 +10,7 @@ import numpy as np
 
 import bert_of.resolver as _resolver
 from bert_of._flow import flow
-from bert_of.checkpoint import load_checkpoint, resolve_checkpoint, write_checkpoint
+from bert_of.checkpoint import StreamedTensors, load_checkpoint, resolve_checkpoint, write_checkpoint
 from bert_of.config import BertConfig, check_override_names
 from bert_of.errors import CheckpointError, ConfigError, MissingVocab
 from bert_of.files.publish import publishing_into
@@ -124,7 +124,8 @@ class PreTrained(nn.Module):
         "unexpected": [...], "mismatched": [...]}``.
         """
         own = {self.canonical_name(k): p for k, p in self.state_dict().items()}
-        arrays = {k: np.asarray(v) for k, v in state.items()}
+        streamed = isinstance(state, StreamedTensors)  # read each tensor as it is copied in
+        arrays = {k: state.spec(k) for k in state} if streamed else {k: np.asarray(v) for k, v in state.items()}
         for name, arr in arrays.items():
             check_role(name, arr.dtype, "checkpoint")
         missing = [k for k in own if k not in arrays]
@@ -152,7 +153,12 @@ class PreTrained(nn.Module):
             for name, param in own.items():
                 if name not in arrays:
                     continue
-                copy_in(param, arrays[name])
+                if not streamed:
+                    copy_in(param, arrays[name])
+                elif (own_memory := local_cpu_memory(param, arrays[name].dtype)) is not None:
+                    state.read_into(name, own_memory)  # straight into the parameter: no second copy
+                else:
+                    copy_in(param, state[name])
         return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
 
     @classmethod
@@ -184,11 +190,14 @@ class PreTrained(nn.Module):
             path = resolve_checkpoint(name_or_path, vocab=vocab)
         except MissingVocab as e:
             raise e.spelled("pass vocab='path/to/vocab.txt'") from None
-        ckpt = load_checkpoint(path)
-        config = (config or ckpt.config).updated(who, **overrides)  # a new, re-validated config
-        model = cls(config)
-        info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads,
-                                    ignore_mismatched_sizes=ignore_mismatched_sizes)
+        ckpt = load_checkpoint(path, streamed=True)
+        try:
+            config = (config or ckpt.config).updated(who, **overrides)  # a new, re-validated config
+            model = cls(config)
+            info = model.load_canonical(ckpt.tensors, strict_heads=strict_heads,
+                                        ignore_mismatched_sizes=ignore_mismatched_sizes)
+        finally:
+            ckpt.tensors.close()
         fresh = [n for n in info["missing"] if n not in {m[0] for m in info["mismatched"]}]
         if fresh:
             log.info(f"{path}: newly initialised (not in checkpoint): {', '.join(fresh)}")
@@ -275,6 +284,15 @@ def placed_like(arr, like):
     if like.is_global:
         return flow.tensor(arr, dtype=like.dtype).to_global(placement=like.placement, sbp=like.sbp)
     return flow.tensor(arr, dtype=like.dtype, device=like.device)
+
+
+def local_cpu_memory(param, dtype):
+    """A local CPU parameter's own memory as a writable NumPy array (OneFlow's ``numpy()`` of a CPU
+    tensor shares it, once the tensor's pending work is done), when it holds ``dtype``; else None."""
+    if param.is_global or param.device.type != "cpu" or np.dtype(dtype) != np.float32 or param.dtype != flow.float32:
+        return None
+    mem = param.numpy()
+    return mem if mem.flags["WRITEABLE"] and mem.flags["C_CONTIGUOUS"] and not mem.flags["OWNDATA"] else None
 
 
 def copy_in(param, arr) -> None:

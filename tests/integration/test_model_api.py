@@ -257,7 +257,12 @@ def test_save_pretrained_into_an_existing_folder_keeps_foreign_files_and_replace
     want = second.canonical_state()
     assert set(saved) == set(want) and all(np.array_equal(saved[k], want[k]) for k in want)
     assert sorted(os.listdir(tmp_path)) == ["ck", "v1.txt", "v2.txt"]  # no staging folder left
-    back = BertForPreTraining.from_pretrained(str(folder))
+    back = BertForPreTraining.from_pretrained(str(folder))  # read straight into its parameters
+    got = back.canonical_state()
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    ids, tt, mask = _t(_batch())
+    assert np.array_equal(back(ids, token_type_ids=tt, attention_mask=mask).prediction_logits.numpy(),
+                          second.eval()(ids, token_type_ids=tt, attention_mask=mask).prediction_logits.numpy())
     back.save_pretrained(str(folder))  # into the folder it was loaded from, its own vocab.txt included
     assert (folder / "vocab.txt").read_bytes() == v2.read_bytes()
 

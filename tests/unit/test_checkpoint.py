@@ -135,3 +135,31 @@ def test_load_checkpoint_refuses_non_checkpoints(tmp_path):
     (tmp_path / "config.json").write_text(CFG.to_json_string())
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_checkpoint(str(tmp_path))
+
+
+def test_streamed_checkpoint_reads_each_tensor_into_memory_the_caller_owns(tmp_path):
+    """load_checkpoint(streamed=True) (what from_pretrained loads through) checks the whole file on
+    opening, then reads one tensor at a time: into a fresh array, or into the caller's memory."""
+    vocab = write_vocab(tmp_path / "vocab.txt", 11)
+    rng = np.random.default_rng(3)
+    items = [(k, rng.standard_normal(v.shape).astype(np.float32)) for k, v in _backbone(0.0)]
+    write_checkpoint(str(tmp_path / "ck"), items, CFG, vocab)
+    whole = load_checkpoint(str(tmp_path / "ck")).tensors
+    ck = load_checkpoint(str(tmp_path / "ck"), streamed=True)
+    try:
+        assert sorted(ck.tensors) == sorted(whole) and len(ck.tensors) == len(whole)
+        for k, v in whole.items():
+            assert ck.tensors.spec(k).shape == tuple(v.shape) and np.array_equal(ck.tensors[k], v)
+            out = np.full(v.shape, np.nan, np.float32)
+            ck.tensors.read_into(k, out)
+            assert np.array_equal(out, v)
+        with pytest.raises(TypeError, match=re.escape(f"read_into('{X}'): needs writable C-contiguous float32 [8]")):
+            ck.tensors.read_into(X, np.zeros(8, np.float64))
+        with pytest.raises(TypeError, match=re.escape("got float32 [4]")):
+            ck.tensors.read_into(X, np.zeros(8, np.float32)[::2])
+    finally:
+        ck.tensors.close()
+    # bad files fail on opening, as an unstreamed load does, before any tensor is read
+    write_checkpoint(str(tmp_path / "bad"), [(k, v[:4] if k == X else v) for k, v in items], CFG, vocab)
+    with pytest.raises(CheckpointError, match=re.escape(f"tensor {X} has shape [4] but the config implies [8]")):
+        load_checkpoint(str(tmp_path / "bad"), streamed=True)
