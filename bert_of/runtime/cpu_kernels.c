@@ -293,26 +293,8 @@ typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 /* a broadcast (GCC at -O2 builds the lane-by-lane constructor with 8 inserts) */
 ATTN_INLINE v8f splat(float x) { return (v8f){0} + x; }
 
-/* exp(x) for x <= 0 (a max-subtracted score), 0 below -87.3 (e^x < 2^-126: no normal float). Cephes'
- * expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 polynomial (~1 ulp), times 2^n by the
- * exponent bits. */
-ATTN_INLINE v8f exp_le0(v8f x) {
-    const v8i under = x < splat(-87.3f);
-    x = (v8f)((v8i)x & ~under); /* those become 0: any finite value works, masked below */
-    const v8f magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const v8f n = (x * splat(1.44269504088896341f) + magic) - magic;
-    v8f r = x - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
-    v8f p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
-    p = p * (r * r) + r + splat(1.0f);
-    const v8i two_n = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return (v8f)((v8i)(p * (v8f)two_n) & ~under);
-}
+/* exp(x) for x <= 0 (a max-subtracted score): gelu_vec.h's polynomial, on 8 lanes */
+VEC_EXP_LE0(exp_le0, ATTN_INLINE, v8f, v8i, splat)
 
 typedef struct {
     const float *q, *k, *v, *mask;

@@ -56,25 +56,30 @@ GELU_VEC_INLINE gelu_vf gelu_vec_select(gelu_vi m, gelu_vf a, gelu_vf b) {
     return (gelu_vf)((m & (gelu_vi)a) | (~m & (gelu_vi)b));
 }
 
-/* exp(x) for x <= 0 or NaN (NaN -> NaN), 0 below -87.3 */
-GELU_VEC_INLINE gelu_vf gelu_vec_exp_le0(gelu_vf x) {
-    const gelu_vi under = x < gelu_vec_splat(-87.3f);
-    x = (gelu_vf)((gelu_vi)x & ~under); /* those become 0 here, masked to 0 below */
-    const gelu_vf magic = gelu_vec_splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    const gelu_vf n = (x * gelu_vec_splat(1.44269504088896341f) + magic) - magic;
-    gelu_vf r = x - n * gelu_vec_splat(0.693359375f);
-    r = r - n * gelu_vec_splat(-2.12194440e-4f);
-    gelu_vf p = gelu_vec_splat(1.9875691500e-4f);
-    p = p * r + gelu_vec_splat(1.3981999507e-3f);
-    p = p * r + gelu_vec_splat(8.3334519073e-3f);
-    p = p * r + gelu_vec_splat(4.1665795894e-2f);
-    p = p * r + gelu_vec_splat(1.6666665459e-1f);
-    p = p * r + gelu_vec_splat(5.0000001201e-1f);
-    p = p * (r * r) + r + gelu_vec_splat(1.0f);
-    /* n in [-126, 0] (NaN's garbage exponent leaves p NaN) */
-    const gelu_vi two_n = (__builtin_convertvector(n, gelu_vi) + 127) << 23;
-    return (gelu_vf)((gelu_vi)(p * (gelu_vf)two_n) & ~under);
-}
+/* exp(x) for x <= 0 or NaN (NaN -> NaN), 0 below -87.3 (e^x < 2^-126: no normal float), for any float
+ * vector type: VEC_EXP_LE0 defines `attrs vf name(vf x)` for the float vector vf, its int32 vector vi and
+ * its broadcast splat. One polynomial for the GELUs below (gelu_vf) and the attention's softmax
+ * (cpu_kernels.c, 8 lanes). n in [-126, 0] (NaN's garbage exponent leaves p NaN). */
+#define VEC_EXP_LE0(name, attrs, vf, vi, splat)                                                              \
+    attrs vf name(vf x) {                                                                                    \
+        const vi under = x < splat(-87.3f);                                                                  \
+        x = (vf)((vi)x & ~under); /* those become 0 here, masked to 0 below */                              \
+        const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */               \
+        const vf n = (x * splat(1.44269504088896341f) + magic) - magic;                                      \
+        vf r = x - n * splat(0.693359375f);                                                                  \
+        r = r - n * splat(-2.12194440e-4f);                                                                  \
+        vf p = splat(1.9875691500e-4f);                                                                      \
+        p = p * r + splat(1.3981999507e-3f);                                                                 \
+        p = p * r + splat(8.3334519073e-3f);                                                                 \
+        p = p * r + splat(4.1665795894e-2f);                                                                 \
+        p = p * r + splat(1.6666665459e-1f);                                                                 \
+        p = p * r + splat(5.0000001201e-1f);                                                                 \
+        p = p * (r * r) + r + splat(1.0f);                                                                   \
+        const vi two_n = (__builtin_convertvector(n, vi) + 127) << 23;                                       \
+        return (vf)((vi)(p * (vf)two_n) & ~under);                                                           \
+    }
+
+VEC_EXP_LE0(gelu_vec_exp_le0, GELU_VEC_INLINE, gelu_vf, gelu_vi, gelu_vec_splat)
 
 /* Phi(x), the normal CDF (above) */
 GELU_VEC_INLINE gelu_vf gelu_vec_phi(gelu_vf x) {
