@@ -63,7 +63,7 @@ def run_of(a, data):
     from bert_of.finetuning.steps import load_model
     from bert_of.heads import BertForQuestionAnswering
     from bert_of.options import TrainConfig
-    from bert_of.training.optim import clip_by_global_norm
+    from bert_of.training.optim import clip_by_global_norm, zero_grad
     from bert_of.training.runtime import Runtime
     from bert_of.training.trainer import Trainer
 
@@ -91,9 +91,9 @@ def run_of(a, data):
         values = timed(phases, "forward", waited(lambda: eager.scalars_of(*micro)))
         timed(phases, "backward", waited(lambda: (values[0] * 1.0).backward()))  # as EagerStep.run
         params = [p for p in model.parameters() if p.grad is not None]
-        timed(phases, "clip", waited(lambda: clip_by_global_norm(params, 1.0)))
+        timed(phases, "clip", waited(lambda: clip_by_global_norm(params, 1.0, eager.views)))
         timed(phases, "step", waited(eager.opt.step))
-        timed(phases, "zero_grad", waited(eager.opt.zero_grad))
+        timed(phases, "zero_grad", waited(lambda: zero_grad(eager.opt, eager.views)))  # as EagerStep.run
         eager.sched.step()
         return float(values[0].numpy())
 

@@ -496,3 +496,156 @@ void bert_of_softmax_dropout_bwd(const float *g, const float *P, float *dx, int6
     drop_args a = {0, 0, P, g, 0, dx, S, 1, s0, s1, thr, scale};
     parallel_rows(softmax_drop_bwd_rows, &a, R, bert_of_train_threads(R, S, threads));
 }
+
+/* ------------------------------------------------------------------ the step's update: clip, AdamW, zero
+ *
+ * Passes over a list of tensors at once (a model's ~100 gradients / parameters) instead of OneFlow 0.9's
+ * one single-threaded op (or several) per tensor: the list is one index space (the tensors one after
+ * another) cut into MULTI_CHUNK-element chunks, which parallel_rows spreads over the threads. Element-wise
+ * work equals OneFlow's per-element formula bit for bit (no contraction, IEEE division and square root:
+ * vectorising changes nothing); the norm's sum is per chunk in double, the chunks added in order, so it
+ * does not depend on the thread count. */
+
+#define MULTI_CHUNK 65536
+#if defined(__GNUC__) && !defined(__clang__)
+/* GCC -O2 leaves these loops scalar (the library is built with -fno-math-errno: native.EXTRA_FLAGS) */
+#define MULTI_FAST __attribute__((optimize("O3")))
+#else
+#define MULTI_FAST
+#endif
+
+typedef struct {
+    int64_t n;              /* tensors */
+    const int64_t *start;   /* [n + 1]: where each begins in the index space, start[n] the total */
+    float *const *x;        /* [n]: the gradients (norm, scale, zero) or the parameters (AdamW) */
+    float *const *g, *const *m, *const *v; /* AdamW: gradients, first and second moments */
+    double *part;           /* norm: one sum per chunk */
+    float coef, lr, beta1, beta2, eps, wd, bc1, bc2, scale, l1, l2;
+    int op;                 /* MULTI_* */
+} multi_args;
+
+enum { MULTI_SQSUM, MULTI_SCALE, MULTI_ZERO, MULTI_ADAMW };
+
+typedef float f4u __attribute__((vector_size(16), aligned(4))); /* 4 floats at any float address */
+typedef double d4 __attribute__((vector_size(32)));
+
+/* sum of x[i]^2 in double: each square exact, 16 running sums (a fixed order, whatever the clone) */
+VCLONES MULTI_FAST static double sqsum(const float *x, int64_t n) {
+    d4 s0 = {0, 0, 0, 0}, s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const d4 a = __builtin_convertvector(*(const f4u *)(x + i), d4);
+        const d4 b = __builtin_convertvector(*(const f4u *)(x + i + 4), d4);
+        const d4 c = __builtin_convertvector(*(const f4u *)(x + i + 8), d4);
+        const d4 d = __builtin_convertvector(*(const f4u *)(x + i + 12), d4);
+        s0 += a * a;
+        s1 += b * b;
+        s2 += c * c;
+        s3 += d * d;
+    }
+    double t = 0.0;
+    for (; i < n; i++)
+        t += (double)x[i] * (double)x[i];
+    const d4 s = (s0 + s1) + (s2 + s3);
+    return ((s[0] + s[1]) + (s[2] + s[3])) + t;
+}
+
+VCLONES MULTI_FAST static void scale_span(float *x, int64_t n, float c) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = x[i] * c;
+}
+
+/* OneFlow 0.9's AdamUpdateFunctor (model_update_kernel_util.h), operation for operation, in float */
+VCLONES MULTI_FAST static void adamw_span(const multi_args *a, float *p, const float *g, float *m, float *v,
+                                          int64_t n) {
+    const float lr = a->lr, beta1 = a->beta1, beta2 = a->beta2, eps = a->eps, wd = a->wd;
+    const float scale = a->scale, l1 = a->l1, l2 = a->l2;
+    const float sqrt_bc2 = sqrtf(a->bc2), step_size = lr / a->bc1, decay = lr * wd;
+    for (int64_t i = 0; i < n; i++) {
+        const float w = p[i];
+        const float d = g[i] * scale + l1 * (float)((w >= 0) - (w <= 0)) + l2 * w;
+        const float next_m = beta1 * m[i] + (1 - beta1) * d;
+        m[i] = next_m;
+        const float next_v = beta2 * v[i] + (1 - beta2) * d * d;
+        v[i] = next_v;
+        const float denom = (sqrtf(next_v) / sqrt_bc2) + eps;
+        p[i] = w - step_size * (next_m / denom) - decay * w;
+    }
+}
+
+/* chunks [lo, hi) of the index space: each chunk's pieces of the tensors it covers */
+static void multi_rows(const void *p, int64_t lo, int64_t hi, int k) {
+    (void)k;
+    const multi_args *a = p;
+    int64_t t = 0; /* the tensor holding the first element: the last whose start <= it */
+    for (int64_t b = a->n; t < b;) {
+        const int64_t mid = (t + b + 1) / 2;
+        if (mid < a->n && a->start[mid] <= lo * MULTI_CHUNK)
+            t = mid;
+        else
+            b = mid - 1;
+    }
+    for (int64_t c = lo; c < hi; c++) {
+        const int64_t c0 = c * MULTI_CHUNK, c1 = c0 + MULTI_CHUNK < a->start[a->n] ? c0 + MULTI_CHUNK : a->start[a->n];
+        double sum = 0.0;
+        for (int64_t e = c0; e < c1;) {
+            while (a->start[t + 1] <= e)
+                t++;
+            const int64_t off = e - a->start[t];
+            const int64_t len = (a->start[t + 1] < c1 ? a->start[t + 1] : c1) - e;
+            switch (a->op) {
+            case MULTI_SQSUM: sum += sqsum(a->x[t] + off, len); break;
+            case MULTI_SCALE: scale_span(a->x[t] + off, len, a->coef); break;
+            case MULTI_ZERO: memset(a->x[t] + off, 0, sizeof(float) * (size_t)len); break;
+            default: adamw_span(a, a->x[t] + off, a->g[t] + off, a->m[t] + off, a->v[t] + off, len);
+            }
+            e += len;
+        }
+        if (a->op == MULTI_SQSUM)
+            a->part[c] = sum;
+    }
+}
+
+static void multi_run(multi_args *a, int threads) {
+    const int64_t chunks = (a->start[a->n] + MULTI_CHUNK - 1) / MULTI_CHUNK;
+    if (chunks > 0)
+        parallel_rows(multi_rows, a, chunks, bert_of_train_threads(chunks, MULTI_CHUNK, threads));
+}
+
+/* The number of chunks of n tensors whose starts are start [n + 1] (bert_of_multi_sqsum's part size). */
+int64_t bert_of_multi_chunks(const int64_t *start, int64_t n) {
+    return (start[n] + MULTI_CHUNK - 1) / MULTI_CHUNK;
+}
+
+/* Sum of the squares of every element of the n tensors x (start [n + 1]: their offsets in one index
+ * space), in double (part: bert_of_multi_chunks doubles of scratch). */
+double bert_of_multi_sqsum(int64_t n, const int64_t *start, float *const *x, double *part, int threads) {
+    multi_args a = {n, start, x, 0, 0, 0, part, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, MULTI_SQSUM};
+    multi_run(&a, threads);
+    double s = 0.0;
+    for (int64_t c = 0; c < bert_of_multi_chunks(start, n); c++)
+        s += part[c];
+    return s;
+}
+
+/* x *= coef over the n tensors (in float: OneFlow's mul_ by a float scalar tensor). */
+void bert_of_multi_scale(int64_t n, const int64_t *start, float *const *x, float coef, int threads) {
+    multi_args a = {n, start, x, 0, 0, 0, 0, coef, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, MULTI_SCALE};
+    multi_run(&a, threads);
+}
+
+/* x = 0 over the n tensors. */
+void bert_of_multi_zero(int64_t n, const int64_t *start, float *const *x, int threads) {
+    multi_args a = {n, start, x, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, MULTI_ZERO};
+    multi_run(&a, threads);
+}
+
+/* One AdamW step (OneFlow's adam_update without amsgrad) of the n parameters p with gradients g and
+ * moments m, v, all of one parameter group: lr, betas, eps, weight decay, bias corrections, the
+ * gradient's scale, l1, l2 as OneFlow's kernel takes them (floats). */
+void bert_of_multi_adamw(int64_t n, const int64_t *start, float *const *p, float *const *g, float *const *m,
+                         float *const *v, float lr, float beta1, float beta2, float eps, float wd, float bc1,
+                         float bc2, float scale, float l1, float l2, int threads) {
+    multi_args a = {n, start, p, g, m, v, 0, 0, lr, beta1, beta2, eps, wd, bc1, bc2, scale, l1, l2, MULTI_ADAMW};
+    multi_run(&a, threads);
+}

@@ -110,8 +110,9 @@ def check_again() -> None:
     _state.update(checked=False, lib=None, why="not used yet", kernels={}, verdicts=None, recheck=True)
 
 
-def _kernel(name: str):
-    """The library when kernel ``name`` passed its check (run on its first use), else None."""
+def _kernel(name: str, check=None):
+    """The library when kernel ``name`` passed its check (run on its first use), else None.
+    ``check(lib)`` (None: this module's own for ``name``) -> None when it holds, else why not."""
     if _state["paused"]:
         return None
     lib = _lib()
@@ -121,10 +122,18 @@ def _kernel(name: str):
         _state["kernels"][name] = "checking"
         calls = _state["calls"]
         # the verdict kept beside the library (native.Verdicts), else the check run now
-        why = _state["verdicts"].check(name, lambda: _CHECKS[name](lib))
+        why = _state["verdicts"].check(name, lambda: (check or _CHECKS[name])(lib))
         _state.update(calls=calls)  # a check's own kernel calls are not the caller's
         _state["kernels"][name] = why
     return lib if _state["kernels"][name] is None else None
+
+
+kernel = _kernel  # for the step's update kernels (bert_of.runtime.update_kernels): the same library and checks
+
+
+def threads() -> int:
+    """The training kernels' thread count (after the library loaded)."""
+    return _state["threads"]
 
 
 def train_status() -> dict:

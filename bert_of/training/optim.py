@@ -6,8 +6,11 @@ The recipe is Google's (optimization.py); the hyper-parameters and their default
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+import bert_of.runtime.update_kernels as update_kernels
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
 from bert_of.options import TrainConfig
@@ -79,7 +82,50 @@ class _GraphSGD(_GraphDecayExcludes, flow.optim.SGD):
     pass
 
 
-_OPTIMIZERS = {"adamw": flow.optim.AdamW, "lamb": flow.optim.LAMB, "sgd": flow.optim.SGD}
+class _AdamW(flow.optim.AdamW):
+    """flow.optim.AdamW whose eager step on CPU updates each parameter group in one native pass
+    (:func:`bert_of.runtime.update_kernels.adamw`: OneFlow's adam_update bit for bit, on every core)
+    instead of an adam_update op per parameter; the same state (``exp_avg``, ``exp_avg_sq`` per
+    parameter, ``step``), so state_dict and load_state_dict are flow.optim.AdamW's. A group the
+    kernel does not take (amsgrad, fused, CUDA, global tensors, ``BERT_OF_CPU_ADAMW=0``) runs
+    OneFlow's per-parameter update, as ``super().step`` would."""
+
+    def step(self, closure=None):
+        if closure is not None:
+            return super().step(closure)
+        with flow.no_grad():
+            for group in self.param_groups:  # flow.optim.AdamW.step's loop, OneFlow 0.9
+                if group["do_bias_correction"]:
+                    group["bias_correction1"] = 1.0 - math.pow(group["betas"][0], self._state["step"] + 1)
+                    group["bias_correction2"] = 1.0 - math.pow(group["betas"][1], self._state["step"] + 1)
+                if group["fused"]:
+                    self._fused_update(group)
+                elif group["amsgrad"] or not self._native_update(group):
+                    self._single_tensor_update(group)
+            self._state["step"] += 1
+        return None
+
+    def _native_update(self, group) -> bool:
+        if not hasattr(self, "_views"):  # the parameters' and state's memory, kept between steps
+            self._views = update_kernels.Views()
+        params = [p for p in group.parameters if p.grad is not None]
+        if not params:
+            return True
+        for p in params:  # as _single_tensor_update creates them
+            state = self._state[p]
+            if "exp_avg" not in state:
+                state["exp_avg"] = flow.zeros_like(p)
+            if "exp_avg_sq" not in state:
+                state["exp_avg_sq"] = flow.zeros_like(p)
+        return update_kernels.adamw(
+            params, [p.grad for p in params], [self._state[p]["exp_avg"] for p in params],
+            [self._state[p]["exp_avg_sq"] for p in params], lr=group["lr"], beta1=group["betas"][0],
+            beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"],
+            bias_correction1=group["bias_correction1"], bias_correction2=group["bias_correction2"],
+            views=self._views, group=self.param_groups.index(group))
+
+
+_OPTIMIZERS = {"adamw": _AdamW, "lamb": flow.optim.LAMB, "sgd": flow.optim.SGD}
 _GRAPH_OPTIMIZERS = {"adamw": _GraphAdamW, "lamb": _GraphLAMB, "sgd": _GraphSGD}
 
 
@@ -133,22 +179,42 @@ class DynamicLossScaler:
         self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
 
 
-def clip_by_global_norm(params, max_norm: float):
+def clip_by_global_norm(params, max_norm: float, views=None):
     """grads *= max_norm / max(||g||, max_norm), ||g|| over ALL params: the graph's formula.
 
     (``flow.nn.utils.clip_grad_norm_`` divides by norm + 1e-6 instead, which
     drifts from graph mode by ~1e-6 relative per clipped step.)
 
-    A local CPU norm within max_norm makes the factor exactly 1: the multiplications (one
-    single-threaded pass over every gradient, ~20 ms a MiniLM step) are skipped, the same bits
-    (the caller reads the norm anyway).
+    Local eager float32 CPU gradients: the norm is one native pass over all of them, summed in
+    float64 (:func:`bert_of.runtime.update_kernels.global_norm`; OneFlow's ~200 products and sums,
+    each single-threaded, took ~50 ms a MiniLM step), the scaling another (when the norm is over
+    max_norm; a norm within it makes the factor exactly 1, so nothing is multiplied: the same bits).
+    Otherwise (graphs, global tensors, CUDA, ``BERT_OF_CPU_CLIP=0``) OneFlow's ops. ``views``: the
+    caller's :class:`bert_of.runtime.update_kernels.Views`, kept from step to step.
     """
+    grads = [p.grad for p in params]
     with flow.no_grad():
-        norm = flow.sqrt(sum((p.grad * p.grad).sum() for p in params))
-        if not (norm.is_lazy or norm.is_global) and norm.device.type == "cpu" and \
-                float(norm.numpy()) <= float(np.float32(max_norm)):
-            return norm
+        native = update_kernels.global_norm(grads, views)
+        if native is not None:
+            limit = np.float32(max_norm)
+            if native <= limit or (math.isfinite(native) and update_kernels.scale(grads, limit / native, views)):
+                return flow.tensor(native)
+            norm = flow.tensor(native)  # not finite, or the scaling does not apply: OneFlow's formula
+        else:
+            norm = flow.sqrt(sum((g * g).sum() for g in grads))
+            if not (norm.is_lazy or norm.is_global) and norm.device.type == "cpu" and \
+                    float(norm.numpy()) <= float(np.float32(max_norm)):
+                return norm
         coef = max_norm / flow.maximum(norm, flow.ones_like(norm) * max_norm)
-        for p in params:
-            p.grad.mul_(coef)
+        for g in grads:
+            g.mul_(coef)
     return norm
+
+
+def zero_grad(opt, views=None) -> None:
+    """``opt.zero_grad()`` (gradients to zeros): one native pass over all of them where it applies
+    (:func:`bert_of.runtime.update_kernels.zero`; OneFlow fills each on one thread). ``views``: as
+    :func:`clip_by_global_norm`'s."""
+    grads = [p.grad for group in opt.param_groups for p in group.parameters if p.grad is not None]
+    if not update_kernels.zero(grads, views):
+        opt.zero_grad()

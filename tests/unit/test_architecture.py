@@ -3,7 +3,7 @@
 Layers, bottom to top (docs/architecture.md); a module may import its own layer or any below:
 
     0 base      errors, version, process, files/, native, oneflow_fix, blas, config, initializers, checkpoint, tokenization, vocab, protobuf
-    1 model     _flow, kernels, train_kernels, model_io, modeling, heads
+    1 model     _flow, kernels, train_kernels, update_kernels, model_io, modeling, heads
     2 formats   converters/ (bert_of.converters): readers, writers, verification
     3 training  bert_of/data/, the trainer, the rank launcher
     4 services  zoo/ (bert_of.zoo), eval/ (bert_of.eval), pretraining/ and finetuning/ (the runs)
@@ -24,7 +24,7 @@ PACKAGES = {"bert_of": "bert_of", "converters": "bert_of.converters", "zoo": "be
 # (regex over the module name, layer); first match wins
 LAYERS = [
     (r"bert_of\.(errors|version|runtime|runtime\.(process|native|oneflow_fix|blas)|files(\.\w+)?|resolver|progress|config|options|tensors|initializers|checkpoint|tokenization|vocab|protobuf|pickles)", 0),
-    (r"bert_of\.(_flow|runtime\.(kernels|train_kernels|flow_import)|inputs|outputs|model_io|modeling|heads|tokenizer)", 1),
+    (r"bert_of\.(_flow|runtime\.(kernels|train_kernels|update_kernels|flow_import)|inputs|outputs|model_io|modeling|heads|tokenizer)", 1),
     (r"bert_of\.(converters|zoo|eval|data|pretraining|finetuning)(\.\w+)*\.(\w*cli|__main__)", 5),
     (r"bert_of\.converters(\..+)?", 2),
     (r"bert_of\.data(\..+)?|bert_of\.(training|launch)(\..+)?", 3),
