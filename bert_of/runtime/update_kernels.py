@@ -49,6 +49,12 @@ _ARGTYPES = {
     "bert_of_multi_adamw": ([_I64, _PTR, _PTR, _PTR, _PTR, _PTR] + [_F] * 10 + [ctypes.c_int], None),
 }
 _SWITCHES = {"clip": "BERT_OF_CPU_CLIP", "adamw": "BERT_OF_CPU_ADAMW", "zero_grad": "BERT_OF_CPU_ZERO_GRAD"}
+_calls = dict.fromkeys(_SWITCHES, 0)
+
+
+def update_status() -> dict:
+    """{kernel: calls so far in this process} (clip: norms; adamw: parameter groups updated)."""
+    return dict(_calls)
 
 
 def _typed(lib):
@@ -153,6 +159,7 @@ def global_norm(grads, views: Views | None = None):
     arrays = None if lib is None else (views or Views()).arrays("grads", grads)
     if arrays is None:
         return None
+    _calls["clip"] += 1
     return np.float32(math.sqrt(_sqsum(lib, arrays, train_kernels.threads())))
 
 
@@ -178,6 +185,7 @@ def zero(grads, views: Views | None = None) -> bool:
     if arrays is None or not _disjoint(arrays):
         return False
     lib.bert_of_multi_zero(*_Table(arrays).args(), train_kernels.threads())
+    _calls["zero_grad"] += 1
     return True
 
 
@@ -200,6 +208,7 @@ def adamw(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight
         return False
     _run_adamw(lib, *lists, (lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2),
                train_kernels.threads())
+    _calls["adamw"] += 1
     return True
 
 

@@ -5,7 +5,8 @@ training kernels' tests to run in a process of their own under the environment t
 
 CONFIG_JSON: a Google-style config; HIDDEN_ACT: replaces its activation ("" keeps it);
 PARAM_SUBSTRINGS: comma-separated, the parameters printed are those whose name holds one (default all).
-Prints one JSON line: {"status": train_status(), "losses": [4 floats], "params": {name: values}}.
+Prints one JSON line: {"status": train_status(), "update": update_status(), "losses": [4 floats],
+"grad_norms": [4 floats], "params": {name: values}}.
 """
 
 import json
@@ -17,6 +18,7 @@ from bert_of import BertConfig, BertForQuestionAnswering
 from bert_of._flow import flow
 from bert_of.options import TrainConfig
 from bert_of.runtime.train_kernels import train_status
+from bert_of.runtime.update_kernels import update_status
 from bert_of.training.runtime import Runtime
 from bert_of.training.trainer import Trainer
 
@@ -36,6 +38,7 @@ batch = dict(input_ids=rng.integers(5, cfg.vocab_size, (B, S)),
 batch["attention_mask"][1, 15:] = 0
 trainer = Trainer(model, TrainConfig(mode="eager", optimizer="adamw", lr=1e-3, steps=10, weight_decay=0.01,
                                      clip_grad_norm=1.0, seed=0), Runtime.create("cpu"))
-losses = [trainer.step({k: v.astype(np.int64) for k, v in batch.items()})["loss"] for _ in range(4)]
+outs = [trainer.step({k: v.astype(np.int64) for k, v in batch.items()}) for _ in range(4)]
 params = {k: v.numpy().tolist() for k, v in model.state_dict().items() if not keep or any(s in k for s in keep)}
-print(json.dumps({"status": train_status(), "losses": losses, "params": params}))
+print(json.dumps({"status": train_status(), "update": update_status(), "losses": [o["loss"] for o in outs],
+                  "grad_norms": [o["grad_norm"] for o in outs], "params": params}))
