@@ -94,18 +94,18 @@ class _AdamW(flow.optim.AdamW):
         if closure is not None:
             return super().step(closure)
         with flow.no_grad():
-            for group in self.param_groups:  # flow.optim.AdamW.step's loop, OneFlow 0.9
+            for index, group in enumerate(self.param_groups):  # flow.optim.AdamW.step's loop, OneFlow 0.9
                 if group["do_bias_correction"]:
                     group["bias_correction1"] = 1.0 - math.pow(group["betas"][0], self._state["step"] + 1)
                     group["bias_correction2"] = 1.0 - math.pow(group["betas"][1], self._state["step"] + 1)
                 if group["fused"]:
                     self._fused_update(group)
-                elif group["amsgrad"] or not self._native_update(group):
+                elif group["amsgrad"] or not self._native_update(group, index):
                     self._single_tensor_update(group)
             self._state["step"] += 1
         return None
 
-    def _native_update(self, group) -> bool:
+    def _native_update(self, group, index: int) -> bool:
         if not hasattr(self, "_views"):  # the parameters' and state's memory, kept between steps
             self._views = update_kernels.Views()
         params = [p for p in group.parameters if p.grad is not None]
@@ -122,7 +122,7 @@ class _AdamW(flow.optim.AdamW):
             [self._state[p]["exp_avg_sq"] for p in params], lr=group["lr"], beta1=group["betas"][0],
             beta2=group["betas"][1], eps=group["eps"], weight_decay=group["weight_decay"],
             bias_correction1=group["bias_correction1"], bias_correction2=group["bias_correction2"],
-            views=self._views, group=self.param_groups.index(group))
+            views=self._views, group=index)
 
 
 _OPTIMIZERS = {"adamw": _AdamW, "lamb": flow.optim.LAMB, "sgd": flow.optim.SGD}
