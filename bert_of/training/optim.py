@@ -179,6 +179,9 @@ class DynamicLossScaler:
         self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
 
 
+GradientViews = update_kernels.Views  # what clip_by_global_norm and zero_grad take as ``views``
+
+
 def clip_by_global_norm(params, max_norm: float, views=None):
     """grads *= max_norm / max(||g||, max_norm), ||g|| over ALL params: the graph's formula.
 

@@ -29,12 +29,12 @@ from dataclasses import replace
 
 import numpy as np
 
-import bert_of.runtime.update_kernels as update_kernels
 from bert_of._flow import flow
 from bert_of.errors import ConfigError
 from bert_of.outputs import SCALAR_OUTPUTS
 from bert_of.options import TrainConfig
-from bert_of.training.optim import DynamicLossScaler, build_optimizer, build_scheduler, clip_by_global_norm, zero_grad
+from bert_of.training.optim import (DynamicLossScaler, GradientViews, build_optimizer, build_scheduler,
+                                    clip_by_global_norm, zero_grad)
 from bert_of.training.runtime import Runtime, scalar, to_numpy
 from bert_of.training.state import NonFiniteError
 
@@ -164,7 +164,7 @@ class EagerStep:
             self.scalars_of = flow.nn.parallel.DistributedDataParallel(self.scalars_of)
         self.opt = build_optimizer(model, cfg, for_graph=False)
         self.sched = build_scheduler(self.opt, cfg)
-        self.views = update_kernels.Views()  # the gradients' memory for the native clip and zero-grad
+        self.views = GradientViews()  # the gradients' memory for the native clip and zero-grad, step to step
         # AMP keeps its own dynamic loss scale (the graph uses OneFlow's GradScaler conf).
         self.scaler = DynamicLossScaler() if cfg.amp else None
 
