@@ -63,7 +63,7 @@ def run_of(a, data):
     from bert_of.finetuning.steps import load_model
     from bert_of.heads import BertForQuestionAnswering
     from bert_of.options import TrainConfig
-    from bert_of.training.optim import clip_by_global_norm, zero_grad
+    from bert_of.training.optim import clip_by_global_norm
     from bert_of.training.runtime import Runtime
     from bert_of.training.trainer import Trainer
 
@@ -93,7 +93,7 @@ def run_of(a, data):
         params = [p for p in model.parameters() if p.grad is not None]
         timed(phases, "clip", waited(lambda: clip_by_global_norm(params, 1.0, eager.views)))
         timed(phases, "step", waited(eager.opt.step))
-        timed(phases, "zero_grad", waited(lambda: zero_grad(eager.opt, eager.views)))  # as EagerStep.run
+        timed(phases, "zero_grad", waited(eager.opt.zero_grad))
         eager.sched.step()
         return float(values[0].numpy())
 

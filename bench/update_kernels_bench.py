@@ -1,7 +1,7 @@
 """The step's update after the backward, OneFlow's ops beside bert_of's update kernels
 (bert_of/runtime/update_kernels.py), in one process on the gradients of one real MiniLM fine-tuning
 backward (BertForQuestionAnswering, the recipe of bench/train_step_profile.py): the global norm, the
-clip's scaling, AdamW's step (both groups) and zero-grad, each timed to its end (OneFlow's VM waited
+clip's scaling and AdamW's step (both groups), each timed to its end (OneFlow's VM waited
 for), the two ways interleaved round by round; medians and minima of wall and CPU milliseconds.
 
     .venv/bin/python bench/update_kernels_bench.py --model-dir OF_DIR --seq 128 --batch 8 --rounds 9
@@ -66,7 +66,6 @@ def main():
         "norm": (lambda: flow.sqrt(sum((g * g).sum() for g in grads)).numpy(), lambda: uk.global_norm(grads, views)),
         "scale": (lambda: [g.mul_(one) for g in grads], lambda: uk.scale(grads, np.float32(1.0), views)),
         "adamw": (oneflow_step, opt.step),
-        "zero_grad": (opt.zero_grad, lambda: uk.zero(grads, views)),
     }
     times = {}
     for _ in range(a.rounds):

@@ -497,7 +497,7 @@ void bert_of_softmax_dropout_bwd(const float *g, const float *P, float *dx, int6
     parallel_rows(softmax_drop_bwd_rows, &a, R, bert_of_train_threads(R, S, threads));
 }
 
-/* ------------------------------------------------------------------ the step's update: clip, AdamW, zero
+/* ------------------------------------------------------------------ the step's update: clip, AdamW
  *
  * Passes over a list of tensors at once (a model's ~100 gradients / parameters) instead of OneFlow 0.9's
  * one single-threaded op (or several) per tensor: the list is one index space (the tensors one after
@@ -517,14 +517,14 @@ void bert_of_softmax_dropout_bwd(const float *g, const float *P, float *dx, int6
 typedef struct {
     int64_t n;              /* tensors */
     const int64_t *start;   /* [n + 1]: where each begins in the index space, start[n] the total */
-    float *const *x;        /* [n]: the gradients (norm, scale, zero) or the parameters (AdamW) */
+    float *const *x;        /* [n]: the gradients (norm, scale) or the parameters (AdamW) */
     float *const *g, *const *m, *const *v; /* AdamW: gradients, first and second moments */
     double *part;           /* norm: one sum per chunk */
     float coef, lr, beta1, beta2, eps, wd, bc1, bc2, scale, l1, l2;
     int op;                 /* MULTI_* */
 } multi_args;
 
-enum { MULTI_SQSUM, MULTI_SCALE, MULTI_ZERO, MULTI_ADAMW };
+enum { MULTI_SQSUM, MULTI_SCALE, MULTI_ADAMW };
 
 typedef float f4u __attribute__((vector_size(16), aligned(4))); /* 4 floats at any float address */
 typedef double d4 __attribute__((vector_size(32)));
@@ -596,7 +596,6 @@ static void multi_rows(const void *p, int64_t lo, int64_t hi, int k) {
             switch (a->op) {
             case MULTI_SQSUM: sum += sqsum(a->x[t] + off, len); break;
             case MULTI_SCALE: scale_span(a->x[t] + off, len, a->coef); break;
-            case MULTI_ZERO: memset(a->x[t] + off, 0, sizeof(float) * (size_t)len); break;
             default: adamw_span(a, a->x[t] + off, a->g[t] + off, a->m[t] + off, a->v[t] + off, len);
             }
             e += len;
@@ -631,12 +630,6 @@ double bert_of_multi_sqsum(int64_t n, const int64_t *start, float *const *x, dou
 /* x *= coef over the n tensors (in float: OneFlow's mul_ by a float scalar tensor). */
 void bert_of_multi_scale(int64_t n, const int64_t *start, float *const *x, float coef, int threads) {
     multi_args a = {n, start, x, 0, 0, 0, 0, coef, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, MULTI_SCALE};
-    multi_run(&a, threads);
-}
-
-/* x = 0 over the n tensors. */
-void bert_of_multi_zero(int64_t n, const int64_t *start, float *const *x, int threads) {
-    multi_args a = {n, start, x, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, MULTI_ZERO};
     multi_run(&a, threads);
 }
 

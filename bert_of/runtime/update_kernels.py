@@ -1,12 +1,12 @@
-"""The training step's update on CPU: the gradients' global norm and clip, AdamW and zero-grad, each
-one pass of :file:`cpu_train_kernels.c` over all of a model's tensors at once, split over every core.
+"""The training step's update on CPU: the gradients' global norm and clip, and AdamW, each one pass of
+:file:`cpu_train_kernels.c` over all of a model's tensors at once, split over every core.
 
 What OneFlow 0.9 does wrong: each of these is an op (or several) per tensor, each a single-threaded
 pass, ~100 of them for MiniLM (22.6M parameters; bench/train_step_profile.py at batch 8 x 128, load
 ~2): the norm as ~200 products and sums 50 ms (transformers' clip, norm and scaling: 14), the scaling
-10, AdamW's adam_update per parameter ~100, zero-grad's fill 9. When no longer needed: when
-bench/train_step_profile.py's clip, step and zero_grad phases with ``BERT_OF_CPU_CLIP=0
-BERT_OF_CPU_ADAMW=0 BERT_OF_CPU_ZERO_GRAD=0`` are as fast as with them.
+10, AdamW's adam_update per parameter ~100. When no longer needed: when bench/update_kernels_bench.py's
+OneFlow rows are as fast as the kernels'. (Zero-grad stays OneFlow's fill: a native memset over all
+the gradients measured no faster, both bound by memory, and OneFlow's runs asynchronously.)
 
 They apply to local eager float32 CPU tensors whose ``numpy()`` is their own memory (C-contiguous,
 no two overlapping); otherwise, and in graphs, on CUDA and for global tensors, the callers
@@ -19,10 +19,9 @@ training kernels' library and kept verdicts, :func:`bert_of.runtime.train_kernel
   sqrt_square_sum ~1% on an 11.7M-element gradient); the scaling bit for bit OneFlow's ``mul_`` by the
   float32 coefficient;
 - AdamW: parameters and both moments bit for bit OneFlow's ``adam_update`` (flow.optim.AdamW's
-  step) over two steps with and without bias correction and weight decay;
-- zero-grad: zeros, as OneFlow's fill.
+  step) over two steps with and without bias correction and weight decay.
 
-Each has its switch: ``BERT_OF_CPU_CLIP=0``, ``BERT_OF_CPU_ADAMW=0``, ``BERT_OF_CPU_ZERO_GRAD=0``
+Each has its switch: ``BERT_OF_CPU_CLIP=0``, ``BERT_OF_CPU_ADAMW=0``
 (``BERT_OF_CPU_TRAIN_KERNELS=0`` or ``BERT_OF_CPU_KERNELS=0``: all of them with the training kernels).
 
 Reaching the memory: ``numpy()`` of a CPU tensor is a view of its memory (and keeps the tensor
@@ -45,10 +44,9 @@ _ARGTYPES = {
     "bert_of_multi_chunks": ([_PTR, _I64], _I64),
     "bert_of_multi_sqsum": ([_I64, _PTR, _PTR, _PTR, ctypes.c_int], ctypes.c_double),
     "bert_of_multi_scale": ([_I64, _PTR, _PTR, _F, ctypes.c_int], None),
-    "bert_of_multi_zero": ([_I64, _PTR, _PTR, ctypes.c_int], None),
     "bert_of_multi_adamw": ([_I64, _PTR, _PTR, _PTR, _PTR, _PTR] + [_F] * 10 + [ctypes.c_int], None),
 }
-_SWITCHES = {"clip": "BERT_OF_CPU_CLIP", "adamw": "BERT_OF_CPU_ADAMW", "zero_grad": "BERT_OF_CPU_ZERO_GRAD"}
+_SWITCHES = {"clip": "BERT_OF_CPU_CLIP", "adamw": "BERT_OF_CPU_ADAMW"}
 _calls = dict.fromkeys(_SWITCHES, 0)
 
 
@@ -176,19 +174,6 @@ def scale(grads, coef, views: Views | None = None) -> bool:
     return True
 
 
-def zero(grads, views: Views | None = None) -> bool:
-    """Every tensor of ``grads`` to zeros; False (nothing done) where the kernel does not apply."""
-    if not _local(grads):
-        return False
-    lib = _lib("zero_grad")
-    arrays = None if lib is None else (views or Views()).arrays("grads", grads)
-    if arrays is None or not _disjoint(arrays):
-        return False
-    lib.bert_of_multi_zero(*_Table(arrays).args(), train_kernels.threads())
-    _calls["zero_grad"] += 1
-    return True
-
-
 def adamw(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay, bias_correction1,
           bias_correction2, views: Views | None = None, group=0) -> bool:
     """One AdamW step of one parameter group, as OneFlow's ``adam_update`` (no amsgrad; the scalars as
@@ -287,11 +272,4 @@ def _check_adamw(lib):
     return None
 
 
-def _check_zero(lib):
-    """Zeros (+0.0, as OneFlow's fill) over every tensor."""
-    arrays = _arrays(np.random.default_rng(13), SIZES)
-    lib.bert_of_multi_zero(*_Table(arrays).args(), train_kernels.threads())
-    return None if all(not a.view(np.uint32).any() for a in arrays) else "off: zero-grad left a non-zero"
-
-
-_CHECKS = {"clip": _check_clip, "adamw": _check_adamw, "zero_grad": _check_zero}
+_CHECKS = {"clip": _check_clip, "adamw": _check_adamw}

@@ -179,7 +179,7 @@ class DynamicLossScaler:
         self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
 
 
-GradientViews = update_kernels.Views  # what clip_by_global_norm and zero_grad take as ``views``
+GradientViews = update_kernels.Views  # what clip_by_global_norm takes as ``views``
 
 
 def clip_by_global_norm(params, max_norm: float, views=None):
@@ -212,12 +212,3 @@ def clip_by_global_norm(params, max_norm: float, views=None):
         for g in grads:
             g.mul_(coef)
     return norm
-
-
-def zero_grad(opt, views=None) -> None:
-    """``opt.zero_grad()`` (gradients to zeros): one native pass over all of them where it applies
-    (:func:`bert_of.runtime.update_kernels.zero`; OneFlow fills each on one thread). ``views``: as
-    :func:`clip_by_global_norm`'s."""
-    grads = [p.grad for group in opt.param_groups for p in group.parameters if p.grad is not None]
-    if not update_kernels.zero(grads, views):
-        opt.zero_grad()

@@ -34,7 +34,7 @@ from bert_of.errors import ConfigError
 from bert_of.outputs import SCALAR_OUTPUTS
 from bert_of.options import TrainConfig
 from bert_of.training.optim import (DynamicLossScaler, GradientViews, build_optimizer, build_scheduler,
-                                    clip_by_global_norm, zero_grad)
+                                    clip_by_global_norm)
 from bert_of.training.runtime import Runtime, scalar, to_numpy
 from bert_of.training.state import NonFiniteError
 
@@ -164,7 +164,7 @@ class EagerStep:
             self.scalars_of = flow.nn.parallel.DistributedDataParallel(self.scalars_of)
         self.opt = build_optimizer(model, cfg, for_graph=False)
         self.sched = build_scheduler(self.opt, cfg)
-        self.views = GradientViews()  # the gradients' memory for the native clip and zero-grad, step to step
+        self.views = GradientViews()  # the gradients' memory for the native clip, kept step to step
         # AMP keeps its own dynamic loss scale (the graph uses OneFlow's GradScaler conf).
         self.scaler = DynamicLossScaler() if cfg.amp else None
 
@@ -193,7 +193,7 @@ class EagerStep:
             skipped = 0.0
         else:
             skipped = 1.0  # inf/nan gradients: no update, smaller scale next time
-        zero_grad(self.opt, self.views)
+        self.opt.zero_grad()
         if self.scaler:
             out["skipped"], out["loss_scale"] = skipped, self.scaler.scale
         return out

@@ -1,8 +1,8 @@
 """The step's update on CPU in native passes (bert_of/runtime/update_kernels.py over
 cpu_train_kernels.c): the gradients' global norm and clip equal to the float64 norm and to
 clip_by_global_norm's OneFlow formula within float rounding, clipped or not; AdamW bit for bit
-flow.optim.AdamW's, with its state_dict and a resume unchanged; zero-grad; each only where it
-applies, each with its switch; and a few fine-tuning steps with them equal to the same steps without."""
+flow.optim.AdamW's, with its state_dict and a resume unchanged; each only where it applies, each with
+its switch; and a few fine-tuning steps with them equal to the same steps without."""
 
 import json
 import os
@@ -16,11 +16,11 @@ from bert_of._flow import flow
 from bert_of.options import TrainConfig
 from bert_of.runtime import train_kernels as TK
 from bert_of.runtime import update_kernels as UK
-from bert_of.training.optim import build_optimizer, clip_by_global_norm, zero_grad
+from bert_of.training.optim import build_optimizer, clip_by_global_norm
 from tests.conftest import ROOT, TINY
 
 STEPS = os.path.join(ROOT, "tests", "scripts", "eager_finetune_steps.py")
-SWITCHES = ("BERT_OF_CPU_CLIP", "BERT_OF_CPU_ADAMW", "BERT_OF_CPU_ZERO_GRAD")
+SWITCHES = ("BERT_OF_CPU_CLIP", "BERT_OF_CPU_ADAMW")
 
 pytestmark = pytest.mark.oneflow
 
@@ -91,8 +91,8 @@ def test_clip_equals_the_formula_within_rounding(scale, monkeypatch):
 
 def test_the_norm_takes_every_gradient_and_keeps_memory_between_steps():
     """Views: a tensor seen before is not read again, a new one is (a gradient replaced between steps
-    counts); zeroing reaches every gradient; a gradient sharing memory with another, a float64 one
-    or none at all leave it to OneFlow's ops."""
+    counts), and the kernel sees what OneFlow's ops wrote since; a gradient sharing memory with
+    another, a float64 one or none at all leave it to OneFlow's ops."""
     net = _Net(2)
     net.backward_with(3, 0.01)
     views = UK.Views()
@@ -102,11 +102,8 @@ def test_the_norm_takes_every_gradient_and_keeps_memory_between_steps():
     net.w.grad = flow.tensor(np.full((37, 11), 2.0, np.float32))  # a new tensor: read anew
     grads = [p.grad for p in net.parameters()]
     assert UK.global_norm(grads, views) == np.float32(_norm64([g.numpy() for g in grads]))
-    calls = UK.update_status()["zero_grad"]
-    opt = flow.optim.SGD(net.parameters(), lr=0.1)
-    zero_grad(opt, views)
-    assert UK.update_status()["zero_grad"] == calls + 1
-    assert all(not g.numpy().any() for g in grads) and UK.global_norm(grads, views) == 0.0
+    flow.optim.SGD(net.parameters(), lr=0.1).zero_grad()  # OneFlow's fill, pending in its VM
+    assert UK.global_norm(grads, views) == 0.0
     base = flow.tensor(np.ones(20, np.float32))
     assert not UK.scale([base, base[5:15]], np.float32(0.5))  # overlapping memory: not the kernel's
     assert UK.global_norm([flow.tensor(np.ones(3))]) is None  # float64
@@ -207,11 +204,11 @@ def _steps(**env):
 def test_fine_tuning_steps_with_and_without_the_update_kernels():
     """Four eager AdamW steps of a tiny QA model (clip 1.0): with the update kernels (their default)
     and with their three switches off, the losses, the gradient norms and the parameters agree
-    within float rounding; the kernels ran (clip, AdamW's two groups, zero-grad every step), and not
-    when switched off."""
+    within float rounding; the kernels ran (the clip and AdamW's two groups every step), and not when
+    switched off."""
     on, off = _steps(), _steps(**dict.fromkeys(SWITCHES, "0"))
-    assert on["update"] == {"clip": 4, "adamw": 8, "zero_grad": 4}, on["update"]
-    assert off["update"] == {"clip": 0, "adamw": 0, "zero_grad": 0}, off["update"]
+    assert on["update"] == {"clip": 4, "adamw": 8}, on["update"]
+    assert off["update"] == {"clip": 0, "adamw": 0}, off["update"]
     np.testing.assert_allclose(on["grad_norms"], off["grad_norms"], rtol=1e-5, atol=0)
     np.testing.assert_allclose(on["losses"], off["losses"], rtol=1e-5, atol=0)
     assert on["losses"][-1] < on["losses"][0]
