@@ -23,8 +23,8 @@ import contextlib
 import math
 from typing import Optional
 
-from bert_of._flow import (DropoutGenerator, LayerNorm, attention, dense_act, dropout, flow, gelu_erf, gelu_tanh,
-                           layer_spec, layer_stack, merge_heads, softmax_dropout, split_heads)
+from bert_of._flow import (DropoutGenerator, LayerNorm, attention, dense_act, dropout, dropout_attention, flow,
+                           gelu_erf, gelu_tanh, layer_spec, layer_stack, merge_heads, softmax_dropout, split_heads)
 from bert_of.config import BertConfig
 from bert_of.inputs import as_input, check_inputs
 from bert_of.outputs import BertModelOutput
@@ -99,6 +99,12 @@ class BertSelfAttention(nn.Module):
         if probs_out is None and head_mask is None and not (self.training and self.dropout.p > 0):
             # CPU inference: scores, softmax, product with v and the heads' merge in one kernel
             ctx = attention(q, k, v, mask_adder, self.scale, self.coeff)
+            if ctx is not None:
+                return ctx  # [B, S, H]
+        if self.coeff is None and probs_out is None and head_mask is None:
+            # a CPU training step: the scores, mask add, softmax, dropout, product with v and the
+            # heads' merge in one Function, forward and backward (batched GEMMs, native kernels)
+            ctx = dropout_attention(q, k, v, mask_adder, self.scale, self.dropout)
             if ctx is not None:
                 return ctx  # [B, S, H]
         # The scale rides in the GEMM's alpha (the same single rounding as a separate multiply, bit
