@@ -138,13 +138,15 @@ def threads() -> int:
 
 def train_status() -> dict:
     """{"active": bool, "threads", "calls": forward calls so far (not the checks'), "verdicts_kept": checks
-    whose verdict was read from beside the library instead of run, "off": {kernel: why} for kernels that
-    failed their check, "why": when all are off}."""
+    whose verdict was read from beside the library instead of run, "on": the kernels asked for that
+    passed their check (sorted), "off": {kernel: why} for kernels that failed their check, "why": when
+    all are off}."""
     if _state["lib"] is None:
         return {"active": False, "why": _state["why"]}
     off = {k: v for k, v in _state["kernels"].items() if v is not None}
     return {"active": True, "threads": _state["threads"], "calls": _state["calls"],
-            "verdicts_kept": _state["verdicts"].hits, **({"off": off} if off else {})}
+            "verdicts_kept": _state["verdicts"].hits, "on": sorted(k for k, v in _state["kernels"].items() if v is None),
+            **({"off": off} if off else {})}
 
 
 @contextlib.contextmanager
@@ -531,29 +533,29 @@ def _mask_rows(mask_adder, B: int, S: int):
     return _mask[1]
 
 
-def _run_dropout(lib, x, seed, thr, scale, threads):
-    """dropout of the C-contiguous float32 array x (any shape) with seed (s0, s1): a new array."""
-    y = np.empty_like(x)
+def _run_dropout(lib, x, seed, thr, scale, threads, y=None):
+    """dropout of the C-contiguous float32 array x (any shape) with seed (s0, s1): a new array (or ``y``)."""
+    y = np.empty_like(x) if y is None else y
     lib.bert_of_dropout(x.ctypes.data, y.ctypes.data, x.size, seed[0], seed[1], thr, scale, threads)
     return y
 
 
-def _run_softmax_fwd(lib, x, mask, rows_per_mask, seed, thr, scale, threads):
+def _run_softmax_fwd(lib, x, mask, rows_per_mask, seed, thr, scale, threads, y=None):
     """softmax(x + mask) over the last axis of x [R, S] (mask [R / rows_per_mask, S] or None), and
-    its dropout (None when thr is 0): P, y."""
+    its dropout (None when thr is 0; into ``y`` [R, S] when given): P, y."""
     R, S = x.shape
     P = np.empty_like(x)
-    y = np.empty_like(x) if thr else None
+    y = None if not thr else np.empty_like(x) if y is None else y
     lib.bert_of_softmax_dropout_fwd(x.ctypes.data, None if mask is None else mask.ctypes.data, P.ctypes.data,
                                     None if y is None else y.ctypes.data, R, S, rows_per_mask, seed[0], seed[1], thr,
                                     scale, threads)
     return P, y
 
 
-def _run_softmax_bwd(lib, g, P, seed, thr, scale, threads):
-    """The scores' gradient [R, S] for the output's g [R, S]."""
+def _run_softmax_bwd(lib, g, P, seed, thr, scale, threads, dx=None):
+    """The scores' gradient [R, S] for the output's g [R, S] (into ``dx``, which may be g, when given)."""
     R, S = g.shape
-    dx = np.empty_like(g)
+    dx = np.empty_like(g) if dx is None else dx
     lib.bert_of_softmax_dropout_bwd(g.ctypes.data, P.ctypes.data, dx.ctypes.data, R, S, seed[0], seed[1], thr,
                                     scale, threads)
     return dx
@@ -846,50 +848,80 @@ def _bmm(gemm, a, b, ta: bool, tb: bool, alpha: float, out):
     return out
 
 
+_spare: list = []  # float32 buffers for the core's transient [B*N, S, S] arrays, kept between calls
+
+
+def _borrow(n: int):
+    """A float32 buffer of at least n elements: a spare one (its pages already mapped: a fresh
+    [B*N, S, S] array at 384 tokens is 56 MB of pages the kernel zeroes, ~20% of a step's CPU), else new."""
+    for i, b in enumerate(_spare):
+        if b.size >= n:
+            return _spare.pop(i)
+    return np.empty(n, np.float32)
+
+
+def _give(*bufs) -> None:
+    """Buffers from :func:`_borrow` back, the two largest kept (a step needs two at a time)."""
+    _spare.extend(bufs)
+    _spare.sort(key=lambda b: -b.size)
+    del _spare[2:]
+
+
 def _run_attention_fwd(lib, gemm, q, k, v, mask, scale, seed, thr, drop_scale, threads):
-    """q, k, v [B, N, S, D] (C-contiguous), mask [B, S] rows or None: the context [B, S, N*D], P and
-    the dropped probabilities y [B*N, S, S] (y is P without dropout)."""
+    """q, k, v [B, N, S, D] (C-contiguous), mask [B, S] rows or None: the context [B, S, N*D] and P
+    [B*N, S, S] (the dropped probabilities are recomputed from P and the seed in the backward)."""
     B, N, S, D = q.shape
-    scores = _bmm(gemm, q.reshape(B * N, S, D), k.reshape(B * N, S, D), False, True, scale,
-                  np.empty((B * N, S, S), np.float32))
-    P, y = _run_softmax_fwd(lib, scores.reshape(-1, S), mask, N * S, seed, thr, drop_scale, threads)
-    y = P if y is None else y
-    # the context into the scores' buffer (free after the softmax): no fresh pages to fault in
-    ctx = _bmm(gemm, y.reshape(B * N, S, S), v.reshape(B * N, S, D), False, False, 1.0,
-               scores.reshape(-1)[:B * N * S * D].reshape(B * N, S, D)).reshape(B, N, S, D)
-    return _run_heads_merge(lib, ctx, False, threads)[0], P.reshape(B * N, S, S), y.reshape(B * N, S, S)
+    G = B * N
+    a, b = _borrow(G * S * S), _borrow(G * S * S) if thr else None
+    try:
+        scores = _bmm(gemm, q.reshape(G, S, D), k.reshape(G, S, D), False, True, scale, a[:G * S * S].reshape(G, S, S))
+        P, y = _run_softmax_fwd(lib, scores.reshape(-1, S), mask, N * S, seed, thr, drop_scale, threads,
+                                None if b is None else b[:G * S * S].reshape(-1, S))
+        y = P if y is None else y
+        # the context into the scores' buffer (free after the softmax)
+        ctx = _bmm(gemm, y.reshape(G, S, S), v.reshape(G, S, D), False, False, 1.0, a[:G * S * D].reshape(G, S, D))
+        out = _run_heads_merge(lib, ctx.reshape(B, N, S, D), False, threads)[0]
+    finally:
+        _give(*(x for x in (a, b) if x is not None))
+    return out, P.reshape(G, S, S)
 
 
-def _run_attention_bwd(lib, gemm, g, q, k, v, P, y, scale, seed, thr, drop_scale, threads):
+def _run_attention_bwd(lib, gemm, g, q, k, v, P, scale, seed, thr, drop_scale, threads):
     """The gradients of q, k, v [B, N, S, D] for the context's g [B, S, N*D]."""
     B, N, S, D = q.shape
     G = B * N
-    dC = _run_heads_split(lib, g, None, N, threads).reshape(G, S, D)
-    dY = _bmm(gemm, dC, v.reshape(G, S, D), False, True, 1.0, np.empty((G, S, S), np.float32))
-    dv = _bmm(gemm, y, dC, True, False, 1.0, np.empty((G, S, D), np.float32))
-    dS = _run_softmax_bwd(lib, dY.reshape(-1, S), P.reshape(-1, S), seed, thr, drop_scale, threads).reshape(G, S, S)
-    dq = _bmm(gemm, dS, k.reshape(G, S, D), False, False, scale, np.empty((G, S, D), np.float32))
-    dk = _bmm(gemm, dS, q.reshape(G, S, D), True, False, scale, np.empty((G, S, D), np.float32))
+    a, b = _borrow(G * S * S), _borrow(G * S * S) if thr else None
+    try:
+        y = P if b is None else _run_dropout(lib, P.reshape(-1), seed, thr, drop_scale, threads,
+                                             b[:G * S * S]).reshape(G, S, S)  # the forward's dropped P
+        dC = _run_heads_split(lib, g, None, N, threads).reshape(G, S, D)
+        dY = _bmm(gemm, dC, v.reshape(G, S, D), False, True, 1.0, a[:G * S * S].reshape(G, S, S))
+        dv = _bmm(gemm, y, dC, True, False, 1.0, np.empty((G, S, D), np.float32))
+        dS = _run_softmax_bwd(lib, dY.reshape(-1, S), P.reshape(-1, S), seed, thr, drop_scale, threads,
+                              dY.reshape(-1, S)).reshape(G, S, S)  # in place
+        dq = _bmm(gemm, dS, k.reshape(G, S, D), False, False, scale, np.empty((G, S, D), np.float32))
+        dk = _bmm(gemm, dS, q.reshape(G, S, D), True, False, scale, np.empty((G, S, D), np.float32))
+    finally:
+        _give(*(x for x in (a, b) if x is not None))
     return dq.reshape(B, N, S, D), dk.reshape(B, N, S, D), dv.reshape(B, N, S, D)
 
 
 def _attention_call(q, k, v, mask, scale: float, seed, thr: int, drop_scale: float, gemm):
     """The attention's core as an autograd Function: q, k, v [B, N, S, D] -> context [B, S, N*D]. The
-    inputs (their tensors, so their memory stays) and P, y stay in the closure for the backward."""
+    inputs (their tensors, so their memory stays) and P stay in the closure for the backward."""
     lib, threads = _state["lib"], _state["threads"]
     saved = []
 
     def forward(ctx, q_, k_, v_):
         arrs = [_arr(t) for t in (q_, k_, v_)]
-        out, P, y = _run_attention_fwd(lib, gemm, *arrs, mask, scale, seed, thr, drop_scale, threads)
-        saved.extend([(q_, k_, v_), arrs, P, y])
+        out, P = _run_attention_fwd(lib, gemm, *arrs, mask, scale, seed, thr, drop_scale, threads)
+        saved.extend([(q_, k_, v_), arrs, P])
         _state["calls"] += 1
         return flow.from_numpy(out)
 
     def backward(ctx, dy):
-        _, (qa, ka, va), P, y = saved
-        dq, dk, dv = _run_attention_bwd(lib, gemm, _arr(dy), qa, ka, va, P, y, scale, seed, thr, drop_scale,
-                                        threads)
+        _, (qa, ka, va), P = saved
+        dq, dk, dv = _run_attention_bwd(lib, gemm, _arr(dy), qa, ka, va, P, scale, seed, thr, drop_scale, threads)
         return flow.from_numpy(dq), flow.from_numpy(dk), flow.from_numpy(dv)
 
     return _apply("AttentionFunction", forward, backward, q, k, v)
@@ -962,8 +994,8 @@ def _check_attention(lib):
         dq64, dq_mag = dS @ k64 * scale, np.abs(dS_mag) @ np.abs(k64) * scale
         dk64, dk_mag = dS.transpose(0, 1, 3, 2) @ q64 * scale, dS_mag.transpose(0, 1, 3, 2) @ np.abs(q64) * scale
         for th in {1, _state["threads"]}:
-            out, P, y = _run_attention_fwd(lib, gemm, q, k, v, mask.reshape(B, S), scale, seed, thr, drop_scale, th)
-            grads = _run_attention_bwd(lib, gemm, g, q, k, v, P, y, scale, seed, thr, drop_scale, th)
+            out, P = _run_attention_fwd(lib, gemm, q, k, v, mask.reshape(B, S), scale, seed, thr, drop_scale, th)
+            grads = _run_attention_bwd(lib, gemm, g, q, k, v, P, scale, seed, thr, drop_scale, th)
             for name, got, theirs, ref, mag in (("output", out, of[0], C64, C_mag), ("q's gradient", grads[0], of[1], dq64, dq_mag),
                                                 ("k's gradient", grads[1], of[2], dk64, dk_mag),
                                                 ("v's gradient", grads[2], of[3], dv64, dv_mag)):
