@@ -1,6 +1,7 @@
 """CPU kernels for training: the layer's LayerNorm(x + residual), its intermediate dense layer's
-GELU(a + bias), the dropouts and the attention's softmax(scores + mask) with its dropout as autograd
-Functions whose forward and backward run :file:`cpu_train_kernels.c`, one pass each over every core.
+GELU(a + bias), the dropouts, the attention's softmax(scores + mask) with its dropout, the heads'
+split and merge and the attention's whole core as autograd Functions whose forward and backward run
+:file:`cpu_train_kernels.c`, one pass each over every core (the core's GEMMs: the BLAS's batched one).
 
 What OneFlow 0.9 does wrong: for a local eager CPU step with autograd, bert_of's LayerNorm is ~10
 OneFlow ops forward (:func:`bert_of.runtime.kernels._layer_norm`: products with a ones vector, so
@@ -26,6 +27,12 @@ first use against float64 and OneFlow's ops, forward and gradients, and stays of
   same rate drawn by a counter-based hash from a seed of the module's generator, not OneFlow's draws
   (``BERT_OF_CPU_DROPOUT=0`` keeps OneFlow's dropout, softmax and mask add); the probabilities within
   ``SOFTMAX_ULPS`` of P (1 + |t - row max|) of float64, the scores' gradient within GRAD_ULPS.
+- The heads' split (a Linear's output plus its bias as [B, N, S, D]) and merge, one pass each way
+  (``BERT_OF_CPU_HEADS=0``: OneFlow's reshape and permute): OneFlow's bits; the bias's gradient
+  within GRAD_ULPS.
+- The attention's core, dropout(softmax(q k^T scale + mask)) v with the heads merged, its GEMMs the
+  BLAS's batched routine around the softmax kernel (``BERT_OF_CPU_TRAIN_ATTENTION=0``: OneFlow's
+  batched matmuls): output and gradients within GRAD_ULPS of magnitudes carried through the chain.
 
 On by default: ``BERT_OF_CPU_TRAIN_KERNELS=0`` keeps OneFlow's ops for training steps
 (``BERT_OF_CPU_KERNELS=0``: every CPU kernel).
@@ -46,7 +53,7 @@ as tensors through ``ctx.save_for_backward`` would do too, but each ``numpy()`` 
 backward waits for OneFlow's VM (~1 ms of CPU at load 2-3, four per layer). When no longer needed:
 when reading ``ctx.saved`` twice leaves the object's refcount as it was.
 
-Shapes: T rows (B*S), H hidden, C columns (the intermediate size).
+Shapes: T rows (B*S), H hidden, C columns (the intermediate size); B batch, N heads, S tokens, D head size.
 """
 
 from __future__ import annotations
