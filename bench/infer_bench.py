@@ -226,7 +226,7 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=Tr
     env = dict(os.environ, BERT_OF_HOME=os.path.join(tmp, "home"), BERT_OF_DISABLE_PROGRESS_BARS="1")
     for k in ("BERT_OF_BLAS", "BERT_OF_BLAS_THREADS", "OPENBLAS_CORETYPE", "BERT_OF_CPU_KERNELS",
               "BERT_OF_CPU_ATTENTION", "BERT_OF_CPU_LAYER", "BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_DROPOUT",
-              "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "BERT_OF_ORT_FUSED", "BERT_OF_ORT_SPIN"):
+              "BERT_OF_CPU_TRAIN_ATTENTION", "BERT_OF_CPU_HEADS", "ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD", "BERT_OF_ORT_FUSED", "BERT_OF_ORT_SPIN"):
         env.pop(k, None)
     if ort == "plain":
         env["BERT_OF_ORT_FUSED"] = "0"
@@ -244,6 +244,8 @@ def run(py, args, tmp, blas=None, ranks=1, kernels=True, vm_worker=False, ort=Tr
         env["BERT_OF_CPU_TRAIN_KERNELS"] = "1"
     elif kernels == "t1d0":  # the training kernels with OneFlow's dropout, softmax and mask add
         env.update(BERT_OF_CPU_TRAIN_KERNELS="1", BERT_OF_CPU_DROPOUT="0")
+    elif kernels == "ta0":  # the training kernels but the attention core's and the heads' (OneFlow's batched matmuls)
+        env.update(BERT_OF_CPU_TRAIN_ATTENTION="0", BERT_OF_CPU_HEADS="0")
     # bert_of's default on CPU: OneFlow's scheduler thread runs the kernels (no worker for it to spin
     # beside); vm1: OneFlow's own default, a worker thread runs them and the scheduler spins
     env["ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD"] = "1" if vm_worker else "0"
@@ -364,7 +366,7 @@ def of_rows(a, task: str) -> list:
             rows.append(("ort", None, 1, item.partition(":")[2] or True, False))
             continue
         mode, blas, *rest = item.split(":")
-        kernels = next((c for c in ("a0", "l0", "t0", "t1d0", "t1") if c in rest[1:]), True) if "k0" not in rest[1:] else False
+        kernels = next((c for c in ("a0", "l0", "t0", "t1d0", "t1", "ta0") if c in rest[1:]), True) if "k0" not in rest[1:] else False
         rows.append((mode, blas, int(rest[0]) if rest else 1, kernels, "vm1" in rest[1:]))
     return rows
 
@@ -385,7 +387,7 @@ def main():
     ap.add_argument("--of-rows", metavar="MODE:BLAS[:RANKS],...",
                     help="the bert_of rows to run, instead of every --modes x --blas x --ranks combination "
                          "(e.g. eager:oneflow,eager:auto,graph:auto,eager:auto:2; a 4th field k0: with "
-                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, every kernel but the training kernels (t1: =1, their default); t1d0: them with BERT_OF_CPU_DROPOUT=0 (OneFlow's dropout, softmax and mask add); ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
+                         "BERT_OF_CPU_KERNELS=0, as eager:auto:1:k0; a0: BERT_OF_CPU_ATTENTION=0, every kernel but the attention core's; l0: BERT_OF_CPU_LAYER=0, the layers op by op with the kernels; t0: BERT_OF_CPU_TRAIN_KERNELS=0, every kernel but the training kernels (t1: =1, their default); t1d0: them with BERT_OF_CPU_DROPOUT=0 (OneFlow's dropout, softmax and mask add); ta0: them but BERT_OF_CPU_TRAIN_ATTENTION=0 and BERT_OF_CPU_HEADS=0 (OneFlow's batched matmuls and permutes around the softmax kernel); ort: predict --engine onnxruntime (predict only; ort:plain of2onnx's graph, not the fused one; ort:spin0 / ort:spin1 its threads' spinning, default 0); vm1: with ONEFLOW_VM_COMPUTE_ON_WORKER_THREAD=1, OneFlow's "
                          "default, its VM scheduler spinning beside a worker thread); "
                          "predict=...;train=... per task")
     ap.add_argument("--rounds", type=int, default=1,
