@@ -879,7 +879,7 @@ def _run_attention_fwd(lib, gemm, q, k, v, mask, scale, seed, thr, drop_scale, t
     [B*N, S, S] (the dropped probabilities are recomputed from P and the seed in the backward)."""
     B, N, S, D = q.shape
     G = B * N
-    a, b = _borrow(G * S * S), _borrow(G * S * S) if thr else None
+    a, b = _borrow(G * S * max(S, D)), _borrow(G * S * S) if thr else None  # a: the scores, then the context
     try:
         scores = _bmm(gemm, q.reshape(G, S, D), k.reshape(G, S, D), False, True, scale, a[:G * S * S].reshape(G, S, S))
         P, y = _run_softmax_fwd(lib, scores.reshape(-1, S), mask, N * S, seed, thr, drop_scale, threads,

@@ -52,18 +52,19 @@ def _needs_batched_gemm():
         pytest.skip(f"the BLAS has no cblas_sgemm_batch_strided ({blas.describe()})")
 
 
-@pytest.mark.parametrize("p", [0.0, 0.1])
-def test_attention_core_equals_oneflows_ops_with_the_same_mask(p):
-    """q, k, v [2, 3, 19, 8], a padded row: the context [2, 19, 24] and q's, k's, v's gradients as
-    OneFlow's matmul / softmax / product with the kernel's dropout mask / permute give them, within
-    float32 rounding; the heads' split of a Linear's output likewise, its bias's gradient included."""
+@pytest.mark.parametrize("p,S", [(0.0, 19), (0.1, 19), (0.1, 5)])
+def test_attention_core_equals_oneflows_ops_with_the_same_mask(p, S):
+    """q, k, v [2, 3, S, 8] (S 19, and 5: fewer tokens than the head size), a padded row: the context
+    [2, S, 24] and q's, k's, v's gradients as OneFlow's matmul / softmax / product with the kernel's
+    dropout mask / permute give them, within float32 rounding; the heads' split of a Linear's output
+    likewise, its bias's gradient included."""
     _needs_batched_gemm()
     rng = np.random.default_rng(3)
-    B, N, S, D = 2, 3, 19, 8
+    B, N, D = 2, 3, 8
     x_np = rng.standard_normal((B, S, N * D)).astype(np.float32)
     lin = flow.nn.Linear(N * D, N * D)
     mask = np.zeros((B, 1, 1, S), np.float32)
-    mask[1, ..., 13:] = -10000.0
+    mask[1, ..., S - 3:] = -10000.0
     g = flow.tensor(rng.standard_normal((B, S, N * D)).astype(np.float32))
     d = _dropout(p)
     x = flow.tensor(x_np, requires_grad=True)
