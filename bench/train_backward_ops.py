@@ -17,6 +17,7 @@ import os
 import time
 
 os.environ.setdefault("BERT_OF_BLAS", "auto")
+os.environ.setdefault("BERT_OF_CPU_TRAIN_ATTENTION_TOKENS", "1")  # bert_of's pieces at any --seq (a step: from 256)
 
 import numpy as np  # noqa: E402
 
@@ -89,7 +90,8 @@ def main():
 
         def per_matrix():
             for j in range(B * N):
-                one(101, 111, 112, S, S, D, 0.17, qa[j].ctypes.data, D, ka[j].ctypes.data, D, 0.0, out[j].ctypes.data, S)
+                one(101, 111, 112, S, S, D, 0.17, qa[j].ctypes.data, D, ka[j].ctypes.data, D, 0.0,
+                    out[j].ctypes.data, S)
 
         res["gemm: cblas_sgemm per matrix"] = timed(per_matrix)
         res["gemm: cblas_sgemm_batch_strided"] = timed(lambda: TK._bmm(gemm, qa, ka, False, True, 0.17, out))

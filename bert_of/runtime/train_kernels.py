@@ -748,8 +748,26 @@ def _run_heads_merge(lib, x, with_bias, threads):
     return y, db
 
 
-def _heads_on() -> bool:
-    return os.environ.get("BERT_OF_CPU_HEADS", "1") != "0"
+# From how many tokens the heads' and the core's Functions serve (below, OneFlow's ops). Each Function
+# waits for OneFlow's VM to finish its inputs, where OneFlow's own ops queue and run beside the
+# Python thread's work: at fewer tokens on a quiet machine the waits cost more than the batched GEMM
+# saves (a MiniLM step at batch 8 with them vs without, load ~1-2: at 128 tokens forward 240 vs 190 ms,
+# backward 302 vs 247; at 256 336 vs 365 and 612 vs 544); at 384 the per-matrix GEMMs' thread waits
+# dominate and they win (1002 vs 1273 and 881 vs 1013 ms; under load 5 forward CPU 1.6 vs 3.2-3.8 s,
+# backward 3.0 vs 4.6-5.6 s: docs/benchmarks.md, 2026-12-06 17:55).
+# ``BERT_OF_CPU_TRAIN_ATTENTION_TOKENS`` sets another (1: always, as the tests do at their few tokens).
+ATTENTION_MIN_TOKENS = 384
+
+
+def _min_tokens() -> int:
+    try:
+        return int(os.environ.get("BERT_OF_CPU_TRAIN_ATTENTION_TOKENS", ATTENTION_MIN_TOKENS))
+    except ValueError:
+        return ATTENTION_MIN_TOKENS
+
+
+def _heads_on(tokens: int) -> bool:
+    return tokens >= _min_tokens() and os.environ.get("BERT_OF_CPU_HEADS", "1") != "0"
 
 
 def _split_call(a, bias, N: int):
@@ -786,7 +804,7 @@ def split_heads(linear, x, num_heads: int):
     """``linear(x)`` split into heads: x [B, S, in] -> [B, N, S, D]. For a training step on CPU:
     OneFlow's matmul, then the bias add and split by cpu_train_kernels.c forward and backward;
     otherwise :func:`bert_of.runtime.kernels.split_heads` (inference kernels, or OneFlow's ops)."""
-    if (linear.bias is not None and x.ndim == 3 and linear.weight.shape[0] % num_heads == 0 and _heads_on()
+    if (linear.bias is not None and x.ndim == 3 and linear.weight.shape[0] % num_heads == 0 and _heads_on(x.shape[1])
             and trains(x, linear.weight, linear.bias) and _kernel("heads") is not None):
         return _split_call(flow.matmul(x, linear.weight, transpose_b=True), linear.bias, num_heads)
     return kernels.split_heads(linear, x, num_heads)
@@ -795,7 +813,7 @@ def split_heads(linear, x, num_heads: int):
 def merge_heads(x):
     """[B, N, S, D] -> [B, S, N*D]: for a training step on CPU by cpu_train_kernels.c forward and
     backward; otherwise :func:`bert_of.runtime.kernels.merge_heads`."""
-    if x.ndim == 4 and _heads_on() and trains(x) and _kernel("heads") is not None:
+    if x.ndim == 4 and _heads_on(x.shape[2]) and trains(x) and _kernel("heads") is not None:
         return _merge_call(x)
     return kernels.merge_heads(x)
 
@@ -934,8 +952,8 @@ def _attention_call(q, k, v, mask, scale: float, seed, thr: int, drop_scale: flo
     return _apply("AttentionFunction", forward, backward, q, k, v)
 
 
-def _attention_on() -> bool:
-    return os.environ.get("BERT_OF_CPU_TRAIN_ATTENTION", "1") != "0"
+def _attention_on(tokens: int) -> bool:
+    return tokens >= _min_tokens() and os.environ.get("BERT_OF_CPU_TRAIN_ATTENTION", "1") != "0"
 
 
 def dropout_attention(q, k, v, mask_adder, scale: float, module):
@@ -943,8 +961,8 @@ def dropout_attention(q, k, v, mask_adder, scale: float, module):
     [B, N, S, D], mask_adder [B, 1, 1, S] or None, ``module`` the probabilities' ``nn.Dropout`` ->
     the context [B, S, N*D], forward and backward by the BLAS's batched GEMM and cpu_train_kernels.c;
     None where it does not apply (the caller runs :func:`softmax_dropout` or OneFlow's ops)."""
-    if not (_attention_on() and _dropout_on() and q.ndim == 4 and tuple(k.shape) == tuple(q.shape) == tuple(v.shape)
-            and trains(q, k, v)):
+    if not (q.ndim == 4 and _attention_on(q.shape[2]) and _dropout_on()
+            and tuple(k.shape) == tuple(q.shape) == tuple(v.shape) and trains(q, k, v)):
         return None
     B, S = q.shape[0], q.shape[2]
     if mask_adder is not None and (tuple(mask_adder.shape) != (B, 1, 1, S) or mask_adder.requires_grad
@@ -1003,11 +1021,13 @@ def _check_attention(lib):
         for th in {1, _state["threads"]}:
             out, P = _run_attention_fwd(lib, gemm, q, k, v, mask.reshape(B, S), scale, seed, thr, drop_scale, th)
             grads = _run_attention_bwd(lib, gemm, g, q, k, v, P, scale, seed, thr, drop_scale, th)
-            for name, got, theirs, ref, mag in (("output", out, of[0], C64, C_mag), ("q's gradient", grads[0], of[1], dq64, dq_mag),
+            for name, got, theirs, ref, mag in (("output", out, of[0], C64, C_mag),
+                                                ("q's gradient", grads[0], of[1], dq64, dq_mag),
                                                 ("k's gradient", grads[1], of[2], dk64, dk_mag),
                                                 ("v's gradient", grads[2], of[3], dv64, dv_mag)):
                 if not _within(got, ref, theirs, mag, GRAD_ULPS):
-                    return f"off: the attention's {name} beyond {GRAD_ULPS} ulps of float64 or OneFlow's (p {p}, {th} threads)"
+                    return (f"off: the attention's {name} beyond {GRAD_ULPS} ulps of float64 or OneFlow's "
+                            f"(p {p}, {th} threads)")
     return None
 
 

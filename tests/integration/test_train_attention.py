@@ -19,7 +19,8 @@ from tests.conftest import ROOT, TINY
 
 STEPS = os.path.join(ROOT, "tests", "scripts", "eager_finetune_steps.py")  # the steps, in a process of their own
 SWITCHES = ("BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_KERNELS", "BERT_OF_CPU_DROPOUT", "BERT_OF_CPU_TRAIN_ATTENTION",
-            "BERT_OF_CPU_HEADS")
+            "BERT_OF_CPU_HEADS", "BERT_OF_CPU_TRAIN_ATTENTION_TOKENS")
+ALWAYS = {"BERT_OF_CPU_TRAIN_ATTENTION_TOKENS": "1"}  # the kernels at these tests' few tokens too
 
 pytestmark = pytest.mark.oneflow
 
@@ -31,9 +32,11 @@ def _on():
     before, state = {k: os.environ.get(k) for k in SWITCHES}, dict(TK._state)
     for k in SWITCHES:
         os.environ.pop(k, None)
+    os.environ.update(ALWAYS)
     TK._state.update(checked=False, lib=None, kernels={}, calls=0)
     yield
     for k, v in before.items():
+        os.environ.pop(k, None)
         if v is not None:
             os.environ[k] = v
     TK._state.clear()
@@ -95,7 +98,8 @@ def test_attention_core_equals_oneflows_ops_with_the_same_mask(p, S):
 
 
 def test_the_attention_kernels_serve_only_training_steps_on_cpu(monkeypatch):
-    """No autograd, float64, a per-query mask, the switches: None (the caller's ops) and no call; the
+    """No autograd, float64, a per-query mask, fewer tokens than BERT_OF_CPU_TRAIN_ATTENTION_TOKENS, the
+    switches: None (the caller's ops) and no call; the
     heads' split and merge fall back to the inference path with OneFlow's bits."""
     _needs_batched_gemm()
     q = flow.tensor(np.ones((1, 2, 5, 4), np.float32), requires_grad=True)
@@ -114,6 +118,9 @@ def test_the_attention_kernels_serve_only_training_steps_on_cpu(monkeypatch):
     assert TK.train_status()["calls"] == calls
     assert np.array_equal(split.numpy(), lin(x).reshape(1, 3, 2, 4).permute(0, 2, 1, 3).numpy())
     assert np.array_equal(merged.numpy(), lin(x).numpy())
+    monkeypatch.setenv("BERT_OF_CPU_TRAIN_ATTENTION_TOKENS", "6")  # 5 tokens: fewer than the threshold
+    assert TK.dropout_attention(q, q, q, None, 0.5, d) is None
+    monkeypatch.setenv("BERT_OF_CPU_TRAIN_ATTENTION_TOKENS", "1")
     monkeypatch.setenv("BERT_OF_CPU_TRAIN_ATTENTION", "0")
     monkeypatch.setenv("BERT_OF_CPU_HEADS", "0")
     assert TK.dropout_attention(q, q, q, None, 0.5, d) is None
@@ -123,8 +130,8 @@ def test_the_attention_kernels_serve_only_training_steps_on_cpu(monkeypatch):
 
 def _steps(**env):
     clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    p = subprocess.run([sys.executable, STEPS, json.dumps(TINY)], env=dict(clean, PYTHONPATH=ROOT, **env), cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, STEPS, json.dumps(TINY)], env=dict(clean, PYTHONPATH=ROOT, **ALWAYS, **env),
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
