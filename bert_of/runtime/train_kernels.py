@@ -27,6 +27,7 @@ first use against float64 and OneFlow's ops, forward and gradients, and stays of
   same rate drawn by a counter-based hash from a seed of the module's generator, not OneFlow's draws
   (``BERT_OF_CPU_DROPOUT=0`` keeps OneFlow's dropout, softmax and mask add); the probabilities within
   ``SOFTMAX_ULPS`` of P (1 + |t - row max|) of float64, the scores' gradient within GRAD_ULPS.
+- From ATTENTION_MIN_TOKENS (384) tokens (``BERT_OF_CPU_TRAIN_ATTENTION_TOKENS``), the two below.
 - The heads' split (a Linear's output plus its bias as [B, N, S, D]) and merge, one pass each way
   (``BERT_OF_CPU_HEADS=0``: OneFlow's reshape and permute): OneFlow's bits; the bias's gradient
   within GRAD_ULPS.
