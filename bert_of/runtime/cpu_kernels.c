@@ -553,8 +553,9 @@ static void bias_gelu_rows(const void *p, int64_t lo, int64_t hi) {
         gelu_vec_row(a->y + r * C, a->b, a->y + r * C, C, a->op);
 }
 
-/* Floats of scratch bert_of_layer needs: 5 T H + T I. */
-int64_t bert_of_layer_scratch(int64_t T, int64_t H, int64_t I) { return 5 * T * H + T * I; }
+/* Floats of scratch bert_of_layer needs: 2 T H + max(3 T H, T I) (the intermediate [T, I] reuses k, v
+ * and the context once they are spent: a third less memory to fault in on a process's first call). */
+int64_t bert_of_layer_scratch(int64_t T, int64_t H, int64_t I) { return 2 * T * H + T * (3 * H > I ? 3 * H : I); }
 
 /* One post-LN layer (above): x [B, S, H] -> y [B, S, H] (y must not overlap x or scratch), mask as
  * bert_of_attention's (NULL, [B, 1, 1, S] or [B, 1, S, S] with mask_rows 1). p: the layer's 16
@@ -573,7 +574,7 @@ int bert_of_layer(const float *x, const float *mask, int mask_rows, float *y, fl
     if (T == 0)
         return 0;
     float *tmp = scratch, *qh = tmp + T * H, *kh = qh + T * H, *vh = kh + T * H, *ctx = vh + T * H,
-          *inter = ctx + T * H;
+          *inter = kh; /* written after the output projection has read ctx: k, v and ctx are spent */
     float *heads[3] = {qh, kh, vh};
     for (int k = 0; k < 3; k++) { /* the projections and the heads' split with their biases */
         gemm_nt(x, p[2 * k], tmp, T, H, H);
