@@ -57,25 +57,32 @@ def run_hf(a, data):
     return step
 
 
-def run_of(a, data):
+def of_eager_step(model_dir, data):
+    """bert_of's side of the recipe: (model, runtime, the trainer's EagerStep started on ``data``'s keys)."""
     os.environ.setdefault("BERT_OF_BLAS", "auto")
     from bert_of._flow import flow
     from bert_of.finetuning.steps import load_model
     from bert_of.heads import BertForQuestionAnswering
     from bert_of.options import TrainConfig
-    from bert_of.training.optim import clip_by_global_norm
     from bert_of.training.runtime import Runtime
     from bert_of.training.trainer import Trainer
 
     flow.manual_seed(0)
-    model, _ = load_model(BertForQuestionAnswering, a.model_dir)
+    model, _ = load_model(BertForQuestionAnswering, model_dir)
     rt = Runtime.create("cpu")
     rt.place(model)
     cfg = TrainConfig(mode="eager", optimizer="adamw", lr=5e-5, steps=1000, weight_decay=0.01, adam_eps=1e-6,
                       bias_correction=False, clip_grad_norm=1.0, seed=0)
-    trainer = Trainer(model, cfg, rt)
-    eager = trainer.way  # its EagerStep: the phases below are EagerStep.run's, timed one by one
+    eager = Trainer(model, cfg, rt).way  # its EagerStep: the phases below are EagerStep.run's, timed one by one
     eager.start(tuple(data))
+    return model, rt, eager
+
+
+def run_of(a, data):
+    from bert_of._flow import flow
+    from bert_of.training.optim import clip_by_global_norm
+
+    model, rt, eager = of_eager_step(a.model_dir, data)
     sync = flow._oneflow_internal.eager.Sync
 
     def waited(fn):

@@ -17,6 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from infer_worker import windows  # noqa: E402  (the same windows as the bench's train rows)
+from train_step_profile import of_eager_step  # noqa: E402  (the same model, recipe and step)
 
 
 def main():
@@ -31,23 +32,11 @@ def main():
 
     import bert_of.runtime.update_kernels as uk
     from bert_of._flow import flow
-    from bert_of.finetuning.steps import load_model
-    from bert_of.heads import BertForQuestionAnswering
-    from bert_of.options import TrainConfig
-    from bert_of.training.runtime import Runtime
-    from bert_of.training.trainer import Trainer
 
     load0 = os.getloadavg()[0]
-    flow.manual_seed(0)
-    model, _ = load_model(BertForQuestionAnswering, a.model_dir)
-    rt = Runtime.create("cpu")
-    rt.place(model)
-    cfg = TrainConfig(mode="eager", optimizer="adamw", lr=5e-5, steps=1000, weight_decay=0.01, adam_eps=1e-6,
-                      bias_correction=False, clip_grad_norm=1.0, seed=0)
-    eager = Trainer(model, cfg, rt).way
-    opt = eager.opt
     data = windows(a.batch, a.seq)
-    eager.start(tuple(data))
+    model, rt, eager = of_eager_step(a.model_dir, data)
+    opt = eager.opt
     sync = flow._oneflow_internal.eager.Sync
     values = eager.scalars_of(*[rt.tensor(data[k]) for k in eager.keys])
     (values[0] * 1.0).backward()

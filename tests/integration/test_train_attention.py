@@ -16,6 +16,7 @@ from bert_of._flow import flow
 from bert_of.runtime import blas
 from bert_of.runtime import train_kernels as TK
 from tests.conftest import ROOT, TINY
+from tests.helpers.train_kernels import dropout_module, kernels_on
 
 STEPS = os.path.join(ROOT, "tests", "scripts", "eager_finetune_steps.py")  # the steps, in a process of their own
 SWITCHES = ("BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_KERNELS", "BERT_OF_CPU_DROPOUT", "BERT_OF_CPU_TRAIN_ATTENTION",
@@ -29,25 +30,8 @@ pytestmark = pytest.mark.oneflow
 def _on():
     """The kernels on (their default) for this module's in-process tests even where the caller's
     environment turned them off, as before them afterwards."""
-    before, state = {k: os.environ.get(k) for k in SWITCHES}, dict(TK._state)
-    for k in SWITCHES:
-        os.environ.pop(k, None)
-    os.environ.update(ALWAYS)
-    TK._state.update(checked=False, lib=None, kernels={}, calls=0)
-    yield
-    for k, v in before.items():
-        os.environ.pop(k, None)
-        if v is not None:
-            os.environ[k] = v
-    TK._state.clear()
-    TK._state.update(state)
-
-
-def _dropout(p, seed=5):
-    d = flow.nn.Dropout(p, generator=TK.DropoutGenerator())
-    d.generator.manual_seed(seed)
-    d.train()
-    return d
+    with kernels_on(SWITCHES, ALWAYS):
+        yield
 
 
 def _needs_batched_gemm():
@@ -69,7 +53,7 @@ def test_attention_core_equals_oneflows_ops_with_the_same_mask(p, S):
     mask = np.zeros((B, 1, 1, S), np.float32)
     mask[1, ..., S - 3:] = -10000.0
     g = flow.tensor(rng.standard_normal((B, S, N * D)).astype(np.float32))
-    d = _dropout(p)
+    d = dropout_module(p)
     x = flow.tensor(x_np, requires_grad=True)
     qkv = [TK.split_heads(lin, x, N) for _ in range(3)]  # one Linear three times: its gradients add up
     out = TK.dropout_attention(*qkv, flow.tensor(mask), 0.35, d)
@@ -77,7 +61,7 @@ def test_attention_core_equals_oneflows_ops_with_the_same_mask(p, S):
     (out * g).sum().backward()
     assert {"attention", "heads"} <= set(TK.train_status()["on"])
     # OneFlow's ops: the kernel's mask from the same seed (the dropout kernel's draws, as its test shows)
-    d2 = _dropout(p)
+    d2 = dropout_module(p)
     seed = TK._seed(d2.generator) if p else (0, 0)
     thr, scale = TK._dropout_consts(p)
     km = (TK._run_dropout(TK._state["lib"], np.ones(B * N * S * S, np.float32), seed, thr, scale, 1)
@@ -103,7 +87,7 @@ def test_the_attention_kernels_serve_only_training_steps_on_cpu(monkeypatch):
     heads' split and merge fall back to the inference path with OneFlow's bits."""
     _needs_batched_gemm()
     q = flow.tensor(np.ones((1, 2, 5, 4), np.float32), requires_grad=True)
-    d = _dropout(0.1)
+    d = dropout_module(0.1)
     TK.dropout_attention(q, q, q, None, 0.5, d)  # the checks run (their calls are not counted)
     calls = TK.train_status()["calls"]
     with flow.no_grad():

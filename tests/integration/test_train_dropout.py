@@ -15,6 +15,7 @@ import pytest
 from bert_of._flow import flow
 from bert_of.runtime import train_kernels as TK
 from tests.conftest import ROOT, TINY
+from tests.helpers.train_kernels import dropout_module, kernels_on
 
 STEPS = os.path.join(ROOT, "tests", "scripts", "eager_finetune_steps.py")  # the steps, in a process of their own
 
@@ -25,24 +26,8 @@ pytestmark = pytest.mark.oneflow
 def _on():
     """The kernels on (their default) for this module's in-process tests even where the caller's
     environment turned them off, as before them afterwards."""
-    names = ("BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_DROPOUT")
-    before, state = {k: os.environ.get(k) for k in names}, dict(TK._state)
-    for k in names:
-        os.environ.pop(k, None)
-    TK._state.update(checked=False, lib=None, kernels={}, calls=0)  # calls: this module's, from 0
-    yield
-    for k, v in before.items():
-        if v is not None:
-            os.environ[k] = v
-    TK._state.clear()
-    TK._state.update(state)
-
-
-def _dropout(p, seed=5):
-    d = flow.nn.Dropout(p, generator=TK.DropoutGenerator())
-    d.generator.manual_seed(seed)
-    d.train()
-    return d
+    with kernels_on(("BERT_OF_CPU_TRAIN_KERNELS", "BERT_OF_CPU_DROPOUT")):
+        yield
 
 
 @pytest.mark.parametrize("shape,p", [((3, 37), 0.1), ((2, 5, 384), 0.5), ((7,), 0.3)])
@@ -54,14 +39,14 @@ def test_dropout_keeps_scales_and_differentiates_as_oneflows_product(shape, p):
     x = flow.tensor(x_np, requires_grad=True)
     g = rng.standard_normal(shape).astype(np.float32)
     calls = TK.train_status().get("calls", 0)
-    y = TK.dropout(_dropout(p), x)
+    y = TK.dropout(dropout_module(p), x)
     (y * flow.tensor(g)).sum().backward()
     assert TK.train_status()["calls"] == calls + 1 and "off" not in TK.train_status()
     kept = y.numpy() != 0
     scale = np.float32(1.0 / (1.0 - p))
     assert np.array_equal(y.numpy()[kept], x_np[kept] * scale)
     assert np.array_equal(x.grad.numpy(), np.where(kept, g * scale, np.float32(0)))
-    big = TK.dropout(_dropout(p), flow.ones(1 << 18, requires_grad=True)).numpy()
+    big = TK.dropout(dropout_module(p), flow.ones(1 << 18, requires_grad=True)).numpy()
     assert abs((big == 0).mean() - p) < 6 * np.sqrt(p * (1 - p) / big.size)
 
 
@@ -70,7 +55,7 @@ def test_dropout_draws_repeat_from_the_generators_seed_and_change_each_call():
     every step from (seed, step, rank)), the same seed again included; each call a new one. Another
     generator (OneFlow's own class) restarts at a new seed."""
     x = flow.ones(4096, requires_grad=True)
-    d = _dropout(0.2, seed=11)
+    d = dropout_module(0.2, seed=11)
     first, second = TK.dropout(d, x).numpy(), TK.dropout(d, x).numpy()
     d.generator.manual_seed(11)
     again = TK.dropout(d, x).numpy()
@@ -100,7 +85,7 @@ def test_softmax_dropout_equals_oneflows_ops_with_the_same_mask(p):
     m_np[1, ..., 15:] = -10000.0
     g = rng.standard_normal((B, N, S, S)).astype(np.float32)
     scores = flow.tensor(s_np, requires_grad=True)
-    y = TK.softmax_dropout(scores, flow.tensor(m_np), _dropout(p))
+    y = TK.softmax_dropout(scores, flow.tensor(m_np), dropout_module(p))
     assert y is not None
     (y * flow.tensor(g)).sum().backward()
     ref_s = flow.tensor(s_np, requires_grad=True)
@@ -120,14 +105,14 @@ def test_the_dropout_kernels_serve_only_training_steps_on_cpu(monkeypatch):
     the caller's ops); BERT_OF_CPU_DROPOUT=0 keeps OneFlow's dropout."""
     x = flow.tensor(np.ones((4, 8), np.float32), requires_grad=True)
     s = flow.tensor(np.zeros((1, 2, 3, 3), np.float32), requires_grad=True)
-    d = _dropout(0.5)
+    d = dropout_module(0.5)
     calls = TK.train_status().get("calls", 0)
     with flow.no_grad():
         assert TK.softmax_dropout(s, None, d) is None
         TK.dropout(d, x)
     assert TK.softmax_dropout(s.double(), None, d) is None
     assert TK.softmax_dropout(s, flow.zeros(1, 1, 3, 3), d) is None  # [B, 1, S, S]: OneFlow's ops
-    assert np.array_equal(TK.dropout(_dropout(0.0), x).numpy(), x.numpy())
+    assert np.array_equal(TK.dropout(dropout_module(0.0), x).numpy(), x.numpy())
     d.eval()
     assert np.array_equal(TK.dropout(d, x).numpy(), x.numpy())
     monkeypatch.setenv("BERT_OF_CPU_DROPOUT", "0")
