@@ -78,11 +78,7 @@ def run_hf(a, data):
 
         return predict_loop(batch, a, loaded)
     model.train()
-    no_decay = ("bias", "LayerNorm")
-    named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.01},
-              {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=5e-5, eps=1e-6)
+    opt = hf_adamw(torch, model)
 
     def step(lo, hi):
         out = model(**{k: v[lo:hi] for k, v in t.items()})
@@ -286,6 +282,15 @@ def pieces(fw, a):
                 times.append((time.perf_counter() - t0) * 1000)
             out[name] = round(sorted(times)[2], 1)
     return {"ms": out}
+
+
+def hf_adamw(torch, model):
+    """The train rows' torch optimizer: AdamW lr 5e-5, eps 1e-6, weight decay 0.01 but on biases and LayerNorm."""
+    no_decay = ("bias", "LayerNorm")
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.01},
+              {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=5e-5, eps=1e-6)
 
 
 def predict_loop(batch, a, loaded):

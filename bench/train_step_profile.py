@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from infer_worker import windows  # noqa: E402  (the same windows as the bench's train rows)
+from infer_worker import hf_adamw, windows  # noqa: E402  (the bench train rows' windows and optimizer)
 
 PHASES = ("forward", "backward", "clip", "step", "zero_grad")
 
@@ -39,11 +39,7 @@ def run_hf(a, data):
     model = transformers.BertForQuestionAnswering.from_pretrained(a.model_dir)
     model.train()
     t = {k: torch.from_numpy(v) for k, v in data.items()}
-    no_decay = ("bias", "LayerNorm")
-    named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.01},
-              {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=5e-5, eps=1e-6)
+    opt = hf_adamw(torch, model)
 
     def step(i, phases):
         lo, hi = i * a.batch, (i + 1) * a.batch
